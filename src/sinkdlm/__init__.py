@@ -1,0 +1,1 @@
+"""sinkdlm: masked diffusion LMs with an attention sink."""
