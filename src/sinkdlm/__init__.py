@@ -1,1 +1,15 @@
-"""sinkdlm: masked diffusion LMs with an attention sink."""
+"""sinkdlm: masked diffusion language models with a stable attention sink.
+
+Train, sample, evaluate and analyse DLMs with the extra sink token of "One Token Is Enough"
+(and the sink analysis of Rulli et al.). `import sinkdlm` also registers the checkpoint format
+with `transformers.AutoModelForMaskedLM`.
+"""
+
+from sinkdlm.config import PRESETS, ModelConfig
+from sinkdlm.model import CheckpointError, DiffusionLM, DiffusionLMOutput
+from sinkdlm.model.hf import register as _register_hf
+
+_register_hf()
+
+__all__ = ["PRESETS", "CheckpointError", "DiffusionLM", "DiffusionLMOutput", "ModelConfig"]
+__version__ = "0.1.0"

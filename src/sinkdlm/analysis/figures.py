@@ -1,0 +1,243 @@
+"""Figures of the attention-sink analysis (SPEC §6 "Pictures").
+
+Each function takes plain tensors / arrays / lists (computed by
+:mod:`sinkdlm.analysis.metrics`), writes one PNG to ``path`` (parent folders are
+created; written to a temp file and renamed, so a crash never leaves half a PNG) and
+returns the path. Figures are built on ``matplotlib.figure.Figure`` with the Agg
+canvas, never through ``pyplot``: no global backend switch, no open-figure registry
+to close, safe in threads. Where several models make sense, pass a dict
+``label -> data`` and they are drawn side by side (or one row per model).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+DPI = 120
+
+
+def _np(x, name: str) -> np.ndarray:
+    """Float numpy array from a tensor (any device/dtype), an array or a list."""
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
+        x = x.detach().float().cpu().numpy()
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be numeric (tensor, array or list)") from err
+
+
+def _models(data, name: str) -> dict[str, object]:
+    """``label -> data``; a bare value is one unlabelled model."""
+    if isinstance(data, Mapping):
+        if not data:
+            raise ValueError(f"{name} is an empty dict; pass at least one model")
+        return {str(k): v for k, v in data.items()}
+    return {"": data}
+
+
+def _same_models(name_a: str, a: dict, name_b: str, b: dict) -> None:
+    if a.keys() != b.keys():
+        raise ValueError(f"{name_a} and {name_b} must hold the same models, got {list(a)} vs {list(b)}")
+
+
+def _save(fig: Figure, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    FigureCanvasAgg(fig)  # attach the Agg canvas explicitly (no pyplot, no global backend)
+    fig.savefig(tmp, format="png", dpi=DPI)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_attention_maps(maps, titles, path, *, row_labels: Sequence[str] | None = None, gamma: float = 0.4) -> Path:
+    """Attention maps side by side (One-Token Fig. 1 left), one shared colour scale.
+
+    ``maps``: a sequence of ``[S, S]`` maps (one row), or a sequence of rows, each a
+    sequence of maps or ``[N, S, S]`` (e.g. one row per model, one column per step).
+    ``titles``: one per map (flat or nested like ``maps``). Rows are queries, columns
+    keys; a power-law colour scale (``gamma`` < 1) keeps thin sink columns visible next
+    to the bright ones.
+    """
+    arrays = [_np(m, "maps") for m in maps]
+    if not arrays:
+        raise ValueError("maps is empty; pass at least one [S, S] attention map")
+    if all(a.ndim == 2 for a in arrays):
+        rows = [arrays]
+    elif all(a.ndim == 3 for a in arrays):
+        rows = [list(a) for a in arrays]
+    else:
+        raise ValueError("maps must be a list of [S, S] maps or a list of rows of [S, S] maps")
+    if any(m.ndim != 2 or m.shape[0] != m.shape[1] for row in rows for m in row):
+        raise ValueError("every attention map must be square [S, S] (queries x keys)")
+    flat_titles = [t for ts in titles for t in ts] if titles and not isinstance(titles[0], str) else list(titles)
+    n_maps = sum(len(r) for r in rows)
+    if len(flat_titles) != n_maps:
+        raise ValueError(f"got {len(flat_titles)} titles for {n_maps} maps")
+    if row_labels is not None and len(row_labels) != len(rows):
+        raise ValueError(f"got {len(row_labels)} row_labels for {len(rows)} rows")
+    n_cols = max(len(r) for r in rows)
+    vmax = max(float(m.max()) for row in rows for m in row) or 1.0
+    norm = PowerNorm(gamma=gamma, vmin=0.0, vmax=vmax)  # shared by every panel
+
+    fig = Figure(figsize=(3.6 * n_cols + 1.0, 3.4 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), n_cols, squeeze=False)
+    titles_iter = iter(flat_titles)
+    image = None
+    for r, row in enumerate(rows):
+        for c in range(n_cols):
+            ax = axes[r][c]
+            if c >= len(row):
+                ax.set_visible(False)
+                continue
+            image = ax.imshow(row[c], cmap="viridis", norm=norm, interpolation="nearest", aspect="equal")
+            ax.set_title(next(titles_iter), fontsize=10)
+            ax.set_xlabel("key j")
+            ax.set_ylabel("query i" if row_labels is None else f"{row_labels[r]}\nquery i")
+    fig.colorbar(image, ax=axes.ravel().tolist(), label=f"attention probability (power {gamma})")
+    return _save(fig, path)
+
+
+def plot_value_norm_scatter(
+    sink_norms, normal_norms, path, *, max_points: int = 10_000, seed: int = 0
+) -> Path:
+    """Value-space norms of sink vs normal tokens (One-Token Fig. 1 right), means in the legend.
+
+    ``sink_norms`` / ``normal_norms``: 1-D values (any shape is flattened), or dicts
+    ``label -> values`` with the same labels for one panel per model. At most
+    ``max_points`` per population are drawn (seeded subsample); means use all values.
+    """
+    sinks, normals = _models(sink_norms, "sink_norms"), _models(normal_norms, "normal_norms")
+    _same_models("sink_norms", sinks, "normal_norms", normals)
+    rng = np.random.default_rng(seed)
+    fig = Figure(figsize=(4.5 * len(sinks), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(sinks), squeeze=False)[0]
+    for ax, label in zip(axes, sinks):
+        for name, values, colour in (
+            ("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
+            ("sink tokens", _np(sinks[label], "sink_norms").ravel(), "tab:red"),
+        ):
+            shown = values if values.size <= max_points else rng.choice(values, max_points, replace=False)
+            mean = f"mean {values.mean():.2f}" if values.size else "none"
+            ax.scatter(np.arange(shown.size), shown, s=4, alpha=0.4, color=colour,
+                       label=f"{name} ({mean}, n={values.size})")
+        ax.set_xlabel("sampled token")
+        ax.set_ylabel("value-space L2 norm (eq. 16)")
+        if label:
+            ax.set_title(label)
+        ax.legend(fontsize=8, markerscale=3)
+    return _save(fig, path)
+
+
+def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path) -> Path:
+    """Per-layer bars (One-Token Fig. 3): left the mean value norm of the extra sink vs
+    all other tokens, right the share of attention mass on the sink.
+
+    Each argument is ``[L]`` or a dict ``label -> [L]`` (same labels): one row per model.
+    """
+    sinks = _models(extra_sink_norm, "extra_sink_norm")
+    others, masses = _models(others_norm, "others_norm"), _models(sink_mass, "sink_mass")
+    _same_models("extra_sink_norm", sinks, "others_norm", others)
+    _same_models("extra_sink_norm", sinks, "sink_mass", masses)
+    fig = Figure(figsize=(11, 3.2 * len(sinks)), layout="constrained")
+    axes = fig.subplots(len(sinks), 2, squeeze=False)
+    for (ax_norm, ax_mass), label in zip(axes, sinks):
+        s, o, m = (_np(d[label], n).ravel() for d, n in ((sinks, "extra_sink_norm"),
+                                                         (others, "others_norm"), (masses, "sink_mass")))
+        if not (s.size == o.size == m.size) or s.size == 0:
+            raise ValueError(
+                f"model {label!r}: per-layer lengths differ or are empty ({s.size}, {o.size}, {m.size})"
+            )
+        layers = np.arange(s.size)
+        ax_norm.bar(layers - 0.2, s, width=0.4, color="tab:red", label="extra sink")
+        ax_norm.bar(layers + 0.2, o, width=0.4, color="tab:blue", label="others (mean)")
+        ax_norm.set_xlabel("layer")
+        ax_norm.set_ylabel("mean value L2 norm")
+        ax_norm.set_title(f"{label + ': ' if label else ''}value norm per layer", fontsize=10)
+        ax_norm.legend(fontsize=8)
+        ax_mass.bar(layers, m, width=0.7, color="tab:purple")
+        ax_mass.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax_mass.set_xlabel("layer")
+        ax_mass.set_ylabel("attention mass on sink")
+        ax_mass.set_title(f"{label + ': ' if label else ''}attention mass on the sink per layer", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_non_sink_fraction(
+    curves: Mapping[str, Mapping[float, float]], path, *, scale: str = "sum", mark_epsilon: float | None = 3.0
+) -> Path:
+    """Non-sink fraction vs ϵ, one line per model (Rulli et al. Fig. 10).
+
+    ``curves``: ``label -> {ϵ: fraction}`` (as returned by ``non_sink_fraction``);
+    ``scale`` names the received-attention scale in the axis label (SPEC §6 asks
+    reports to say which one they used).
+    """
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves must be a non-empty dict label -> {epsilon: fraction}")
+    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for label, curve in curves.items():
+        if not curve:
+            raise ValueError(f"curve {label!r} is empty")
+        eps = sorted(curve)
+        ax.plot(eps, [float(curve[e]) for e in eps], marker="o", label=str(label))
+    if mark_epsilon is not None:
+        ax.axvline(mark_epsilon, color="grey", linestyle=":", linewidth=1)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(top=1.005)  # a fraction: never show room above 100 %
+    ax.set_xlabel(f"ϵ (column-{scale} scale)")
+    ax.set_ylabel("non-sink tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_largest_sink_positions(
+    positions, path, *, num_positions: int | None = None, extra_sink_positions: Sequence[int] = ()
+) -> Path:
+    """Largest-sink position vs denoising step, as a heatmap.
+
+    ``positions``: ``[T, ...]`` integer positions (e.g. ``[T, L, H]`` from
+    ``largest_sink_positions``; -1 = no sink), or a dict ``label -> [T, ...]`` for one
+    panel per model. The colour of (step, position) is the share of the trailing
+    entries (layers x heads) whose largest sink sits there, so a stable sink is a
+    horizontal line and a moving sink jumps. ``extra_sink_positions`` are marked.
+    """
+    models = _models(positions, "positions")
+    arrays = {k: _np(v, "positions") for k, v in models.items()}
+    for label, a in arrays.items():
+        if a.ndim < 1 or a.shape[0] == 0 or (a.size and (a.min() < -1 or np.any(a != np.round(a)))):
+            raise ValueError(f"positions {label!r} must be integer positions >= -1 with shape [T, ...]")
+    top = max(int(a.max()) for a in arrays.values()) + 1
+    size = num_positions if num_positions is not None else top
+    if size < top:
+        raise ValueError(f"num_positions={num_positions} but a position {top - 1} occurs")
+    has_none = any(bool((a == -1).any()) for a in arrays.values())
+    low = -1 if has_none else 0  # an extra bottom row for "no sink" only when needed
+
+    fig = Figure(figsize=(5.0 * len(arrays) + 1.0, 4.0), layout="constrained")
+    axes = fig.subplots(1, len(arrays), squeeze=False)[0]
+    image = None
+    for ax, (label, a) in zip(axes, arrays.items()):
+        per_step = a.reshape(a.shape[0], -1).astype(int) - low  # [T, N], shifted to 0..
+        share = np.stack([np.bincount(row, minlength=size - low) / row.size for row in per_step], axis=1)
+        image = ax.imshow(share, origin="lower", aspect="auto", cmap="magma", vmin=0.0, vmax=1.0,
+                          interpolation="nearest", extent=(-0.5, a.shape[0] - 0.5, low - 0.5, size - 0.5))
+        for p in extra_sink_positions:
+            ax.axhline(p, color="tab:cyan", linestyle="--", linewidth=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("denoising step")
+        ax.set_ylabel("largest-sink position" + (" (-1 = none)" if has_none else ""))
+        if label:
+            ax.set_title(label)
+    fig.colorbar(image, ax=axes.tolist(), label="share of (layer, head)")
+    return _save(fig, path)

@@ -1,0 +1,70 @@
+"""The masked-diffusion training loss (SPEC §1, eq. 3-4) and its SFT variant.
+
+    loss = mean_b [ (1/L) * sum_i 1[xt_i = MASK] * CE(logits_i, x0_i) / t_b ]
+
+For SFT the prompt is never masked and LLaDA normalises by the response length instead of L.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sinkdlm.diffusion.noise import forward_mask, sample_t
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    num_masked: int
+    t: torch.Tensor  # [B]
+
+
+def weighted_masked_ce(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Per-sequence `sum_i 1[masked_i] CE_i / t_b`, `[B]` (the numerator of eq. 4)."""
+    ce = F.cross_entropy(logits.float().flatten(0, 1), x0.flatten(), reduction="none").view_as(x0)
+    return (ce * masked).sum(-1) / t
+
+
+def diffusion_loss(
+    model,
+    x0: torch.Tensor,
+    *,
+    mask_id: int | None = None,
+    eps: float = 1e-3,
+    t: torch.Tensor | None = None,
+    low_discrepancy: bool = False,
+    prompt_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    shift_logits: bool = False,
+    generator: torch.Generator | None = None,
+    **forward_kwargs,
+) -> LossOutput:
+    """eq. 3-4 on a batch `x0 [B, L]`.
+
+    prompt_mask    `[B, L]` True on prompt positions: never masked, and the loss is normalised by
+                   the response length (SFT, LLaDA); otherwise by L.
+    attention_mask `[B, L]` True = real token; padding is never masked nor counted.
+    shift_logits   position i predicts token i+1 (an AR-initialised head, SPEC §5): the logits
+                   of position i-1 score the token at i; position 0 is then never masked.
+    """
+    mask_id = model.config.mask_token_id if mask_id is None else mask_id
+    b, l = x0.shape
+    if t is None:
+        t = sample_t(b, eps, low_discrepancy, generator=generator, device=x0.device)
+    maskable = torch.ones_like(x0, dtype=torch.bool)
+    if prompt_mask is not None:
+        maskable &= ~prompt_mask.bool()
+    if attention_mask is not None:
+        maskable &= attention_mask.bool()
+    if shift_logits:
+        maskable[:, 0] = False
+    xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+    logits = model(xt, attention_mask=attention_mask, **forward_kwargs).logits
+    if shift_logits:  # logits[:, i-1] predicts x0[:, i]
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    per_seq = weighted_masked_ce(logits, x0, masked, t)
+    norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full_like(per_seq, l)
+    return LossOutput(loss=(per_seq / norm).mean(), num_masked=int(masked.sum()), t=t)

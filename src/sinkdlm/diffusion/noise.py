@@ -1,0 +1,50 @@
+"""Forward process of masked diffusion (SPEC §1): time sampling and independent masking.
+
+`t` is the masking probability of a sequence; `xt` is `x0` with each (maskable) position replaced
+by `mask_id` independently with probability `t`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_t(
+    batch: int,
+    eps: float = 1e-3,
+    low_discrepancy: bool = False,
+    generator: torch.Generator | None = None,
+    device=None,
+) -> torch.Tensor:
+    """`t [B]` in (eps, 1]: uniform, or low-discrepancy `t_b = (u0 + b/B) mod 1` (SMDM/LLaDA eval).
+
+    Both are mapped affinely from u in [0, 1) to t = eps + (1 - eps) * (1 - u) in (eps, 1], so
+    no sequence is ever left unmasked by a t of 0.
+    """
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"eps must lie in [0, 1), got {eps}")
+    if low_discrepancy:
+        u0 = torch.rand((), generator=generator, device=device)
+        u = (u0 + torch.arange(batch, device=device) / batch) % 1.0
+    else:
+        u = torch.rand(batch, generator=generator, device=device)
+    return eps + (1.0 - eps) * (1.0 - u)
+
+
+def forward_mask(
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    mask_id: int,
+    maskable: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q(xt | x0): mask each position of `x0 [B, L]` with probability `t [B]` (eq. 1-2).
+
+    `maskable [B, L]` (True = may be masked) keeps e.g. SFT prompts clean. Returns (xt, masked).
+    """
+    u = torch.rand(x0.shape, generator=generator, device=x0.device)
+    masked = u < t[:, None]
+    if maskable is not None:
+        masked &= maskable.bool()
+    xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
+    return xt, masked

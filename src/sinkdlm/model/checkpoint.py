@@ -1,0 +1,167 @@
+"""Checkpoint directories: `config.json` + `model.safetensors` (+ tokenizer files).
+
+The single exchange format between training, sampling, evaluation and analysis. Writes are atomic
+(temp file + `os.replace`), so a crash leaves either the old file or the new one. Only JSON and
+safetensors are ever read — never pickle. Every failure names the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from sinkdlm.config import ModelConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be read; the message names the file."""
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def save_state_dict(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+    """safetensors `save_file`, atomically."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def model_state_dict(model) -> dict[str, torch.Tensor]:
+    """The state dict to store: a tied head is stored once (as `embed_tokens.weight`)."""
+    sd = model.state_dict()
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def save_checkpoint(model, directory: str | Path, tokenizer=None) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_state_dict(model_state_dict(model), directory / WEIGHTS_NAME, metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+    # config.json last: a directory with a config has complete weights beside it.
+    atomic_write_json(directory / CONFIG_NAME, model.config.to_dict())
+    return directory
+
+
+def read_config(directory: str | Path) -> ModelConfig:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(directory)!r} does not exist (or is not a directory)")
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} is missing: a sinkdlm checkpoint needs {CONFIG_NAME} and {WEIGHTS_NAME} "
+            f"(write one with DiffusionLM.save_pretrained, or `sinkdlm convert` an HF model)"
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    if raw.get("model_type", "sinkdlm") != "sinkdlm":
+        raise CheckpointError(
+            f"{path} describes a {raw.get('model_type')!r} model, not a sinkdlm one; "
+            f"convert it first with `sinkdlm convert --from-hf {directory} --out DIR`"
+        )
+    try:
+        return ModelConfig.from_dict(raw)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: invalid model config: {e}") from e
+
+
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Read `model.safetensors`, or the shards listed in `model.safetensors.index.json`."""
+    directory = Path(directory)
+    single, index = directory / WEIGHTS_NAME, directory / WEIGHTS_INDEX_NAME
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map'): {e}") from e
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+    else:
+        pickled = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt")]
+        hint = (
+            f" (found {pickled}: pickle files are never read; re-save them as safetensors)" if pickled else ""
+        )
+        raise CheckpointError(f"{single} is missing{hint}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing (listed in {index.name})")
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{f} is corrupt or truncated ({e}); re-save or re-download it") from e
+    return tensors
+
+
+def load_checkpoint(directory: str | Path, device=None, dtype=None):
+    """Build a `DiffusionLM` from a checkpoint directory, checking config and weights agree."""
+    from sinkdlm.model.transformer import DiffusionLM
+
+    config = read_config(directory)
+    tensors = read_weights(directory)
+    weights_file = Path(directory) / WEIGHTS_NAME
+    with torch.device("meta"):
+        model = DiffusionLM(config)
+    expected = {k: tuple(v.shape) for k, v in model_state_dict(model).items()}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != expected[k])
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        if wrong:
+            parts.append(
+                "shape mismatch " + ", ".join(f"{k}: file {tuple(tensors[k].shape)} vs config {expected[k]}" for k in wrong[:5])
+            )
+        raise CheckpointError(
+            f"{weights_file} does not match {Path(directory) / CONFIG_NAME}: " + "; ".join(parts)
+        )
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    model.load_state_dict(tensors, strict=not config.tie_word_embeddings, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.eval()
+    return model.to(device) if device is not None else model

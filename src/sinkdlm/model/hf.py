@@ -1,0 +1,178 @@
+"""Hugging Face integration: `AutoModelForMaskedLM` registration and Qwen2/LLaMA conversion.
+
+* `register()` (run by `import sinkdlm`) lets `transformers.AutoConfig` / `AutoModelForMaskedLM`
+  open a sinkdlm checkpoint directory; loading goes through `DiffusionLM.from_pretrained`, so it
+  keeps our checks and never reads pickle.
+* `convert_hf_checkpoint()` turns a local Qwen2 or LLaMA causal-LM directory (safetensors, sharded
+  too) into a sinkdlm checkpoint: same weights, bidirectional attention, a `[MASK]` token and the
+  sink embeddings (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
+
+from sinkdlm.config import MODEL_TYPE, ModelConfig
+from sinkdlm.model.checkpoint import CONFIG_NAME, CheckpointError, read_weights
+from sinkdlm.model.transformer import DiffusionLM
+
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+MASK_TOKEN = "[MASK]"
+
+
+class SinkDLMConfig(PretrainedConfig):
+    """The `transformers` face of `ModelConfig` (only used to route AutoModel loading)."""
+
+    model_type = MODEL_TYPE
+
+    def to_model_config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.to_dict())
+
+
+def register() -> None:
+    AutoConfig.register(MODEL_TYPE, SinkDLMConfig, exist_ok=True)
+    DiffusionLM.config_class = SinkDLMConfig
+    AutoModelForMaskedLM.register(SinkDLMConfig, DiffusionLM, exist_ok=True)
+
+
+# ----------------------------------------------------------------------------- conversion
+def _read_hf_config(src: Path) -> dict:
+    path = src / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: --from-hf needs a local Hugging Face model directory")
+    cfg = json.loads(path.read_text())
+    if cfg.get("model_type") not in SUPPORTED_ARCHITECTURES:
+        raise CheckpointError(
+            f"{path}: model_type {cfg.get('model_type')!r} is not supported; "
+            f"convert one of {SUPPORTED_ARCHITECTURES}"
+        )
+    scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if rope_type not in ("default", None):
+        raise CheckpointError(f"{path}: rope scaling {rope_type!r} is not supported (only plain RoPE)")
+    return cfg
+
+
+def hf_to_model_config(cfg: dict, **switches) -> ModelConfig:
+    """Map a Qwen2/LLaMA `config.json` onto ModelConfig (mask id/vocab are set by the caller)."""
+    rope = cfg.get("rope_parameters") or {}
+    qkv_bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False))
+    return ModelConfig(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        mask_token_id=cfg["vocab_size"] - 1,
+        **switches,
+    )
+
+
+def _load_tokenizer(src: Path):
+    if not any((src / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+
+
+def convert_hf_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    *,
+    num_sink_tokens: int = 0,
+    sink_position: str = "front",
+    sink_zero_value: bool = False,
+    gated_attention: bool = False,
+    seed: int = 0,
+) -> DiffusionLM:
+    """Convert a local HF Qwen2/LLaMA causal LM into a sinkdlm checkpoint at `out`.
+
+    New parameters and how they start:
+      * `[MASK]` gets the id `len(tokenizer)` (after adding it), or `vocab_size` without a
+        tokenizer; when that id lies past the embedding matrix, the embedding and head grow by
+        the missing rows. New rows are the mean of the existing rows (the new token starts
+        "average" instead of random, so its logit neither dominates nor vanishes — Hewitt 2021).
+      * sink embeddings are drawn per dimension from N(mean, std) of the trained embedding rows,
+        so they sit at the scale of real tokens; distinct draws keep 2 or 4 sinks distinguishable.
+      * gated attention: W_g = 0 gives σ(0) = 1/2 everywhere; o_proj is doubled so the layer
+        computes exactly the original function at step 0 (eq. 8-10 then learns the gate).
+    """
+    src, out = Path(src), Path(out)
+    if not src.is_dir():
+        raise CheckpointError(f"--from-hf directory {str(src)!r} does not exist")
+    hf_cfg = _read_hf_config(src)
+    tensors = read_weights(src)
+    tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+    if hf_cfg.get("tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    elif "lm_head.weight" not in tensors:
+        raise CheckpointError(f"{src}: untied model without lm_head.weight in its safetensors files")
+
+    tokenizer = _load_tokenizer(src)
+    vocab = hf_cfg["vocab_size"]
+    if tokenizer is not None:
+        if tokenizer.mask_token is None:
+            tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+        mask_id = tokenizer.mask_token_id
+    else:
+        mask_id = vocab
+    new_vocab = max(vocab, mask_id + 1)
+
+    config = hf_to_model_config(
+        hf_cfg,
+        num_sink_tokens=num_sink_tokens,
+        sink_position=sink_position,
+        sink_zero_value=sink_zero_value,
+        gated_attention=gated_attention,
+    ).replace(vocab_size=new_vocab, mask_token_id=mask_id)
+    config.extra = {"converted_from": str(src), "source_model_type": hf_cfg["model_type"]}
+    config.validate()
+
+    gen = torch.Generator().manual_seed(seed)
+    emb = tensors["embed_tokens.weight"]
+    if new_vocab > vocab:
+        grow = emb.float().mean(0, keepdim=True).expand(new_vocab - vocab, -1).to(emb.dtype)
+        tensors["embed_tokens.weight"] = torch.cat([emb, grow])
+        if "lm_head.weight" in tensors:
+            head = tensors["lm_head.weight"]
+            grow = head.float().mean(0, keepdim=True).expand(new_vocab - vocab, -1).to(head.dtype)
+            tensors["lm_head.weight"] = torch.cat([head, grow])
+    if num_sink_tokens > 0:
+        e = emb.float()
+        sinks = e.mean(0) + e.std(0) * torch.randn(num_sink_tokens, e.shape[1], generator=gen)
+        tensors["sink_embeddings"] = sinks.to(emb.dtype)
+    model_dtype = emb.dtype
+    with torch.device("meta"):
+        model = DiffusionLM(config)
+    if gated_attention:
+        for i in range(config.num_hidden_layers):
+            o = tensors[f"layers.{i}.self_attn.o_proj.weight"]
+            tensors[f"layers.{i}.self_attn.o_proj.weight"] = o * 2
+            tensors[f"layers.{i}.self_attn.g_proj.weight"] = torch.zeros(
+                config.num_attention_heads * config.head_dim, config.hidden_size, dtype=model_dtype
+            )
+    # Drop buffers HF sometimes stores (rotary inv_freq); everything else must match.
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{src}: weights do not fit a {hf_cfg['model_type']} layout: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.eval()
+    model.save_pretrained(out, tokenizer=tokenizer)
+    return model

@@ -1,0 +1,103 @@
+"""The extra sink token(s) of "One Token Is Enough" (SPEC §3, eq. 5-7) in one place.
+
+Layout. With `n = num_sink_tokens`, the model's sequence is `[s_1..s_n; x_1..x_L]` (front, eq. 5)
+or `[x_1..x_L; s_1..s_n]` (end, eq. 7). Front sinks take rotary positions 0..n-1 and content
+n..n+L-1; end sinks follow the content (positions L..L+n-1, per row when rows are padded).
+
+The eq. 6 rule: a sink query attends only to itself; every content query sees every key. Two facts
+follow that the fast path uses:
+  * a sink's attention output is exactly its own value vector, so its hidden states at every layer
+    are constants of the model — they never depend on the content, the batch or the position
+    (rotary phases cancel in q·k of a token with itself). Only their keys carry a position, and the
+    rotation is applied when the content reads them. So the sink stream runs once per forward at
+    batch 1 (`DiffusionLM.sink_stream`), or not at all with a `SinkCache`.
+  * content queries need no mask at all: they attend to all L + n keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def join(sink: torch.Tensor, content: torch.Tensor, sink_position: str, dim: int) -> torch.Tensor:
+    """Concatenate sink and content along `dim` in layout order (eq. 5 front, eq. 7 end)."""
+    parts = (sink, content) if sink_position == "front" else (content, sink)
+    return torch.cat(parts, dim=dim)
+
+
+def split(x: torch.Tensor, num_sink_tokens: int, sink_position: str, dim: int):
+    """Inverse of `join`: returns (sink, content)."""
+    n = num_sink_tokens
+    length = x.shape[dim]
+    if sink_position == "front":
+        return x.narrow(dim, 0, n), x.narrow(dim, n, length - n)
+    return x.narrow(dim, length - n, n), x.narrow(dim, 0, length - n)
+
+
+def sink_indices(seq_len: int, num_sink_tokens: int, sink_position: str) -> list[int]:
+    """Indices of the sink tokens in the layout of a sequence with `seq_len` content tokens."""
+    n = num_sink_tokens
+    return list(range(n)) if sink_position == "front" else list(range(seq_len, seq_len + n))
+
+
+def content_indices(seq_len: int, num_sink_tokens: int, sink_position: str) -> list[int]:
+    start = num_sink_tokens if sink_position == "front" else 0
+    return list(range(start, start + seq_len))
+
+
+def positions(
+    batch: int,
+    seq_len: int,
+    num_sink_tokens: int,
+    sink_position: str,
+    attention_mask: torch.Tensor | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary positions of the content `[B|1, L]` and of the sinks `[B|1, n]`.
+
+    With a padding mask (True = real token), real tokens are numbered consecutively from the
+    first real one, so a left-padded row gets exactly the positions it would have alone.
+    """
+    n = num_sink_tokens
+    offset = n if sink_position == "front" else 0
+    if attention_mask is None:
+        content = torch.arange(offset, offset + seq_len, device=device)[None]  # [1, L]
+        real = torch.full((1, 1), seq_len, device=device)
+    else:
+        mask = attention_mask.to(torch.long)
+        content = offset + (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+        real = mask.sum(-1, keepdim=True)  # [B, 1]
+    ar = torch.arange(n, device=device)[None]  # [1, n]
+    sink = ar if sink_position == "front" else real + ar
+    return content, sink
+
+
+def sink_attention_mask(
+    seq_len: int, num_sink_tokens: int, sink_position: str, device: torch.device | None = None
+) -> torch.Tensor:
+    """The eq. 6 rule as a boolean matrix `[S, S]` (True = may attend), S = L + n, in layout order.
+
+    `M[i, j] = -inf if i is a sink and j != i, else 0`. Only the explicit (reference / eager /
+    analysis) paths build it; the fast path needs no mask (see module docstring).
+    """
+    n, s = num_sink_tokens, seq_len + num_sink_tokens
+    allowed = torch.ones(s, s, dtype=torch.bool, device=device)
+    for i in sink_indices(seq_len, n, sink_position):
+        allowed[i] = False
+        allowed[i, i] = True
+    return allowed
+
+
+@dataclass
+class SinkCache:
+    """The sink tokens' keys (before rotation) and values at every layer: constants of the model.
+
+    k[l], v[l]: `[1, num_key_value_heads, n, head_dim]`. Built by `DiffusionLM.sink_cache()`,
+    which rebuilds it when any parameter changed (tracked by tensor version counters).
+    """
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    key: tuple = ()

@@ -1,0 +1,322 @@
+"""DiffusionLM: a bidirectional LLaMA/Qwen2-layout Transformer with optional extra sink tokens.
+
+Architecture only: RMSNorm, RoPE, SwiGLU, GQA, optional QKV bias, optional tied head, optional
+gated attention (Appendix A.2, eq. 8-10) and `num_sink_tokens` sinks (SPEC §3, eq. 5-7).
+The forward pass has two streams (see `sink.py` for why this is exact):
+  1. the sink stream: `n` sink embeddings through every layer at batch 1, each sink attending only
+     to itself (eq. 6), so its attention output is its own value vector;
+  2. the content stream: every content query attends, with no mask, to all content keys plus
+     the sinks' keys/values of that layer, joined in layout order.
+Attention backends and masks are chosen by name (`attention.py`); checkpoints live in
+`checkpoint.py`. Parameter names match Hugging Face Qwen2 without the `model.` prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sinkdlm.config import ModelConfig
+from sinkdlm.model import sink as sinklib
+from sinkdlm.model.attention import apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin
+
+
+@dataclass
+class DiffusionLMOutput:
+    logits: torch.Tensor  # [B, L, V], content positions only
+    # Per layer, over the whole layout sequence S = L + n (only when asked):
+    attentions: tuple[torch.Tensor, ...] | None = None  # [B, H, S, S], rows = queries
+    values: tuple[torch.Tensor, ...] | None = None  # [B, KVH, S, hd]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 (as Qwen2/LLaMA do) so bf16 runs match their reference numerics.
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hd, h, kvh, d = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, hd
+        self.q_proj = nn.Linear(d, h * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, kvh * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, kvh * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        # eq. 9: an element-wise gate per head channel, computed from the layer input X.
+        self.g_proj = nn.Linear(d, h * hd, bias=False) if cfg.gated_attention else None
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, l, _ = x.shape
+        return x.view(b, l, n, self.head_dim).transpose(1, 2)  # [B, n, L, hd]
+
+    def kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys before rotation and values, `[B, KVH, L, hd]`."""
+        return self._heads(self.k_proj(x), self.num_kv_heads), self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`y [B, H, L, hd]` -> `O = (Y ⊙ σ(X W_g)) W_O` (eq. 8-10; plain `Y W_O` without the gate)."""
+        b, _, l, _ = y.shape
+        y = y.transpose(1, 2).reshape(b, l, -1)
+        if self.g_proj is not None:
+            y = y * torch.sigmoid(self.g_proj(x))
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def sink_forward(self, hs: torch.Tensor, zero_value: bool):
+        """The sink stream (eq. 6): each sink attends only to itself, so `Y_s = v_s`.
+
+        hs `[1, n, d]` -> (next hs, k before rotation `[1, KVH, n, hd]`, v `[1, KVH, n, hd]`).
+        """
+        attn = self.self_attn
+        x = self.input_layernorm(hs)
+        k, v = attn.kv(x)
+        if zero_value:  # Table 5: the sink's value vector is zero at every layer
+            v = torch.zeros_like(v)
+        y = v.repeat_interleave(attn.num_heads // attn.num_kv_heads, dim=1)  # [1, H, n, hd]
+        hs = hs + attn.output(y, x)
+        hs = hs + self.mlp(self.post_attention_layernorm(hs))
+        return hs, k, v
+
+    def forward(self, h, cos, sin, sink_kv, sink_position, mask, backend, need_probs):
+        """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
+
+        Returns (h, probs `[B, H, L, S]` | None, values `[B, KVH, S, hd]` in layout order).
+        """
+        attn = self.self_attn
+        x = self.input_layernorm(h)
+        q = apply_rope(attn._heads(attn.q_proj(x), attn.num_heads), cos, sin)
+        k, v = attn.kv(x)
+        k = apply_rope(k, cos, sin)
+        if sink_kv is not None:
+            ks, vs = sink_kv
+            b = h.shape[0]
+            k = sinklib.join(ks.expand(b, -1, -1, -1), k, sink_position, dim=2)
+            v = sinklib.join(vs.expand(b, -1, -1, -1), v, sink_position, dim=2)
+        y, probs = backend(q, k, v, mask=mask, need_probs=need_probs)
+        h = h + attn.output(y, x)
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, probs, v
+
+
+class DiffusionLM(nn.Module):
+    """A masked diffusion LM. `model(input_ids).logits` is `[B, L, vocab]` for the content only."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.num_sink_tokens > 0:
+            # eq. 5: the sinks' own learned embeddings, outside the vocabulary.
+            self.sink_embeddings = nn.Parameter(torch.empty(config.num_sink_tokens, config.hidden_size))
+        else:
+            self.register_parameter("sink_embeddings", None)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.attn_implementation = "sdpa"
+        self._sink_cache: sinklib.SinkCache | None = None
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        if self.sink_embeddings is not None:
+            nn.init.normal_(self.sink_embeddings, std=std)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    # ------------------------------------------------------------------ sink stream
+    def sink_stream(self) -> sinklib.SinkCache:
+        """Run the sinks through every layer (batch 1); keys before rotation and values per layer."""
+        cfg = self.config
+        hs = self.sink_embeddings[None]  # [1, n, d]
+        ks, vs = [], []
+        for layer in self.layers:
+            hs, k, v = layer.sink_forward(hs, cfg.sink_zero_value)
+            ks.append(k)
+            vs.append(v)
+        return sinklib.SinkCache(ks, vs)
+
+    @torch.no_grad()
+    def sink_cache(self) -> sinklib.SinkCache:
+        """The sink stream computed once and reused while no parameter changes (SPEC §3).
+
+        Valid across steps and requests: sink hidden states depend on nothing but the weights.
+        The key tracks every parameter's in-place version counter, so an optimiser step or a
+        `load_state_dict` invalidates it.
+        """
+        assert self.config.num_sink_tokens > 0, "sink_cache() needs num_sink_tokens > 0"
+        key = (self.dtype, self.device, tuple((id(p), p._version) for p in self.parameters()))
+        if self._sink_cache is None or self._sink_cache.key != key:
+            cache = self.sink_stream()
+            cache.key = key
+            self._sink_cache = cache
+        return self._sink_cache
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        position_ids: torch.Tensor | None = None,
+        causal: bool = False,
+        content_mask: torch.Tensor | None = None,
+        key_masks: list[torch.Tensor | None] | None = None,
+        output_attentions: bool = False,
+        output_values: bool = False,
+        use_sink_cache: bool | None = None,
+        attn_implementation: str | None = None,
+    ) -> DiffusionLMOutput:
+        """
+        input_ids      `[B, L]` token ids (content only; the sinks are added here).
+        attention_mask `[B, L]` bool/int, True = real token (padding is never attended to).
+        position_ids   `[B, L]` rotary positions of the content (default: see `sink.positions`).
+        causal         content attends causally (AR parity and annealing); sinks stay visible.
+        content_mask   `[B|1, 1|H, L, L]` bool, a custom content-to-content mask (True = attend).
+        key_masks      per layer `[B, H, S]` bool or None, True = key may be attended to
+                       (sink-masking ablation, Rulli et al. Table 1); S in layout order.
+        output_attentions / output_values: per-layer probabilities / values over the layout
+                       sequence (forces the eager backend for attentions).
+        use_sink_cache reuse the constant sink keys/values (default: when not training).
+        """
+        cfg = self.config
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+        b, l = input_ids.shape
+        n = cfg.num_sink_tokens
+        if l + n > cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence of {l} tokens (+{n} sink) exceeds max_position_embeddings="
+                f"{cfg.max_position_embeddings}; shorten the input"
+            )
+        backend_name = "eager" if output_attentions else (attn_implementation or self.attn_implementation)
+        backend = get_backend(backend_name)
+
+        pos_content, pos_sink = sinklib.positions(b, l, n, cfg.sink_position, attention_mask, input_ids.device)
+        if position_ids is not None:
+            pos_content = position_ids
+        h = self.embed_tokens(input_ids)  # [B, L, d]
+        cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, h.dtype)
+
+        # Content mask (True = attend); None on the fast path: no padding, no causal, no ablation.
+        mask = None
+        if attention_mask is not None:
+            mask = padding_mask(attention_mask)
+        if causal:
+            mask = causal_mask(l, h.device) if mask is None else mask & causal_mask(l, h.device)
+        if content_mask is not None:
+            mask = content_mask.bool() if mask is None else mask & content_mask.bool()
+
+        sinks = None
+        if n > 0:
+            use_cache = (not self.training) if use_sink_cache is None else use_sink_cache
+            sinks = self.sink_cache() if use_cache else self.sink_stream()
+            cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, h.dtype)
+            if mask is not None:  # every content query sees the sinks (eq. 6, second case)
+                mask = mask.expand(b, -1, l, -1)
+                mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
+
+        attentions, values = [], []
+        for i, layer in enumerate(self.layers):
+            sink_kv = None
+            if sinks is not None:
+                sink_kv = (apply_rope(sinks.k[i], cos_s, sin_s), sinks.v[i])
+            layer_mask = mask
+            if key_masks is not None and key_masks[i] is not None:
+                km = key_masks[i].bool()[:, :, None, :]  # [B, H, 1, S]
+                layer_mask = km if layer_mask is None else layer_mask & km
+            h, probs, v = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend, output_attentions)
+            if output_attentions:
+                attentions.append(self._full_attention_map(probs, l))
+            if output_values:
+                values.append(v)
+        logits = self.lm_head(self.norm(h))
+        return DiffusionLMOutput(
+            logits=logits,
+            attentions=tuple(attentions) if output_attentions else None,
+            values=tuple(values) if output_values else None,
+        )
+
+    def _full_attention_map(self, probs: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """Content rows `[B, H, L, S]` -> the whole map `[B, H, S, S]`: sink rows are one-hot (eq. 6)."""
+        n = self.config.num_sink_tokens
+        if n == 0:
+            return probs
+        b, h, _, s = probs.shape
+        rows = probs.new_zeros(b, h, n, s)
+        for r, j in enumerate(sinklib.sink_indices(seq_len, n, self.config.sink_position)):
+            rows[:, :, r, j] = 1.0
+        return sinklib.join(rows, probs, self.config.sink_position, dim=2)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, directory, tokenizer=None) -> None:
+        from sinkdlm.model.checkpoint import save_checkpoint
+
+        save_checkpoint(self, directory, tokenizer=tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, directory, *args, device=None, dtype=None, **kwargs) -> "DiffusionLM":
+        """Load a sinkdlm checkpoint directory (config.json + model.safetensors).
+
+        Extra keyword arguments that `transformers.AutoModel*.from_pretrained` passes along
+        (revision, config, ...) are accepted and ignored: only local directories are read.
+        """
+        from sinkdlm.model.checkpoint import load_checkpoint
+
+        return load_checkpoint(directory, device=device, dtype=dtype or kwargs.get("torch_dtype"))
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= self.embed_tokens.weight.numel()
+        return total

@@ -1,0 +1,86 @@
+"""Every figure function writes a PNG that matplotlib reads back."""
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+import torch
+
+from sinkdlm.analysis import largest_sink_positions, non_sink_fraction
+from sinkdlm.analysis.figures import (
+    plot_attention_maps,
+    plot_largest_sink_positions,
+    plot_layer_bars,
+    plot_non_sink_fraction,
+    plot_value_norm_scatter,
+)
+
+
+def maps(n, size=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.softmax(3 * torch.randn(n, size, size, generator=gen), dim=-1)  # [n, S, S]
+
+
+def check_png(path, written):
+    assert written == path
+    assert path.stat().st_size > 0
+    image = mpimg.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50 and image.shape[2] in (3, 4)
+    assert not list(path.parent.glob(".*.tmp"))  # the temp file was renamed away
+
+
+def test_attention_maps_row_and_grid(tmp_path):
+    path = tmp_path / "maps.png"
+    check_png(path, plot_attention_maps(list(maps(2)), ["step 0", "step 64"], path))
+    grid = tmp_path / "sub" / "grid.png"  # parent folder is created
+    written = plot_attention_maps([maps(2, seed=1), maps(2, seed=2).numpy()],
+                                  [["A t0", "A t1"], ["B t0", "B t1"]], grid, row_labels=["A", "B"])
+    check_png(grid, written)
+
+
+def test_value_norm_scatter(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "norms.png"
+    check_png(path, plot_value_norm_scatter(torch.rand(50) * 2, rng.normal(7, 1, 20_000), path))
+    many = tmp_path / "norms2.png"
+    data = {"dlm": torch.rand(30), "dlm+sink": torch.rand(0)}  # a model with no sink found
+    check_png(many, plot_value_norm_scatter(data, {"dlm": [7.0, 8.0], "dlm+sink": [6.5]}, many))
+
+
+def test_layer_bars(tmp_path):
+    path = tmp_path / "bars.png"
+    check_png(path, plot_layer_bars(torch.rand(6), torch.rand(6) + 5, torch.rand(6), path))
+    two = tmp_path / "bars2.png"
+    norms = {"0.5B": np.ones(4), "1.5B": np.ones(5)}
+    check_png(two, plot_layer_bars(norms, {k: 3 * v for k, v in norms.items()},
+                                   {k: v / 2 for k, v in norms.items()}, two))
+
+
+def test_non_sink_fraction(tmp_path):
+    path = tmp_path / "frac.png"
+    curves = {"a": non_sink_fraction(maps(4)), "b": non_sink_fraction(maps(4, seed=3))}
+    check_png(path, plot_non_sink_fraction(curves, path, scale="sum"))
+
+
+def test_largest_sink_positions(tmp_path):
+    steps = maps(8 * 2 * 3, size=12).reshape(8, 2, 3, 12, 12)  # [T, L, H, S, S]
+    pos = largest_sink_positions(steps, epsilon=1.0)  # may hold -1 (no sink)
+    path = tmp_path / "pos.png"
+    check_png(path, plot_largest_sink_positions(pos, path, num_positions=12, extra_sink_positions=[0]))
+    two = tmp_path / "pos2.png"
+    check_png(two, plot_largest_sink_positions({"dlm": pos, "dlm+sink": torch.zeros(8, 2, 3, dtype=torch.long)}, two))
+
+
+def test_figure_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="titles"):
+        plot_attention_maps(list(maps(2)), ["only one"], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="square"):
+        plot_attention_maps([torch.rand(3, 4)], ["t"], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="same models"):
+        plot_value_norm_scatter({"a": [1.0]}, {"b": [2.0]}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="lengths"):
+        plot_layer_bars([1.0, 2.0], [1.0], [0.5, 0.5], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="num_positions"):
+        plot_largest_sink_positions(torch.tensor([[3, 4]]), tmp_path / "x.png", num_positions=4)
+    with pytest.raises(ValueError, match="non-empty"):
+        plot_non_sink_fraction({}, tmp_path / "x.png")
+    assert not list(tmp_path.iterdir())
