@@ -1,6 +1,7 @@
 """Command-line interface: `sinkdlm COMMAND ...`. Each module registers its commands on `app`."""
 
 from sinkdlm.cli import convert_cmd  # noqa: F401
+from sinkdlm.cli import train_cmd  # noqa: F401
 from sinkdlm.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -40,6 +40,7 @@ def diffusion_loss(
     attention_mask: torch.Tensor | None = None,
     shift_logits: bool = False,
     generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
     **forward_kwargs,
 ) -> LossOutput:
     """eq. 3-4 on a batch `x0 [B, L]`.
@@ -47,6 +48,7 @@ def diffusion_loss(
     prompt_mask    `[B, L]` True on prompt positions: never masked, and the loss is normalised by
                    the response length (SFT, LLaDA); otherwise by L.
     attention_mask `[B, L]` True = real token; padding is never masked nor counted.
+    t, u           the noise, when the caller draws it (else from `generator`).
     shift_logits   position i predicts token i+1 (an AR-initialised head, SPEC §5): the logits
                    of position i-1 score the token at i; position 0 is then never masked.
     """
@@ -61,7 +63,7 @@ def diffusion_loss(
         maskable &= attention_mask.bool()
     if shift_logits:
         maskable[:, 0] = False
-    xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+    xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator, u=u)
     logits = model(xt, attention_mask=attention_mask, **forward_kwargs).logits
     if shift_logits:  # logits[:, i-1] predicts x0[:, i]
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)

@@ -37,12 +37,17 @@ def forward_mask(
     mask_id: int,
     maskable: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q(xt | x0): mask each position of `x0 [B, L]` with probability `t [B]` (eq. 1-2).
 
-    `maskable [B, L]` (True = may be masked) keeps e.g. SFT prompts clean. Returns (xt, masked).
+    `maskable [B, L]` (True = may be masked) keeps e.g. SFT prompts clean. `u [B, L]` are the
+    uniforms to threshold (drawn from `generator` when not given: a data-parallel trainer draws
+    them for the global batch so every sequence gets the same noise however it is sharded).
+    Returns (xt, masked).
     """
-    u = torch.rand(x0.shape, generator=generator, device=x0.device)
+    if u is None:
+        u = torch.rand(x0.shape, generator=generator, device=x0.device)
     masked = u < t[:, None]
     if maskable is not None:
         masked &= maskable.bool()

@@ -1,0 +1,104 @@
+"""`sinkdlm train`, `sinkdlm sft` and `sinkdlm tokenizer train`: flags -> TrainConfig -> train()."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sinkdlm.cli.app import app
+
+tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+
+# Every option defaults to None so that `--config FILE` values are only overridden by flags the
+# user actually typed (TrainConfig.resolve: defaults < config file < flags).
+Preset = typer.Option(None, "--preset", help="Model preset (tiny, small, smdm-85m, qwen2.5-0.5b, ...).")
+Data = typer.Option(None, "--data", help="shakespeare | a .txt/.jsonl/.json/.parquet file or folder | hf:OWNER/NAME[:CONFIG]")
+Out = typer.Option(None, "--out", help="Run directory (config, metrics.jsonl, checkpoints/).")
+
+
+@app.command()
+def train(
+    preset: Optional[str] = Preset,
+    data: Optional[str] = Data,
+    out: Optional[str] = Out,
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file of training options."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch in sequences."),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak lr (default: 2e-4 scratch, 1e-4 AR init)."),
+    min_lr: Optional[float] = typer.Option(None, "--min-lr"),
+    save_every: Optional[int] = typer.Option(None, "--save-every"),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every"),
+    log_every: Optional[int] = typer.Option(None, "--log-every"),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", help="Checkpoints to keep."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    resume: Optional[bool] = typer.Option(None, "--resume/--no-resume", help="Continue from the newest checkpoint in --out."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
+    text_field: Optional[str] = typer.Option(None, "--text-field"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs)."),
+    num_sink_tokens: Optional[int] = typer.Option(None, "--num-sink-tokens"),
+    sink_position: Optional[str] = typer.Option(None, "--sink-position", help="front | end"),
+    sink_zero_value: Optional[bool] = typer.Option(None, "--sink-zero-value/--no-sink-zero-value"),
+    gated_attention: Optional[bool] = typer.Option(None, "--gated-attention/--no-gated-attention"),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm checkpoint (e.g. converted)."),
+    shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head)."),
+    attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda[:N]"),
+    fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 instead of DDP under torchrun."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir"),
+) -> None:
+    """Train a masked diffusion LM (from scratch or --init-from a converted AR checkpoint)."""
+    flags = dict(locals())  # first: exactly the options
+    from sinkdlm.training import TrainConfig
+    from sinkdlm.training import train as run
+
+    config_file = flags.pop("config")
+    cfg = TrainConfig.resolve(config_file, **flags)
+    summary = run(cfg)
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def sft(
+    model: str = typer.Option(..., "--model", help="sinkdlm checkpoint to fine-tune."),
+    data: str = typer.Option(..., "--data", help="arithmetic | FILE.jsonl with prompt/response fields"),
+    out: str = typer.Option("runs/sft", "--out"),
+    config: Optional[Path] = typer.Option(None, "--config"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    lr: Optional[float] = typer.Option(None, "--lr"),
+    save_every: Optional[int] = typer.Option(None, "--save-every"),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    resume: Optional[bool] = typer.Option(None, "--resume/--no-resume"),
+) -> None:
+    """Supervised fine-tuning: the prompt is never masked; the loss is normalised by the response length."""
+    flags = dict(locals())  # first: exactly the options
+    from sinkdlm.training import TrainConfig
+    from sinkdlm.training import train as run
+
+    config_file = flags.pop("config")
+    flags["init_from"] = flags.pop("model")
+    cfg = TrainConfig.resolve(config_file, sft=True, **flags)
+    typer.echo(json.dumps(run(cfg)))
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    data: str = typer.Option(..., "--data", help="Corpus spec, as for `sinkdlm train --data`."),
+    vocab_size: int = typer.Option(..., "--vocab-size"),
+    out: Path = typer.Option(..., "--out"),
+    text_field: str = typer.Option("text", "--text-field"),
+) -> None:
+    """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
+    from sinkdlm.data import iter_documents, train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(iter_documents(data, "train", text_field), vocab_size, out_dir=out)
+    typer.echo(f"wrote {out}: {len(tok)} tokens, mask_token_id {tok.mask_token_id}")

@@ -1,0 +1,147 @@
+"""Tokenizers: load a local Hugging Face tokenizer, train a small byte-level BPE, and check
+that a tokenizer agrees with a model's vocabulary (`vocab_size`, `mask_id`, SPEC §1).
+
+Everything here is `tokenizers`/`transformers`; nothing is hand-written BPE. Loading is
+local only (`local_files_only=True`): a missing path is a user error, never a download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+# Special tokens of tokenizers trained here. The end-of-text token separates documents in
+# the packed corpus and pads SFT responses; [MASK] is the diffusion mask (SPEC §1).
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+MASK_TOKEN = "[MASK]"
+SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN, MASK_TOKEN)  # ids 0, 1, 2 in a trained tokenizer
+
+# 256 byte symbols + the special tokens: below this a byte-level BPE cannot encode all text.
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+
+
+def _wrap(tok: Tokenizer, **special: str) -> PreTrainedTokenizerFast:
+    # clean_up_tokenization_spaces=False: the clean-up rewrites " ." to "." and would break
+    # the exact decode(encode(text)) == text round trip byte-level BPE otherwise gives.
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """Load a Hugging Face tokenizer directory or a single `tokenizer.json`, local files only."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"tokenizer path {str(path)!r} does not exist; pass a tokenizer directory (with "
+            "tokenizer.json / tokenizer_config.json) or a tokenizer.json file"
+        )
+    if path.is_file():
+        if path.suffix != ".json":
+            raise ValueError(f"tokenizer file {str(path)!r} is not a tokenizer.json; pass the JSON file or its directory")
+        if path.name == "tokenizer.json" and (path.parent / "tokenizer_config.json").exists():
+            path = path.parent  # the directory also knows which tokens are eos/mask/pad
+        else:
+            # A bare tokenizer.json says which tokens are special but not their roles; assign
+            # the roles of this module's names when the vocabulary has them.
+            tok = Tokenizer.from_file(str(path))
+            vocab = tok.get_vocab()
+            roles = {"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN, "mask_token": MASK_TOKEN}
+            return _wrap(tok, **{k: v for k, v in roles.items() if v in vocab})
+    files = {p.name for p in path.iterdir()}
+    if not files & {"tokenizer.json", "tokenizer_config.json"}:
+        raise ValueError(
+            f"tokenizer directory {str(path)!r} has no tokenizer.json or tokenizer_config.json; "
+            "point to a directory written by save_pretrained (or a checkpoint directory with tokenizer files)"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise ValueError(
+            f"tokenizer in {str(path)!r} loaded as the slow {type(tokenizer).__name__}; "
+            "sinkdlm needs a fast tokenizer (a tokenizer.json file)"
+        )
+    return tokenizer
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts` with eos/pad/[MASK] special tokens (ids 0, 1, 2).
+
+    Deterministic for the same texts and vocab size (no dropout, sorted byte alphabet).
+    Saved with `save_pretrained(out_dir)` when `out_dir` is given.
+    """
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs at least "
+            f"{MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special tokens)"
+        )
+    if isinstance(texts, str):
+        raise ValueError("train_bpe_tokenizer takes an iterable of texts, not one string; wrap it in a list")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        # All 256 byte symbols up front, so any text (unseen bytes too) stays encodable.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    seen = 0
+
+    def counted() -> Iterable[str]:
+        nonlocal seen
+        for text in texts:
+            seen += 1
+            yield text
+
+    tok.train_from_iterator(counted(), trainer)
+    if seen == 0:
+        raise ValueError("train_bpe_tokenizer got no texts; pass at least one document")
+    tokenizer = _wrap(tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN)
+    if out_dir is not None:
+        tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def check_tokenizer_matches(tokenizer: PreTrainedTokenizerFast, vocab_size: int, mask_token_id: int) -> None:
+    """Raise `ValueError` when the tokenizer cannot drive a model with this vocabulary."""
+    tok_mask = tokenizer.mask_token_id
+    if tok_mask != mask_token_id:
+        raise ValueError(
+            f"tokenizer mask token id is {tok_mask} but the model's mask_token_id is {mask_token_id}; "
+            "use the tokenizer the model was trained with, or set the model's mask_token_id to match"
+        )
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
+            "ids past the embedding table would crash: train a smaller tokenizer or enlarge vocab_size"
+        )
+
+
+def encode_texts(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> list[list[int]]:
+    """Token ids of raw data texts: no BOS/EOS added, and special-token *text* stays text.
+
+    split_special_tokens: a literal "[MASK]" or "<|endoftext|>" inside a corpus must never
+    become the mask id (it would corrupt x0) or a spurious document break.
+    """
+    return tokenizer(list(texts), add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
+    """A content hash of the tokenizer (vocab, merges, normalisers, special tokens): cache key."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        content = backend.to_str()
+    else:  # a slow tokenizer: its vocabulary is what decides the ids
+        content = json.dumps(sorted(tokenizer.get_vocab().items()))
+    content += json.dumps({k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())})
+    return hashlib.sha256(content.encode()).hexdigest()

@@ -1,0 +1,402 @@
+"""The training loop: pre-training on a packed corpus, or SFT on prompt/response pairs.
+
+One function, `train(cfg)`, used by `sinkdlm train`, `sinkdlm sft`, torchrun and the experiment.
+Exact resume is by construction: the batch of step s comes from `(seed, s)` only
+(`data.batch_for_step`), the diffusion noise of step s from a generator seeded with `(seed, s)`
+and drawn for the *global* batch (so 1 process and N data-parallel ranks see the same noise per
+sequence), and the optimiser moments are restored bit for bit from safetensors. The learning rate
+is a pure function of the step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from sinkdlm.config import ModelConfig
+from sinkdlm.data import (
+    PackedTokens,
+    arithmetic_dataset,
+    batch_for_step,
+    check_tokenizer_matches,
+    corpus_fingerprint,
+    iter_documents,
+    load_sft_jsonl,
+    load_tokenizer,
+    pack_corpus,
+    tokenize_sft,
+    train_bpe_tokenizer,
+)
+from sinkdlm.data.packing import default_cache_dir
+from sinkdlm.diffusion.loss import diffusion_loss
+from sinkdlm.diffusion.noise import sample_t
+from sinkdlm.model import DiffusionLM
+from sinkdlm.model.attention import annealed_mask
+from sinkdlm.model.checkpoint import atomic_write_bytes, atomic_write_json
+from sinkdlm.training import distributed as dist_utils
+from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
+from sinkdlm.training.config import TrainConfig
+
+METRICS_NAME = "metrics.jsonl"
+CONFIG_NAME = "train_config.json"
+
+
+# ----------------------------------------------------------------------------- pieces
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over the first `warmup_frac` of steps, then cosine to `final_lr` (A.1)."""
+    warmup = max(1, math.ceil(cfg.warmup_frac * cfg.max_steps)) if cfg.warmup_frac > 0 else 0
+    if step < warmup:
+        return cfg.peak_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, cfg.max_steps - warmup))
+    return cfg.final_lr + 0.5 * (cfg.peak_lr - cfg.final_lr) * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (A.1): weight decay on matrices (incl. embeddings and sinks), none on norms/biases."""
+    decay, no_decay = [], []
+    seen = set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2), foreach=True)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
+    # A distinct, reproducible stream per (seed, step); large odd multiplier avoids collisions.
+    return torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step * 7919 + 17)
+
+
+def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None):
+    """The run's tokenizer: --tokenizer, the init checkpoint's, or a BPE trained (and cached) on the corpus."""
+    if cfg.tokenizer is not None:
+        return load_tokenizer(cfg.tokenizer)
+    if cfg.init_from is not None:
+        return load_tokenizer(cfg.init_from)
+    assert vocab_size is not None
+    import hashlib
+
+    key = hashlib.sha256(f"{corpus_fingerprint(cfg.data, cfg.text_field)}|{vocab_size}|{cfg.max_tokens}".encode()).hexdigest()[:20]
+    cache = Path(cfg.cache_dir or default_cache_dir()).expanduser() / "tokenizers" / key
+    if (cache / "tokenizer.json").is_file():
+        return load_tokenizer(cache)
+    texts = iter_documents(cfg.data, "train", cfg.text_field)
+    if cfg.max_tokens is not None:  # a quick run trains its tokenizer on about as much text as it packs
+        texts = _take_chars(texts, cfg.max_tokens * 6)
+    tok = train_bpe_tokenizer(texts, vocab_size)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(str(tmp))
+    if not cache.exists():  # another process may have won the race; both trained the same BPE
+        os.replace(tmp, cache)
+    return load_tokenizer(cache)
+
+
+def _take_chars(texts, limit: int):
+    total = 0
+    for t in texts:
+        if total >= limit:
+            return
+        yield t[: limit - total]
+        total += len(t)
+
+
+def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
+    switches = cfg.model_switches()
+    if cfg.init_from is not None:
+        model = DiffusionLM.from_pretrained(cfg.init_from)
+        differ = {k: v for k, v in switches.items() if getattr(model.config, k) != v}
+        if differ:
+            raise ValueError(
+                f"--init-from {cfg.init_from} has {({k: getattr(model.config, k) for k in differ})}, but the run asks "
+                f"for {differ}; convert the checkpoint with those switches first (`sinkdlm convert`)"
+            )
+    else:
+        base = ModelConfig.from_preset(cfg.preset)
+        vocab = switches.pop("vocab_size", base.vocab_size if cfg.tokenizer is None else len(tokenizer))
+        config = base.replace(**switches, vocab_size=vocab, mask_token_id=tokenizer.mask_token_id)
+        config.validate()
+        torch.manual_seed(cfg.seed)
+        model = DiffusionLM(config)
+    check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
+    return model
+
+
+@dataclass
+class Batches:
+    """Training rows (and prompt masks for SFT) with the step -> global batch rule."""
+
+    rows: Any  # PackedTokens or a [N, L] tensor
+    prompt_mask: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, indices) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if isinstance(self.rows, PackedTokens):
+            x0 = self.rows.get_batch(indices)
+        else:
+            x0 = self.rows[torch.as_tensor(indices, dtype=torch.long)]
+        pm = None if self.prompt_mask is None else self.prompt_mask[torch.as_tensor(indices, dtype=torch.long)]
+        return x0, pm
+
+
+def load_batches(cfg: TrainConfig, tokenizer, max_len: int, split: str) -> Batches:
+    if cfg.sft:
+        # Validation is a held-out slice of the *training* split: the test split stays for evaluation.
+        if cfg.data == "arithmetic":
+            examples = arithmetic_dataset("train", n=2200, seed=cfg.seed)
+        else:
+            examples = load_sft_jsonl(cfg.data)
+        cut = max(1, len(examples) // 11)
+        examples = examples[cut:] if split == "train" else examples[:cut]
+        if cfg.seq_len > max_len:
+            raise ValueError(f"--seq-len {cfg.seq_len} exceeds the model's maximum of {max_len} content tokens")
+        enc = tokenize_sft(examples, tokenizer, cfg.seq_len)
+        return Batches(enc["input_ids"], enc["prompt_mask"])
+    path = pack_corpus(
+        cfg.data, tokenizer, cfg.seq_len, split, text_field=cfg.text_field, cache_dir=cfg.cache_dir,
+        max_seq_len=max_len, max_tokens=_split_tokens(cfg, split),
+    )
+    return Batches(PackedTokens(path))
+
+
+def _split_tokens(cfg: TrainConfig, split: str) -> int | None:
+    """Token cap of a split: `max_tokens` for training, a tenth of it (>= 4 rows) for validation."""
+    if cfg.max_tokens is None or split == "train":
+        return cfg.max_tokens
+    return max(cfg.max_tokens // 10, 4 * cfg.seq_len)
+
+
+def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_discrepancy: bool = False):
+    """`t [B]` and uniforms `u [B, L]` for the whole global batch of `step`."""
+    gen = step_generator(cfg.seed, step, torch.device("cpu"))
+    t = sample_t(batch, cfg.eps, low_discrepancy=low_discrepancy, generator=gen)
+    u = torch.rand(batch, seq_len, generator=gen)
+    return t, u
+
+
+@torch.no_grad()
+def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device) -> float:
+    """Validation ELBO bound per token (eq. 4 averaged over fixed batches, low-discrepancy t)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    bs = min(cfg.batch_size, len(val))
+    for i in range(min(cfg.eval_batches, max(1, len(val) // bs))):
+        idx = list(range(i * bs, (i + 1) * bs))
+        x0, pm = val.get(idx)
+        t, u = global_noise(cfg, -1 - i, bs, x0.shape[1], low_discrepancy=True)
+        with _autocast(cfg, device):
+            out = diffusion_loss(
+                model, x0.to(device), t=t.to(device), u=u.to(device), shift_logits=cfg.shift_logits,
+                prompt_mask=None if pm is None else pm.to(device),
+            )
+        total += out.loss.item()
+        count += 1
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
+
+
+class MetricsLog:
+    """`metrics.jsonl` (+ TensorBoard if installed). On resume, rows past the resumed step are dropped."""
+
+    def __init__(self, out: Path, resume_step: int, enabled: bool, tensorboard: bool):
+        self.enabled = enabled
+        self.path = out / METRICS_NAME
+        self.writer = None
+        if not enabled:
+            return
+        if resume_step > 0 and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            atomic_write_bytes(self.path, ("\n".join(kept) + "\n" if kept else "").encode())
+        elif resume_step == 0:
+            self.path.write_text("")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(out / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                self.writer = None
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, row["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+# ----------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) training as described by `cfg`; returns a summary of the run."""
+    cfg.validate()
+    env = dist_utils.init()
+    device = resolve_device(cfg.device) if env.world_size == 1 else env.device
+    out = Path(cfg.out)
+    if env.is_main:
+        _check_writable(out)
+    ckpt = latest_checkpoint(out) if cfg.resume else None
+    if cfg.resume and ckpt is None and env.is_main:
+        print(f"[sinkdlm] --resume: no checkpoint under {out}/checkpoints yet; starting from step 0", flush=True)
+
+    # Everything that can fail on bad input happens here, before the first step.
+    preset_vocab = None if cfg.init_from else ModelConfig.from_preset(cfg.preset).vocab_size
+    preset_vocab = cfg.model_overrides.get("vocab_size", preset_vocab)
+    if ckpt is not None:  # a resumed run keeps the tokenizer it started with
+        tokenizer = load_tokenizer(ckpt)
+    else:  # rank 0 trains/caches the BPE first; the others then read the cache
+        if env.is_main:
+            tokenizer = prepare_tokenizer(cfg, preset_vocab)
+        dist_utils.barrier(env)
+        if not env.is_main:
+            tokenizer = prepare_tokenizer(cfg, preset_vocab)
+    model = build_model(cfg, tokenizer) if ckpt is None else _resume_model(ckpt, cfg, tokenizer)
+    max_len = model.config.max_position_embeddings - model.config.num_sink_tokens
+    if env.is_main:
+        train_set = load_batches(cfg, tokenizer, max_len, "train")
+        val_set = load_batches(cfg, tokenizer, max_len, "validation")
+    dist_utils.barrier(env)
+    if not env.is_main:
+        train_set = load_batches(cfg, tokenizer, max_len, "train")
+        val_set = load_batches(cfg, tokenizer, max_len, "validation")
+    per_rank = cfg.batch_size // env.world_size
+    if cfg.batch_size % (env.world_size * cfg.grad_accum):
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} must divide by world size {env.world_size} x --grad-accum {cfg.grad_accum}"
+        )
+    if len(train_set) < cfg.batch_size:
+        raise ValueError(
+            f"the training data has {len(train_set)} sequences of {cfg.seq_len} tokens, fewer than one batch of "
+            f"{cfg.batch_size}; lower --batch-size/--seq-len or use more data"
+        )
+    micro = per_rank // cfg.grad_accum
+
+    model.to(device).train()
+    optimizer = build_optimizer(model, cfg)
+    start = 0
+    if ckpt is not None:
+        state, opt_state = load_training_state(ckpt)
+        optimizer.load_state_dict(opt_state)
+        start = int(state["step"])
+    wrapped = dist_utils.wrap(model, env, cfg.fsdp)
+
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / CONFIG_NAME, {**cfg.to_dict(), "model": model.config.to_dict(), "world_size": env.world_size})
+    log = MetricsLog(out, start, env.is_main, cfg.tensorboard)
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    bar = tqdm(total=cfg.max_steps, initial=start, disable=not (env.is_main and sys.stderr.isatty()), unit="step", dynamic_ncols=True)
+    last_time, last_step, last = time.perf_counter(), start, {}
+    for step in range(start, cfg.max_steps):
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        indices = batch_for_step(step, len(train_set), cfg.batch_size, cfg.seed)  # global batch, [B]
+        t_all, u_all = global_noise(cfg, step, cfg.batch_size, cfg.seq_len)
+        content_mask = None
+        if cfg.attention_anneal_steps and step < cfg.attention_anneal_steps:
+            content_mask = annealed_mask(cfg.seq_len, step / cfg.attention_anneal_steps, device)
+        loss_sum = 0.0
+        for m in range(cfg.grad_accum):
+            lo = env.rank * per_rank + m * micro
+            sl = slice(lo, lo + micro)
+            x0, pm = train_set.get(indices[sl])
+            sync = m == cfg.grad_accum - 1
+            with (nullcontext() if sync else dist_utils.no_sync(wrapped)), _autocast(cfg, device):
+                out_loss = diffusion_loss(
+                    wrapped, x0.to(device), mask_id=model.config.mask_token_id, t=t_all[sl].to(device),
+                    u=u_all[sl].to(device), prompt_mask=None if pm is None else pm.to(device),
+                    shift_logits=cfg.shift_logits, content_mask=content_mask,
+                )
+                (out_loss.loss / cfg.grad_accum).backward()
+            loss_sum += out_loss.loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env)
+        done = step + 1
+        bar.update(1)
+        row = None
+        if done % cfg.log_every == 0 or done % cfg.eval_every == 0 or done == cfg.max_steps:
+            now = time.perf_counter()
+            rate = tokens_per_step * (done - last_step) / max(now - last_time, 1e-9)
+            last_time, last_step = now, done
+            row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm)}
+        if done % cfg.eval_every == 0 or done == cfg.max_steps:
+            if env.is_main:
+                row["val_loss"] = evaluate(model, val_set, cfg, device)
+            dist_utils.barrier(env)
+        if row is not None:
+            last = row
+            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+            if env.is_main and bar.disable:  # no terminal (CI, logs): plain lines instead of a bar
+                print(_format_row(row, cfg.max_steps), flush=True)
+            log.log(row)
+        if on_step is not None:
+            on_step({"step": done, "loss": float(loss), "lr": lr})
+        if done % cfg.save_every == 0 or done == cfg.max_steps:
+            if env.is_main:
+                save_training_checkpoint(
+                    out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
+                    keep_last=cfg.keep_last,
+                )
+            dist_utils.barrier(env)
+    bar.close()
+    log.close()
+    final = latest_checkpoint(out)
+    dist_utils.shutdown(env)
+    return {"out": str(out), "checkpoint": str(final) if final else None, "last": last, "steps": cfg.max_steps}
+
+
+def _format_row(row: dict, max_steps: int) -> str:
+    parts = [f"step {row['step']}/{max_steps}", f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}", f"{row['tokens_per_s']:.0f} tok/s"]
+    if "val_loss" in row:
+        parts.append(f"val_loss {row['val_loss']:.4f}")
+    return "[sinkdlm] " + " | ".join(parts)
+
+
+def _resume_model(ckpt: Path, cfg: TrainConfig, tokenizer) -> DiffusionLM:
+    model = DiffusionLM.from_pretrained(ckpt)
+    check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
+    return model
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out} is not writable ({e.strerror}); choose another directory") from e

@@ -1,0 +1,257 @@
+"""The trainer: exact resume (bitwise, fp32), kill-during-save, DDP on gloo, SFT, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sinkdlm import DiffusionLM
+from sinkdlm.training import TrainConfig, train
+from sinkdlm.training.checkpointing import latest_checkpoint, list_checkpoints
+from sinkdlm.training.trainer import lr_at
+
+REPO = Path(__file__).resolve().parents[1]
+# A really small model so each run takes a second or two on 2 cores.
+SMALL = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+
+
+def write_corpus(path: Path, n_docs: int = 40) -> Path:
+    rng = torch.Generator().manual_seed(0)
+    words = "the king queen sword crown night day love death fair foul sleep dream castle ghost".split()
+    lines = []
+    for d in range(n_docs):
+        idx = torch.randint(0, len(words), (120,), generator=rng).tolist()
+        lines.append(json.dumps({"text": " ".join(words[i] for i in idx) + f" {d}."}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cfg_for(tmp_path: Path, corpus: Path, **kw) -> TrainConfig:
+    base = dict(
+        out=str(tmp_path / "run"), data=str(corpus), cache_dir=str(tmp_path / "cache"), model_overrides=SMALL,
+        max_steps=12, batch_size=4, seq_len=32, log_every=1, eval_every=4, save_every=4, eval_batches=1,
+        num_sink_tokens=1, seed=3, tensorboard=False,
+    )
+    base.update(kw)
+    return TrainConfig.resolve(**base)
+
+
+def read_metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "docs.jsonl")
+
+
+def test_run_writes_config_metrics_and_loadable_checkpoints(tmp_path, corpus):
+    cfg = cfg_for(tmp_path, corpus, keep_last=2)
+    summary = train(cfg)
+    out = Path(cfg.out)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    for r in rows:
+        assert {"step", "loss", "lr", "tokens_per_s"} <= set(r) and math.isfinite(r["loss"])
+    assert [r["step"] for r in rows if "val_loss" in r] == [4, 8, 12]
+    assert json.loads((out / "train_config.json").read_text())["model"]["num_sink_tokens"] == 1
+    assert [s for s, _ in list_checkpoints(out)] == [8, 12]  # keep_last=2
+    model = DiffusionLM.from_pretrained(summary["checkpoint"])
+    assert model.config.num_sink_tokens == 1 and (Path(summary["checkpoint"]) / "tokenizer.json").is_file()
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+def test_lr_schedule_warmup_cosine_min():
+    cfg = TrainConfig.resolve(max_steps=1000, lr=1e-3, min_lr=1e-4)
+    assert lr_at(0, cfg) == pytest.approx(1e-4)  # linear warm-up over the first 1 % = 10 steps
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    mid = 10 + (1000 - 10) // 2
+    assert lr_at(mid, cfg) == pytest.approx(0.5 * (1e-3 + 1e-4), rel=1e-2)
+    assert lr_at(1000, cfg) == pytest.approx(1e-4)
+    assert TrainConfig.resolve().peak_lr == 2e-4 and TrainConfig.resolve(init_from="x").peak_lr == 1e-4
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_exact_resume_is_bitwise(tmp_path, corpus):
+    full = cfg_for(tmp_path / "a", corpus)
+    train(full)
+    want = read_metrics(full.out)
+
+    part = cfg_for(tmp_path / "b", corpus)
+
+    def stop(info):
+        if info["step"] == 10:  # after the step-8 checkpoint, before step 12's
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(part, on_step=stop)
+    assert latest_checkpoint(part.out).name == "step-8"
+    resumed = cfg_for(tmp_path / "b", corpus, resume=True)
+    train(resumed)
+    got = read_metrics(resumed.out)
+    assert [r["step"] for r in got] == list(range(1, 13))
+    for a, b in zip(want, got):
+        assert a["loss"] == b["loss"], f"step {a['step']}: {a['loss']!r} != {b['loss']!r}"
+        assert a.get("val_loss") == b.get("val_loss")
+    wa = DiffusionLM.from_pretrained(latest_checkpoint(full.out)).state_dict()
+    wb = DiffusionLM.from_pretrained(latest_checkpoint(resumed.out)).state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+KILL_SCRIPT = r"""
+import sys, time, pathlib
+import sinkdlm.training.checkpointing as ck
+from sinkdlm.training import TrainConfig, train
+orig = ck.save_state_dict
+def slow(tensors, path, metadata=None):
+    if ".tmp-step-8" in str(path):
+        orig(tensors, path, metadata)  # half-written directory exists now
+        pathlib.Path(sys.argv[2]).write_text("saving")
+        time.sleep(120)
+    return orig(tensors, path, metadata)
+ck.save_state_dict = slow
+import json
+train(TrainConfig.resolve(**json.loads(sys.argv[1])))
+"""
+
+
+def test_sigkill_during_save_leaves_previous_checkpoint_and_resume_works(tmp_path, corpus):
+    cfg = cfg_for(tmp_path / "k", corpus)
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, json.dumps(cfg.to_dict()), str(marker)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpt = latest_checkpoint(cfg.out)
+    assert ckpt.name == "step-4"
+    DiffusionLM.from_pretrained(ckpt)  # loadable
+    train(cfg_for(tmp_path / "k", corpus, resume=True))
+    ref = cfg_for(tmp_path / "ref", corpus)
+    train(ref)
+    assert [r["loss"] for r in read_metrics(cfg.out)] == [r["loss"] for r in read_metrics(ref.out)]
+
+
+def test_grad_accumulation_matches_one_big_batch(tmp_path, corpus):
+    a = cfg_for(tmp_path / "a", corpus, max_steps=3, grad_accum=1)
+    b = cfg_for(tmp_path / "b", corpus, max_steps=3, grad_accum=2)
+    train(a)
+    train(b)
+    for ra, rb in zip(read_metrics(a.out), read_metrics(b.out)):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5, abs=1e-6)
+
+
+def test_two_process_gloo_matches_one_process(tmp_path, corpus):
+    single = cfg_for(tmp_path / "one", corpus, max_steps=4, eval_every=4, save_every=4)
+    train(single)
+    args = [
+        "--data", str(corpus), "--out", str(tmp_path / "two"), "--cache-dir", single.cache_dir,
+        "--max-steps", "4", "--batch-size", "4", "--seq-len", "32", "--log-every", "1", "--eval-every", "4",
+        "--save-every", "4", "--seed", "3", "--num-sink-tokens", "1",
+        "--config", str(tmp_path / "small.json"), "--device", "cpu",
+    ]
+    (tmp_path / "small.json").write_text(json.dumps({"model_overrides": SMALL, "eval_batches": 1, "tensorboard": False}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "-m", "sinkdlm", "train", *args],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    one, two = read_metrics(single.out), read_metrics(tmp_path / "two")
+    assert len(one) == len(two) == 4
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-5)
+    assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
+    # only rank 0 wrote: one metrics file, one set of checkpoints, no stray rank files
+    assert [s for s, _ in list_checkpoints(tmp_path / "two")] == [4]
+    wa = DiffusionLM.from_pretrained(latest_checkpoint(single.out)).state_dict()
+    wb = DiffusionLM.from_pretrained(latest_checkpoint(tmp_path / "two")).state_dict()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6)
+
+
+def test_sft_run_on_arithmetic_masks_only_responses(tmp_path, corpus):
+    base = cfg_for(tmp_path / "pre", corpus, max_steps=2, save_every=2, eval_every=2)
+    ckpt = train(base)["checkpoint"]
+    sft = TrainConfig.resolve(
+        out=str(tmp_path / "sft"), data="arithmetic", init_from=ckpt, sft=True, max_steps=2, batch_size=4,
+        seq_len=256, save_every=2, eval_every=2, eval_batches=1, tensorboard=False,
+    )
+    summary = train(sft)
+    assert math.isfinite(summary["last"]["val_loss"])
+    assert DiffusionLM.from_pretrained(summary["checkpoint"]).config.num_sink_tokens == 1
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(data="/does/not/exist.txt"), "does not exist"),
+        (dict(seq_len=4096), "seq_len|max"),
+        (dict(text_field="body"), "body"),
+        (dict(preset="huge"), "unknown model preset"),
+        (dict(sink_position="middle"), "sink-position"),
+        (dict(batch_size=6, grad_accum=4), "divisible"),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, corpus, change, match):
+    started = []
+    with pytest.raises(ValueError, match=match):
+        train(cfg_for(tmp_path, corpus, **change), on_step=started.append)
+    assert not started and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_empty_corpus_and_unwritable_out(tmp_path, corpus):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty|no text|no documents"):
+        train(cfg_for(tmp_path, empty))
+    if os.geteuid() != 0:  # root can write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        with pytest.raises(ValueError, match="not writable"):
+            train(cfg_for(tmp_path, corpus, out=str(ro / "x")))
+    with pytest.raises(ValueError, match="not writable"):
+        train(cfg_for(tmp_path, corpus, out="/proc/sinkdlm-run"))
+
+
+def test_config_file_and_flags(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("max-steps: 7\nnum_sink_tokens: 2\nlr: 0.001\n")
+    cfg = TrainConfig.resolve(f, max_steps=9)
+    assert (cfg.max_steps, cfg.num_sink_tokens, cfg.lr) == (9, 2, 0.001)
+    f.write_text("bogus: 1\n")
+    with pytest.raises(ValueError, match="bogus"):
+        TrainConfig.resolve(f)
+
+
+@pytest.mark.slow
+def test_200_steps_on_shakespeare_lower_validation_loss(tmp_path):
+    cfg = TrainConfig.resolve(
+        out=str(tmp_path / "s"), data="shakespeare", cache_dir=str(tmp_path / "cache"), max_steps=200,
+        batch_size=16, seq_len=128, eval_every=100, save_every=200, log_every=50, max_tokens=400_000,
+        tensorboard=False, lr=1e-3,
+    )
+    train(cfg)
+    vals = [r["val_loss"] for r in read_metrics(cfg.out) if "val_loss" in r]
+    first = json.loads((Path(cfg.out) / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert vals[-1] < first - 1.0, (first, vals)
