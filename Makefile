@@ -23,7 +23,8 @@ test-slow: install
 	$(PY) -m pytest -q -m slow
 
 demo: install
-	$(VENV)/bin/sinkdlm demo --out runs/demo
+	$(VENV)/bin/sinkdlm experiment --preset demo --out runs/demo
+	@echo "report: runs/demo/report.html (and runs/demo/report.md)"
 
 bench: install
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done

@@ -6,10 +6,14 @@ with `transformers.AutoModelForMaskedLM`.
 """
 
 from sinkdlm.config import PRESETS, ModelConfig
+from sinkdlm.diffusion.likelihood import loglikelihood
+from sinkdlm.diffusion.sampling import generate
 from sinkdlm.model import CheckpointError, DiffusionLM, DiffusionLMOutput
 from sinkdlm.model.hf import register as _register_hf
 
 _register_hf()
 
-__all__ = ["PRESETS", "CheckpointError", "DiffusionLM", "DiffusionLMOutput", "ModelConfig"]
+__all__ = [
+    "PRESETS", "CheckpointError", "DiffusionLM", "DiffusionLMOutput", "ModelConfig", "generate", "loglikelihood",
+]
 __version__ = "0.1.0"

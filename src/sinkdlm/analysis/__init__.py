@@ -1,9 +1,20 @@
-"""Attention-sink analysis (SPEC §6): pure tensor metrics and figures.
+"""Attention-sink analysis (SPEC §6): pure tensor metrics, the generation recorder, the
+sink-masking ablation, and `analyze` / `compare` (analysis.json, figures, report).
 
-The metrics are re-exported here. The figure functions live in
-:mod:`sinkdlm.analysis.figures` and are imported from there, so that using the
-metrics never pulls in matplotlib.
+The metrics, `SinkRecorder`, the ablation helpers, `analyze` and `compare` are re-exported
+here. The figure functions live in :mod:`sinkdlm.analysis.figures` and are imported from
+there (and by `analyze`/`compare` only when they draw), so that `import sinkdlm.analysis`
+never pulls in matplotlib.
 """
+
+from sinkdlm.analysis.ablation import (
+    AblationTask,
+    SinkMasker,
+    continuation_elbo,
+    run_ablation,
+    sink_key_masks,
+    split_continuation,
+)
 
 from sinkdlm.analysis.metrics import (
     DEFAULT_EPSILONS,
@@ -24,8 +35,22 @@ from sinkdlm.analysis.metrics import (
     token_type,
     value_norms,
 )
+from sinkdlm.analysis.recorder import SinkRecorder
+from sinkdlm.analysis.report import ANALYSIS_KEYS, FIGURES, analyze, compare, prompts_from_documents
 
 __all__ = [
+    "ANALYSIS_KEYS",
+    "AblationTask",
+    "FIGURES",
+    "SinkMasker",
+    "SinkRecorder",
+    "analyze",
+    "compare",
+    "continuation_elbo",
+    "prompts_from_documents",
+    "run_ablation",
+    "sink_key_masks",
+    "split_continuation",
     "DEFAULT_EPSILONS",
     "SCALES",
     "TOKEN_TYPES",

@@ -241,3 +241,46 @@ def plot_largest_sink_positions(
             ax.set_title(label)
     fig.colorbar(image, ax=axes.tolist(), label="share of (layer, head)")
     return _save(fig, path)
+
+
+def plot_training_curves(curves: Mapping[str, tuple], path, *, ylabel: str = "validation loss (ELBO bound / token)") -> Path:
+    """Mean ± std over seeds of a metric vs step, one line per model.
+
+    ``curves``: ``label -> (steps [T], mean [T], std [T])``.
+    """
+    if not curves:
+        raise ValueError("curves is empty; pass at least one model")
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    for label, (steps, mean, std) in curves.items():
+        steps, mean, std = _np(steps, "steps"), _np(mean, "mean"), _np(std, "std")
+        ax.plot(steps, mean, marker="o", markersize=3, label=label)
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_score_bars(scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "score") -> Path:
+    """Grouped bars with error bars: ``metric -> {model -> (mean, err)}`` (one group per metric)."""
+    if not scores:
+        raise ValueError("scores is empty; pass at least one metric")
+    metrics = list(scores)
+    models = list(dict.fromkeys(m for per in scores.values() for m in per))
+    width = 0.8 / max(len(models), 1)
+    fig = Figure(figsize=(max(6.4, 1.6 * len(metrics)), 4.0))
+    ax = fig.add_subplot()
+    x = np.arange(len(metrics))
+    for i, model in enumerate(models):
+        means = [scores[m].get(model, (np.nan, 0.0))[0] for m in metrics]
+        errs = [scores[m].get(model, (np.nan, 0.0))[1] for m in metrics]
+        ax.bar(x + (i - (len(models) - 1) / 2) * width, means, width, yerr=errs, capsize=3, label=model)
+    ax.set_xticks(x, metrics, rotation=15, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,6 +1,10 @@
 """Command-line interface: `sinkdlm COMMAND ...`. Each module registers its commands on `app`."""
 
+from sinkdlm.cli import analyze_cmd  # noqa: F401
 from sinkdlm.cli import convert_cmd  # noqa: F401
+from sinkdlm.cli import eval_cmd  # noqa: F401
+from sinkdlm.cli import experiment_cmd  # noqa: F401
+from sinkdlm.cli import generate_cmd  # noqa: F401
 from sinkdlm.cli import train_cmd  # noqa: F401
 from sinkdlm.cli.app import app, main
 

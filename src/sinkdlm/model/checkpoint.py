@@ -13,9 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from sinkdlm.config import ModelConfig
 
@@ -28,15 +29,36 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be read; the message names the file."""
 
 
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask() sets it, racing other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _publish(tmp: str, path: Path) -> None:
+    """fsync a finished temp file, give it the mode a plain `open()` would, and rename it over `path`.
+
+    `mkstemp` creates files 0600; without the chmod every checkpoint would be private to its writer.
+    """
+    os.chmod(tmp, 0o666 & ~_umask())
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -52,8 +74,10 @@ def save_state_dict(tensors: dict[str, torch.Tensor], path: str | Path, metadata
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.replace(tmp, path)
+        tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+        # Looked up on the module at call time (not imported by name) so tests can simulate a crash.
+        safetensors.torch.save_file(tensors, tmp, metadata=metadata)
+        _publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -92,6 +116,8 @@ def read_config(directory: str | Path) -> ModelConfig:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} must hold a JSON object (the model config), got {type(raw).__name__}")
     if raw.get("model_type", "sinkdlm") != "sinkdlm":
         raise CheckpointError(
             f"{path} describes a {raw.get('model_type')!r} model, not a sinkdlm one; "
@@ -126,16 +152,44 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
         if not f.is_file():
             raise CheckpointError(f"{f} is missing (listed in {index.name})")
         try:
-            tensors.update(load_file(str(f)))
+            loaded = load_file(str(f))
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"{f} is corrupt or truncated ({e}); re-save or re-download it") from e
+        for name in list(loaded):  # one at a time: peak memory grows by one tensor, not the model
+            tensors[name] = _aligned(loaded.pop(name))
     return tensors
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy in torch's own (64-byte aligned) memory when safetensors' buffer is not aligned.
+
+    safetensors allocates tensors at 8-byte alignment; CPU kernels then take other SIMD paths,
+    and a reloaded model's logits differ from the saved model's in the last bits (seen on the
+    batch-1 sink stream). Aligned copies make save -> load bit-exact.
+    """
+    return t.clone() if t.data_ptr() % 64 else t
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """None / "auto" (the `transformers` idiom) = as stored; a `torch.dtype` or its name otherwise."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"dtype {dtype!r} is not a torch dtype; use e.g. torch.bfloat16, 'float32' or 'auto'")
+    return resolved
+
+
 def load_checkpoint(directory: str | Path, device=None, dtype=None):
-    """Build a `DiffusionLM` from a checkpoint directory, checking config and weights agree."""
+    """Build a `DiffusionLM` from a checkpoint directory, checking config and weights agree.
+
+    dtype: None or "auto" keeps the stored dtype; a `torch.dtype` or its name casts floats.
+    """
     from sinkdlm.model.transformer import DiffusionLM
 
+    dtype = resolve_dtype(dtype)  # a bad argument fails before any file is read
     config = read_config(directory)
     tensors = read_weights(directory)
     weights_file = Path(directory) / WEIGHTS_NAME

@@ -41,10 +41,17 @@ def register() -> None:
 
 # ----------------------------------------------------------------------------- conversion
 def _read_hf_config(src: Path) -> dict:
+    """Read and check a Qwen2/LLaMA `config.json`: anything we cannot represent exactly is refused
+    here, before any weight is read, instead of being converted into a different function."""
     path = src / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: --from-hf needs a local Hugging Face model directory")
-    cfg = json.loads(path.read_text())
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
     if cfg.get("model_type") not in SUPPORTED_ARCHITECTURES:
         raise CheckpointError(
             f"{path}: model_type {cfg.get('model_type')!r} is not supported; "
@@ -54,6 +61,25 @@ def _read_hf_config(src: Path) -> dict:
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
     if rope_type not in ("default", None):
         raise CheckpointError(f"{path}: rope scaling {rope_type!r} is not supported (only plain RoPE)")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (the MLP is SwiGLU with silu)")
+    try:
+        natural = cfg["hidden_size"] // cfg["num_attention_heads"]
+    except (KeyError, TypeError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: needs integer hidden_size and num_attention_heads ({e!r})") from e
+    if cfg.get("head_dim") not in (None, natural):
+        raise CheckpointError(
+            f"{path}: head_dim={cfg['head_dim']} differs from hidden_size/num_attention_heads={natural}; "
+            f"a decoupled head_dim is not supported"
+        )
+    if cfg.get("mlp_bias", False):
+        raise CheckpointError(f"{path}: mlp_bias=true is not supported (the MLP has no biases)")
+    layer_types = cfg.get("layer_types") or []
+    if cfg.get("use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
+        raise CheckpointError(
+            f"{path}: sliding-window attention layers are not supported (only full attention)"
+        )
     return cfg
 
 
@@ -112,8 +138,20 @@ def convert_hf_checkpoint(
     if not src.is_dir():
         raise CheckpointError(f"--from-hf directory {str(src)!r} does not exist")
     hf_cfg = _read_hf_config(src)
+    switches = dict(
+        num_sink_tokens=num_sink_tokens,
+        sink_position=sink_position,
+        sink_zero_value=sink_zero_value,
+        gated_attention=gated_attention,
+    )
+    try:  # validates the shape fields and the switches before any weight is read
+        hf_to_model_config(hf_cfg, **switches)
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{src / CONFIG_NAME}: missing or invalid field {e}") from e
     tensors = read_weights(src)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+    if "embed_tokens.weight" not in tensors:
+        raise CheckpointError(f"{src}: no model.embed_tokens.weight in its safetensors files")
     if hf_cfg.get("tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     elif "lm_head.weight" not in tensors:
@@ -129,13 +167,7 @@ def convert_hf_checkpoint(
         mask_id = vocab
     new_vocab = max(vocab, mask_id + 1)
 
-    config = hf_to_model_config(
-        hf_cfg,
-        num_sink_tokens=num_sink_tokens,
-        sink_position=sink_position,
-        sink_zero_value=sink_zero_value,
-        gated_attention=gated_attention,
-    ).replace(vocab_size=new_vocab, mask_token_id=mask_id)
+    config = hf_to_model_config(hf_cfg, **switches).replace(vocab_size=new_vocab, mask_token_id=mask_id)
     config.extra = {"converted_from": str(src), "source_model_type": hf_cfg["model_type"]}
     config.validate()
 
@@ -157,20 +189,28 @@ def convert_hf_checkpoint(
         model = DiffusionLM(config)
     if gated_attention:
         for i in range(config.num_hidden_layers):
-            o = tensors[f"layers.{i}.self_attn.o_proj.weight"]
+            o = tensors.get(f"layers.{i}.self_attn.o_proj.weight")
+            if o is None:  # reported with the other missing tensors below
+                continue
             tensors[f"layers.{i}.self_attn.o_proj.weight"] = o * 2
             tensors[f"layers.{i}.self_attn.g_proj.weight"] = torch.zeros(
                 config.num_attention_heads * config.head_dim, config.hidden_size, dtype=model_dtype
             )
     # Drop buffers HF sometimes stores (rotary inv_freq); everything else must match.
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != expected[k])
+    if missing or unexpected or wrong:
+        shapes = [f"{k}: file {tuple(tensors[k].shape)} vs config {expected[k]}" for k in wrong[:5]]
         raise CheckpointError(
-            f"{src}: weights do not fit a {hf_cfg['model_type']} layout: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
+            f"{src}: weights do not fit its {CONFIG_NAME} ({hf_cfg['model_type']} layout): "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatch {shapes}"
         )
+    model.load_state_dict(tensors, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()

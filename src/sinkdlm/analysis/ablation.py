@@ -1,0 +1,285 @@
+"""Sink-masking ablation (Rulli et al. Table 1, SPEC §6): mask the top-K sink keys, measure a score.
+
+Masks. From an attention map `[B, H, S, S]` of every layer, the sinks at ϵ (eq. 3) per (row, head);
+the K sinks with the largest received attention get key mask False, so their pre-softmax logits
+are -inf at every query of that head (`DiffusionLM.forward(key_masks=...)`). Fewer than K sinks:
+only the sinks are masked (a non-sink key is never masked). The extra sink token(s) are neither
+masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks nothing.
+
+Two ways to score, both paired (the same prompts / noise for every K, K = 0 included):
+
+* generation, exactly as the paper: `SinkMasker` is a `key_masks_fn` for `generate`; at step t it
+  masks the sinks found in the attention of step t-1 (step 0 runs unmasked: there is no t-1).
+  A task (e.g. GSM8K accuracy from the evaluation code) runs its generations with the masker.
+  The protocol, `AblationTask`: a callable `task(model, generate_kwargs) -> float` (higher =
+  better) that calls `sinkdlm.generate(model, prompt, <its own gen_length/steps/...>,
+  **generate_kwargs)` for every generation it scores; `generate_kwargs` holds `key_masks_fn` and
+  `output_attentions=True` (the masker reads the previous step's maps) and must be passed on
+  unchanged. An optional `name` attribute names the metric.
+* continuation ELBO when no task is given: for held-out (prefix, continuation) pairs, the
+  Monte-Carlo ELBO of SPEC §1 (same noise draws as `loglikelihood(method="mc")`), per
+  continuation token. "Step t-1" is the unablated forward on the same noised input: the sinks
+  are detected on its attention and the same input is run again with them masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from sinkdlm.analysis.metrics import _check_epsilon, _check_scale, _exclusive_mean, received_attention
+from sinkdlm.analysis.recorder import row_groups
+from sinkdlm.diffusion.loss import weighted_masked_ce
+from sinkdlm.diffusion.noise import forward_mask, sample_t
+
+
+class AblationTask(Protocol):
+    """`task(model, generate_kwargs) -> score` (higher = better); see the module docstring."""
+
+    def __call__(self, model, generate_kwargs: dict) -> float: ...
+
+
+def check_ks(ks) -> list[int]:
+    """Sorted distinct K values with 0 (the unablated baseline) first."""
+    if isinstance(ks, int) and not isinstance(ks, bool):
+        ks = [ks]
+    try:
+        ks = list(ks)
+    except TypeError as err:
+        raise ValueError(f"ablation_k must be a list of integers >= 0, got {ks!r}") from err
+    if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in ks):
+        raise ValueError(f"ablation_k must be a non-empty list of integers >= 0 (e.g. [1, 5, 10]), got {ks!r}")
+    return sorted(set(ks) | {0})
+
+
+# ----------------------------------------------------------------------------- the masks
+@torch.no_grad()
+def sink_key_masks(
+    attentions: Sequence[torch.Tensor],
+    k: int,
+    *,
+    epsilon: float = 3.0,
+    scale: str = "sum",
+    num_sink_tokens: int = 0,
+    sink_position: str = "front",
+    include_extra_sink: bool = False,
+    attention_mask: torch.Tensor | None = None,
+) -> list[torch.Tensor] | None:
+    """Per layer `[B, H, S]` key masks (True = may attend) hiding the top-K sinks of each head.
+
+    attentions     per layer `[B, H, S, S]` maps in layout order (the source step's attention).
+    attention_mask `[B, L]` content padding (True = real): sinks are found on the real positions.
+    Returns None for K = 0 (nothing to mask: the forward is the unablated one).
+    """
+    eps = _check_epsilon(epsilon)
+    _check_scale(scale)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    if k == 0:
+        return None
+    seq_len = attentions[0].shape[-1] - num_sink_tokens
+    groups = row_groups(attention_mask, seq_len, num_sink_tokens, sink_position)
+    masks = []
+    for attn in attentions:
+        b, h, s, _ = attn.shape
+        keep = torch.ones(b, h, s, dtype=torch.bool, device=attn.device)
+        for g in groups:
+            c = received_attention(g.sub_attention(attn), scale)  # [b', H, S'] eq. 3
+            is_sink = c > _exclusive_mean(c) + eps
+            if g.sink_sub and not include_extra_sink:
+                is_sink[..., g.sink_sub] = False  # the extra sink is never a candidate
+            score = c.masked_fill(~is_sink, float("-inf"))
+            top = score.topk(min(k, g.size), dim=-1)
+            hide = torch.zeros_like(is_sink).scatter_(-1, top.indices, top.values > float("-inf"))  # [b', H, S']
+            if g.rows is None:
+                keep &= ~hide
+            else:
+                rows, pos = g.rows.to(attn.device), g.positions.to(attn.device)
+                full = torch.zeros(len(rows), h, s, dtype=torch.bool, device=attn.device)
+                full[:, :, pos] = hide
+                keep[rows] &= ~full
+        masks.append(keep)
+    return masks
+
+
+class SinkMasker:
+    """`key_masks_fn` for `generate`: at step t hide the top-K sinks of step t-1 (Rulli et al.).
+
+    Needs `generate(..., key_masks_fn=masker, output_attentions=True)`. Stateless across
+    `generate` calls apart from its counters: `masked_keys` (keys hidden, summed over steps,
+    rows, layers and heads) and `head_slots` ((step, row, layer, head) slots that were masked).
+    """
+
+    def __init__(self, config, k: int, *, epsilon: float = 3.0, scale: str = "sum", include_extra_sink: bool = False):
+        _check_epsilon(epsilon)
+        _check_scale(scale)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        self.k, self.epsilon, self.scale, self.include_extra_sink = k, epsilon, scale, include_extra_sink
+        self.num_sink_tokens, self.sink_position = config.num_sink_tokens, config.sink_position
+        self.masked_keys, self.head_slots = 0, 0
+
+    def __call__(self, step: int, prev_state) -> list[torch.Tensor] | None:
+        if self.k == 0 or prev_state is None:  # K = 0, or step 0 (no step t-1): unablated
+            return None
+        if prev_state.attentions is None:
+            raise ValueError("SinkMasker needs the previous step's attention: pass output_attentions=True to generate")
+        masks = sink_key_masks(
+            prev_state.attentions, self.k, epsilon=self.epsilon, scale=self.scale,
+            num_sink_tokens=self.num_sink_tokens, sink_position=self.sink_position,
+            include_extra_sink=self.include_extra_sink, attention_mask=prev_state.attention_mask,
+        )
+        self.masked_keys += int(sum((~m).sum() for m in masks))
+        self.head_slots += sum(m.shape[0] * m.shape[1] for m in masks)
+        return masks
+
+
+# ----------------------------------------------------------------------------- ELBO scoring
+def split_continuation(ids: Sequence[int], max_continuation: int) -> tuple[list[int], list[int]] | None:
+    """Held-out split of one tokenised text: the last `min(max_continuation, len // 2)` tokens
+    are the continuation, the rest the prefix. None when the text has fewer than 2 tokens."""
+    ids = list(ids)
+    n = min(max_continuation, len(ids) // 2)
+    if n < 1:
+        return None
+    return ids[:-n], ids[-n:]
+
+
+@torch.no_grad()
+def continuation_elbo(
+    model,
+    prefixes: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    ks: Sequence[int],
+    *,
+    mc_num: int = 16,
+    epsilon: float = 3.0,
+    scale: str = "sum",
+    include_extra_sink: bool = False,
+    batch_size: int = 16,
+    eps: float = 1e-3,
+    seed: int = 0,
+    shift_logits: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Per-token continuation ELBO of every request under top-K sink masking, for every K.
+
+    The noise follows `loglikelihood(method="mc", seed=seed)` draw for draw (so K = 0 equals its
+    `logprob / len(continuation)`), and is shared by every K. Per noised row: one unablated
+    forward (with attention; it gives the K = 0 term and the sinks), then one forward per K > 0
+    with `sink_key_masks` of that attention. Rows that mask nothing contribute 0 and are skipped.
+    Returns `{"elbo": {K: [N] per-token ELBO}, "masked_keys": {K: int}, "head_slots": int}`.
+    """
+    ks = check_ks(ks)
+    cfg = model.config
+    if len(prefixes) != len(continuations) or not continuations:
+        raise ValueError("give one prefix per continuation, and at least one pair")
+    mask_id = cfg.mask_token_id
+    generator = torch.Generator().manual_seed(seed)
+    device = model.device
+    elbo = {k: [] for k in ks}
+    masked_keys = {k: 0 for k in ks}
+    head_slots = 0
+    for pre, cont in zip(prefixes, continuations):
+        if not len(cont):
+            raise ValueError("a continuation is empty; every request needs at least one continuation token")
+        seq = torch.tensor(list(pre) + list(cont), dtype=torch.long)
+        lp, n = len(pre), len(cont)
+        x0 = seq[None].expand(mc_num, -1)  # [mc, L]
+        maskable = torch.zeros(mc_num, len(seq), dtype=torch.bool)
+        maskable[:, lp:] = True  # only the continuation is masked (SPEC §1)
+        t = sample_t(mc_num, eps, low_discrepancy=True, generator=generator)  # [mc]
+        xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+        rows = masked.any(-1).nonzero().squeeze(-1)
+        totals = {k: torch.zeros(mc_num, dtype=torch.float64) for k in ks}
+        for start in range(0, len(rows), batch_size):
+            r = rows[start:start + batch_size]
+            xb, x0b, mb, tb = xt[r].to(device), x0[r].to(device), masked[r].to(device), t[r].double().to(device)
+            out = model(xb, output_attentions=True)
+            for k in ks:
+                if k == 0:
+                    logits = out.logits
+                else:
+                    km = sink_key_masks(out.attentions, k, epsilon=epsilon, scale=scale,
+                                        num_sink_tokens=cfg.num_sink_tokens, sink_position=cfg.sink_position,
+                                        include_extra_sink=include_extra_sink)
+                    masked_keys[k] += int(sum((~m).sum() for m in km))
+                    logits = model(xb, key_masks=km, attn_implementation="eager").logits
+                if shift_logits:  # logits[:, i-1] predicts x0[:, i]
+                    logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+                totals[k][r] = -weighted_masked_ce(logits, x0b, mb, tb).double().cpu()
+            head_slots += len(r) * cfg.num_hidden_layers * cfg.num_attention_heads
+            del out
+            if progress is not None:
+                progress(len(r))
+        for k in ks:
+            elbo[k].append(float(totals[k].mean()) / n)
+    return {"elbo": {k: torch.tensor(v, dtype=torch.float64) for k, v in elbo.items()},
+            "masked_keys": masked_keys, "head_slots": head_slots}
+
+
+def _mean_se(x: torch.Tensor) -> tuple[float, float | None]:
+    se = float(x.std() / len(x) ** 0.5) if len(x) > 1 else None
+    return float(x.mean()), se
+
+
+def run_ablation(
+    model,
+    ks: Sequence[int],
+    *,
+    epsilon: float = 3.0,
+    scale: str = "sum",
+    include_extra_sink: bool = False,
+    ablation_task: AblationTask | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    continuations: Sequence[Sequence[int]] | None = None,
+    mc_num: int = 16,
+    batch_size: int = 16,
+    seed: int = 0,
+    shift_logits: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Score per K (the `ablation` entry of analysis.json): with `ablation_task` its score
+    through `SinkMasker` generations, else the mean per-token continuation ELBO."""
+    ks = check_ks(ks)
+    common = {"k": ks, "epsilon": float(epsilon), "scale": scale, "include_extra_sink": include_extra_sink,
+              "higher_is_better": True}
+    cfg = model.config
+    if ablation_task is not None:
+        scores, masked = {}, {}
+        for k in ks:
+            masker = SinkMasker(cfg, k, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink)
+            scores[k] = float(ablation_task(model, {"key_masks_fn": masker, "output_attentions": True}))
+            masked[k] = masker.masked_keys / masker.head_slots if masker.head_slots else 0.0
+            if progress is not None:
+                progress(1)
+        return {
+            **common, "source": "task", "metric": getattr(ablation_task, "name", type(ablation_task).__name__),
+            "protocol": "sinks from the attention of step t-1, their keys masked at step t (step 0 unmasked)",
+            "scores": {str(k): v for k, v in scores.items()},
+            "delta": {str(k): scores[k] - scores[0] for k in ks},
+            "stderr": None, "masked_keys_per_head": {str(k): v for k, v in masked.items()},
+        }
+    if not prefixes or continuations is None:
+        raise ValueError("the ELBO ablation needs held-out (prefix, continuation) pairs; none was given")
+    res = continuation_elbo(model, prefixes, continuations, ks, mc_num=mc_num, epsilon=epsilon, scale=scale,
+                            include_extra_sink=include_extra_sink, batch_size=batch_size, seed=seed,
+                            shift_logits=shift_logits, progress=progress)
+    stats = {k: _mean_se(v) for k, v in res["elbo"].items()}
+    base = res["elbo"][0]
+    return {
+        **common, "source": "elbo", "metric": "continuation_elbo_per_token",
+        "protocol": "sinks from the unablated forward of the same noised input, then masked (SPEC §6)",
+        "scores": {str(k): s[0] for k, s in stats.items()},
+        "delta": {str(k): float((res["elbo"][k] - base).mean()) for k in ks},
+        "stderr": {str(k): s[1] for k, s in stats.items()},
+        "delta_stderr": {str(k): (float((res["elbo"][k] - base).std() / len(base) ** 0.5) if len(base) > 1 else None)
+                         for k in ks},
+        "masked_keys_per_head": {str(k): (res["masked_keys"][k] / res["head_slots"] if res["head_slots"] else 0.0)
+                                 for k in ks},
+        "num_requests": len(continuations), "mc_num": mc_num,
+        "mean_continuation_tokens": sum(len(c) for c in continuations) / len(continuations),
+        "per_request": {str(k): [float(x) for x in v] for k, v in res["elbo"].items()},
+    }

@@ -1,0 +1,571 @@
+"""`analyze` and `compare`: run the sink analysis of a model and write analysis.json, figures and a report.
+
+`analyze(model, tokenizer, prompts, ...)` generates from the prompts (batched) with a `SinkRecorder`
+on the sampler callback, optionally runs the sink-masking ablation (`ablation.py`), and writes to
+`out_dir`:
+  analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
+  analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
+  the PNG figures        stable names in `FIGURES`, listed under the `figures` key;
+  report.md, report.html what was measured, on what, and the numbers (HTML: figures inlined).
+`compare({label: dir, ...}, out_dir)` reads several such directories and writes one side-by-side
+report with combined figures. Matplotlib is imported only when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
+from sinkdlm.analysis.metrics import _check_epsilon, _check_scale
+from sinkdlm.analysis.recorder import SinkRecorder
+from sinkdlm.model.checkpoint import _publish, atomic_write_json
+from sinkdlm.reporting import Document
+
+SCHEMA_VERSION = 1
+FIGURES = {
+    "attention_maps": "attention_maps.png",
+    "value_norm_scatter": "value_norm_scatter.png",
+    "layer_bars": "layer_bars.png",
+    "non_sink_fraction": "non_sink_fraction.png",
+    "largest_sink_positions": "largest_sink_positions.png",
+}
+ANALYSIS_KEYS = (
+    "schema_version", "model", "setup", "epsilon", "scale", "non_sink_fraction", "non_sink_fraction_by_epsilon",
+    "non_sink_fraction_per_layer", "sinks_per_head", "sink_attention_mass", "sink_token_types", "value_norm",
+    "moving", "extra_sink", "ablation", "figures", "arrays", "samples", "timing",
+)
+ARRAYS_NAME = "analysis_arrays.npz"
+
+
+# ----------------------------------------------------------------------------- input checks
+def _check_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
+                  figure_steps=None, out_dir=None, mc_num=16, batch_size=8) -> list[int] | None:
+    """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
+    _check_epsilon(epsilon)
+    _check_scale(scale)
+    _check_int("gen_length", gen_length, 1)
+    _check_int("steps", steps, 1)
+    _check_int("mc_num", mc_num, 1)
+    _check_int("batch_size", batch_size, 1)
+    if block_length is not None:
+        _check_int("block_length", block_length, 1)
+        if gen_length % block_length:
+            raise ValueError(f"block_length={block_length} must divide gen_length={gen_length}")
+    if figure_steps is not None:
+        a, b = figure_steps
+        if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < steps and (b == -1 or a < b < steps)):
+            raise ValueError(f"figure_steps must be (a, b) with 0 <= a < b < steps={steps} (b = -1: last step), "
+                             f"got {figure_steps!r}")
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory")
+    return None if ablation_k is None else check_ks(ablation_k)
+
+
+def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int, prompt_length: int,
+                           seed: int = 0) -> list[str]:
+    """`num_prompts` windows of `prompt_length` tokens from the documents (seeded offsets), as text."""
+    _check_int("num_prompts", num_prompts, 1)
+    _check_int("prompt_length", prompt_length, 2)
+    from sinkdlm.data import encode_texts
+
+    docs = [ids for ids in encode_texts(tokenizer, list(documents)) if len(ids) >= prompt_length]
+    if not docs:
+        raise ValueError(f"no document has {prompt_length} tokens; lower --prompt-length")
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num_prompts):
+        ids = docs[i % len(docs)]
+        start = int(torch.randint(0, len(ids) - prompt_length + 1, (), generator=gen))
+        out.append(tokenizer.decode(ids[start:start + prompt_length]))
+    return out
+
+
+# ----------------------------------------------------------------------------- analyze
+def analyze(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    gen_length: int,
+    steps: int,
+    block_length: int | None = None,
+    epsilon: float = 3.0,
+    scale: str = "sum",
+    ablation_k: list[int] | None = None,
+    include_extra_sink: bool = False,
+    ablation_task=None,
+    out_dir: str | Path,
+    seed: int = 0,
+    figure_steps: tuple[int, int] | None = None,
+    figure_layer: int | None = None,
+    batch_size: int = 8,
+    mc_num: int = 16,
+    label: str | None = None,
+    generate_kwargs: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Sink analysis of `model` generating from `prompts`; writes and returns analysis.json's dict.
+
+    epsilon/scale   sink threshold (Rulli et al. eq. 3) and received-attention scale (SPEC §6).
+    ablation_k      run the sink-masking ablation for these K (0 is always added as the baseline):
+                    with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its score, else the
+                    per-token ELBO of held-out continuations (each prompt's last
+                    `min(gen_length, len // 2)` tokens) with `mc_num` samples.
+    figure_steps    the two steps of the attention-map figure (default: first and last).
+    batch_size      prompts per `generate` call (attention maps of a step scale with it).
+    generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
+    """
+    from tqdm.auto import tqdm
+
+    from sinkdlm.data import encode_texts
+    from sinkdlm.diffusion.sampling import generate
+
+    ks = check_options(epsilon=epsilon, scale=scale, gen_length=gen_length, steps=steps, block_length=block_length,
+                       ablation_k=ablation_k, figure_steps=figure_steps, out_dir=out_dir, mc_num=mc_num,
+                       batch_size=batch_size)
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    if not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise ValueError("every prompt must be a non-empty string")
+    if ablation_task is not None and not callable(ablation_task):
+        raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
+    generate_kwargs = dict(generate_kwargs or {})
+    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed"}
+    if reserved & set(generate_kwargs):
+        raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
+    cfg = model.config
+    ids = encode_texts(tokenizer, list(prompts))
+    if any(not row for row in ids):
+        raise ValueError("a prompt encodes to no tokens; give non-empty prompts")
+    longest = max(len(r) for r in ids) + gen_length + cfg.num_sink_tokens
+    if longest > cfg.max_position_embeddings:
+        raise ValueError(f"prompt ({longest - gen_length - cfg.num_sink_tokens} tokens) + gen_length ({gen_length}) "
+                         f"+ sinks exceeds max_position_embeddings={cfg.max_position_embeddings}; shorten the prompts")
+    pairs = None
+    if ks is not None and ablation_task is None:
+        pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
+        if not pairs:
+            raise ValueError("the ELBO ablation needs prompts of at least 2 tokens (prefix + held-out continuation)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    decoded: dict[int, str] = {}
+
+    def decode(i: int) -> str:
+        if i not in decoded:
+            decoded[i] = tokenizer.decode([i])
+        return decoded[i]
+
+    recorder = SinkRecorder(cfg, epsilon=epsilon, scale=scale, decode=decode, figure_layer=figure_layer,
+                            figure_steps=figure_steps or (0, -1), seed=seed)
+    chunks = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
+    was_training = model.training
+    model.eval()
+    samples, steps_taken = [], 0
+    start = time.perf_counter()
+    with tqdm(total=len(chunks) * steps, desc="sink analysis: generation", unit="step",
+              disable=not progress, leave=False) as bar:
+        def callback(state) -> None:
+            recorder(state)
+            bar.update(1)
+
+        for chunk in chunks:
+            out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
+                           callback=callback, output_attentions=True, output_values=True, return_dict=True,
+                           **generate_kwargs)
+            steps_taken = max(steps_taken, out.steps_taken)
+            for row in out.sequences[:, out.prompt_length:].tolist():
+                samples.append(tokenizer.decode(row, skip_special_tokens=True))
+    gen_seconds = time.perf_counter() - start
+
+    ablation, abl_seconds = None, 0.0
+    if ks is not None:
+        start = time.perf_counter()
+        total = len(ks) if ablation_task is not None else len(pairs) * mc_num
+        with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
+            ablation = run_ablation(
+                model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
+                ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
+                continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
+                seed=seed, shift_logits=bool(generate_kwargs.get("shift_logits", False)), progress=bar.update,
+            )
+        abl_seconds = time.perf_counter() - start
+    model.train(was_training)
+
+    summary = recorder.summary()
+    arrays = recorder.arrays()
+    lengths = [len(r) for r in ids]
+    analysis = {
+        "schema_version": SCHEMA_VERSION,
+        "model": {
+            "label": label or "model",
+            **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                            "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
+                                            "sink_position", "sink_zero_value", "gated_attention")},
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "device": str(model.device),
+        },
+        "setup": {
+            "num_prompts": len(prompts), "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths),
+                                                            "max": max(lengths)},
+            "gen_length": gen_length, "steps": steps, "steps_taken": steps_taken,
+            "block_length": block_length or gen_length, "batch_size": batch_size, "seed": seed,
+            "max_sequence_positions": recorder.max_positions,
+            "figure_layer": recorder.figure_layer, "generate_kwargs": generate_kwargs,
+        },
+        **{k: v for k, v in summary.items() if k != "counts"},
+        "ablation": ablation,
+        "figures": {},
+        "arrays": ARRAYS_NAME,
+        "samples": samples[:5],
+        "timing": {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds},
+    }
+    _save_arrays(out_dir / ARRAYS_NAME, arrays)
+    analysis["figures"] = _write_figures(out_dir, analysis, arrays)
+    atomic_write_json(out_dir / "analysis.json", analysis)
+    _analysis_doc(analysis, out_dir).write(out_dir)
+    return analysis
+
+
+def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez_compressed(tmp, **arrays)
+        _publish(tmp, path)  # the mode a plain open() gives, fsync, rename
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _floats(values) -> np.ndarray:
+    return np.asarray([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _extra_positions(analysis: dict) -> list[int]:
+    """Layout positions of the extra sinks in the largest-sink figure (front: 0..n-1; end: only
+    when every row has the same length, else the rows disagree)."""
+    m = analysis["model"]
+    n = m["num_sink_tokens"]
+    if not n:
+        return []
+    if m["sink_position"] == "front":
+        return list(range(n))
+    p = analysis["setup"]["prompt_tokens"]
+    if p["min"] != p["max"]:
+        return []
+    size = p["max"] + analysis["setup"]["gen_length"] + n
+    return list(range(size - n, size))
+
+
+def _write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]:
+    from sinkdlm.analysis import figures as F
+
+    label = analysis["model"]["label"]
+    written = {}
+    if "attention_maps" in arrays:
+        layer, head = (int(x) for x in arrays["attention_map_layer_head"])
+        titles = [f"layer {layer}, head {head}, step {int(s)}" for s in arrays["attention_map_steps"]]
+        F.plot_attention_maps(list(arrays["attention_maps"]), titles, out_dir / FIGURES["attention_maps"])
+        written["attention_maps"] = FIGURES["attention_maps"]
+    F.plot_value_norm_scatter(arrays["sink_norm_sample"], arrays["normal_norm_sample"],
+                              out_dir / FIGURES["value_norm_scatter"])
+    written["value_norm_scatter"] = FIGURES["value_norm_scatter"]
+    extra = analysis["extra_sink"]
+    if extra is not None:
+        F.plot_layer_bars(_floats(extra["value_norm"]), _floats(extra["others_value_norm"]),
+                          _floats(extra["attention_mass"]), out_dir / FIGURES["layer_bars"])
+    else:
+        plot_detected_sink_bars({label: analysis}, out_dir / FIGURES["layer_bars"])
+    written["layer_bars"] = FIGURES["layer_bars"]
+    curve = {float(e): v for e, v in analysis["non_sink_fraction_by_epsilon"].items()}
+    F.plot_non_sink_fraction({label: curve}, out_dir / FIGURES["non_sink_fraction"], scale=analysis["scale"],
+                             mark_epsilon=analysis["epsilon"])
+    written["non_sink_fraction"] = FIGURES["non_sink_fraction"]
+    F.plot_largest_sink_positions(arrays["largest_sink_positions"], out_dir / FIGURES["largest_sink_positions"],
+                                  num_positions=analysis["setup"]["max_sequence_positions"],
+                                  extra_sink_positions=_extra_positions(analysis))
+    written["largest_sink_positions"] = FIGURES["largest_sink_positions"]
+    return written
+
+
+def plot_detected_sink_bars(analyses: Mapping[str, dict], path) -> Path:
+    """Per-layer bars of the *detected* sinks (any model): value norm of sink vs normal tokens and
+    the share of attention on sinks, one row per model (the `plot_layer_bars` layout, with labels
+    that do not claim an extra sink token)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    from sinkdlm.analysis.figures import _save
+
+    fig = Figure(figsize=(11, 3.2 * len(analyses)), layout="constrained")
+    axes = fig.subplots(len(analyses), 2, squeeze=False)
+    for (ax_norm, ax_mass), (label, a) in zip(axes, analyses.items()):
+        per = a["value_norm"]["per_layer"]
+        sink, normal, mass = _floats(per["sink_mean"]), _floats(per["normal_mean"]), _floats(a["sink_attention_mass"])
+        layers = np.arange(len(mass))
+        ax_norm.bar(layers - 0.2, sink, width=0.4, color="tab:red", label=f"sinks at ϵ={a['epsilon']:g}")
+        ax_norm.bar(layers + 0.2, normal, width=0.4, color="tab:blue", label="normal tokens")
+        ax_norm.set(xlabel="layer", ylabel="mean value L2 norm", title=f"{label}: value norm per layer")
+        ax_norm.legend(fontsize=8)
+        ax_mass.bar(layers, mass, width=0.7, color="tab:purple")
+        for ax in (ax_norm, ax_mass):
+            ax.set_xticks(layers)
+        ax_mass.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax_mass.set(xlabel="layer", ylabel="attention mass on sinks", title=f"{label}: attention on detected sinks")
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------- report documents
+def _text(text: str) -> str:
+    """A decoded token or sample as one safe table/list cell: Python-escaped, `|` and backticks too."""
+    return repr(text).replace("|", "\\x7c").replace("`", "\\x60")
+
+
+def _num(x, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.2f} %"
+
+
+FIGURE_CAPTIONS = {
+    "attention_maps": "Attention map of one head at two denoising steps (One-Token Fig. 1): bright columns are "
+                      "sinks; a moving sink changes column between steps.",
+    "value_norm_scatter": "Value-space L2 norms (eq. 16) of sink tokens vs normal tokens (One-Token Fig. 1), "
+                          "a uniform sample of each.",
+    "layer_bars": "Per layer: mean value norm of the sink vs the other tokens, and the share of attention "
+                  "on the sink (One-Token Fig. 3; detected sinks when the model has no extra sink token).",
+    "non_sink_fraction": "Share of (step, layer, head, key) that are not sinks, as a function of ϵ "
+                         "(Rulli et al. Fig. 10).",
+    "largest_sink_positions": "Position of the largest sink at every denoising step: share of (row, layer, "
+                              "head) whose largest sink sits at that position (-1 = no sink at ϵ).",
+}
+
+
+def _setup_text(a: dict) -> str:
+    s, m = a["setup"], a["model"]
+    sinks = (f"{m['num_sink_tokens']} extra sink token(s) ({m['sink_position']})" if m["num_sink_tokens"]
+             else "no extra sink token")
+    return (f"Measured on the attention maps of every layer and head at every denoising step of "
+            f"{s['num_prompts']} generations ({s['prompt_tokens']['mean']:.0f} prompt tokens on average, "
+            f"{s['gen_length']} generated tokens, {s['steps_taken']} steps, block length {s['block_length']}) "
+            f"of `{m['label']}` ({m['num_hidden_layers']} layers × {m['num_attention_heads']} heads, {sinks}). "
+            f"Key j is a sink of a (step, layer, head) when its received attention c_j > mean_(k≠j) c_k + ϵ "
+            f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (SPEC §6).")
+
+
+def _analysis_doc(a: dict, out_dir: Path) -> Document:
+    doc = Document(f"Attention-sink analysis: {a['model']['label']}")
+    doc.paragraph(_setup_text(a))
+    doc.heading("Summary")
+    vn = a["value_norm"]
+    rows = [
+        ["non-sink fraction at ϵ", _pct(a["non_sink_fraction"])],
+        ["sinks per head (mean)", _num(sum(x or 0 for x in a["sinks_per_head"]) / len(a["sinks_per_head"]), 3)],
+        ["value norm: sink / normal tokens", f"{_num(vn['sink_mean'], 3)} / {_num(vn['normal_mean'], 3)}"],
+        ["largest sink moves (consecutive steps)", _pct(a["moving"]["mean"]["largest_sink_change_rate"])],
+        ["sink set changes (consecutive steps)", _pct(a["moving"]["mean"]["sink_set_change_rate"])],
+        ["Jaccard of consecutive sink sets", _num(a["moving"]["mean"]["sink_set_jaccard"], 3)],
+    ]
+    if a["extra_sink"] is not None:
+        rows.append(["attention on the extra sink (all layers)", _pct(a["extra_sink"]["mean_attention_mass"])])
+        rows.append(["heads whose largest sink is the extra sink", _pct(a["moving"]["mean"]["extra_sink_share"])])
+    doc.table(["quantity", "value"], rows)
+    doc.heading("Non-sink fraction vs ϵ")
+    curve = a["non_sink_fraction_by_epsilon"]
+    doc.table(["ϵ", *curve], [["non-sink", *(_pct(v) for v in curve.values())]])
+    doc.heading("Per layer")
+    mv = a["moving"]
+    header = ["layer", "non-sink", "sinks/head", "attn on sinks", "norm sink", "norm normal", "largest moves",
+              "set changes", "Jaccard"]
+    per = vn["per_layer"]
+    rows = [[i, _pct(a["non_sink_fraction_per_layer"][i]), _num(a["sinks_per_head"][i], 3),
+             _pct(a["sink_attention_mass"][i]), _num(per["sink_mean"][i], 3), _num(per["normal_mean"][i], 3),
+             _pct(mv["largest_sink_change_rate"][i]), _pct(mv["sink_set_change_rate"][i]),
+             _num(mv["sink_set_jaccard"][i], 3)] for i in range(len(a["sinks_per_head"]))]
+    doc.table(header, rows)
+    if a["extra_sink"] is not None:
+        e = a["extra_sink"]
+        doc.heading("Extra sink token (One-Token Fig. 3)")
+        doc.table(["layer", "attention mass", "sink value norm", "others value norm", "largest-sink share"],
+                  [[i, _pct(e["attention_mass"][i]), _num(e["value_norm"][i], 3), _num(e["others_value_norm"][i], 3),
+                    _pct(e["largest_sink_share"][i])] for i in range(len(e["attention_mass"]))])
+    doc.heading("Tokens under the sinks (Rulli et al. Table 2)")
+    types = a["sink_token_types"]
+    doc.table(["type", "count", "share"], [[t, c, _pct(types["shares"][t])] for t, c in types["counts"].items()])
+    if types["top_tokens"]:
+        doc.table(["top sink token", "id", "count"], [[_text(t["text"]), t["id"], t["count"]] for t in types["top_tokens"]])
+    if a["ablation"] is not None:
+        _ablation_section(doc, {a["model"]["label"]: a["ablation"]})
+    doc.heading("Figures")
+    for name, file in a["figures"].items():
+        doc.image(out_dir / file, FIGURE_CAPTIONS[name])
+    if a["samples"]:
+        doc.heading("Sample generations")
+        doc.bullets([f"`{_text(s)}`" for s in a["samples"][:3]])
+    return doc
+
+
+def _ablation_section(doc: Document, ablations: Mapping[str, dict]) -> None:
+    first = next(iter(ablations.values()))
+    doc.heading("Sink-masking ablation (Rulli et al. Table 1)")
+    extra = "including" if first["include_extra_sink"] else "never masking"
+    doc.paragraph(f"Score: `{first['metric']}` (higher is better). Protocol: {first['protocol']}; the top-K sinks at "
+          f"ϵ = {first['epsilon']:g} of every (layer, head) get -inf pre-softmax logits, {extra} the extra sink "
+          f"token. Δ = score(K) − score(0), paired over the same inputs.")
+    header = ["model", "K", "score", "Δ", "± s.e. of Δ", "masked keys / head"]
+    rows = []
+    for label, ab in ablations.items():
+        for k in ab["k"]:
+            se = (ab.get("delta_stderr") or {}).get(str(k))
+            rows.append([label, k, _num(ab["scores"][str(k)]), _num(ab["delta"][str(k)]), _num(se, 2),
+                         _num(ab["masked_keys_per_head"][str(k)], 3)])
+    doc.table(header, rows)
+
+
+# ----------------------------------------------------------------------------- compare
+def _read_run(path: Path) -> tuple[dict, dict | None]:
+    import json
+
+    path = Path(path)
+    file = path / "analysis.json"
+    if not file.is_file():
+        raise ValueError(f"{file} is missing; run `sinkdlm analyze ... --out {path}` first")
+    try:
+        a = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
+    missing = [k for k in ANALYSIS_KEYS if k not in a]
+    if missing:
+        raise ValueError(f"{file} lacks the keys {missing}; was it written by `sinkdlm analyze`?")
+    arrays = None
+    npz = path / a.get("arrays", ARRAYS_NAME)
+    if npz.is_file():
+        with np.load(npz, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    return a, arrays
+
+
+def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:
+    """Put several `analyze` outputs side by side: one report (report.md, report.html) and combined
+    figures in `out_dir`. `dirs`: `{label: dir}` or a list of dirs (labelled by folder name).
+    Returns `{"models": [labels], "figures": {...}, "runs": {label: dir}}` (also written as compare.json)."""
+    if isinstance(dirs, (str, Path)) or len(dirs) < 2:
+        raise ValueError("compare needs a list or dict of at least two analysis directories")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory")
+    if isinstance(dirs, Mapping):
+        runs = {str(label): _read_run(Path(d)) for label, d in dirs.items()}
+    else:  # label = the model label of each run; the folder name when those collide
+        loaded = [_read_run(Path(d)) for d in dirs]
+        labels = [a["model"]["label"] for a, _ in loaded]
+        if len(set(labels)) < len(labels):
+            labels = [Path(d).resolve().name for d in dirs]
+            labels = [f"{n} ({i})" if labels.count(n) > 1 else n for i, n in enumerate(labels)]
+        runs = dict(zip(labels, loaded))
+        dirs = dict(zip(labels, dirs))
+    scales = {a["scale"] for a, _ in runs.values()}
+    if len(scales) > 1:
+        raise ValueError(f"the runs use different scales {sorted(scales)}; analyse them with the same --scale")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from sinkdlm.analysis import figures as F
+
+    figs = {}
+    analyses = {k: a for k, (a, _) in runs.items()}
+    curves = {k: {float(e): v for e, v in a["non_sink_fraction_by_epsilon"].items()} for k, a in analyses.items()}
+    F.plot_non_sink_fraction(curves, out_dir / FIGURES["non_sink_fraction"], scale=scales.pop(),
+                             mark_epsilon=next(iter(analyses.values()))["epsilon"])
+    figs["non_sink_fraction"] = FIGURES["non_sink_fraction"]
+    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png")
+    figs["sink_mass_layers"] = "sink_mass_layers.png"
+    extra = {k: a["extra_sink"] for k, a in analyses.items() if a["extra_sink"] is not None}
+    if extra:
+        F.plot_layer_bars({k: _floats(e["value_norm"]) for k, e in extra.items()},
+                          {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
+                          {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"])
+        figs["layer_bars"] = FIGURES["layer_bars"]
+    arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
+    if len(arrays) == len(runs):
+        F.plot_value_norm_scatter({k: v["sink_norm_sample"] for k, v in arrays.items()},
+                                  {k: v["normal_norm_sample"] for k, v in arrays.items()},
+                                  out_dir / FIGURES["value_norm_scatter"])
+        figs["value_norm_scatter"] = FIGURES["value_norm_scatter"]
+        F.plot_largest_sink_positions(
+            {k: v["largest_sink_positions"] for k, v in arrays.items()}, out_dir / FIGURES["largest_sink_positions"],
+            num_positions=max(a["setup"]["max_sequence_positions"] for a in analyses.values()))
+        figs["largest_sink_positions"] = FIGURES["largest_sink_positions"]
+        if all("attention_maps" in v for v in arrays.values()):
+            maps = [v["attention_maps"] for v in arrays.values()]
+            titles = [[f"L{int(v['attention_map_layer_head'][0])} H{int(v['attention_map_layer_head'][1])} "
+                       f"step {int(s)}" for s in v["attention_map_steps"]] for v in arrays.values()]
+            F.plot_attention_maps(maps, titles, out_dir / FIGURES["attention_maps"], row_labels=list(arrays))
+            figs["attention_maps"] = FIGURES["attention_maps"]
+    _compare_doc(analyses, figs, out_dir).write(out_dir)
+    result = {"models": list(analyses), "figures": figs, "runs": {k: str(Path(d)) for k, d in dirs.items()}}
+    atomic_write_json(out_dir / "compare.json", result)
+    return result
+
+
+def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path) -> Document:
+    labels = list(analyses)
+    doc = Document("Attention-sink analysis: " + " vs ".join(labels))
+    for label, a in analyses.items():
+        doc.paragraph(f"**{label}**: " + _setup_text(a))
+    doc.heading("Side by side")
+    get = {
+        "extra sink tokens": lambda a: str(a["model"]["num_sink_tokens"]),
+        "non-sink fraction at ϵ": lambda a: _pct(a["non_sink_fraction"]),
+        "attention on detected sinks (mean over layers)": lambda a: _pct(_mean(a["sink_attention_mass"])),
+        "value norm, sink tokens": lambda a: _num(a["value_norm"]["sink_mean"], 3),
+        "value norm, normal tokens": lambda a: _num(a["value_norm"]["normal_mean"], 3),
+        "largest sink moves": lambda a: _pct(a["moving"]["mean"]["largest_sink_change_rate"]),
+        "sink set changes": lambda a: _pct(a["moving"]["mean"]["sink_set_change_rate"]),
+        "Jaccard of consecutive sink sets": lambda a: _num(a["moving"]["mean"]["sink_set_jaccard"], 3),
+        "attention on the extra sink": lambda a: _pct((a["extra_sink"] or {}).get("mean_attention_mass")),
+        "heads whose largest sink is the extra sink": lambda a: _pct(a["moving"]["mean"].get("extra_sink_share")),
+        "sinks on [MASK] tokens": lambda a: _pct(a["sink_token_types"]["shares"].get("mask")),
+    }
+    doc.table(["quantity", *labels], [[name, *(f(analyses[k]) for k in labels)] for name, f in get.items()])
+    doc.heading("Non-sink fraction vs ϵ")
+    eps = list(next(iter(analyses.values()))["non_sink_fraction_by_epsilon"])
+    doc.table(["model", *eps], [[k, *(_pct(a["non_sink_fraction_by_epsilon"].get(e)) for e in eps)]
+                                for k, a in analyses.items()])
+    doc.heading("Attention on detected sinks per layer")
+    n_layers = max(len(a["sink_attention_mass"]) for a in analyses.values())
+    doc.table(["layer", *labels], [[i, *(_pct(a["sink_attention_mass"][i]) if i < len(a["sink_attention_mass"])
+                                         else "–" for a in analyses.values())] for i in range(n_layers)])
+    ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
+    if ablations:
+        _ablation_section(doc, ablations)
+    doc.heading("Figures")
+    captions = {**FIGURE_CAPTIONS, "sink_mass_layers": "Per layer, every model: value norm of detected sinks vs "
+                "normal tokens, and the share of attention on detected sinks.",
+                "layer_bars": "Models with an extra sink token: its value norm vs the other tokens and its share "
+                "of attention per layer (One-Token Fig. 3)."}
+    for name, file in figs.items():
+        doc.image(out_dir / file, captions[name])
+    return doc
+
+
+def _mean(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None

@@ -1,0 +1,137 @@
+"""`sinkdlm analyze`: the attention-sink analysis of a checkpoint (SPEC §6), or `--compare` of two runs.
+
+Parses arguments and calls `sinkdlm.analysis.analyze` / `compare`; every check of a value that the
+library also checks runs before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sinkdlm.cli.app import app
+
+
+def parse_int_list(text: str | None, name: str) -> list[int] | None:
+    """"1,5,10" -> [1, 5, 10]."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ValueError(f"{name} must be comma-separated integers like 1,5,10, got {text!r}") from err
+    if not values:
+        raise ValueError(f"{name} is empty; give comma-separated integers like 1,5,10")
+    return values
+
+
+def read_prompts(path: Path) -> list[str]:
+    """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text"."""
+    if not path.is_file():
+        raise ValueError(f"prompts file {str(path)!r} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix != ".jsonl":
+        prompts = [line for line in lines if line.strip()]
+    else:
+        prompts = []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i} is not valid JSON: {e}") from e
+            text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{i} needs a string field \"prompt\" or \"text\"")
+            prompts.append(text)
+    if not prompts:
+        raise ValueError(f"prompts file {str(path)!r} holds no prompt")
+    return prompts
+
+
+@app.command()
+def analyze(
+    model: Path = typer.Option(None, "--model", help="Checkpoint directory (config.json, model.safetensors, tokenizer)."),
+    prompts: Path = typer.Option(None, "--prompts", help="Prompts file: one per line, or .jsonl with \"prompt\"/\"text\"."),
+    data: str = typer.Option(None, "--data", help="Corpus for prompts (validation split), e.g. shakespeare."),
+    num_prompts: int = typer.Option(8, "--num-prompts", help="Prompts to use (first N of --prompts; windows of --data)."),
+    prompt_length: int = typer.Option(64, "--prompt-length", help="Tokens per prompt taken from --data."),
+    gen_length: int = typer.Option(None, "--gen-length", help="Tokens to generate per prompt."),
+    steps: int = typer.Option(None, "--steps", help="Denoising steps."),
+    block_length: int = typer.Option(None, "--block-length", help="Semi-autoregressive block length (default: one block)."),
+    epsilon: float = typer.Option(3.0, "--epsilon", help="Sink threshold ϵ (Rulli et al. eq. 3)."),
+    scale: str = typer.Option("sum", "--scale", help="Received-attention scale: sum (default) | mean."),
+    ablation_k: str = typer.Option(None, "--ablation-k", help="Sink-masking ablation for these K, e.g. 1,5,10."),
+    include_extra_sink: bool = typer.Option(False, "--include-extra-sink", help="Let the ablation mask the extra sink token."),
+    mc_num: int = typer.Option(16, "--mc-num", help="Monte-Carlo samples of the ablation's continuation ELBO."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generation batch."),
+    figure_steps: str = typer.Option(None, "--figure-steps", help="Two steps for the attention-map figure, e.g. 0,31."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (prompt windows, ELBO noise, sampling)."),
+    device: str = typer.Option(None, "--device", help="cpu | cuda | ... (default: cuda if available)."),
+    dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: as stored)."),
+    label: str = typer.Option(None, "--label", help="Model name in the report (default: the directory name)."),
+    compare_dirs: Optional[tuple[Path, Path]] = typer.Option(  # noqa: UP007 (typer reads the annotation)
+        None, "--compare", help="Two analysis directories (of `analyze --out`) to put side by side."),
+    out: Path = typer.Option(..., "--out", help="Output directory."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Attention sinks of a masked diffusion LM: analysis.json, figures, report.md/html."""
+    from sinkdlm.analysis.report import check_options
+
+    if compare_dirs is not None:
+        if model is not None:
+            raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
+        from sinkdlm.analysis.report import compare
+
+        result = compare(list(compare_dirs), out)
+        typer.echo(f"wrote {out / 'report.html'} comparing {', '.join(result['models'])}")
+        return
+    if model is None:
+        raise ValueError("--model DIR is required (or --compare DIR_A DIR_B)")
+    if gen_length is None or steps is None:
+        raise ValueError("--gen-length and --steps are required")
+    if (prompts is None) == (data is None):
+        raise ValueError("give exactly one of --prompts FILE or --data NAME")
+    ks = parse_int_list(ablation_k, "--ablation-k")
+    fig_steps = parse_int_list(figure_steps, "--figure-steps")
+    if fig_steps is not None and len(fig_steps) != 2:
+        raise ValueError(f"--figure-steps takes two steps like 0,31, got {figure_steps!r}")
+    check_options(epsilon=epsilon, scale=scale, gen_length=gen_length, steps=steps, block_length=block_length,
+                  ablation_k=ks, figure_steps=tuple(fig_steps) if fig_steps else None, out_dir=out, mc_num=mc_num,
+                  batch_size=batch_size)
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    texts = read_prompts(prompts)[:num_prompts] if prompts is not None else None
+
+    import torch
+
+    from sinkdlm.analysis.report import analyze as run, prompts_from_documents
+    from sinkdlm.data import load_documents, load_tokenizer
+    from sinkdlm.model import DiffusionLM
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype is not None and dtype not in dtypes:
+        raise ValueError(f"--dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    net = DiffusionLM.from_pretrained(model, device=device, dtype=dtypes.get(dtype))
+    tokenizer = load_tokenizer(model)
+    if tokenizer.mask_token_id is not None and tokenizer.mask_token_id != net.config.mask_token_id:
+        raise ValueError(f"the tokenizer's mask token id {tokenizer.mask_token_id} differs from the model's "
+                         f"mask_token_id {net.config.mask_token_id}; the checkpoint's tokenizer does not belong to it")
+    if texts is None:
+        texts = prompts_from_documents(load_documents(data, "validation"), tokenizer, num_prompts, prompt_length, seed)
+    result = run(
+        net, tokenizer, texts, gen_length=gen_length, steps=steps, block_length=block_length, epsilon=epsilon,
+        scale=scale, ablation_k=ks, include_extra_sink=include_extra_sink, out_dir=out, seed=seed,
+        figure_steps=tuple(fig_steps) if fig_steps else None, batch_size=batch_size, mc_num=mc_num,
+        label=label or model.resolve().name, progress=not quiet,
+    )
+    summary = f"non-sink fraction at ϵ={epsilon:g}: {100 * result['non_sink_fraction']:.2f} %"
+    if result["ablation"] is not None:
+        scores = ", ".join(f"K={k}: {v:.4g}" for k, v in result["ablation"]["scores"].items())
+        summary += f"; ablation ({result['ablation']['metric']}) {scores}"
+    typer.echo(f"wrote {out / 'analysis.json'} and {out / 'report.html'}; {summary}")

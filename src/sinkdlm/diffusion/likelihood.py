@@ -1,0 +1,242 @@
+"""Log-likelihood of a continuation given a prefix (SPEC §1), for multiple-choice evaluation.
+
+`method="mc"` — the Monte-Carlo ELBO of SPEC §1 (SMDM/LLaDA eval): mask only the continuation y,
+each position with probability t, `t_b = (u0 + b/B) mod 1` low-discrepancy over the `mc_num`
+samples, and average `-sum_i 1[masked_i] CE_i / t` (eq. 3-4 without the 1/L):
+
+    log p(y | p) >= E_t E_{xt|t} [ sum_{i masked} log p_theta(y_i | p, xt) / t ].
+
+`method="mc_count"` — LLaDA's lower-variance form of the same bound: the number of masked tokens
+l ~ U{1..|y|} (low-discrepancy), a uniformly random l-subset, weight |y|/l. With t ~ U(0, 1] the two
+have the same expectation (given l masked tokens, E[1/t] = (|y|+1)/l); for a one-token
+continuation every sample is the exact log-probability, so `mc_num=1` suffices.
+
+`method="chain"` — the chain rule for short y: unmask y left to right, one position per forward,
+`sum_k log p_theta(y_k | p, y_<k, [MASK]...)` (|y| forwards, deterministic; not a bound).
+
+All forwards are batched across samples and requests (`batch_size` rows, left-padded). Samples that
+mask nothing contribute exactly 0 and are not run. The standard error is the sample standard
+deviation over sqrt(mc_num) — exact for i.i.d. t, conservative for the stratified t used here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sinkdlm.diffusion.loss import weighted_masked_ce
+from sinkdlm.diffusion.noise import forward_mask, sample_t
+
+METHODS = ("mc", "mc_count", "chain")
+
+
+@dataclass
+class LoglikelihoodOutput:
+    logprob: torch.Tensor  # [N] float64 (0-dim for one request): the ELBO ("mc*") or chain-rule log p
+    stderr: torch.Tensor  # [N] Monte-Carlo standard error (0 for "chain"; nan for mc_num = 1)
+    num_forward: int  # model rows actually run (samples masking nothing are skipped)
+    method: str
+
+
+def _rows(x, name: str) -> tuple[list[torch.Tensor], bool]:
+    """Ids -> (list of 1-D long tensors, single?). One sequence: `[L]` tensor or list of ints."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer token ids, got dtype {x.dtype}")
+        if x.dim() == 1:
+            return [x.long().cpu()], True
+        if x.dim() == 2:
+            return [r.long().cpu() for r in x], False
+        raise ValueError(f"{name} must be [length] or [batch, length], got shape {tuple(x.shape)}")
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in x):  # [] is one empty sequence
+            return [torch.tensor(list(x), dtype=torch.long)], True
+        out = []
+        for r in x:
+            r = torch.as_tensor(r, dtype=torch.long) if not isinstance(r, torch.Tensor) else r.long().cpu()
+            if r.dim() != 1:
+                raise ValueError(f"each sequence in {name} must be 1-D token ids, got shape {tuple(r.shape)}")
+            out.append(r)
+        return out, False
+    raise ValueError(f"{name} must be a tensor or a list of token ids, got {type(x).__name__}")
+
+
+class _Batcher:
+    """Collects rows (input, target, score mask, t) from many requests; runs them `batch_size` at a time.
+
+    Rows arrive in blocks of one request (same length). Left padding aligns every row's end, so the
+    continuations occupy the last columns and only those columns' logits enter the cross-entropy
+    (`weighted_masked_ce`, the eq. 4 numerator).
+    """
+
+    def __init__(self, model, batch_size: int, shift_logits: bool, use_sink_cache: bool):
+        self.model, self.batch_size = model, batch_size
+        self.shift_logits, self.use_sink_cache = shift_logits, use_sink_cache
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.num_pending = 0
+        self.values: list[torch.Tensor] = []  # per request [slots] float64 log-probability terms
+        self.num_forward = 0
+
+    def add(self, xt: torch.Tensor, x0: torch.Tensor, score: torch.Tensor, t: torch.Tensor) -> None:
+        """One request's rows: xt, x0, score `[m, L]`, t `[m]`. Rows scoring nothing are exactly 0."""
+        req = len(self.values)
+        self.values.append(torch.zeros(len(xt), dtype=torch.float64))
+        keep = score.any(-1).nonzero().squeeze(-1)
+        if len(keep):
+            self.pending.append((req, keep, xt[keep], x0[keep], score[keep], t[keep].double()))
+            self.num_pending += len(keep)
+        while self.num_pending >= self.batch_size:
+            self._run(self._take(self.batch_size))
+
+    def flush(self) -> None:
+        while self.num_pending:
+            self._run(self._take(self.batch_size))
+
+    def _take(self, n: int):
+        taken = []
+        while n and self.pending:
+            req, slots, xt, x0, score, t = self.pending[0]
+            k = min(n, len(slots))
+            taken.append((req, slots[:k], xt[:k], x0[:k], score[:k], t[:k]))
+            if k == len(slots):
+                self.pending.pop(0)
+            else:
+                self.pending[0] = (req, slots[k:], xt[k:], x0[k:], score[k:], t[k:])
+            n -= k
+            self.num_pending -= k
+        return taken
+
+    def _run(self, blocks) -> None:
+        model = self.model
+        device = model.device
+        width = max(b[2].shape[1] for b in blocks)
+
+        def left_pad(x, value):  # [m, L] -> [m, width]
+            return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+        xt = torch.cat([left_pad(b[2], model.config.mask_token_id) for b in blocks]).to(device)
+        x0 = torch.cat([left_pad(b[3], 0) for b in blocks]).to(device)
+        score = torch.cat([left_pad(b[4], False) for b in blocks]).to(device)
+        real = torch.cat([left_pad(torch.ones_like(b[4]), False) for b in blocks]).to(device)
+        t = torch.cat([b[5] for b in blocks]).to(device)
+        # Columns that can hold a scored position (the continuations sit at the right edge).
+        tail = int(width - score.any(0).nonzero()[0, 0])
+        attn = None if real.all() else real
+        logits = model(xt, attention_mask=attn, use_sink_cache=self.use_sink_cache).logits
+        if self.shift_logits:  # logits[:, i-1] predicts x0[:, i]
+            logits = logits[:, width - tail - 1: width - 1]
+        else:
+            logits = logits[:, width - tail:]
+        per_row = -weighted_masked_ce(logits, x0[:, width - tail:], score[:, width - tail:], t).cpu()
+        self.num_forward += len(xt)
+        start = 0
+        for req, slots, *_ in blocks:
+            self.values[req][slots] = per_row[start: start + len(slots)].double()
+            start += len(slots)
+
+
+@torch.no_grad()
+def loglikelihood(
+    model,
+    prefix_ids,
+    continuation_ids,
+    mc_num: int = 128,
+    *,
+    method: str = "mc",
+    batch_size: int = 32,
+    eps: float = 1e-3,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    shift_logits: bool = False,
+    use_sink_cache: bool = True,
+) -> LoglikelihoodOutput:
+    """log p(continuation | prefix) of a masked diffusion LM (SPEC §1). See the module docstring.
+
+    prefix_ids / continuation_ids: one sequence each (`[L]` tensor or list of ints; results are
+                   0-dim) or N of each (`[N, L]` tensors or lists of sequences; results `[N]`).
+                   The prefix may be empty (unconditional); the continuation may not.
+    mc_num         Monte-Carlo samples per request ("mc", "mc_count"); LLaDA uses 128.
+    method         "mc" (SPEC §1, masking probability t), "mc_count" (LLaDA's masked-count form),
+                   "chain" (chain rule, |y| forwards per request).
+    batch_size     model rows per forward.
+    eps            "mc": t ~ U(eps, 1] as in training (bounds the 1/t weight).
+    generator/seed the (CPU) randomness of t and the masks: a fixed seed repeats the estimate.
+    """
+    cfg = model.config
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    for name, v in (("mc_num", mc_num), ("batch_size", batch_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"eps must lie in [0, 1), got {eps}")
+    if generator is not None and seed is not None:
+        raise ValueError("pass either generator or seed, not both")
+    prefixes, single_p = _rows(prefix_ids, "prefix_ids")
+    conts, single_c = _rows(continuation_ids, "continuation_ids")
+    if single_p != single_c or len(prefixes) != len(conts):
+        raise ValueError(
+            f"prefix_ids and continuation_ids must both be one sequence or both N sequences "
+            f"(got {len(prefixes)} prefix(es) and {len(conts)} continuation(s))"
+        )
+    for i, (pre, cont) in enumerate(zip(prefixes, conts)):
+        if len(cont) == 0:
+            raise ValueError(f"continuation {i} is empty; a likelihood needs at least one continuation token")
+        if shift_logits and len(pre) == 0:
+            raise ValueError(f"prefix {i} is empty; shift_logits needs a prefix token to predict the first one")
+        both = torch.cat([pre, cont])
+        if both.min() < 0 or both.max() >= cfg.vocab_size:
+            raise ValueError(f"request {i}: token ids must lie in [0, vocab_size={cfg.vocab_size})")
+        if len(both) + cfg.num_sink_tokens > cfg.max_position_embeddings:
+            raise ValueError(
+                f"request {i}: prefix + continuation = {len(both)} tokens (+{cfg.num_sink_tokens} sink) "
+                f"exceeds max_position_embeddings={cfg.max_position_embeddings}; truncate the prefix"
+            )
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+
+    mask_id = cfg.mask_token_id
+    batcher = _Batcher(model, batch_size, shift_logits, use_sink_cache)
+    for pre, cont in zip(prefixes, conts):
+        seq = torch.cat([pre, cont])  # [L]
+        lp, n, length = len(pre), len(cont), len(pre) + len(cont)
+        if method == "chain":
+            # Row k: y_<k clean, y_k.. masked; score position lp + k only.
+            k = torch.arange(n)[:, None]
+            cols = torch.arange(length)[None] - lp  # [1, L]
+            xt = seq[None].expand(n, -1).masked_fill(cols >= k, mask_id)
+            batcher.add(xt, seq[None].expand(n, -1), cols == k, torch.ones(n))
+            continue
+        x0 = seq[None].expand(mc_num, -1)  # [mc, L]
+        maskable = torch.zeros(mc_num, length, dtype=torch.bool)
+        maskable[:, lp:] = True  # only the continuation is masked (SPEC §1)
+        if method == "mc":
+            t = sample_t(mc_num, eps, low_discrepancy=True, generator=generator)  # [mc]
+            xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+        else:  # "mc_count": l ~ U{1..n} stratified, a uniform l-subset, weight n / l
+            u0 = torch.rand((), generator=generator)
+            u = (u0 + torch.arange(mc_num) / mc_num) % 1.0
+            count = (u * n).long().clamp(max=n - 1) + 1  # [mc] in 1..n
+            ranks = torch.rand(mc_num, n, generator=generator).argsort(-1).argsort(-1)
+            masked = torch.zeros(mc_num, length, dtype=torch.bool)
+            masked[:, lp:] = ranks < count[:, None]
+            xt = x0.masked_fill(masked, mask_id)
+            t = count.double() / n
+        batcher.add(xt, x0, masked, t)
+    batcher.flush()
+
+    logprob, stderr = [], []
+    for vals in batcher.values:
+        slots = len(vals)
+        if method == "chain":
+            logprob.append(vals.sum())
+            stderr.append(torch.zeros((), dtype=torch.float64))
+        else:
+            logprob.append(vals.mean())
+            stderr.append(vals.std() / slots**0.5 if slots > 1 else torch.tensor(float("nan"), dtype=torch.float64))
+    lp_t, se_t = torch.stack(logprob), torch.stack(stderr)
+    if single_p:
+        lp_t, se_t = lp_t[0], se_t[0]
+    return LoglikelihoodOutput(logprob=lp_t, stderr=se_t, num_forward=batcher.num_forward, method=method)

@@ -1,0 +1,352 @@
+"""The reverse process (SPEC §2): LLaDA samplers, semi-autoregressive blocks, Fast-dLLM threshold
+decoding and a per-step callback.
+
+Start from `prompt + [MASK] * gen_length`; at every step predict the masked positions of the
+current block and commit some of them:
+  * `remasking="low_confidence"`: the k masked positions whose predicted token has the highest
+    probability (LLaDA); `"random"`: k random masked positions;
+  * k follows LLaDA's schedule, which spreads a block's masked count evenly over its steps
+    (`transfer_schedule`); with `threshold`, every masked position whose confidence exceeds it,
+    at least one (Fast-dLLM), and the step count adapts;
+  * `temperature > 0` samples the prediction with LLaDA's float64 Gumbel trick
+    (`argmax exp(logits) / (-log u)^T`, `add_gumbel_noise`).
+
+What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/test_sampling.py):
+  * probabilities, noise and selection are computed for the current block only (the later
+    blocks' predictions are never used), and top-k is batched instead of a loop over rows;
+  * "masked" is tracked as a boolean state, so a prompt that contains the `[MASK]` id is never
+    changed; the `[MASK]` id is never predicted, so no mask is left at the end;
+  * steps that would commit nothing (steps per block > block_length) are not run;
+  * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, SPEC §3).
+Mixed-length prompts are left-padded with an attention mask; padding is invisible to the model
+and rotary positions restart at each row's first real token, so every row gets the tokens it
+gets alone (temperature 0).
+
+Callback. `callback(StepState)` after each step; `key_masks_fn(step, previous_state)` before it
+(sink-masking ablation, Rulli et al. Table 1). Only the current step's tensors are alive (plus the
+previous state when `key_masks_fn` is given), so memory stays flat across steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass
+class StepState:
+    """What one denoising step saw and did. Shapes: B rows, L = prompt_length + gen_length."""
+
+    step: int  # global step index (one model forward each), from 0
+    block: int  # index of the block being decoded
+    x: torch.Tensor  # [B, L] tokens after this step's commits
+    masked: torch.Tensor  # [B, L] bool, masked *before* this step's commits (the model input had [MASK] here)
+    committed: torch.Tensor  # [B, L] bool, positions committed this step
+    logits: torch.Tensor | None = None  # [B, L, V] the logits the step used (shifted when shift_logits)
+    attentions: tuple[torch.Tensor, ...] | None = None  # per layer [B, H, S, S], S = L + sinks, layout order
+    values: tuple[torch.Tensor, ...] | None = None  # per layer [B, KVH, S, hd]
+    attention_mask: torch.Tensor | None = None  # [B, L] True = real token; None when no row is padded
+    prompt_length: int = 0  # generation starts at this column
+    mask_id: int = 0
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """`[B, L]` the tokens the model saw at this step (x before the commits)."""
+        return self.x.masked_fill(self.masked, self.mask_id)
+
+
+@dataclass
+class GenerationOutput:
+    sequences: torch.Tensor  # [B, P + gen_length], prompt columns unchanged
+    attention_mask: torch.Tensor | None  # [B, P + gen_length]; None when no row is padded
+    prompt_length: int  # P, the padded prompt width
+    steps_taken: int  # model forward passes
+
+
+StepCallback = Callable[[StepState], None]
+KeyMasksFn = Callable[[int, "StepState | None"], "list[torch.Tensor | None] | None"]
+
+
+# ----------------------------------------------------------------------------- schedule & noise
+def transfer_schedule(num_masked: int, steps: int) -> list[int]:
+    """LLaDA's `get_num_transfer_tokens`: `num_masked` spread over `steps`, remainder first."""
+    base, rem = divmod(num_masked, steps)
+    return [base + (1 if i < rem else 0) for i in range(steps)]
+
+
+def steps_per_block(steps: int, num_blocks: int) -> list[int]:
+    """`steps / num_blocks` per block (LLaDA); a remainder goes to the first blocks."""
+    base, rem = divmod(steps, num_blocks)
+    return [base + (1 if b < rem else 0) for b in range(num_blocks)]
+
+
+def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None):
+    """LLaDA's float64 Gumbel-max: `argmax exp(l) / (-log u)^T` samples softmax(l / T).
+
+    float64 because in low precision the perturbation collapses ties and hurts quality (LLaDA).
+    """
+    if temperature == 0:
+        return logits
+    logits = logits.to(torch.float64)
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float64)
+    return logits.exp() / (-torch.log(u)) ** temperature
+
+
+def _predict(
+    logits: torch.Tensor, temperature: float, remasking: str, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block logits `[B, n, V]` -> (predicted tokens `[B, n]`, confidence `[B, n]`)."""
+    x0 = add_gumbel_noise(logits, temperature, generator).argmax(-1)
+    if remasking == "low_confidence":
+        p = torch.softmax(logits, dim=-1)
+        conf = p.gather(-1, x0[..., None]).squeeze(-1)
+    else:  # random remasking: a uniform score per position
+        conf = torch.rand(x0.shape, generator=generator, device=x0.device, dtype=torch.float64)
+    return x0, conf
+
+
+def _select(conf: torch.Tensor, masked: torch.Tensor, k: int | None, threshold: float | None) -> torch.Tensor:
+    """Which masked positions to commit, `[B, n]` bool (never an unmasked one)."""
+    conf = conf.masked_fill(~masked, float("-inf"))
+    if threshold is None:  # the k most confident; every row has >= k masked (the schedule)
+        idx = conf.topk(k, dim=-1).indices
+    else:  # Fast-dLLM: all above the threshold, plus the most confident one
+        idx = conf.argmax(-1, keepdim=True)
+    pick = torch.zeros_like(masked).scatter_(-1, idx, True)
+    if threshold is not None:
+        pick |= conf > threshold
+    return pick & masked
+
+
+# ----------------------------------------------------------------------------- input checks
+def _is_int_sequence(x) -> bool:
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in x
+    )
+
+
+def prepare_prompts(
+    prompt_ids, attention_mask=None, pad_token_id: int = 0, device=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prompts -> (`[B, P]` ids, `[B, P]` bool attention mask or None when nothing is padded).
+
+    Accepts a `[P]` or `[B, P]` integer tensor (with an optional left-padding `attention_mask`),
+    a list of ints (one prompt) or a list of 1-D prompts of any lengths (left-padded here).
+    """
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids
+        if ids.dim() == 1:
+            ids = ids[None]
+            if attention_mask is not None:
+                attention_mask = torch.as_tensor(attention_mask)[None]
+    elif _is_int_sequence(prompt_ids):
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    elif isinstance(prompt_ids, Sequence) and not isinstance(prompt_ids, (str, bytes)):
+        if attention_mask is not None:
+            raise ValueError("attention_mask is only accepted with a [batch, length] tensor prompt, not a list")
+        rows = []
+        for r in prompt_ids:
+            row = torch.as_tensor(r)
+            if row.dim() != 1:
+                raise ValueError(f"each prompt in a list must be 1-D token ids, got shape {tuple(row.shape)}")
+            rows.append(row)
+        if not rows:
+            raise ValueError("prompt_ids is an empty list; pass at least one prompt")
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(len(rows), width, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            if len(r):
+                ids[i, width - len(r):] = r
+                attention_mask[i, width - len(r):] = True
+    else:
+        raise ValueError(f"prompt_ids must be a tensor or a list of token ids, got {type(prompt_ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"prompt_ids must be [length] or [batch, length], got shape {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
+        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {ids.dtype}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(
+            f"empty prompt (shape {tuple(ids.shape)}): give at least one token per row; "
+            "for unconditional generation use a BOS/EOS token as the prompt"
+        )
+    ids = ids.long()
+    if attention_mask is not None:
+        am = torch.as_tensor(attention_mask).bool()
+        if am.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {tuple(am.shape)} must equal prompt_ids shape {tuple(ids.shape)}")
+        if not am.any(-1).all():
+            raise ValueError("a prompt row has no real token (empty prompt); give at least one token per row")
+        if (am[:, 1:].long() < am[:, :-1].long()).any():
+            raise ValueError("prompts must be left-padded: attention_mask must be False..False True..True per row")
+        attention_mask = None if am.all() else am
+    if device is not None:
+        ids = ids.to(device)
+        attention_mask = attention_mask.to(device) if attention_mask is not None else None
+    return ids, attention_mask
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- the sampler
+@torch.no_grad()
+def generate(
+    model,
+    prompt_ids,
+    gen_length: int,
+    steps: int | None,
+    block_length: int | None = None,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    threshold: float | None = None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    pad_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    callback: StepCallback | None = None,
+    key_masks_fn: KeyMasksFn | None = None,
+    output_attentions: bool = False,
+    output_values: bool = False,
+    use_sink_cache: bool = True,
+    shift_logits: bool = False,
+    return_dict: bool = False,
+) -> torch.Tensor | GenerationOutput:
+    """Sample `gen_length` tokens after each prompt (SPEC §2). Returns `[B, P + gen_length]` ids.
+
+    prompt_ids     `[P]`/`[B, P]` tensor, a list of ints, or a list of prompts of different lengths
+                   (left-padded with `pad_token_id`, default the mask id; see `attention_mask`
+                   of the `return_dict` output).
+    steps          denoising steps in all, split evenly over the blocks (>= number of blocks);
+                   not used with `threshold` (then the step count adapts, at most gen_length).
+    block_length   semi-autoregressive blocks (default: one block); each is finished before the
+                   next may commit. Must divide gen_length.
+    temperature    0 = argmax; > 0 samples with float64 Gumbel noise (LLaDA).
+    remasking      "low_confidence" | "random".
+    threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
+                   confidence exceeds it, at least one per step (low_confidence only).
+    generator/seed the randomness (Gumbel noise, random remasking); a fixed seed repeats the output.
+    callback       `callback(StepState)` after every step.
+    key_masks_fn   `key_masks_fn(step, previous StepState | None)` -> per-layer key masks (see
+                   `DiffusionLM.forward`) for this step, or None.
+    output_attentions / output_values: put the model's per-layer attention probabilities /
+                   values into the StepState. Attentions force the eager backend, whose rounding
+                   differs from sdpa's: near-tied confidences may then commit differently.
+    use_sink_cache reuse the sinks' constant keys/values (SPEC §3); False recomputes them per step.
+    shift_logits   position i-1 predicts token i (AR-initialised head, SPEC §5).
+    return_dict    return a `GenerationOutput` (sequences, attention_mask, steps_taken).
+    """
+    cfg = model.config
+    mask_id = cfg.mask_token_id
+    # ---- every user error before any work
+    _check_int("gen_length", gen_length, 1)
+    block_length = gen_length if block_length is None else block_length
+    _check_int("block_length", block_length, 1)
+    if gen_length % block_length:
+        raise ValueError(
+            f"gen_length={gen_length} is not divisible by block_length={block_length}; "
+            "choose a block_length that divides gen_length"
+        )
+    num_blocks = gen_length // block_length
+    if threshold is None:
+        if steps is None:
+            raise ValueError("steps is required (it may be None only with threshold decoding)")
+        _check_int("steps", steps, 1)
+        if steps < num_blocks:
+            raise ValueError(
+                f"steps={steps} is fewer than the number of blocks ({gen_length}/{block_length} = "
+                f"{num_blocks}); every block needs at least one step"
+            )
+    else:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
+        if remasking != "low_confidence":
+            raise ValueError("threshold decoding needs remasking='low_confidence' (a random score has no confidence)")
+        if steps is not None:
+            _check_int("steps", steps, 1)
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if generator is not None and seed is not None:
+        raise ValueError("pass either generator or seed, not both")
+    device = model.device
+    prompt, prompt_mask = prepare_prompts(
+        prompt_ids, attention_mask, mask_id if pad_token_id is None else pad_token_id, device
+    )
+    b, p = prompt.shape
+    total = p + gen_length
+    if total + cfg.num_sink_tokens > cfg.max_position_embeddings:
+        raise ValueError(
+            f"prompt ({p} tokens) + gen_length ({gen_length}) + {cfg.num_sink_tokens} sink token(s) = "
+            f"{total + cfg.num_sink_tokens} exceeds the model's max_position_embeddings="
+            f"{cfg.max_position_embeddings}; shorten the prompt or gen_length"
+        )
+    if prompt_mask is None:
+        real = prompt
+    else:
+        real = prompt[prompt_mask]
+    if real.numel() and (real.min() < 0 or real.max() >= cfg.vocab_size):
+        raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size})")
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+    # ---- state
+    x = torch.cat([prompt, prompt.new_full((b, gen_length), mask_id)], dim=1)  # [B, L]
+    attn = None
+    if prompt_mask is not None:
+        attn = torch.cat([prompt_mask, prompt_mask.new_ones(b, gen_length)], dim=1)  # [B, L]
+    masked = torch.zeros(b, total, dtype=torch.bool, device=device)
+    masked[:, p:] = True
+    work_dtype = torch.promote_types(model.dtype, torch.float32)
+    want_state = callback is not None or key_masks_fn is not None
+    step, prev_state = 0, None
+
+    for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
+        lo, hi = p + blk * block_length, p + (blk + 1) * block_length
+        schedule = transfer_schedule(block_length, block_steps) if threshold is None else None
+        i = 0
+        while masked[:, lo:hi].any():  # zero-commit steps of the schedule come last: skipped here
+            key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
+            out = model(
+                x, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
+                output_values=output_values, use_sink_cache=use_sink_cache,
+            )
+            logits = out.logits  # [B, L, V]
+            if shift_logits:  # logits[:, i-1] predicts x[:, i]
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            block_logits = logits[:, lo:hi].to(work_dtype, copy=True)  # [B, n, V]
+            block_logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
+            x0, conf = _predict(block_logits, temperature, remasking, generator)
+            block_masked = masked[:, lo:hi]
+            pick = _select(conf, block_masked, schedule[i] if schedule else None, threshold)
+            i += 1
+            masked_before = masked.clone() if want_state else None
+            x[:, lo:hi] = torch.where(pick, x0, x[:, lo:hi])
+            masked[:, lo:hi] &= ~pick
+            if want_state:
+                committed = torch.zeros_like(masked)
+                committed[:, lo:hi] = pick
+                state = StepState(
+                    step=step, block=blk, x=x.clone(), masked=masked_before, committed=committed,
+                    logits=logits, attentions=out.attentions, values=out.values,
+                    attention_mask=attn, prompt_length=p, mask_id=mask_id,
+                )
+                if callback is not None:
+                    callback(state)
+                prev_state = state if key_masks_fn is not None else None
+                del state
+            del out, logits, block_logits, x0, conf
+            step += 1
+
+    assert not masked.any()
+    if return_dict:
+        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=step)
+    return x

@@ -1,0 +1,265 @@
+"""lm-evaluation-harness model `sinkdlm`: a checkpoint directory scored by the Monte-Carlo ELBO.
+
+Use from Python (the documented import registers the model with lm-eval's registry):
+
+    import lm_eval, sinkdlm.evaluation.lm_eval_model  # noqa: F401  (registers "sinkdlm")
+    lm_eval.simple_evaluate(model="sinkdlm", model_args="pretrained=DIR,mc_num=128", tasks=["arc_easy"])
+
+From the shell, with exactly the arguments of `lm_eval`:
+
+    sinkdlm lm-eval --model sinkdlm --model_args pretrained=DIR,mc_num=128 --tasks arc_easy
+    python -m sinkdlm.evaluation.lm_eval_model --model sinkdlm --model_args pretrained=DIR,mc_num=128 --tasks arc_easy
+
+(lm-eval 0.4.x does not read the `lm_eval.models` entry point that pyproject.toml declares, so the
+bare `lm_eval --model sinkdlm` answers "no model for this name found": only a process that imported
+this module knows the name. Both forms above import it and then run lm-eval's own command line.)
+
+The three request types (SPEC §1-2, §7):
+  * `loglikelihood` — the Monte-Carlo ELBO of the continuation given the context
+    (`sinkdlm.diffusion.likelihood.loglikelihood`, `mc_num` samples, `method` "mc_count" by default;
+    a one-token continuation is exact with one sample). `is_greedy`: whether greedy decoding — |y|
+    steps, each committing the single most confident masked position with its argmax token
+    (LLaDA's `suffix_greedy_prediction`) — reproduces the continuation; `check_greedy=False` skips
+    those extra |y| forwards and reports False.
+  * `generate_until` — the sampler at temperature 0 (unless the task asks for sampling),
+    `max_gen_toks` new tokens (default 256) in semi-autoregressive blocks of `block_length`
+    (default 32), one token per step unless `gen_steps`; cut at EOS, then at the first stop string.
+  * `loglikelihood_rolling` — the document split into windows of the model's length: lm-eval's
+    disjoint rolling windows (`get_rolling_token_windows` with one token of context), each
+    window's tokens scored by the ELBO given the token before it (EOS before the first), summed.
+
+model_args: pretrained (checkpoint directory, required), mc_num (128), method (mc_count | mc | chain),
+batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" mean 32; cap it with
+max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
+bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
+positions minus its sinks), check_greedy (True), seed (0), shift_logits (False), tokenizer (directory;
+default the checkpoint's).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import model_registry, register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
+
+from sinkdlm.diffusion.likelihood import METHODS
+from sinkdlm.evaluation.predictor import DLMPredictor
+
+logger = logging.getLogger(__name__)
+
+NAME = "sinkdlm"
+DEFAULT_MAX_GEN_TOKS = 256
+DEFAULT_ROWS = 32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _int_arg(name: str, value, minimum: int = 1) -> int:
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"model_args {name}={value!r} must be an integer") from None
+    if out < minimum or isinstance(value, bool) or (isinstance(value, float) and value != out):
+        raise ValueError(f"model_args {name}={value!r} must be an integer >= {minimum}")
+    return out
+
+
+def _bool_arg(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"model_args {name}={value!r} must be true or false")
+
+
+class SinkDLMEvalModel(LM):
+    """A sinkdlm checkpoint as an lm-eval `LM` (see the module docstring for the semantics)."""
+
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        mc_num: int = 128,
+        method: str = "mc_count",
+        batch_size: int | str | None = 32,
+        max_batch_size: int | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        gen_steps: int | None = None,
+        block_length: int | None = 32,
+        max_length: int | None = None,
+        check_greedy: bool = True,
+        seed: int = 0,
+        shift_logits: bool = False,
+        tokenizer: str | None = None,
+        **unknown,
+    ):
+        super().__init__()
+        from sinkdlm.data import load_tokenizer
+        from sinkdlm.model import DiffusionLM
+
+        if unknown:
+            raise ValueError(
+                f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: pretrained, mc_num, "
+                "method, batch_size, device, dtype, gen_steps, block_length, max_length, check_greedy, seed, "
+                "shift_logits, tokenizer"
+            )
+        if pretrained is None:
+            raise ValueError(f"--model {NAME} needs model_args pretrained=DIR (a sinkdlm checkpoint directory)")
+        if dtype is not None and str(dtype) not in DTYPES:
+            raise ValueError(f"model_args dtype={dtype!r} must be one of {sorted(DTYPES)}")
+        # batch_size counts model rows per forward (Monte-Carlo samples of many requests share one).
+        # lm-eval's command line always passes its own default of 1, which would run every sample
+        # alone: 1 and "auto" mean DEFAULT_ROWS; max_batch_size caps the rows (max_batch_size=1 for 1).
+        if batch_size is None or str(batch_size).startswith("auto") or str(batch_size) == "1":
+            batch_size = DEFAULT_ROWS
+        batch_size = _int_arg("batch_size", batch_size)
+        if max_batch_size is not None:
+            batch_size = min(batch_size, _int_arg("max_batch_size", max_batch_size))
+        block_length = None if block_length is None else _int_arg("block_length", block_length)
+        if str(method) not in METHODS:
+            raise ValueError(f"model_args method={method!r} must be one of {', '.join(METHODS)}")
+        options = dict(  # every argument parsed before the checkpoint is read
+            mc_num=_int_arg("mc_num", mc_num), method=str(method), batch_size=batch_size,
+            gen_steps=None if gen_steps is None else _int_arg("gen_steps", gen_steps),
+            seed=_int_arg("seed", seed, minimum=0),
+            max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
+            shift_logits=_bool_arg("shift_logits", shift_logits),
+        )
+        self.check_greedy = _bool_arg("check_greedy", check_greedy)
+        if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+            logger.warning("device %s requested but CUDA is not available; using the CPU", device)
+            device = "cpu"  # lm-eval's command line asks for cuda:0 by default
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._device = torch.device(device)
+        self.model = DiffusionLM.from_pretrained(
+            Path(str(pretrained)), device=self._device, dtype=DTYPES.get(str(dtype)) if dtype else None
+        ).eval()
+        self.tokenizer = load_tokenizer(Path(str(tokenizer)) if tokenizer else Path(str(pretrained)))
+        self.predictor = DLMPredictor(self.model, self.tokenizer, progress=True, **options)
+        self.block_length = block_length
+        self.pretrained = str(pretrained)
+
+    # ------------------------------------------------------------------ lm-eval properties
+    @property
+    def max_length(self) -> int:
+        return self.predictor.max_length
+
+    @property
+    def eot_token_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "name_or_path", "")).replace("/", "__")
+
+    def get_model_info(self) -> dict:
+        cfg = self.model.config
+        return {
+            "model_num_parameters": self.model.num_parameters(), "model_dtype": str(self.model.dtype),
+            "num_sink_tokens": cfg.num_sink_tokens, "mc_num": self.predictor.mc_num, "method": self.predictor.method,
+        }
+
+    # ------------------------------------------------------------------ request types
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [self.predictor.encode_pair(ctx, cont) for ctx, cont in (r.args for r in requests)]
+        empty = [r.args for r, (_, c) in zip(requests, pairs) if not c]
+        if empty:
+            raise ValueError(f"continuation {empty[0][1]!r} encodes to no tokens; nothing to score")
+        self.predictor.progress = not disable_tqdm
+        lls = self.predictor.loglikelihood_ids([p for p, _ in pairs], [c for _, c in pairs], desc="ELBO")
+        if self.check_greedy:
+            greedy = self.predictor.greedy_matches([p for p, _ in pairs], [c for _, c in pairs])
+        else:
+            greedy = [False] * len(pairs)  # not computed (check_greedy=False): never claimed
+        out = list(zip(lls, greedy))
+        for r, res in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood", r.args, res)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        prefix = self.eot_token_id
+        if prefix is None:
+            raise ValueError("loglikelihood_rolling needs a tokenizer with an EOS token to start the first window")
+        windows, owner = [], []
+        for k, r in enumerate(requests):
+            ids = self.predictor.encode(r.args[0])
+            # max_seq_len = max_length - 1: the one context token plus the window fit the model.
+            for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(ids, prefix, self.max_length - 1, 1)):
+                windows.append((ctx, cont))
+                owner.append(k)
+        self.predictor.progress = not disable_tqdm
+        lls = self.predictor.loglikelihood_ids([w[0] for w in windows], [w[1] for w in windows], desc="rolling ELBO")
+        totals = [0.0] * len(requests)
+        for k, ll in zip(owner, lls):
+            totals[k] += ll
+        for r, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", r.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = [""] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        settings = []
+        for i, r in enumerate(requests):
+            context, kwargs = r.args
+            kwargs = dict(kwargs or {})
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_toks = _int_arg("max_gen_toks", kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+            if not kwargs.pop("do_sample", False):
+                temperature = 0.0
+            if kwargs:
+                logger.warning("sinkdlm ignores generation kwargs %s", sorted(kwargs))
+            settings.append((context, until))
+            groups.setdefault((max_toks, temperature), []).append(i)
+        bar = tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm)
+        self.predictor.progress = False
+        for (max_toks, temperature), idx in groups.items():
+            prompts = [self.predictor.encode(settings[i][0]) for i in idx]
+            ids = self.predictor.generate_ids(
+                prompts, max_toks, block_length=self.block_length, temperature=temperature
+            )
+            for i, toks in zip(idx, ids):
+                out[i] = self.predictor.decode(toks, settings[i][1])
+                self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+            bar.update(len(idx))
+        bar.close()
+        return out
+
+
+def _register() -> None:
+    """Register under "sinkdlm"; a second import (or `python -m`) finds it registered already.
+
+    lm-eval fills its registry with the built-in models only when it finds the registry empty, so
+    they are loaded first: registering into an empty registry would hide `hf`, `dummy`, ...
+    """
+    import lm_eval.models  # noqa: F401  (lazy placeholders for the built-in models)
+
+    if NAME not in model_registry:
+        register_model(NAME)(SinkDLMEvalModel)
+
+
+if __name__ != "__main__":  # under `python -m` the real module registers itself in main()
+    _register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m sinkdlm.evaluation.lm_eval_model ARGS`: lm-eval's command line with `sinkdlm` registered."""
+    import sys
+
+    import sinkdlm.evaluation.lm_eval_model  # noqa: F401  (registers the model under its importable name)
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Experiment presets: which variants of the paper's comparison to train, on what, for how long.
+
+Every variant of one experiment shares the training budget, the data and the seeds; only the
+model switches differ (SPEC §3-4). Presets:
+  * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
+  * `demo`       — vanilla DLM vs + 1 front sink vs + gated attention, tiny preset, shakespeare,
+                   2 seeds; about 10-15 minutes on a 2-core CPU (`make demo`).
+  * `ablation`   — adds end position, 2 and 4 sinks and the zero-value sink (Tables 3-5); hours.
+  * `paper-0.5b` — Table 1: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
+                   directory) and `--data` (local FineWeb files), and GPUs for sensible run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # directory-safe
+    label: str  # for tables and figures
+    switches: dict[str, Any]  # ModelConfig fields
+
+
+VANILLA = Variant("vanilla", "DLM", {"num_sink_tokens": 0, "gated_attention": False})
+SINK = Variant("sink1-front", "DLM + 1 sink (front)", {"num_sink_tokens": 1, "sink_position": "front"})
+GATED = Variant("gated", "DLM + GA", {"num_sink_tokens": 0, "gated_attention": True})
+SINK_END = Variant("sink1-end", "DLM + 1 sink (end)", {"num_sink_tokens": 1, "sink_position": "end"})
+SINK2 = Variant("sink2-front", "DLM + 2 sinks", {"num_sink_tokens": 2, "sink_position": "front"})
+SINK4 = Variant("sink4-front", "DLM + 4 sinks", {"num_sink_tokens": 4, "sink_position": "front"})
+SINK_ZERO = Variant("sink1-zero", "DLM + 1 zero-value sink", {"num_sink_tokens": 1, "sink_zero_value": True})
+
+
+@dataclass(frozen=True)
+class ExperimentPreset:
+    name: str
+    description: str
+    variants: tuple[Variant, ...]
+    seeds: tuple[int, ...]
+    train: dict[str, Any]  # TrainConfig fields shared by every variant
+    eval_tasks: tuple[str, ...]
+    eval_limit: int | None
+    eval_mc_num: int
+    analysis: dict[str, Any]  # keyword arguments of sinkdlm.analysis.analyze
+    sft: dict[str, Any] | None = None  # when set: SFT on `arithmetic` after pre-training, then evaluate it
+    needs: tuple[str, ...] = field(default=())  # options the user must supply (paper-0.5b)
+
+
+MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+
+PRESETS: dict[str, ExperimentPreset] = {
+    "smoke": ExperimentPreset(
+        name="smoke",
+        description="the whole experiment path in seconds (micro model, 3 steps): for tests, not for conclusions",
+        variants=(VANILLA, SINK, GATED),
+        seeds=(0, 1),
+        train=dict(preset="tiny", model_overrides=MICRO, data="shakespeare", max_steps=3, batch_size=4, seq_len=32,
+                   max_tokens=20_000, eval_every=3, save_every=3, log_every=1, eval_batches=1, lr=1e-3),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line"),
+        eval_limit=6,
+        eval_mc_num=2,
+        analysis=dict(num_prompts=2, gen_length=8, steps=4, block_length=None, ablation_k=[0, 1]),
+    ),
+    "demo": ExperimentPreset(
+        name="demo",
+        description="vanilla DLM vs DLM + 1 front sink vs DLM + gated attention; tiny preset on shakespeare, 2 seeds",
+        variants=(VANILLA, SINK, GATED),
+        seeds=(0, 1),
+        train=dict(preset="tiny", data="shakespeare", max_steps=400, batch_size=16, seq_len=128, lr=2e-3,
+                   min_lr=2e-4, eval_every=100, save_every=200, log_every=20, eval_batches=8),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line"),
+        eval_limit=200,
+        eval_mc_num=8,
+        analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+    ),
+    "ablation": ExperimentPreset(
+        name="ablation",
+        description="Tables 3-5: sink position (front/end), count (1/2/4), zero-value sink, gated attention",
+        variants=(VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED),
+        seeds=(0, 1, 2),
+        train=dict(preset="small", data="shakespeare", max_steps=3000, batch_size=32, seq_len=256, lr=1e-3,
+                   min_lr=1e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "arithmetic"),
+        eval_limit=500,
+        eval_mc_num=16,
+        analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
+        sft=dict(data="arithmetic", max_steps=1000, batch_size=32, seq_len=256, lr=5e-4, eval_every=250, save_every=500),
+    ),
+    "paper-0.5b": ExperimentPreset(
+        name="paper-0.5b",
+        description="Table 1: Qwen2.5-0.5B init, FineWeb, vanilla vs 1 sink vs gated attention (GPUs)",
+        variants=(VANILLA, SINK, GATED),
+        seeds=(0,),
+        train=dict(max_steps=60_000, batch_size=512, seq_len=1024, lr=1e-4, min_lr=1e-5, eval_every=1000,
+                   save_every=1000, log_every=10, eval_batches=32, bf16=True),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "arithmetic"),
+        eval_limit=None,
+        eval_mc_num=128,
+        analysis=dict(num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k=[1, 5, 10]),
+        sft=dict(data="arithmetic", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500, save_every=1000),
+        needs=("init_from", "data"),
+    ),
+}
+
+
+def get_preset(name: str) -> ExperimentPreset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown experiment preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,237 @@
+"""`sinkdlm experiment`: train every variant under one budget and seeds, evaluate, analyse, report.
+
+    OUT/runs/<variant>-s<seed>/train/     training run (metrics.jsonl, checkpoints/), DONE.json when finished
+    OUT/runs/<variant>-s<seed>/sft/       (presets with SFT) fine-tuning run on `arithmetic`
+    OUT/runs/<variant>-s<seed>/eval.json  task scores with standard errors
+    OUT/runs/<variant>-s0/analysis/       attention-sink analysis of the first seed's model
+    OUT/compare/                          side-by-side analysis report
+    OUT/results.json, OUT/report.md, OUT/report.html
+
+Running the same command again resumes: a finished stage (its marker file exists) is skipped,
+and an interrupted training run continues from its newest checkpoint (exact resume).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
+from sinkdlm.model.checkpoint import atomic_write_json
+
+DONE = "DONE.json"
+
+
+def _log(msg: str) -> None:
+    print(f"[experiment] {msg}", flush=True)
+
+
+def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, data: str | None) -> None:
+    """Every user error, before any work."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out} is not writable ({e.strerror}); choose another directory") from e
+    if "init_from" in preset.needs:
+        if not init_from:
+            raise ValueError(
+                f"preset {preset.name!r} starts from an autoregressive checkpoint: pass --init-from DIR, a local "
+                "Hugging Face Qwen2.5-0.5B directory (config.json + *.safetensors); nothing is downloaded here"
+            )
+        cfg = Path(init_from) / "config.json"
+        if not cfg.is_file():
+            raise ValueError(f"--init-from {init_from}: {cfg} is missing; point it at a local HF model directory")
+        model_type = json.loads(cfg.read_text()).get("model_type")
+        if model_type not in ("qwen2", "llama", "sinkdlm"):
+            raise ValueError(f"--init-from {init_from} is a {model_type!r} model; expected qwen2 (or llama)")
+    if "data" in preset.needs:
+        if not data:
+            raise ValueError(
+                f"preset {preset.name!r} trains on FineWeb: pass --data with local FineWeb files (.parquet/.jsonl "
+                "or a folder of them), or hf:HuggingFaceFW/fineweb:sample-10BT where the hub is reachable"
+            )
+        if not data.startswith("hf:") and not Path(data).exists():
+            raise ValueError(f"--data {data} does not exist")
+
+
+def _train_stage(run_dir: Path, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
+    from sinkdlm.training import TrainConfig, train
+
+    done = run_dir / DONE
+    if done.is_file():
+        return json.loads(done.read_text())
+    cfg = TrainConfig.resolve(**cfg_kwargs, out=str(run_dir), resume=True)
+    t0 = time.perf_counter()
+    summary = train(cfg)
+    summary["seconds"] = time.perf_counter() - t0
+    atomic_write_json(done, summary)
+    return summary
+
+
+def _convert_for_variant(init_from: str, variant: Variant, out: Path) -> str:
+    """AR checkpoint -> one converted checkpoint per variant (the sinks/gate are new parameters)."""
+    from sinkdlm.model.hf import convert_hf_checkpoint
+
+    target = out / "converted" / variant.name
+    if not (target / "config.json").is_file():
+        s = variant.switches
+        convert_hf_checkpoint(
+            init_from, target, num_sink_tokens=s.get("num_sink_tokens", 0), sink_position=s.get("sink_position", "front"),
+            sink_zero_value=s.get("sink_zero_value", False), gated_attention=s.get("gated_attention", False),
+        )
+    return str(target)
+
+
+def run_experiment(
+    preset: str | ExperimentPreset,
+    out: str | Path,
+    *,
+    init_from: str | None = None,
+    data: str | None = None,
+    seeds: list[int] | None = None,
+    max_steps: int | None = None,
+    device: str | None = None,
+    skip_analysis: bool = False,
+) -> dict[str, Any]:
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    out = Path(out)
+    check_inputs(preset, out, init_from, data)
+    seeds = list(seeds) if seeds else list(preset.seeds)
+    t_start = time.perf_counter()
+    from sinkdlm.analysis import analyze, compare
+    from sinkdlm.data import load_documents, load_tokenizer
+    from sinkdlm.evaluation import evaluate
+    from sinkdlm.model import DiffusionLM
+
+    results: dict[str, Any] = {
+        "preset": preset.name, "description": preset.description, "seeds": seeds, "variants": {},
+        "machine": machine_info(), "train": {**preset.train, **({"max_steps": max_steps} if max_steps else {})},
+        "eval_tasks": list(preset.eval_tasks), "eval_limit": preset.eval_limit, "analysis_settings": preset.analysis,
+    }
+    stage_seconds: dict[str, float] = {"train": 0.0, "sft": 0.0, "eval": 0.0, "analysis": 0.0}
+    analysis_dirs: dict[str, Path] = {}
+    total = len(preset.variants) * len(seeds)
+    k = 0
+    for variant in preset.variants:
+        per_seed: dict[str, Any] = {}
+        for seed in seeds:
+            k += 1
+            run = out / "runs" / f"{variant.name}-s{seed}"
+            _log(f"({k}/{total}) {variant.label}, seed {seed}: training -> {run / 'train'}")
+            train_kwargs = {**preset.train, **variant.switches, "seed": seed}
+            if max_steps:
+                train_kwargs["max_steps"] = max_steps
+            if data:
+                train_kwargs["data"] = data
+            if device:
+                train_kwargs["device"] = device
+            if init_from:
+                train_kwargs["init_from"] = _convert_for_variant(init_from, variant, out)
+                for key in variant.switches:  # already baked into the converted checkpoint
+                    train_kwargs.pop(key, None)
+            t0 = time.perf_counter()
+            summary = _train_stage(run / "train", train_kwargs)
+            stage_seconds["train"] += time.perf_counter() - t0
+            ckpt = summary["checkpoint"]
+            record: dict[str, Any] = {
+                "checkpoint": ckpt, "val_loss": summary["last"].get("val_loss"),
+                "train_tokens_per_s": summary["last"].get("tokens_per_s"), "train_seconds": summary.get("seconds"),
+                "curve": read_val_curve(run / "train"),
+            }
+            if preset.sft is not None:
+                _log(f"({k}/{total}) {variant.label}, seed {seed}: SFT on {preset.sft['data']}")
+                t0 = time.perf_counter()
+                sft_summary = _train_stage(
+                    run / "sft", {**preset.sft, "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
+                )
+                stage_seconds["sft"] += time.perf_counter() - t0
+                record["sft_checkpoint"] = sft_summary["checkpoint"]
+                record["sft_val_loss"] = sft_summary["last"].get("val_loss")
+
+            eval_path = run / "eval.json"
+            if not eval_path.is_file():
+                _log(f"({k}/{total}) {variant.label}, seed {seed}: evaluating {', '.join(preset.eval_tasks)}")
+                t0 = time.perf_counter()
+                scores = {}
+                lm_tasks = [t for t in preset.eval_tasks if t != "arithmetic"]
+                model, tok = DiffusionLM.from_pretrained(ckpt), load_tokenizer(ckpt)
+                if lm_tasks:
+                    scores.update(evaluate(model, tok, lm_tasks, limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num))
+                if "arithmetic" in preset.eval_tasks and preset.sft is not None:
+                    sft_ckpt = record["sft_checkpoint"]
+                    scores.update(evaluate(DiffusionLM.from_pretrained(sft_ckpt), load_tokenizer(sft_ckpt), ["arithmetic"],
+                                           limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num))
+                atomic_write_json(eval_path, scores)
+                stage_seconds["eval"] += time.perf_counter() - t0
+            record["eval"] = json.loads(eval_path.read_text())
+
+            if seed == seeds[0] and not skip_analysis:
+                adir = run / "analysis"
+                if not (adir / "analysis.json").is_file():
+                    _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
+                    t0 = time.perf_counter()
+                    settings = dict(preset.analysis)
+                    n_prompts = settings.pop("num_prompts")
+                    model, tok = DiffusionLM.from_pretrained(ckpt), load_tokenizer(ckpt)
+                    prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
+                    analyze(model, tok, prompts, out_dir=adir, seed=0, **settings)
+                    stage_seconds["analysis"] += time.perf_counter() - t0
+                analysis_dirs[variant.label] = adir
+                record["analysis_dir"] = str(adir)
+            per_seed[str(seed)] = record
+        results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
+
+    if analysis_dirs and len(analysis_dirs) > 1:
+        t0 = time.perf_counter()
+        compare(analysis_dirs, out / "compare")
+        stage_seconds["analysis"] += time.perf_counter() - t0
+        results["compare_dir"] = str(out / "compare")
+
+    from sinkdlm.experiment.report import summarise, write_report
+
+    summarise(results)
+    results["stage_seconds"] = stage_seconds
+    results["elapsed_s"] = time.perf_counter() - t_start
+    atomic_write_json(out / "results.json", results)
+    write_report(results, out)
+    _log(f"done in {results['elapsed_s'] / 60:.1f} min: report at {out / 'report.md'} and {out / 'report.html'}")
+    return results
+
+
+def analysis_prompts(documents: list[str], n: int, chars: int = 160) -> list[str]:
+    """`n` deterministic prompt snippets from held-out documents (line-aligned, non-empty)."""
+    prompts: list[str] = []
+    for doc in documents:
+        lines = [line.strip() for line in doc.splitlines() if len(line.strip()) > 20]
+        for i in range(0, len(lines), max(1, len(lines) // max(n, 1))):
+            prompts.append(" ".join(lines[i : i + 3])[:chars])
+            if len(prompts) == n:
+                return prompts
+    if not prompts:
+        raise ValueError("no held-out text to draw analysis prompts from")
+    return prompts
+
+
+def read_val_curve(run_dir: Path) -> list[tuple[int, float]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(), "python": platform.python_version(),
+    }

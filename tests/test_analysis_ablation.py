@@ -1,0 +1,195 @@
+"""Sink-masking ablation (Rulli et al. Table 1): K = 0 is the unablated run, masked sinks get zero
+attention, the extra sink is spared unless asked, and the ELBO follows `loglikelihood`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sinkdlm import DiffusionLM, ModelConfig, generate, loglikelihood
+from sinkdlm.analysis import (
+    SinkMasker,
+    continuation_elbo,
+    detect_sinks,
+    received_attention,
+    run_ablation,
+    sink_key_masks,
+    split_continuation,
+)
+
+VARIANTS = {
+    "vanilla": dict(num_sink_tokens=0),
+    "sink-front": dict(num_sink_tokens=1),
+    "2sinks-end": dict(num_sink_tokens=2, sink_position="end"),
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(seed: int = 0, **kw) -> DiffusionLM:
+    cfg = dict(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
+    torch.manual_seed(seed)
+    return DiffusionLM(ModelConfig(**{**cfg, **kw})).double().eval()
+
+
+def reference_masks(attn: torch.Tensor, k: int, eps: float, spared=()) -> torch.Tensor:
+    """Plain loops: per (row, head) hide the k sinks with the largest column sums, never `spared`."""
+    b, h, s, _ = attn.shape
+    keep = torch.ones(b, h, s, dtype=torch.bool)
+    c = attn.sum(-2)
+    for i in range(b):
+        for j in range(h):
+            col = c[i, j]
+            sinks = [x for x in range(s) if col[x] > (col.sum() - col[x]) / (s - 1) + eps and x not in spared]
+            for x in sorted(sinks, key=lambda x: -float(col[x]))[:k]:
+                keep[i, j, x] = False
+    return keep
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_k0_reproduces_the_unablated_generation_exactly(variant):
+    model = tiny_model(**VARIANTS[variant])
+    prompt = [[5, 6, 7, 8, 9], [10, 11]]  # padded batch too
+    plain = generate(model, prompt, 12, 6, block_length=6, output_attentions=True)
+    masker = SinkMasker(model.config, 0, epsilon=0.0)
+    assert torch.equal(generate(model, prompt, 12, 6, block_length=6, output_attentions=True, key_masks_fn=masker),
+                       plain)
+    assert masker.masked_keys == 0
+    hidden = SinkMasker(model.config, 3, epsilon=0.0)
+    ablated = generate(model, prompt, 12, 6, block_length=6, output_attentions=True, key_masks_fn=hidden)
+    assert hidden.masked_keys > 0 and not torch.equal(ablated, plain)  # the ablation does something
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_masked_sinks_get_exactly_zero_attention(variant):
+    """The top-K sinks of the unablated map, found by plain loops here, get probability 0 at every
+    query of their head in the ablated forward; every row still sums to 1."""
+    model = tiny_model(**VARIANTS[variant])
+    cfg = model.config
+    ids = torch.randint(0, cfg.mask_token_id, (2, 10), generator=torch.Generator().manual_seed(3))
+    ids[:, 4:] = cfg.mask_token_id
+    with torch.no_grad():
+        out = model(ids, output_attentions=True)
+        masks = sink_key_masks(out.attentions, 2, epsilon=0.5, num_sink_tokens=cfg.num_sink_tokens,
+                               sink_position=cfg.sink_position)
+        ablated = model(ids, key_masks=masks, output_attentions=True).attentions
+    spared = set(range(cfg.num_sink_tokens)) if cfg.sink_position == "front" else {10, 11}
+    for attn, keep, after in zip(out.attentions, masks, ablated):
+        assert torch.equal(keep, reference_masks(attn, 2, 0.5, spared))
+        assert (~keep).any()
+        hidden = (~keep)[:, :, None, :].expand_as(after)  # [B, H, S, S]: the masked key's column
+        content_rows = torch.ones(after.shape[-1], dtype=torch.bool)
+        content_rows[sorted(spared) if cfg.num_sink_tokens else []] = False
+        assert (after[hidden & content_rows[None, None, :, None]] == 0).all()
+        assert torch.allclose(after.sum(-1), torch.ones((), dtype=after.dtype))
+        assert not torch.allclose(after, attn)
+
+
+def test_extra_sink_is_never_masked_unless_asked():
+    """Hand-built map: column 0 (the extra sink) is the largest sink, columns 3 and 5 the next."""
+    s = 8
+    attn = torch.full((1, 1, s, s), 0.02)
+    attn[..., 0], attn[..., 3], attn[..., 5] = 0.56, 0.2, 0.14  # rows sum to 1
+    assert torch.allclose(attn.sum(-1), torch.ones(()))
+    assert detect_sinks(attn, 0.1)[0, 0].nonzero().squeeze(-1).tolist() == [0, 3, 5]
+    spare = sink_key_masks([attn], 1, epsilon=0.1, num_sink_tokens=1)[0][0, 0]
+    assert spare.tolist() == [True, True, True, False, True, True, True, True]  # the next sink instead
+    spare2 = sink_key_masks([attn], 10, epsilon=0.1, num_sink_tokens=1)[0][0, 0]  # only sinks, never others
+    assert (~spare2).nonzero().squeeze(-1).tolist() == [3, 5]
+    hit = sink_key_masks([attn], 1, epsilon=0.1, num_sink_tokens=1, include_extra_sink=True)[0][0, 0]
+    assert (~hit).nonzero().squeeze(-1).tolist() == [0]
+    vanilla = sink_key_masks([attn], 1, epsilon=0.1, num_sink_tokens=0)[0][0, 0]  # column 0 is content here
+    assert (~vanilla).nonzero().squeeze(-1).tolist() == [0]
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_generation_masks_come_from_step_t_minus_1(include):
+    """At step t the masker hides the sinks of step t-1's maps (step 0 is unmasked); the masked keys
+    have zero attention at step t, and the extra sink is masked only with include_extra_sink."""
+    model = tiny_model(num_sink_tokens=1)
+    masker = SinkMasker(model.config, 2, epsilon=0.0, include_extra_sink=include)
+    seen, states = [], []
+
+    def key_masks_fn(step, prev):
+        masks = masker(step, prev)
+        seen.append((step, None if prev is None else prev.step, masks))
+        if prev is not None:
+            for attn, keep in zip(prev.attentions, masks):
+                assert torch.equal(keep, reference_masks(attn, 2, 0.0, () if include else {0}))
+        return masks
+
+    generate(model, [[3, 4, 5]], 8, 4, output_attentions=True, key_masks_fn=key_masks_fn,
+             callback=lambda s: states.append(s))
+    assert seen[0][1:] == (None, None) and [p for _, p, _ in seen[1:]] == [0, 1, 2]
+    sink_masked = False
+    for (_, _, masks), state in zip(seen[1:], states[1:]):
+        for keep, attn in zip(masks, state.attentions):
+            assert (attn[:, :, 1:][(~keep)[:, :, None, :].expand(-1, -1, attn.shape[2] - 1, -1)] == 0).all()
+            sink_masked |= bool((~keep[:, :, 0]).any())
+    assert sink_masked == include
+
+
+def test_k0_elbo_equals_loglikelihood_and_no_sink_means_no_change():
+    model = tiny_model(num_sink_tokens=1)
+    prefixes, conts = [[1, 2, 3, 4, 5, 6], [7, 8, 9]], [[10, 11, 12, 13], [14, 15]]
+    res = continuation_elbo(model, prefixes, conts, [1, 4], mc_num=8, epsilon=0.0, seed=3, batch_size=3)
+    ll = loglikelihood(model, prefixes, conts, mc_num=8, seed=3)
+    # the eager backend's softmax runs in float32 (sdpa in float64 here): agreement to ~1e-7
+    torch.testing.assert_close(res["elbo"][0], ll.logprob / torch.tensor([4.0, 2.0]), rtol=1e-6, atol=1e-6)
+    assert res["masked_keys"][1] > 0 and res["masked_keys"][4] > res["masked_keys"][1]
+    assert not torch.allclose(res["elbo"][1], res["elbo"][0])
+    none = continuation_elbo(model, prefixes, conts, [5], mc_num=8, epsilon=1e6, seed=3)  # no key is a sink
+    assert none["masked_keys"][5] == 0 and torch.equal(none["elbo"][5], none["elbo"][0])
+
+
+def test_run_ablation_elbo_and_task_protocol():
+    model = tiny_model()
+    pairs = [split_continuation(list(range(1, 12)), 4), split_continuation([20, 21, 22], 4)]
+    assert pairs == [(list(range(1, 8)), [8, 9, 10, 11]), ([20, 21], [22])]
+    assert split_continuation([5], 4) is None
+    res = run_ablation(model, [5, 1], epsilon=0.0, prefixes=[p for p, _ in pairs],
+                       continuations=[c for _, c in pairs], mc_num=4)
+    assert res["k"] == [0, 1, 5] and res["source"] == "elbo" and res["metric"] == "continuation_elbo_per_token"
+    assert res["delta"]["0"] == 0.0 and set(res["scores"]) == {"0", "1", "5"}
+    assert res["delta"]["5"] == pytest.approx(res["scores"]["5"] - res["scores"]["0"])
+
+    reference = generate(model, [[3, 4, 5]], 8, 4, output_attentions=True)
+    calls = []
+
+    class SameTokens:
+        """A task: the share of generated tokens equal to the unablated run."""
+        name = "same_tokens"
+
+        def __call__(self, model, generate_kwargs):
+            calls.append(generate_kwargs)
+            out = generate(model, [[3, 4, 5]], 8, 4, **generate_kwargs)
+            return float((out == reference).float().mean())
+
+    res = run_ablation(model, [2], epsilon=0.0, ablation_task=SameTokens())
+    assert res["source"] == "task" and res["metric"] == "same_tokens" and res["scores"]["0"] == 1.0
+    assert [set(c) for c in calls] == [{"key_masks_fn", "output_attentions"}] * 2
+    assert res["masked_keys_per_head"]["2"] > 0
+
+
+def test_ablation_input_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="integers >= 0"):
+        run_ablation(model, [-1], prefixes=[[1]], continuations=[[2]])
+    with pytest.raises(ValueError, match="integers >= 0"):
+        run_ablation(model, [], prefixes=[[1]], continuations=[[2]])
+    with pytest.raises(ValueError, match="epsilon"):
+        SinkMasker(model.config, 1, epsilon=-0.5)
+    with pytest.raises(ValueError, match="scale"):
+        sink_key_masks([torch.eye(3)[None, None]], 1, scale="max")
+    with pytest.raises(ValueError, match="held-out"):
+        run_ablation(model, [1])
+    with pytest.raises(ValueError, match="output_attentions=True"):
+        generate(model, [1, 2], 4, 2, key_masks_fn=SinkMasker(model.config, 1))
+    assert received_attention(torch.eye(3)).tolist() == [1.0, 1.0, 1.0]  # re-exported metric still there

@@ -1,0 +1,234 @@
+"""The lm-eval model `sinkdlm` under the real lm-evaluation-harness runner, on local tasks written here.
+
+References are computed in the test, independently of the library's batching:
+  * one-token multiple-choice answers: the "mc_count" ELBO is then exact, so the harness's numbers
+    must equal `log_softmax(model(context + [MASK]))[answer]`, and is_greedy must equal "the answer
+    is the argmax over the non-mask vocabulary";
+  * generate_until: the sampler called directly, cut at EOS and the stop string by hand;
+  * loglikelihood_rolling (with method=chain, deterministic): windows of max_length - 1 tokens, each
+    conditioned on as many preceding tokens as fit, scored by an eager left-to-right unmasking loop.
+No network: the datasets are local JSON files and the offline switches are set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from sinkdlm import DiffusionLM, ModelConfig, generate  # noqa: E402
+from sinkdlm.data import train_bpe_tokenizer  # noqa: E402
+from sinkdlm.model import CheckpointError  # noqa: E402
+
+TEXTS = [
+    "the cat sat on the mat and the dog sat on the log.",
+    "a bird in the hand is worth two in the bush, they say.",
+    "to be or not to be, that is the question of the day.",
+    "all the world is a stage and all the men and women merely players.",
+] * 20
+MAX_POS = 128  # 127 content tokens + 1 sink: the rolling document below needs three windows
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run hundreds of small forwards: one thread avoids OpenMP stalls on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, one_thread):
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    root = tmp_path_factory.mktemp("lmeval")
+    tok = train_bpe_tokenizer(TEXTS, 300)
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=MAX_POS, initializer_range=0.3,
+        mask_token_id=tok.mask_token_id, num_sink_tokens=1,
+    )
+    model = DiffusionLM(cfg).eval()
+    ckpt = root / "ckpt"
+    model.save_pretrained(ckpt, tokenizer=tok)
+
+    # One-token answers: words whose " word" is a single vocabulary entry.
+    words = sorted({w for t in TEXTS for w in t.replace(",", "").replace(".", "").split()})
+    single = [w for w in words if len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1]
+    assert len(single) >= 4, single
+    mc_docs = [
+        {"question": q, "choices": single[i % 2: i % 2 + 4], "label": i % 4}
+        for i, q in enumerate(["the cat sat on the", "a bird in the", "to be or not to", "all the world is", "a dog"])
+    ]
+    gen_docs = [{"prompt": p, "answer": "x"} for p in ["the cat sat", "to be or", "all the world"]]
+    long_text = " ".join(TEXTS[:12])
+    data = root / "data"
+    data.mkdir()
+    for name, rows in (("mc", mc_docs), ("gen", gen_docs), ("roll", [{"text": long_text}])):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = root / "tasks"
+    tasks.mkdir()
+
+    def write_task(name, body):
+        jsonl = data / (name.split("_")[1] + ".jsonl")
+        (tasks / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {jsonl}\n"
+            f"test_split: test\n{body}"
+        )
+
+    write_task("local_mc", (
+        "output_type: multiple_choice\ndoc_to_text: \"{{question}}\"\ndoc_to_choice: choices\n"
+        "doc_to_target: label\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    ))
+    write_task("local_gen", (
+        "output_type: generate_until\ndoc_to_text: \"{{prompt}}\"\ndoc_to_target: \"{{answer}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\", \".\"]\n  max_gen_toks: 40\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n"
+    ))
+    write_task("local_roll", (
+        "output_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n"
+    ))
+    return {"tok": tok, "model": model, "ckpt": ckpt, "tasks": tasks, "mc": mc_docs, "gen": gen_docs, "text": long_text}
+
+
+def run_harness(setup, tasks, model_args):
+    import sinkdlm.evaluation.lm_eval_model  # noqa: F401  (the documented import registers "sinkdlm")
+    from lm_eval.tasks import TaskManager
+
+    # include_defaults=False: only the tasks written here (indexing lm-eval's thousands takes seconds)
+
+    return lm_eval.simple_evaluate(
+        model="sinkdlm", model_args=model_args, tasks=tasks,
+        task_manager=TaskManager(include_path=str(setup["tasks"]), include_defaults=False), log_samples=True,
+    )
+
+
+def enc(tok, text):
+    return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+@torch.no_grad()
+def test_multiple_choice_is_the_exact_one_token_likelihood(setup):
+    tok, model = setup["tok"], setup["model"]
+    out = run_harness(setup, ["local_mc"], f"pretrained={setup['ckpt']},mc_num=8,seed=3")
+    samples = sorted(out["samples"]["local_mc"], key=lambda s: s["doc_id"])
+    correct = []
+    for doc, sample in zip(setup["mc"], samples):
+        ref_ll, ref_greedy = [], []
+        for choice in doc["choices"]:
+            ctx, ans = enc(tok, doc["question"]), enc(tok, " " + choice)
+            assert len(ans) == 1
+            x = torch.tensor(ctx + [model.config.mask_token_id])[None]
+            logits = model(x).logits[0, -1].double()
+            ref_ll.append(float(torch.log_softmax(logits, -1)[ans[0]]))
+            logits[model.config.mask_token_id] = -math.inf
+            ref_greedy.append(int(logits.argmax()) == ans[0])
+        got = [r[0] for r in sample["resps"]]
+        assert [g[0] for g in got] == pytest.approx(ref_ll, abs=1e-4)
+        assert [bool(g[1]) for g in got] == ref_greedy
+        correct.append(max(range(len(ref_ll)), key=lambda i: ref_ll[i]) == doc["label"])
+    assert out["results"]["local_mc"]["acc,none"] == pytest.approx(sum(correct) / len(correct))
+    assert out["config"]["model"] == "sinkdlm"
+
+
+@torch.no_grad()
+def test_generate_until_is_the_sampler_cut_at_stop_strings(setup):
+    tok, model = setup["tok"], setup["model"]
+    out = run_harness(setup, ["local_gen"], f"pretrained={setup['ckpt']}")
+    samples = sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])
+    for doc, sample in zip(setup["gen"], samples):
+        # max_gen_toks=40 with blocks of 32: two blocks (64 tokens, one per step), the first 40 kept.
+        seq = generate(model, enc(tok, doc["prompt"]), 64, 64, block_length=32)
+        new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
+        if tok.eos_token_id in new:
+            new = new[: new.index(tok.eos_token_id)]
+        text = tok.decode(new, skip_special_tokens=True)
+        for stop in ("\n", "."):
+            text = text.split(stop)[0]
+        assert sample["resps"][0][0] == text
+
+
+@torch.no_grad()
+def test_loglikelihood_rolling_sums_window_likelihoods(setup):
+    tok, model = setup["tok"], setup["model"]
+    out = run_harness(setup, ["local_roll"], f"pretrained={setup['ckpt']},method=chain")
+    got = out["samples"]["local_roll"][0]["resps"][0][0]
+    ids, mask_id = enc(tok, setup["text"]), model.config.mask_token_id
+    max_len = MAX_POS - 1
+    assert len(ids) > 2 * max_len  # three windows
+    ref, s = 0.0, 0
+    while s < len(ids):
+        cont = ids[s: s + max_len - 1]
+        ctx = ids[max(0, s + len(cont) - max_len): s] or [tok.eos_token_id]
+        x = torch.tensor(ctx + [mask_id] * len(cont))
+        for k, y in enumerate(cont):  # chain rule: unmask left to right
+            ref += float(torch.log_softmax(model(x[None]).logits[0, len(ctx) + k].double(), -1)[y])
+            x[len(ctx) + k] = y
+        s += len(cont)
+    assert got == pytest.approx(ref, rel=1e-4)
+    words = len(setup["text"].split())
+    assert out["results"]["local_roll"]["word_perplexity,none"] == pytest.approx(math.exp(-ref / words), rel=1e-3)
+
+
+def test_bad_model_args_are_clear(setup, tmp_path):
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    with pytest.raises(ValueError, match="unknown model_args.*mc_nums"):
+        SinkDLMEvalModel(pretrained=str(setup["ckpt"]), mc_nums=4)
+    with pytest.raises(ValueError, match="needs model_args pretrained"):
+        SinkDLMEvalModel()
+    with pytest.raises(CheckpointError, match="does not exist"):
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="mc_num='many' must be an integer"):  # before the missing directory
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), mc_num="many")
+    with pytest.raises(ValueError, match="method='elbo' must be one of mc, mc_count, chain"):
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), method="elbo")
+
+
+def test_sinkdlm_lm_eval_command_forwards_to_lm_eval_with_the_model_registered(monkeypatch):
+    import lm_eval.__main__
+    from lm_eval.api.registry import get_model
+
+    from sinkdlm.cli import main
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    seen = {}
+
+    def fake_cli():
+        seen["argv"] = list(sys.argv)
+        seen["model"] = get_model("sinkdlm")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", fake_cli)
+    monkeypatch.setattr(sys, "argv", ["sinkdlm"])
+    args = ["--model", "sinkdlm", "--model_args", "pretrained=DIR,mc_num=128", "--tasks", "arc_easy", "--help"]
+    with pytest.raises(SystemExit) as exc:  # typer's standalone mode exits 0 after the command
+        main(["lm-eval", *args])
+    assert exc.value.code == 0
+    assert seen == {"argv": ["lm_eval", *args], "model": SinkDLMEvalModel}
+    assert get_model("dummy").__name__ == "DummyLM"  # lm-eval's own models are still there
+
+
+@pytest.mark.slow
+def test_command_line_wrapper_runs_lm_eval(setup, tmp_path):
+    """`python -m sinkdlm.evaluation.lm_eval_model` = lm-eval's CLI with `--model sinkdlm` registered."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "sinkdlm.evaluation.lm_eval_model", "--model", "sinkdlm",
+        "--model_args", f"pretrained={setup['ckpt']},mc_num=2", "--tasks", "local_mc",
+        "--include_path", str(setup["tasks"]), "--output_path", str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(p.read_text()) for p in Path(tmp_path / "out").rglob("results*.json")]
+    assert results and "acc,none" in results[0]["results"]["local_mc"]

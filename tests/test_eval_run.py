@@ -1,0 +1,161 @@
+"""`evaluate` end to end with a tiny random DiffusionLM, `evaluate_dir`, and `sinkdlm eval`: output
+structure, values in [0, 1] with binomial standard errors, determinism, and user errors before work."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import sinkdlm.cli  # noqa: F401  (registers the commands on the app)
+from sinkdlm import CheckpointError, DiffusionLM, ModelConfig, generate
+from sinkdlm.cli import app
+from sinkdlm.data import load_documents, train_bpe_tokenizer
+from sinkdlm.evaluation import DLMPredictor, GenRequest, evaluate, evaluate_dir, format_table
+
+TASKS = ["shakespeare_cloze", "shakespeare_next_line"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Hundreds of small forwards: one thread avoids OpenMP stalls on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tok = train_bpe_tokenizer([d[:50_000] for d in load_documents("shakespeare", "train")[:3]], 300)
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=512, initializer_range=0.2,
+        mask_token_id=tok.mask_token_id, num_sink_tokens=1,
+    )
+    model = DiffusionLM(cfg).eval()
+    ckpt = tmp_path_factory.mktemp("eval") / "ckpt"
+    model.save_pretrained(ckpt, tokenizer=tok)
+    return model, tok, ckpt
+
+
+def test_evaluate_end_to_end_on_both_shakespeare_tasks(tiny):
+    model, tok, _ = tiny
+    scores = evaluate(model, tok, TASKS, limit=8, mc_num=4, progress=False)
+    assert list(scores) == TASKS
+    assert set(scores["shakespeare_cloze"]) == {"exact_match", "acc"}
+    assert set(scores["shakespeare_next_line"]) == {"acc", "acc_norm"}
+    for metrics in scores.values():
+        for s in metrics.values():
+            assert set(s) == {"value", "stderr", "n"} and s["n"] == 8
+            assert 0.0 <= s["value"] <= 1.0
+            assert s["value"] * 8 == pytest.approx(round(s["value"] * 8))  # a count of correct items
+            assert s["stderr"] == pytest.approx(math.sqrt(s["value"] * (1 - s["value"]) / 8))
+    assert evaluate(model, tok, TASKS, limit=8, mc_num=4, progress=False) == scores  # seeded: repeatable
+    table = format_table(scores)
+    assert "shakespeare_next_line  acc_norm" in table and "± " in table
+
+
+def test_evaluate_arithmetic_end_to_end(tiny):
+    model, tok, _ = tiny
+    scores = evaluate(model, tok, ["arithmetic"], limit=2, gen_steps=32, progress=False)
+    assert list(scores) == ["arithmetic"] and list(scores["arithmetic"]) == ["exact_match"]
+    s = scores["arithmetic"]["exact_match"]
+    assert s["n"] == 2 and s["value"] in (0.0, 0.5, 1.0)
+
+
+@torch.no_grad()
+def test_cloze_generation_samples_as_many_tokens_as_the_true_word(tiny):
+    """The exact-match generation samples exactly len(tokens(" word")) tokens after the context, one per
+    step. References: for a one-token word, the argmax over non-mask ids at a single [MASK]; for a longer
+    word, the sampler called directly with that length."""
+    model, tok, _ = tiny
+    pred = DLMPredictor(model, tok)
+    mask_id, eos = model.config.mask_token_id, tok.eos_token_id
+
+    def text(new_ids):
+        new_ids = new_ids[: new_ids.index(eos)] if eos in new_ids else new_ids
+        return tok.decode(new_ids, skip_special_tokens=True)
+
+    ctx = "To be, or not to be, that is"
+    ids, target = pred.encode_pair(ctx, " the")
+    assert len(target) == 1
+    logits = model(torch.tensor(ids + [mask_id])[None]).logits[0, -1]
+    logits[mask_id] = -math.inf
+    assert pred.generate([GenRequest(ctx, length_of=" the")]) == [text([int(logits.argmax())])]
+
+    ids, target = pred.encode_pair(ctx, " questionable")
+    assert len(target) > 1
+    seq = generate(model, ids, len(target), len(target))[0, len(ids):].tolist()
+    assert pred.generate([GenRequest(ctx, length_of=" questionable")]) == [text(seq)]
+
+
+def test_evaluate_dir_reads_a_checkpoint_and_reports_bad_input_first(tiny, tmp_path):
+    model, tok, ckpt = tiny
+    assert evaluate_dir(ckpt, ["shakespeare_next_line"], limit=4, mc_num=2, progress=False, device="cpu") == evaluate(
+        model, tok, ["shakespeare_next_line"], limit=4, mc_num=2, progress=False
+    )
+    with pytest.raises(CheckpointError, match="does not exist"):
+        evaluate_dir(tmp_path / "missing", TASKS)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        evaluate_dir(tmp_path / "empty", TASKS)
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((ckpt / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        evaluate_dir(no_weights, TASKS)
+    # The task name is checked before the directory: the message lists the known tasks.
+    with pytest.raises(ValueError, match="unknown task 'hellaswag'; known tasks: shakespeare_cloze"):
+        evaluate_dir(tmp_path / "missing", ["hellaswag"])
+    with pytest.raises(ValueError, match="mc_num"):
+        evaluate(model, tok, TASKS, mc_num=0)
+
+
+def test_eval_command_prints_a_table_and_writes_json(tiny, tmp_path):
+    _, _, ckpt = tiny
+    out = tmp_path / "sub" / "scores.json"
+    args = ["eval", "--model", str(ckpt), "--tasks", "shakespeare_cloze,shakespeare_next_line", "--limit", "4",
+            "--mc-num", "2", "--out", str(out), "--no-progress", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text())
+    assert written["limit"] == 4 and written["tasks"] == TASKS
+    for task, metrics in written["scores"].items():
+        for metric, s in metrics.items():
+            assert s["n"] == 4
+            assert f"{s['value']:.4f}" in result.output
+    assert "shakespeare_cloze      exact_match" in result.output
+
+
+@pytest.mark.parametrize(
+    "case,pattern",
+    [
+        ("unknown_task", "unknown task 'nope'; known tasks: shakespeare_cloze, shakespeare_next_line, arithmetic"),
+        ("missing_model", "does not exist"),
+        ("out_under_file", "is a file, not a directory"),
+        ("out_is_dir", "is a directory"),
+    ],
+)
+def test_eval_command_errors_are_one_line_before_any_work(tiny, tmp_path, case, pattern, capsys):
+    _, _, ckpt = tiny
+    model, tasks, out = str(ckpt), "shakespeare_cloze", str(tmp_path / "s.json")
+    if case == "unknown_task":
+        tasks = "shakespeare_cloze,nope"
+    elif case == "missing_model":
+        model = str(tmp_path / "nope")
+    elif case == "out_under_file":
+        (tmp_path / "file").write_text("x")
+        out = str(tmp_path / "file" / "s.json")
+    else:
+        out = str(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        sinkdlm.cli.main(["eval", "--model", model, "--tasks", tasks, "--out", out, "--no-progress"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and pattern in err and "Traceback" not in err
+    assert not (tmp_path / "s.json").exists()

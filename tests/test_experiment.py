@@ -1,0 +1,102 @@
+"""`sinkdlm experiment`: the smoke preset runs the whole path (train -> eval -> analyse -> report)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import sinkdlm.cli  # noqa: F401  (registers the commands)
+from sinkdlm.cli.app import app
+from sinkdlm.experiment import get_preset, run_experiment
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "smoke"
+    os.environ["SINKDLM_CACHE"] = str(out.parent / "cache")
+    results = run_experiment("smoke", out)
+    return out, results
+
+
+def test_smoke_writes_every_file_and_key(smoke):
+    out, results = smoke
+    preset = get_preset("smoke")
+    for name in ("results.json", "report.md", "report.html", "figures/val_loss.png", "figures/scores.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    saved = json.loads((out / "results.json").read_text())
+    for key in ("preset", "seeds", "variants", "comparisons", "machine", "elapsed_s", "stage_seconds", "compare_dir"):
+        assert key in saved, key
+    assert set(saved["variants"]) == {v.name for v in preset.variants}
+    for v in saved["variants"].values():
+        assert set(v["seeds"]) == {str(s) for s in preset.seeds}
+        assert {"val_loss", "shakespeare_cloze/acc", "shakespeare_next_line/acc"} <= set(v["summary"])
+        for s in v["seeds"].values():
+            assert Path(s["checkpoint"]).is_dir()
+            assert set(s["eval"]) == set(preset.eval_tasks)
+        first = v["seeds"][str(preset.seeds[0])]
+        analysis = json.loads((Path(first["analysis_dir"]) / "analysis.json").read_text())
+        assert {"non_sink_fraction", "value_norm", "moving", "ablation", "figures"} <= set(analysis)
+    assert (out / "compare" / "report.html").is_file()
+    # one honest sentence per (variant, metric) comparison against the vanilla baseline
+    metrics = len(next(iter(saved["variants"].values()))["summary"])
+    assert len(saved["comparisons"]) == (len(preset.variants) - 1) * metrics
+    report = (out / "report.md").read_text()
+    assert "within noise" in report or "larger than its noise" in report
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 2
+
+
+def test_rerun_resumes_without_retraining(smoke, monkeypatch):
+    out, first = smoke
+    import sinkdlm.training as training
+
+    def boom(*a, **k):
+        raise AssertionError("a finished variant was retrained")
+
+    monkeypatch.setattr(training, "train", boom)
+    again = run_experiment("smoke", out)
+    assert again["variants"].keys() == first["variants"].keys()
+    assert again["stage_seconds"]["eval"] == 0.0
+
+
+def test_interrupted_training_resumes_from_checkpoint(smoke):
+    out, _ = smoke
+    run = out / "runs" / "vanilla-s0" / "train"
+    (run / "DONE.json").unlink()  # as if killed after the last checkpoint but before DONE
+    results = run_experiment("smoke", out)
+    assert (run / "DONE.json").is_file()
+    assert results["variants"]["vanilla"]["seeds"]["0"]["checkpoint"].endswith("step-3")
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--preset", "nope"], "unknown experiment preset"),
+        (["--preset", "paper-0.5b"], "--init-from"),
+        (["--preset", "smoke", "--out", "/proc/x/y"], "not writable"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, args, match):
+    if "--out" not in args:
+        args = args + ["--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, ["experiment", *args])
+    assert result.exit_code != 0
+    assert match in str(result.exception) + result.output
+
+
+def test_paper_preset_validates_its_inputs(tmp_path):
+    with pytest.raises(ValueError, match="--data"):
+        run_experiment("paper-0.5b", tmp_path / "o", init_from=str(_fake_hf(tmp_path)))
+    with pytest.raises(ValueError, match="config.json"):
+        run_experiment("paper-0.5b", tmp_path / "o", init_from=str(tmp_path), data=str(tmp_path))
+
+
+def _fake_hf(tmp_path: Path) -> Path:
+    d = tmp_path / "qwen"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return d
