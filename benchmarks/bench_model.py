@@ -228,7 +228,8 @@ def main() -> None:
             t = runs[label][k][clock]
             cells.append(f"{statistics.median(t) * 1e3:.0f} / {min(t) * 1e3:.0f}")
         print(f"| {labels[k]} | " + " | ".join(cells) + " |")
-    print("\n| ratio (time / time) | target | " + " | ".join(f"{heads[p]}: paired median (median/median)" for p in passes) + " |")
+    cols = " | ".join(f"{heads[p]}: paired median (median/median)" for p in passes)
+    print(f"\n| ratio (time / time) | target | {cols} |")
     print("|---|---|" + "---:|" * len(passes))
     for name, r in ratios.items():
         cells = [
@@ -237,6 +238,16 @@ def main() -> None:
             for p in passes
         ]
         print(f"| {name} | {r['target']} | " + " | ".join(cells) + " |")
+
+    # A busy machine shows as a wide spread of the wall times (other processes took whole slices).
+    spread = max(
+        statistics.quantiles(t["wall"], n=4)[2] / statistics.quantiles(t["wall"], n=4)[0]
+        for t in runs[f"{args.threads}thr_wall"].values()
+    ) if args.repeats >= 4 else 1.0
+    busy = spread > 1.25 or max(load_start[0], load_end[0]) > (os.cpu_count() or 1)
+    if busy:
+        print(f"\nWARNING: the machine was busy (load {load_start[0]:.1f} -> {load_end[0]:.1f}, wall-time "
+              f"interquartile ratio {spread:.2f}); trust the 1-thread CPU-time column, or re-run when idle.")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
@@ -247,6 +258,8 @@ def main() -> None:
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "processor": platform.processor(), "cpu_count": os.cpu_count(),
             "load_average": {"start": load_start, "end": load_end},
+            "busy_warning": busy,
+            "wall_interquartile_ratio_max": spread,
         },
         "passes": {label: {"threads": t, "clock": c} for label, (t, c) in passes.items()},
         "ratios": ratios,

@@ -107,21 +107,11 @@ def analyze(
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     texts = read_prompts(prompts)[:num_prompts] if prompts is not None else None
 
-    import torch
-
     from sinkdlm.analysis.report import analyze as run, prompts_from_documents
-    from sinkdlm.data import load_documents, load_tokenizer
-    from sinkdlm.model import DiffusionLM
+    from sinkdlm.data import load_documents
+    from sinkdlm.model.checkpoint import load_model_and_tokenizer
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype is not None and dtype not in dtypes:
-        raise ValueError(f"--dtype must be one of {sorted(dtypes)}, got {dtype!r}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    net = DiffusionLM.from_pretrained(model, device=device, dtype=dtypes.get(dtype))
-    tokenizer = load_tokenizer(model)
-    if tokenizer.mask_token_id is not None and tokenizer.mask_token_id != net.config.mask_token_id:
-        raise ValueError(f"the tokenizer's mask token id {tokenizer.mask_token_id} differs from the model's "
-                         f"mask_token_id {net.config.mask_token_id}; the checkpoint's tokenizer does not belong to it")
+    net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
     if texts is None:
         texts = prompts_from_documents(load_documents(data, "validation"), tokenizer, num_prompts, prompt_length, seed)
     result = run(

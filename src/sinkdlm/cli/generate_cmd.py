@@ -46,11 +46,8 @@ def generate(
     show_steps: bool = typer.Option(False, "--show-steps", help="Print the partially unmasked text after every step."),
 ) -> None:
     """Generate a continuation of a prompt with a masked diffusion LM."""
-    import torch
-
-    from sinkdlm.data.tokenizer import load_tokenizer
     from sinkdlm.diffusion.sampling import generate as sample
-    from sinkdlm.model import DiffusionLM
+    from sinkdlm.model.checkpoint import load_model_and_tokenizer
 
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
@@ -58,17 +55,7 @@ def generate(
         if not prompt_file.is_file():
             raise ValueError(f"prompt file {str(prompt_file)!r} does not exist")
         prompt = prompt_file.read_text()
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype is not None and dtype not in dtypes:
-        raise ValueError(f"--dtype must be one of {sorted(dtypes)}, got {dtype!r}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    net = DiffusionLM.from_pretrained(model, device=device, dtype=dtypes.get(dtype))
-    tokenizer = load_tokenizer(model)  # local files only
-    if tokenizer.mask_token_id is not None and tokenizer.mask_token_id != net.config.mask_token_id:
-        raise ValueError(
-            f"the tokenizer's mask token id {tokenizer.mask_token_id} differs from the model's "
-            f"mask_token_id {net.config.mask_token_id}; the checkpoint's tokenizer does not belong to it"
-        )
+    net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
     ids = tokenizer(prompt)["input_ids"]
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")

@@ -24,7 +24,8 @@ class LossOutput:
 
 def weighted_masked_ce(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """Per-sequence `sum_i 1[masked_i] CE_i / t_b`, `[B]` (the numerator of eq. 4)."""
-    ce = F.cross_entropy(logits.float().flatten(0, 1), x0.flatten(), reduction="none").view_as(x0)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
+    ce = F.cross_entropy(logits.flatten(0, 1), x0.flatten(), reduction="none").view_as(x0)
     return (ce * masked).sum(-1) / t
 
 

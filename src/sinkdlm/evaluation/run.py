@@ -86,19 +86,13 @@ def evaluate_dir(
     Task names and options are checked first, then the directory (a `CheckpointError` names the
     missing file), and only then is the model loaded. Keyword arguments are those of `evaluate`.
     """
-    import torch
-
-    from sinkdlm.data import load_tokenizer
-    from sinkdlm.model import DiffusionLM
-    from sinkdlm.model.checkpoint import read_config
+    from sinkdlm.model.checkpoint import load_model_and_tokenizer, read_config
 
     _check_options(kwargs.get("limit"), kwargs.get("seed", 0), kwargs.get("mc_num", 16), kwargs.get("gen_steps"))
     resolve_tasks(tasks)
     model_dir = Path(model_dir)
     read_config(model_dir)  # a missing directory or config.json: CheckpointError before anything loads
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = DiffusionLM.from_pretrained(model_dir, device=device, dtype=dtype).eval()
-    tokenizer = load_tokenizer(model_dir)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device=device, dtype=dtype)
     return evaluate(model, tokenizer, tasks, **kwargs)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
-from sinkdlm.model.checkpoint import atomic_write_json
+from sinkdlm.model.checkpoint import atomic_write_json, ensure_writable_dir, load_model_and_tokenizer
 
 DONE = "DONE.json"
 
@@ -34,13 +34,7 @@ def _log(msg: str) -> None:
 
 def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, data: str | None) -> None:
     """Every user error, before any work."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--out {out} is not writable ({e.strerror}); choose another directory") from e
+    ensure_writable_dir(out)
     if "init_from" in preset.needs:
         if not init_from:
             raise ValueError(
@@ -108,9 +102,8 @@ def run_experiment(
     seeds = list(seeds) if seeds else list(preset.seeds)
     t_start = time.perf_counter()
     from sinkdlm.analysis import analyze, compare
-    from sinkdlm.data import load_documents, load_tokenizer
+    from sinkdlm.data import load_documents
     from sinkdlm.evaluation import evaluate
-    from sinkdlm.model import DiffusionLM
 
     results: dict[str, Any] = {
         "preset": preset.name, "description": preset.description, "seeds": seeds, "variants": {},
@@ -163,13 +156,14 @@ def run_experiment(
                 t0 = time.perf_counter()
                 scores = {}
                 lm_tasks = [t for t in preset.eval_tasks if t != "arithmetic"]
-                model, tok = DiffusionLM.from_pretrained(ckpt), load_tokenizer(ckpt)
+                model, tok = load_model_and_tokenizer(ckpt, device=device)
                 if lm_tasks:
                     scores.update(evaluate(model, tok, lm_tasks, limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num))
                 if "arithmetic" in preset.eval_tasks and preset.sft is not None:
                     sft_ckpt = record["sft_checkpoint"]
-                    scores.update(evaluate(DiffusionLM.from_pretrained(sft_ckpt), load_tokenizer(sft_ckpt), ["arithmetic"],
-                                           limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num))
+                    sft_model, sft_tok = load_model_and_tokenizer(sft_ckpt, device=device)
+                    scores.update(evaluate(sft_model, sft_tok, ["arithmetic"], limit=preset.eval_limit, seed=0,
+                                           mc_num=preset.eval_mc_num))
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0
             record["eval"] = json.loads(eval_path.read_text())
@@ -181,7 +175,7 @@ def run_experiment(
                     t0 = time.perf_counter()
                     settings = dict(preset.analysis)
                     n_prompts = settings.pop("num_prompts")
-                    model, tok = DiffusionLM.from_pretrained(ckpt), load_tokenizer(ckpt)
+                    model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
                     analyze(model, tok, prompts, out_dir=adir, seed=0, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0

@@ -31,7 +31,8 @@ def eager_attention(q, k, v, mask=None, need_probs=True):
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, H, Lq, Lk]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    # softmax in at least fp32 (bf16 maps would not sum to 1), in fp64 for fp64 models
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
     return torch.matmul(probs, v), (probs if need_probs else None)
 
 

@@ -219,3 +219,37 @@ def load_checkpoint(directory: str | Path, device=None, dtype=None):
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()
     return model.to(device) if device is not None else model
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model_and_tokenizer(directory: str | Path, device=None, dtype: str | torch.dtype | None = None):
+    """(DiffusionLM in eval mode, its tokenizer) from one checkpoint directory, checked to agree.
+
+    `device` defaults to CUDA when available; `dtype` is a torch dtype or one of `DTYPES`' names.
+    """
+    from sinkdlm.data.tokenizer import check_tokenizer_matches, load_tokenizer
+
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        dtype = DTYPES[dtype]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_checkpoint(directory, device=device, dtype=dtype)
+    tokenizer = load_tokenizer(directory)
+    check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
+    return model, tokenizer
+
+
+def ensure_writable_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create `path` if needed and prove we can write into it — before any work starts."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {path} is not writable ({e.strerror}); choose another directory") from e
+    return path

@@ -42,7 +42,7 @@ from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.noise import sample_t
 from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
-from sinkdlm.model.checkpoint import atomic_write_bytes, atomic_write_json
+from sinkdlm.model.checkpoint import atomic_write_bytes, atomic_write_json, ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     device = resolve_device(cfg.device) if env.world_size == 1 else env.device
     out = Path(cfg.out)
     if env.is_main:
-        _check_writable(out)
+        ensure_writable_dir(out)
     ckpt = latest_checkpoint(out) if cfg.resume else None
     if cfg.resume and ckpt is None and env.is_main:
         print(f"[sinkdlm] --resume: no checkpoint under {out}/checkpoints yet; starting from step 0", flush=True)
@@ -390,13 +390,3 @@ def _resume_model(ckpt: Path, cfg: TrainConfig, tokenizer) -> DiffusionLM:
     model = DiffusionLM.from_pretrained(ckpt)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
     return model
-
-
-def _check_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--out {out} is not writable ({e.strerror}); choose another directory") from e
