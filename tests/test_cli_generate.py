@@ -104,7 +104,7 @@ def test_show_steps_prints_the_text_filling_in(checkpoint):
         (["--gen-length", "8", "--steps", "1", "--block-length", "4"], "fewer than the number of blocks"),
         (["--gen-length", "8"], "steps is required"),
         (["--gen-length", "80", "--steps", "80"], "max_position_embeddings"),
-        (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "--dtype must be one of"),
+        (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "not a floating-point torch dtype"),
     ],
 )
 def test_user_errors_exit_2_with_a_message(checkpoint, capsys, args, match):

@@ -73,7 +73,7 @@ class ModelConfig:
                 f"ModelConfig.num_key_value_heads={self.num_key_value_heads} must divide "
                 f"num_attention_heads={self.num_attention_heads}"
             )
-        if not isinstance(self.num_sink_tokens, int) or self.num_sink_tokens < 0:
+        if not isinstance(self.num_sink_tokens, int) or isinstance(self.num_sink_tokens, bool) or self.num_sink_tokens < 0:
             raise ValueError(
                 f"ModelConfig.num_sink_tokens must be an integer >= 0 (0 = vanilla DLM), "
                 f"got {self.num_sink_tokens!r}"

@@ -174,11 +174,11 @@ def resolve_dtype(dtype) -> torch.dtype | None:
     """None / "auto" (the `transformers` idiom) = as stored; a `torch.dtype` or its name otherwise."""
     if dtype is None or dtype == "auto":
         return None
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"dtype {dtype!r} is not a torch dtype; use e.g. torch.bfloat16, 'float32' or 'auto'")
+    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(
+            f"dtype {dtype!r} is not a floating-point torch dtype; use e.g. torch.bfloat16, 'float32' or 'auto'"
+        )
     return resolved
 
 
@@ -221,20 +221,13 @@ def load_checkpoint(directory: str | Path, device=None, dtype=None):
     return model.to(device) if device is not None else model
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def load_model_and_tokenizer(directory: str | Path, device=None, dtype: str | torch.dtype | None = None):
     """(DiffusionLM in eval mode, its tokenizer) from one checkpoint directory, checked to agree.
 
-    `device` defaults to CUDA when available; `dtype` is a torch dtype or one of `DTYPES`' names.
+    `device` defaults to CUDA when available; `dtype` as for `load_checkpoint`.
     """
     from sinkdlm.data.tokenizer import check_tokenizer_matches, load_tokenizer
 
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        dtype = DTYPES[dtype]
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_checkpoint(directory, device=device, dtype=dtype)
     tokenizer = load_tokenizer(directory)

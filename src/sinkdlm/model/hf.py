@@ -104,6 +104,23 @@ def hf_to_model_config(cfg: dict, **switches) -> ModelConfig:
     )
 
 
+def _init_new_rows(w: torch.Tensor, new_vocab: int, mask_id: int | None) -> torch.Tensor:
+    """Grow `w [V, d]` to `new_vocab` rows and set the new [MASK] row, all to the mean trained row.
+
+    The mask row is set even when it lies inside the matrix: Qwen2.5 pads its embedding past the
+    tokenizer, and those spare rows were never trained.
+    """
+    trained = w.shape[0] if mask_id is None else min(w.shape[0], mask_id)
+    mean = w[:trained].float().mean(0).to(w.dtype)
+    if new_vocab > w.shape[0]:
+        w = torch.cat([w, mean.expand(new_vocab - w.shape[0], -1)])
+    elif mask_id is not None:
+        w = w.clone()
+    if mask_id is not None:
+        w[mask_id] = mean
+    return w
+
+
 def _load_tokenizer(src: Path):
     if not any((src / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
@@ -127,7 +144,8 @@ def convert_hf_checkpoint(
     New parameters and how they start:
       * `[MASK]` gets the id `len(tokenizer)` (after adding it), or `vocab_size` without a
         tokenizer; when that id lies past the embedding matrix, the embedding and head grow by
-        the missing rows. New rows are the mean of the existing rows (the new token starts
+        the missing rows. New rows — and the [MASK] row even when it is a spare padded row, as in
+        Qwen2.5 — are the mean of the trained rows (the new token starts
         "average" instead of random, so its logit neither dominates nor vanishes — Hewitt 2021).
       * sink embeddings are drawn per dimension from N(mean, std) of the trained embedding rows,
         so they sit at the scale of real tokens; distinct draws keep 2 or 4 sinks distinguishable.
@@ -159,8 +177,9 @@ def convert_hf_checkpoint(
 
     tokenizer = _load_tokenizer(src)
     vocab = hf_cfg["vocab_size"]
+    mask_is_new = tokenizer is None or tokenizer.mask_token is None
     if tokenizer is not None:
-        if tokenizer.mask_token is None:
+        if mask_is_new:
             tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
         mask_id = tokenizer.mask_token_id
     else:
@@ -173,13 +192,9 @@ def convert_hf_checkpoint(
 
     gen = torch.Generator().manual_seed(seed)
     emb = tensors["embed_tokens.weight"]
-    if new_vocab > vocab:
-        grow = emb.float().mean(0, keepdim=True).expand(new_vocab - vocab, -1).to(emb.dtype)
-        tensors["embed_tokens.weight"] = torch.cat([emb, grow])
-        if "lm_head.weight" in tensors:
-            head = tensors["lm_head.weight"]
-            grow = head.float().mean(0, keepdim=True).expand(new_vocab - vocab, -1).to(head.dtype)
-            tensors["lm_head.weight"] = torch.cat([head, grow])
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            tensors[name] = _init_new_rows(tensors[name], new_vocab, mask_id if mask_is_new else None)
     if num_sink_tokens > 0:
         e = emb.float()
         sinks = e.mean(0) + e.std(0) * torch.randn(num_sink_tokens, e.shape[1], generator=gen)
