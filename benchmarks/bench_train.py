@@ -65,7 +65,7 @@ def main() -> None:
         tok = train_bpe_tokenizer(docs[:6], 2048)
         path = pack_corpus("shakespeare", tok, args.seq_len, "train", cache_dir=tmp, max_tokens=args.seq_len * args.batch_size * 64)
         data = PackedTokens(path)
-        peak = matmul_rate()
+        peak = matmul_rate()  # measured again after the steps; the higher is the machine's rate
         for sinks in (0, 1):
             cfg = ModelConfig.from_preset("tiny", mask_token_id=tok.mask_token_id, num_sink_tokens=sinks)
             model = DiffusionLM(cfg).train()
@@ -94,6 +94,9 @@ def main() -> None:
                 "model_tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / peak,
                 "data_share": statistics.median(data_times) / step_s,
             })
+    peak = max(peak, matmul_rate())
+    for r in rows:  # MFU against the better of the two matmul measurements
+        r["mfu"] = r["model_tflops_per_s"] * 1e12 / peak
     print(f"machine fp32 matmul rate (1024^3 GEMM, {args.threads} threads): {peak / 1e9:.1f} GFLOP/s")
     print(f"batch {args.batch_size} x seq {args.seq_len}, median of {args.steps} steps\n")
     print("| model | tokens/s | step ms | MFU | data loading share of step |")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ def run_experiment(
     check_inputs(preset, out, init_from, data)
     seeds = list(seeds) if seeds else list(preset.seeds)
     t_start = time.perf_counter()
+    tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
     from sinkdlm.analysis import analyze, compare
     from sinkdlm.data import load_documents
     from sinkdlm.evaluation import evaluate
@@ -158,12 +160,12 @@ def run_experiment(
                 lm_tasks = [t for t in preset.eval_tasks if t != "arithmetic"]
                 model, tok = load_model_and_tokenizer(ckpt, device=device)
                 if lm_tasks:
-                    scores.update(evaluate(model, tok, lm_tasks, limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num))
+                    scores.update(evaluate(model, tok, lm_tasks, limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num, progress=tty))
                 if "arithmetic" in preset.eval_tasks and preset.sft is not None:
                     sft_ckpt = record["sft_checkpoint"]
                     sft_model, sft_tok = load_model_and_tokenizer(sft_ckpt, device=device)
                     scores.update(evaluate(sft_model, sft_tok, ["arithmetic"], limit=preset.eval_limit, seed=0,
-                                           mc_num=preset.eval_mc_num))
+                                           mc_num=preset.eval_mc_num, progress=tty))
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0
             record["eval"] = json.loads(eval_path.read_text())
@@ -177,7 +179,7 @@ def run_experiment(
                     n_prompts = settings.pop("num_prompts")
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
-                    analyze(model, tok, prompts, out_dir=adir, seed=0, **settings)
+                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
                 analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
