@@ -255,3 +255,48 @@ def test_200_steps_on_shakespeare_lower_validation_loss(tmp_path):
     vals = [r["val_loss"] for r in read_metrics(cfg.out) if "val_loss" in r]
     first = json.loads((Path(cfg.out) / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert vals[-1] < first - 1.0, (first, vals)
+
+
+def test_annealed_mask_goes_from_causal_to_full():
+    from sinkdlm.model.attention import annealed_mask, causal_mask
+
+    assert torch.equal(annealed_mask(6, 0.0), causal_mask(6))
+    assert annealed_mask(6, 1.0).all()
+    half = annealed_mask(6, 0.5)[0, 0]
+    for i in range(6):  # query i sees keys j <= i + round(0.5 * 5) = i + 2 (DiffuLLaMA-style window)
+        assert half[i].tolist() == [j <= i + 2 for j in range(6)]
+    with pytest.raises(ValueError, match="progress"):
+        annealed_mask(6, 1.5)
+
+
+def test_shift_logits_scores_position_i_with_the_logits_of_i_minus_1():
+    from sinkdlm.diffusion.loss import diffusion_loss
+
+    class Fixed(torch.nn.Module):
+        config = type("C", (), {"mask_token_id": 9})()
+
+        def forward(self, xt, attention_mask=None, **_):
+            # logits at position i put all mass on x0[i + 1]: right only under the AR shift
+            logits = torch.full((*xt.shape, 10), -30.0)
+            logits[0, torch.arange(xt.shape[1] - 1), self.x0[0, 1:]] = 30.0
+            return type("O", (), {"logits": logits})()
+
+    m = Fixed()
+    m.x0 = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    t = torch.ones(1)
+    shifted = diffusion_loss(m, m.x0, t=t, shift_logits=True).loss
+    plain = diffusion_loss(m, m.x0, t=t).loss
+    assert shifted.item() < 1e-6 < plain.item()
+
+
+def test_anneal_and_shift_run_from_an_init_checkpoint(tmp_path, corpus):
+    ckpt = train(cfg_for(tmp_path / "base", corpus, max_steps=2, save_every=2, eval_every=2))["checkpoint"]
+    cfg = cfg_for(tmp_path / "ar", corpus, init_from=ckpt, shift_logits=True, attention_anneal_steps=4, max_steps=6,
+                  num_sink_tokens=None)
+    summary = train(cfg)
+    rows = read_metrics(cfg.out)
+    assert len(rows) == 6 and all(math.isfinite(r["loss"]) for r in rows)
+    assert cfg.peak_lr == 1e-4  # Appendix A.1 default for AR init
+    with pytest.raises(ValueError, match="convert the checkpoint"):
+        train(cfg_for(tmp_path / "bad", corpus, init_from=ckpt, num_sink_tokens=2))
+    assert summary["checkpoint"]

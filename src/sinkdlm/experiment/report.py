@@ -108,6 +108,11 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
 
     doc.heading("Is each difference larger than its noise?")
     doc.bullets([sentence(c) for c in results["comparisons"]] or ["Only one variant: nothing to compare."])
+    if len(results["seeds"]) < 5:
+        doc.paragraph(
+            f"With {len(results['seeds'])} seed(s) the seed-to-seed spread is itself poorly estimated: read a "
+            "'larger than its noise' as a lead to check with more seeds (`--seeds`), not as a result."
+        )
 
     curves = {}
     for v in variants.values():
