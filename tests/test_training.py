@@ -300,3 +300,8 @@ def test_anneal_and_shift_run_from_an_init_checkpoint(tmp_path, corpus):
     with pytest.raises(ValueError, match="convert the checkpoint"):
         train(cfg_for(tmp_path / "bad", corpus, init_from=ckpt, num_sink_tokens=2))
     assert summary["checkpoint"]
+
+
+def test_fsdp_flag_is_refused_clearly_instead_of_hanging():
+    with pytest.raises(ValueError, match="--fsdp is not supported yet"):
+        TrainConfig.resolve(fsdp=True)

@@ -108,6 +108,13 @@ class TrainConfig:
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
             raise ValueError("--attention-anneal-steps must be >= 0")
+        if self.fsdp:
+            # FSDP2 shards parameters: rank-0-only evaluation deadlocks and checkpoints need a
+            # full-state gather (and FQN-keyed optimizer state) that the trainer does not do yet.
+            raise ValueError(
+                "--fsdp is not supported yet (evaluation and checkpointing need full-state gathering); "
+                "use data-parallel DDP, the default under torchrun"
+            )
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"--device must be auto, cpu or cuda[:N], got {self.device!r}")
 
