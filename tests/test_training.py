@@ -248,13 +248,13 @@ def test_config_file_and_flags(tmp_path):
 def test_200_steps_on_shakespeare_lower_validation_loss(tmp_path):
     cfg = TrainConfig.resolve(
         out=str(tmp_path / "s"), data="shakespeare", cache_dir=str(tmp_path / "cache"), max_steps=200,
-        batch_size=16, seq_len=128, eval_every=100, save_every=200, log_every=50, max_tokens=400_000,
+        batch_size=16, seq_len=128, eval_every=100, save_every=200, log_every=1, max_tokens=400_000,
         tensorboard=False, lr=1e-3,
     )
     train(cfg)
     vals = [r["val_loss"] for r in read_metrics(cfg.out) if "val_loss" in r]
-    first = json.loads((Path(cfg.out) / "metrics.jsonl").read_text().splitlines()[0])["loss"]
-    assert vals[-1] < first - 1.0, (first, vals)
+    first = read_metrics(cfg.out)[0]["loss"]  # step 1: about ln(vocab) = 7.6
+    assert first > 7.0 and vals[-1] < first - 1.0 and vals[-1] <= vals[0], (first, vals)
 
 
 def test_annealed_mask_goes_from_causal_to_full():
