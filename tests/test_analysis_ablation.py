@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from sinkdlm import DiffusionLM, ModelConfig, generate, loglikelihood
+from sinkdlm import generate, loglikelihood
 from sinkdlm.analysis import (
     SinkMasker,
     continuation_elbo,
@@ -22,21 +23,6 @@ VARIANTS = {
     "sink-front": dict(num_sink_tokens=1),
     "2sinks-end": dict(num_sink_tokens=2, sink_position="end"),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_model(seed: int = 0, **kw) -> DiffusionLM:
-    cfg = dict(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
-    torch.manual_seed(seed)
-    return DiffusionLM(ModelConfig(**{**cfg, **kw})).double().eval()
 
 
 def reference_masks(attn: torch.Tensor, k: int, eps: float, spared=()) -> torch.Tensor:

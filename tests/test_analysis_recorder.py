@@ -7,8 +7,9 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from sinkdlm import DiffusionLM, ModelConfig, generate
+from sinkdlm import generate
 from sinkdlm.analysis import (
     SinkRecorder,
     count_token_types,
@@ -31,22 +32,6 @@ VARIANTS = {
     "2sinks-end": dict(num_sink_tokens=2, sink_position="end"),
 }
 EPS = {"sum": 1.0, "mean": 0.02}  # thresholds at which a tiny random model has some sinks
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run ~10x faster on one thread (no oversubscription on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_model(seed: int = 0, **kw) -> DiffusionLM:
-    cfg = dict(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
-    torch.manual_seed(seed)
-    return DiffusionLM(ModelConfig(**{**cfg, **kw})).double().eval()
 
 
 def decode(i: int) -> str:  # a toy vocabulary with every token type

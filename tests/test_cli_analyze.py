@@ -27,14 +27,6 @@ REQUIRED = ("epsilon", "scale", "non_sink_fraction", "non_sink_fraction_by_epsil
             "value_norm", "moving", "extra_sink", "ablation", "figures")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     tok = train_bpe_tokenizer(TEXTS * 4, 300)

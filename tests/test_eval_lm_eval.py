@@ -37,17 +37,8 @@ TEXTS = [
 MAX_POS = 128  # 127 content tokens + 1 sink: the rolling document below needs three windows
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run hundreds of small forwards: one thread avoids OpenMP stalls on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, one_thread):
+def setup(tmp_path_factory):
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
     root = tmp_path_factory.mktemp("lmeval")

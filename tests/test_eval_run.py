@@ -19,15 +19,6 @@ from sinkdlm.evaluation import DLMPredictor, GenRequest, evaluate, evaluate_dir,
 TASKS = ["shakespeare_cloze", "shakespeare_next_line"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Hundreds of small forwards: one thread avoids OpenMP stalls on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     tok = train_bpe_tokenizer([d[:50_000] for d in load_documents("shakespeare", "train")[:3]], 300)
