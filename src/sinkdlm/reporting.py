@@ -10,6 +10,8 @@ import base64
 import html
 import os
 from dataclasses import dataclass, field
+
+from sinkdlm.atomic import atomic_write_bytes
 from pathlib import Path
 
 
@@ -92,8 +94,6 @@ class Document:
         )
 
     def write(self, out_dir: str | Path, stem: str = "report") -> tuple[Path, Path]:
-        from sinkdlm.model.checkpoint import atomic_write_bytes
-
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         md, page = out_dir / f"{stem}.md", out_dir / f"{stem}.html"

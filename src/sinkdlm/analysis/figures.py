@@ -11,7 +11,6 @@ to close, safe in threads. Where several models make sense, pass a dict
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+from sinkdlm.atomic import atomic_write
 
 DPI = 120
 
@@ -49,13 +50,8 @@ def _same_models(name_a: str, a: dict, name_b: str, b: dict) -> None:
 
 
 def _save(fig: Figure, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     FigureCanvasAgg(fig)  # attach the Agg canvas explicitly (no pyplot, no global backend)
-    fig.savefig(tmp, format="png", dpi=DPI)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI), suffix=".png")
 
 
 def plot_attention_maps(maps, titles, path, *, row_labels: Sequence[str] | None = None, gamma: float = 0.4) -> Path:

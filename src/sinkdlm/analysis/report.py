@@ -14,8 +14,6 @@ report with combined figures. Matplotlib is imported only when a figure is drawn
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +24,7 @@ import torch
 from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
 from sinkdlm.analysis.metrics import _check_epsilon, _check_scale
 from sinkdlm.analysis.recorder import SinkRecorder
-from sinkdlm.model.checkpoint import _publish, atomic_write_json
+from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.reporting import Document
 
 SCHEMA_VERSION = 1
@@ -242,14 +240,7 @@ def analyze(
 
 
 def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
-    os.close(fd)
-    try:
-        np.savez_compressed(tmp, **arrays)
-        _publish(tmp, path)  # the mode a plain open() gives, fsync, rename
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: np.savez_compressed(tmp, **arrays), suffix=".npz")
 
 
 def _floats(values) -> np.ndarray:

@@ -47,7 +47,7 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""
     from sinkdlm.evaluation import evaluate_dir, format_table
-    from sinkdlm.model.checkpoint import atomic_write_json
+    from sinkdlm.atomic import atomic_write_json
 
     out = check_output_path(out)
     names = [t.strip() for t in tasks.split(",") if t.strip()]

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
-from sinkdlm.model.checkpoint import atomic_write_json, ensure_writable_dir, load_model_and_tokenizer
+from sinkdlm.atomic import atomic_write_json
+from sinkdlm.model.checkpoint import ensure_writable_dir, load_model_and_tokenizer
 
 DONE = "DONE.json"
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Any
+
 
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.config import ModelConfig
 
 CONFIG_NAME = "config.json"
@@ -29,58 +29,12 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be read; the message names the file."""
 
 
-def _umask() -> int:
-    try:  # Linux: read it without changing it (os.umask() sets it, racing other threads)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _publish(tmp: str, path: Path) -> None:
-    """fsync a finished temp file, give it the mode a plain `open()` would, and rename it over `path`.
-
-    `mkstemp` creates files 0600; without the chmod every checkpoint would be private to its writer.
-    """
-    os.chmod(tmp, 0o666 & ~_umask())
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        _publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
-
-
 def save_state_dict(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
     """safetensors `save_file`, atomically."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
-        # Looked up on the module at call time (not imported by name) so tests can simulate a crash.
-        safetensors.torch.save_file(tensors, tmp, metadata=metadata)
-        _publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    # save_file is looked up on the module at call time (not imported by name) so tests can
+    # simulate a crash in the middle of the write.
+    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp, metadata=metadata))
 
 
 def model_state_dict(model) -> dict[str, torch.Tensor]:

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from sinkdlm.model.checkpoint import CheckpointError, atomic_write_json, save_checkpoint, save_state_dict
+from sinkdlm.atomic import atomic_write_json
+from sinkdlm.model.checkpoint import CheckpointError, save_checkpoint, save_state_dict
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 OPTIMIZER_NAME = "optimizer.safetensors"

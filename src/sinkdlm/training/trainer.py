@@ -42,7 +42,8 @@ from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.noise import sample_t
 from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
-from sinkdlm.model.checkpoint import atomic_write_bytes, atomic_write_json, ensure_writable_dir
+from sinkdlm.atomic import atomic_write_bytes, atomic_write_json
+from sinkdlm.model.checkpoint import ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
