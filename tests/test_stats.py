@@ -1,0 +1,130 @@
+"""sinkdlm.stats: paired intervals checked against scipy's t-test and by simulation (false-positive
+rate under a null, power under an alternative), plus the refusals of unpaired input."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from sinkdlm.stats import mean_interval, paired_accuracy_difference, paired_difference, verdict
+
+RNG = np.random.default_rng
+
+
+def test_paired_difference_matches_textbook_t_interval():
+    a = [5.61, 5.55, 5.70, 5.58]
+    b = [5.49, 5.51, 5.60, 5.47]
+    iv = paired_difference(a, b)
+    d = np.subtract(a, b)
+    half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / math.sqrt(4)
+    assert iv.mean == pytest.approx(d.mean())
+    assert (iv.low, iv.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert iv.n == 4 and iv.df == 3
+    # the same as scipy's paired t-test: the interval excludes 0 iff p < 0.05
+    assert iv.excludes_zero == (sps.ttest_rel(a, b).pvalue < 0.05)
+
+
+def test_paired_difference_one_seed_is_unbounded_and_never_a_verdict():
+    iv = paired_difference([1.0], [0.5])
+    assert iv.n == 1 and math.isinf(iv.low) and math.isinf(iv.high) and not iv.excludes_zero
+    assert verdict(iv).startswith("inconclusive with 1 seed")
+
+
+def test_paired_difference_false_positive_rate_and_power():
+    rng = RNG(0)
+    reps = 4000
+    for n in (2, 3, 5):
+        # null: a and b share a seed effect (pairing) and differ only by noise
+        shared = rng.normal(0, 1.0, size=(reps, 1))
+        a = shared + rng.normal(0, 0.3, size=(reps, n))
+        b = shared + rng.normal(0, 0.3, size=(reps, n))
+        fpr = np.mean([paired_difference(x, y).excludes_zero for x, y in zip(a, b)])
+        assert fpr <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps), (n, fpr)
+    # power: a true difference of 2.4 SDs of the paired difference, 5 seeds -> >= 80 % detected
+    sd = 0.3 * math.sqrt(2)
+    shared = rng.normal(0, 1.0, size=(reps, 1))
+    a = shared + rng.normal(0, 0.3, size=(reps, 5)) + 2.4 * sd
+    b = shared + rng.normal(0, 0.3, size=(reps, 5))
+    power = np.mean([paired_difference(x, y).excludes_zero for x, y in zip(a, b)])
+    assert power >= 0.80, power
+
+
+def _accuracy_runs(rng, seeds, items, tau, shift=0.0):
+    """Binary outcomes of two variants: item difficulty shared, a per-(variant, seed) skill offset
+    (training noise, sd tau, part of it shared by the seed), and a logit shift for variant a."""
+    logit_p = rng.normal(0.0, 1.5, size=items)
+    w = rng.normal(0.0, 0.3, size=seeds)
+    ua = w + rng.normal(0.0, tau, size=seeds) + shift
+    ub = w + rng.normal(0.0, tau, size=seeds)
+    pa = 1 / (1 + np.exp(-(logit_p[None] + ua[:, None])))
+    pb = 1 / (1 + np.exp(-(logit_p[None] + ub[:, None])))
+    return (rng.random((seeds, items)) < pa).astype(float), (rng.random((seeds, items)) < pb).astype(float)
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5])
+def test_accuracy_difference_false_positive_rate_under_null(seeds):
+    rng = RNG(seeds)
+    reps = 600
+    for tau in (0.0, 0.3):  # items-only noise, and strong training noise
+        fpr = np.mean([paired_accuracy_difference(*_accuracy_runs(rng, seeds, 150, tau)).excludes_zero
+                       for _ in range(reps)])
+        assert fpr <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps), (seeds, tau, fpr)
+
+
+def test_accuracy_difference_power_at_five_seeds():
+    rng = RNG(7)
+    # the SD of the per-seed accuracy difference of this design, measured under the null
+    diffs = [np.subtract(*(x.mean(1) for x in _accuracy_runs(rng, 5, 150, 0.3))) for _ in range(400)]
+    sd = float(np.concatenate(diffs).std())
+    # a logit shift whose accuracy gain is about 2.4 SDs (slope of the mean accuracy ~ 0.16 / logit here)
+    shift = 0.0
+    for _ in range(30):
+        gain = np.mean([np.subtract(*(x.mean() for x in _accuracy_runs(rng, 5, 150, 0.0, shift))) for _ in range(50)])
+        if gain >= 2.4 * sd:
+            break
+        shift += 0.05
+    power = np.mean([paired_accuracy_difference(*_accuracy_runs(rng, 5, 150, 0.3, shift)).excludes_zero
+                     for _ in range(400)])
+    assert power >= 0.80, (power, shift, sd)
+
+
+def test_accuracy_difference_one_seed_is_the_paired_t_over_items():
+    rng = RNG(3)
+    a = (rng.random(300) < 0.6).astype(float)
+    b = (rng.random(300) < 0.5).astype(float)
+    iv = paired_accuracy_difference([a], [b])
+    d = a - b
+    half = sps.t.ppf(0.975, 299) * d.std(ddof=1) / math.sqrt(300)
+    assert (iv.low, iv.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert "inconclusive with 1 seed" in verdict(iv)  # training noise unknown: no verdict
+
+
+def test_accuracy_difference_reduces_to_seed_t_when_items_agree_within_seed():
+    # every item of a seed has the same difference: the item terms vanish, the seed t-test remains
+    a = np.array([[1.0] * 10, [1.0] * 10, [0.0] * 10])
+    b = np.zeros((3, 10))
+    iv = paired_accuracy_difference(a, b)
+    ref = paired_difference(a.mean(1), b.mean(1))
+    assert (iv.low, iv.high, iv.df) == pytest.approx((ref.low, ref.high, ref.df))
+
+
+def test_refuses_unpaired_input():
+    with pytest.raises(ValueError, match="different seeds"):
+        paired_difference({0: 1.0, 1: 2.0}, {0: 1.0, 2: 2.0})
+    with pytest.raises(ValueError, match="different shapes"):
+        paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="different shapes"):
+        paired_accuracy_difference([[1, 0, 1]], [[1, 0]])  # different items
+    with pytest.raises(ValueError, match="finite"):
+        paired_difference([1.0, float("nan")], [1.0, 2.0])
+    with pytest.raises(ValueError, match="confidence"):
+        paired_difference([1.0, 2.0], [1.0, 2.0], confidence=95)
+
+
+def test_verdict_sentences():
+    lower = paired_difference([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 1.95, 2.05, 2.0])
+    assert verdict(lower, lower_is_better=True).startswith("lower (better) by 1")
+    same = paired_difference([1.0, 2.0, 3.0], [1.5, 1.5, 2.9])
+    assert verdict(same).startswith("inconclusive with 3 seeds")
+    assert mean_interval([1.0, 2.0, 3.0]).mean == pytest.approx(2.0)
