@@ -25,11 +25,13 @@ VARIANTS = {
 }
 
 
-def reference_masks(attn: torch.Tensor, k: int, eps: float, spared=()) -> torch.Tensor:
-    """Plain loops: per (row, head) hide the k sinks with the largest column sums, never `spared`."""
+def reference_masks(attn: torch.Tensor, k: int, eps: float, spared=(), sink_rows=()) -> torch.Tensor:
+    """Plain loops: per (row, head) hide the k sinks with the largest column sums, never `spared`;
+    the column sums run over the content queries (the extra sinks' rows `sink_rows` left out)."""
     b, h, s, _ = attn.shape
     keep = torch.ones(b, h, s, dtype=torch.bool)
-    c = attn.sum(-2)
+    rows = [i for i in range(s) if i not in sink_rows]
+    c = attn[..., rows, :].sum(-2)
     for i in range(b):
         for j in range(h):
             col = c[i, j]
@@ -44,11 +46,11 @@ def test_k0_reproduces_the_unablated_generation_exactly(variant):
     model = tiny_model(**VARIANTS[variant])
     prompt = [[5, 6, 7, 8, 9], [10, 11]]  # padded batch too
     plain = generate(model, prompt, 12, 6, block_length=6, output_attentions=True)
-    masker = SinkMasker(model.config, 0, epsilon=0.0)
+    masker = SinkMasker(model, 0, epsilon=0.0)
     assert torch.equal(generate(model, prompt, 12, 6, block_length=6, output_attentions=True, key_masks_fn=masker),
                        plain)
     assert masker.masked_keys == 0
-    hidden = SinkMasker(model.config, 3, epsilon=0.0)
+    hidden = SinkMasker(model, 3, epsilon=0.0)
     ablated = generate(model, prompt, 12, 6, block_length=6, output_attentions=True, key_masks_fn=hidden)
     assert hidden.masked_keys > 0 and not torch.equal(ablated, plain)  # the ablation does something
 
@@ -68,7 +70,7 @@ def test_masked_sinks_get_exactly_zero_attention(variant):
         ablated = model(ids, key_masks=masks, output_attentions=True).attentions
     spared = set(range(cfg.num_sink_tokens)) if cfg.sink_position == "front" else {10, 11}
     for attn, keep, after in zip(out.attentions, masks, ablated):
-        assert torch.equal(keep, reference_masks(attn, 2, 0.5, spared))
+        assert torch.equal(keep, reference_masks(attn, 2, 0.5, spared, sink_rows=spared))
         assert (~keep).any()
         hidden = (~keep)[:, :, None, :].expand_as(after)  # [B, H, S, S]: the masked key's column
         content_rows = torch.ones(after.shape[-1], dtype=torch.bool)
@@ -96,11 +98,12 @@ def test_extra_sink_is_never_masked_unless_asked():
 
 
 @pytest.mark.parametrize("include", [False, True])
-def test_generation_masks_come_from_step_t_minus_1(include):
-    """At step t the masker hides the sinks of step t-1's maps (step 0 is unmasked); the masked keys
-    have zero attention at step t, and the extra sink is masked only with include_extra_sink."""
+def test_ablated_protocol_masks_come_from_step_t_minus_1_maps(include):
+    """protocol="ablated": at step t the masker hides the sinks of step t-1's (ablated) maps (step 0
+    is unmasked); the masked keys have zero attention at step t, and the extra sink is masked only
+    with include_extra_sink."""
     model = tiny_model(num_sink_tokens=1)
-    masker = SinkMasker(model.config, 2, epsilon=0.0, include_extra_sink=include)
+    masker = SinkMasker(model, 2, epsilon=0.0, include_extra_sink=include, protocol="ablated")
     seen, states = [], []
 
     def key_masks_fn(step, prev):
@@ -108,7 +111,7 @@ def test_generation_masks_come_from_step_t_minus_1(include):
         seen.append((step, None if prev is None else prev.step, masks))
         if prev is not None:
             for attn, keep in zip(prev.attentions, masks):
-                assert torch.equal(keep, reference_masks(attn, 2, 0.0, () if include else {0}))
+                assert torch.equal(keep, reference_masks(attn, 2, 0.0, () if include else {0}, sink_rows={0}))
         return masks
 
     generate(model, [[3, 4, 5]], 8, 4, output_attentions=True, key_masks_fn=key_masks_fn,
@@ -177,5 +180,53 @@ def test_ablation_input_errors():
     with pytest.raises(ValueError, match="held-out"):
         run_ablation(model, [1])
     with pytest.raises(ValueError, match="output_attentions=True"):
-        generate(model, [1, 2], 4, 2, key_masks_fn=SinkMasker(model.config, 1))
+        generate(model, [1, 2], 4, 2, key_masks_fn=SinkMasker(model, 1, protocol="ablated"))
     assert received_attention(torch.eye(3)).tolist() == [1.0, 1.0, 1.0]  # re-exported metric still there
+
+
+def test_clean_protocol_masks_the_unablated_sinks_of_step_t_minus_1_again_and_again():
+    """protocol="clean": the masks of step t are the top-K sinks of the *un-ablated* attention at
+    step t-1's input (a reference forward here), so a key that stays a top sink stays masked at
+    every step; the "ablated" protocol unmasks it at the next step (it got no attention)."""
+    torch.manual_seed(0)
+    model = tiny_model(num_sink_tokens=1)
+    cfg = model.config
+    prompt = torch.randint(0, cfg.mask_token_id, (1, 12), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def run(protocol):
+        masker = SinkMasker(model, 1, epsilon=0.5, protocol=protocol)
+        seen = []
+
+        def key_masks_fn(step, prev):
+            masks = masker(step, prev)
+            if prev is not None:
+                seen.append((prev.input_ids.clone(), masks))
+            return masks
+
+        generate(model, prompt, 8, 8, block_length=8, key_masks_fn=key_masks_fn,
+                 output_attentions=protocol == "ablated")
+        return seen
+
+    clean = run("clean")
+    assert len(clean) == 7
+    hidden = []
+    for ids, masks in clean:
+        with torch.no_grad():
+            ref = model(ids, output_attentions=True).attentions  # step t-1, un-ablated
+        for attn, keep in zip(ref, masks):
+            assert torch.equal(keep, reference_masks(attn, 1, 0.5, {0}, sink_rows={0}))
+        hidden.append(torch.stack([~m for m in masks]))  # [L, B, H, S]
+    # a key masked at t because it was the top sink at t-1 is masked again at t+1 when it still is
+    again = sum(int((a & b).sum()) for a, b in zip(hidden, hidden[1:]))
+    assert again > 0
+    # the "ablated" protocol never re-detects a key it just masked (it received no attention)
+    ablated = [torch.stack([~m for m in masks]) for _, masks in run("ablated")]
+    assert sum(int((a & b).sum()) for a, b in zip(ablated, ablated[1:])) == 0
+
+
+def test_unknown_protocol_and_config_without_model_are_refused():
+    model = tiny_model(num_sink_tokens=1)
+    with pytest.raises(ValueError, match="unknown ablation protocol"):
+        SinkMasker(model, 1, protocol="dirty")
+    with pytest.raises(ValueError, match="pass the model"):
+        SinkMasker(model.config, 1, protocol="clean")

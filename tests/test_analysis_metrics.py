@@ -337,3 +337,28 @@ def test_bad_input_raises(call, message):
     attn = torch.full((2, 1, 4, 4), 0.25)
     with pytest.raises(ValueError, match=message):
         call(attn)
+
+
+def test_query_mask_leaves_the_extra_sinks_forced_row_out():
+    """A planted map, S = 64: the extra sink (column 0) gets 3.5 units from the 63 content queries;
+    its own eq. 6 row adds 1 more. Counted on content queries it is not a sink at ϵ = 3
+    (3.5 < 59.5/63 + 3 = 3.94); with every row counted it is (4.5 > 59.5/63 + 3)."""
+    s = 64
+    attn = torch.zeros(s, s, dtype=torch.float64)
+    attn[0, 0] = 1.0  # the sink's own row, one-hot (eq. 6)
+    attn[1:, 0] = 3.5 / 63  # content rows: 3.5 units in total on the sink
+    attn[1:, 1:] = (1 - 3.5 / 63) / 63  # the rest spread evenly over the content keys
+    assert torch.allclose(attn.sum(-1), torch.ones(s, dtype=torch.float64))
+    content = torch.ones(s, dtype=torch.bool)
+    content[0] = False
+    c_all = received_attention(attn)
+    c_content = received_attention(attn, query_mask=content)
+    assert float(c_all[0]) == pytest.approx(4.5) and float(c_content[0]) == pytest.approx(3.5)
+    assert bool(detect_sinks(attn, 3.0)[0])  # the one-hot row tips it over
+    assert not bool(detect_sinks(attn, 3.0, query_mask=content)[0])
+    # the mean scale divides by the number of counted queries
+    assert float(received_attention(attn, "mean", query_mask=content)[0]) == pytest.approx(3.5 / 63)
+    with pytest.raises(ValueError, match="query_mask"):
+        received_attention(attn, query_mask=torch.zeros(s, dtype=torch.bool))
+    with pytest.raises(ValueError, match="query_mask"):
+        received_attention(attn, query_mask=torch.ones(s - 1, dtype=torch.bool))

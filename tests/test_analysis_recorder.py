@@ -16,7 +16,7 @@ from sinkdlm.analysis import (
     detect_sinks,
     extra_sink_share,
     largest_sink_change_rate,
-    largest_sink_positions,
+    largest_sink,
     non_sink_fraction,
     sink_mass,
     sink_set_change_rate,
@@ -77,14 +77,16 @@ def test_recorder_equals_statistics_of_the_full_maps(variant, scale):
     content = torch.ones(size, dtype=torch.bool)
     content[sinks] = False
 
-    # non-sink fraction: every ϵ of the curve, and per layer
-    want = non_sink_fraction(attn, rec.epsilons, scale)
+    # non-sink fraction: every ϵ of the curve, and per layer; content queries only (the extra
+    # sinks' forced one-hot rows never count)
+    q = content
+    want = non_sink_fraction(attn, rec.epsilons, scale, query_mask=q)
     assert s["non_sink_fraction_by_epsilon"] == pytest.approx({f"{e:g}": v for e, v in want.items()}, abs=1e-12)
     assert s["non_sink_fraction"] == pytest.approx(want[eps], abs=1e-12)
-    per_layer = [non_sink_fraction(attn[:, i], eps, scale)[eps] for i in range(n_layers)]
+    per_layer = [non_sink_fraction(attn[:, i], eps, scale, query_mask=q)[eps] for i in range(n_layers)]
     assert s["non_sink_fraction_per_layer"] == pytest.approx(per_layer, abs=1e-12)
 
-    is_sink = detect_sinks(attn, eps, scale)  # [T, L, B, H, S]
+    is_sink = detect_sinks(attn, eps, scale, query_mask=q)  # [T, L, B, H, S]
     assert is_sink.any() and not is_sink.all()
     assert s["sinks_per_head"] == pytest.approx((is_sink.sum((0, 2, 3, 4)) / (t * b * h)).tolist())
 
@@ -92,7 +94,7 @@ def test_recorder_equals_statistics_of_the_full_maps(variant, scale):
     mv = s["moving"]
     assert mv["sink_set_change_rate"] == pytest.approx(sink_set_change_rate(is_sink, keep_leading=1).tolist())
     assert mv["sink_set_jaccard"] == pytest.approx(sink_set_jaccard(is_sink, keep_leading=1).tolist())
-    largest = largest_sink_positions(attn, epsilon=eps, scale=scale)  # [T, L, B, H]
+    largest = largest_sink(attn, epsilon=eps, scale=scale, query_mask=q)  # [T, L, B, H]
     assert torch.equal(rec.largest_sink_positions().long(), largest.permute(0, 2, 1, 3))
     assert mv["largest_sink_change_rate"] == pytest.approx(largest_sink_change_rate(largest, keep_leading=1).tolist())
 
@@ -168,10 +170,12 @@ def test_padded_batch_is_analysed_on_each_rows_real_positions(variant):
         pos = torch.tensor(real_positions(am[row], cfg))
         sub = attn[:, :, row][..., pos, :][..., pos]  # [T, L, H, S', S']
         assert torch.allclose(sub.sum(-1), torch.ones(()).double())  # padding got no attention
-        non_row = non_sink_fraction(sub, 1.0)[1.0]
+        sink_layout = set(sink_indices(len(am[row]), cfg.num_sink_tokens, cfg.sink_position))
+        q = torch.tensor([p not in sink_layout for p in pos.tolist()])  # content queries only
+        non_row = non_sink_fraction(sub, 1.0, query_mask=q)[1.0]
         non += non_row * sub[..., 0].numel()
         total += sub[..., 0].numel()
-        is_sink = detect_sinks(sub, 1.0)  # [T, L, H, S']
+        is_sink = detect_sinks(sub, 1.0, query_mask=q)  # [T, L, H, S']
         changed += float(sink_set_change_rate(is_sink)) * (is_sink.shape[0] - 1) * is_sink[0, ..., 0].numel()
         jac += float(sink_set_jaccard(is_sink)) * (is_sink.shape[0] - 1) * is_sink[0, ..., 0].numel()
         pairs += (is_sink.shape[0] - 1) * is_sink[0, ..., 0].numel()

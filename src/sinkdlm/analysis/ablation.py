@@ -86,7 +86,7 @@ def sink_key_masks(
         b, h, s, _ = attn.shape
         keep = torch.ones(b, h, s, dtype=torch.bool, device=attn.device)
         for g in groups:
-            c = received_attention(g.sub_attention(attn), scale)  # [b', H, S'] eq. 3
+            c = received_attention(g.sub_attention(attn), scale, query_mask=g.content_sub)  # [b', H, S'] eq. 3
             is_sink = c > _exclusive_mean(c) + eps
             if g.sink_sub and not include_extra_sink:
                 is_sink[..., g.sink_sub] = False  # the extra sink is never a candidate
@@ -104,30 +104,67 @@ def sink_key_masks(
     return masks
 
 
+PROTOCOLS = {
+    "clean": "sinks from the un-ablated attention of step t-1 (one extra clean forward of step t-1's input), "
+             "their keys masked at step t (step 0 unmasked)",
+    "ablated": "sinks from the ablated attention of step t-1 (the maps the masked model produced), "
+               "their keys masked at step t (step 0 unmasked)",
+}
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown ablation protocol {protocol!r}; choose one of {sorted(PROTOCOLS)}")
+    return protocol
+
+
 class SinkMasker:
     """`key_masks_fn` for `generate`: at step t hide the top-K sinks of step t-1 (Rulli et al.).
 
-    Needs `generate(..., key_masks_fn=masker, output_attentions=True)`. Stateless across
-    `generate` calls apart from its counters: `masked_keys` (keys hidden, summed over steps,
-    rows, layers and heads) and `head_slots` ((step, row, layer, head) slots that were masked).
+    protocol "clean" (default): the sinks are found on the model's own, un-ablated attention at
+    step t-1's input (one extra eager forward per step). A key masked at t-1 receives no attention
+    in the ablated maps, so detecting on those ("ablated", the earlier behaviour) unmasks every
+    masked sink at the next step and masks the dominant sinks only every other step.
+    With "ablated" the generation must run with `output_attentions=True`; "clean" needs only the
+    model (the generation can use the fast backend). Counters: `masked_keys` (keys hidden, summed
+    over steps, rows, layers and heads) and `head_slots` ((step, row, layer, head) slots masked).
     """
 
-    def __init__(self, config, k: int, *, epsilon: float = 3.0, scale: str = "sum", include_extra_sink: bool = False):
+    def __init__(self, model, k: int, *, epsilon: float = 3.0, scale: str = "sum", include_extra_sink: bool = False,
+                 protocol: str = "clean"):
         _check_epsilon(epsilon)
         _check_scale(scale)
+        check_protocol(protocol)
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        config = getattr(model, "config", model)
+        if protocol == "clean" and not callable(model):
+            raise ValueError("the clean protocol runs the model on step t-1's input: pass the model, not its config")
+        self.model = model if protocol == "clean" else None
         self.k, self.epsilon, self.scale, self.include_extra_sink = k, epsilon, scale, include_extra_sink
+        self.protocol = protocol
         self.num_sink_tokens, self.sink_position = config.num_sink_tokens, config.sink_position
         self.masked_keys, self.head_slots = 0, 0
 
+    @property
+    def generate_kwargs(self) -> dict:
+        """What `generate` needs for this masker."""
+        return {"key_masks_fn": self, "output_attentions": self.protocol == "ablated"}
+
+    @torch.no_grad()
     def __call__(self, step: int, prev_state) -> list[torch.Tensor] | None:
         if self.k == 0 or prev_state is None:  # K = 0, or step 0 (no step t-1): unablated
             return None
-        if prev_state.attentions is None:
-            raise ValueError("SinkMasker needs the previous step's attention: pass output_attentions=True to generate")
+        if self.protocol == "clean":
+            attentions = self.model(
+                prev_state.input_ids, attention_mask=prev_state.attention_mask, output_attentions=True
+            ).attentions
+        else:
+            if prev_state.attentions is None:
+                raise ValueError("the 'ablated' protocol reads the previous step's maps: pass output_attentions=True to generate")
+            attentions = prev_state.attentions
         masks = sink_key_masks(
-            prev_state.attentions, self.k, epsilon=self.epsilon, scale=self.scale,
+            attentions, self.k, epsilon=self.epsilon, scale=self.scale,
             num_sink_tokens=self.num_sink_tokens, sink_position=self.sink_position,
             include_extra_sink=self.include_extra_sink, attention_mask=prev_state.attention_mask,
         )
@@ -163,6 +200,7 @@ def continuation_elbo(
     seed: int = 0,
     shift_logits: bool = False,
     progress: Callable[[int], None] | None = None,
+    protocol: str = "clean",
 ) -> dict:
     """Per-token continuation ELBO of every request under top-K sink masking, for every K.
 
@@ -240,24 +278,27 @@ def run_ablation(
     seed: int = 0,
     shift_logits: bool = False,
     progress: Callable[[int], None] | None = None,
+    protocol: str = "clean",
 ) -> dict:
     """Score per K (the `ablation` entry of analysis.json): with `ablation_task` its score
     through `SinkMasker` generations, else the mean per-token continuation ELBO."""
     ks = check_ks(ks)
+    check_protocol(protocol)
     common = {"k": ks, "epsilon": float(epsilon), "scale": scale, "include_extra_sink": include_extra_sink,
               "higher_is_better": True}
     cfg = model.config
     if ablation_task is not None:
         scores, masked = {}, {}
         for k in ks:
-            masker = SinkMasker(cfg, k, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink)
-            scores[k] = float(ablation_task(model, {"key_masks_fn": masker, "output_attentions": True}))
+            masker = SinkMasker(model, k, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
+                                protocol=protocol)
+            scores[k] = float(ablation_task(model, masker.generate_kwargs))
             masked[k] = masker.masked_keys / masker.head_slots if masker.head_slots else 0.0
             if progress is not None:
                 progress(1)
         return {
             **common, "source": "task", "metric": getattr(ablation_task, "name", type(ablation_task).__name__),
-            "protocol": "sinks from the attention of step t-1, their keys masked at step t (step 0 unmasked)",
+            "protocol": protocol, "protocol_description": PROTOCOLS[protocol],
             "scores": {str(k): v for k, v in scores.items()},
             "delta": {str(k): scores[k] - scores[0] for k in ks},
             "stderr": None, "masked_keys_per_head": {str(k): v for k, v in masked.items()},
@@ -271,7 +312,7 @@ def run_ablation(
     base = res["elbo"][0]
     return {
         **common, "source": "elbo", "metric": "continuation_elbo_per_token",
-        "protocol": "sinks from the unablated forward of the same noised input, then masked (SPEC §6)",
+        "protocol": "clean", "protocol_description": "sinks from the un-ablated forward of the same noised input, then masked",
         "scores": {str(k): s[0] for k, s in stats.items()},
         "delta": {str(k): float((res["elbo"][k] - base).mean()) for k in ks},
         "stderr": {str(k): s[1] for k, s in stats.items()},

@@ -135,15 +135,29 @@ def _reduce_mean(x: torch.Tensor, keep_leading: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-def received_attention(attn, scale: str = "sum") -> torch.Tensor:
+def _query_rows(attn: torch.Tensor, query_mask) -> torch.Tensor:
+    """``attn [..., S, S]`` restricted to the counted query rows ``[..., Q, S]``."""
+    if query_mask is None:
+        return attn
+    size = attn.shape[-1]
+    rows = _position_mask(query_mask, size, attn.device, "query_mask", allow_empty=True)
+    if not bool(rows.any()):
+        raise ValueError("query_mask selects no query row; pass True for the rows to count (the content tokens)")
+    return attn[..., rows, :]
+
+
+def received_attention(attn, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
     """Attention received by every key: ``attn [..., S, S]`` -> ``c [..., S]``.
 
-    ``"sum"``: ``c_j = sum_i A[i, j]`` (mean over j is exactly 1); ``"mean"``:
-    ``c_j = (1/S) sum_i A[i, j]`` as Rulli et al. eq. 3 writes it.
+    ``"sum"``: ``c_j = sum_{i in Q} A[i, j]``; ``"mean"``: ``c_j = (1/|Q|) sum_{i in Q} A[i, j]``
+    (Rulli et al. eq. 3 with every row counted), where Q are the query rows counted:
+    all of them by default, or those where ``query_mask [S]`` (bool, True = counted) is True.
+    Pass the content rows for a model with extra sink tokens: a sink's own row is forced one-hot
+    on itself (One-Token eq. 6) and would add exactly 1 to its own column.
     """
     _check_scale(scale)
-    attn = _check_attn(attn)
-    c = attn.sum(dim=-2)  # column sum over queries, [..., S]
+    attn = _query_rows(_check_attn(attn), query_mask)
+    c = attn.sum(dim=-2)  # column sum over the counted queries, [..., S]
     return c / attn.shape[-2] if scale == "mean" else c
 
 
@@ -152,33 +166,34 @@ def _exclusive_mean(c: torch.Tensor) -> torch.Tensor:
     return (c.sum(dim=-1, keepdim=True) - c) / (c.shape[-1] - 1)
 
 
-def detect_sinks(attn, epsilon: float = 3.0, scale: str = "sum") -> torch.Tensor:
-    """Bool ``[..., S]``: key j is a sink iff ``c_j > mean_{k != j} c_k + ϵ`` (eq. 3).
+def detect_sinks(attn, epsilon: float = 3.0, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
+    """Bool ``[..., S]``: key j is a sink iff ``c_j > mean_{k != j} c_k + ϵ`` (Rulli et al. eq. 3).
 
     Strict inequality: a key exactly at the threshold is not a sink. For row-stochastic
-    maps on the sum scale this equals the closed form ``c_j > 1 + ϵ (S-1)/S`` (SPEC §6).
+    maps on the sum scale with every row counted this equals the closed form
+    ``c_j > 1 + ϵ (S-1)/S``. ``query_mask`` as in :func:`received_attention`.
     """
     eps = _check_epsilon(epsilon)
-    c = received_attention(attn, scale)  # [..., S]
+    c = received_attention(attn, scale, query_mask=query_mask)  # [..., S]
     return c > _exclusive_mean(c) + eps
 
 
-def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum") -> dict[float, tuple[int, int]]:
+def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_mask=None) -> dict[float, tuple[int, int]]:
     """ϵ -> ``(non_sink, total)`` over all leading dims x keys of ``attn [..., S, S]``.
 
     Counts rather than a fraction so that a recorder can add them up over steps and
     layers and divide once at the end.
     """
     eps_list = _check_epsilons(epsilons)
-    c = received_attention(attn, scale)  # [..., S]
+    c = received_attention(attn, scale, query_mask=query_mask)  # [..., S]
     threshold = _exclusive_mean(c)  # computed once, shared by every ϵ
     total = c.numel()
     return {e: (total - int((c > threshold + e).sum()), total) for e in eps_list}
 
 
-def non_sink_fraction(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum") -> dict[float, float]:
+def non_sink_fraction(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_mask=None) -> dict[float, float]:
     """ϵ -> share of (leading dims x keys) that are *not* sinks (Rulli et al. Fig. 10)."""
-    return {e: non / total for e, (non, total) in sink_counts(attn, epsilons, scale).items()}
+    return {e: non / total for e, (non, total) in sink_counts(attn, epsilons, scale, query_mask=query_mask).items()}
 
 
 # ---------------------------------------------------------------------------
@@ -226,7 +241,7 @@ def value_norms(values) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-def largest_sink(attn, *, epsilon: float | None = None, scale: str = "sum") -> torch.Tensor:
+def largest_sink(attn, *, epsilon: float | None = None, scale: str = "sum", query_mask=None) -> torch.Tensor:
     """Position of the key with the largest received attention, long ``[...]``.
 
     Ties go to the first position. With ``epsilon`` given, entries where no key is a
@@ -234,7 +249,7 @@ def largest_sink(attn, *, epsilon: float | None = None, scale: str = "sum") -> t
     so if any key is a sink, the argmax is one).
     """
     eps = None if epsilon is None else _check_epsilon(epsilon)
-    c = received_attention(attn, scale)  # [..., S]
+    c = received_attention(attn, scale, query_mask=query_mask)  # [..., S]
     pos = c.argmax(dim=-1)  # [...]
     if eps is None:
         return pos

@@ -256,7 +256,8 @@ class SinkRecorder:
     def _record(self, step, layer, gi, group: RowGroup, attn, values, tokens, largest) -> None:
         a = group.sub_attention(attn)  # [b, H, S', S']
         b, h, size = a.shape[0], a.shape[1], a.shape[-1]
-        c = received_attention(a, self.scale)  # [b, H, S'] eq. 3 (float32+)
+        # eq. 3 over the content queries only: the extra sinks' rows are forced one-hot (eq. 6)
+        c = received_attention(a, self.scale, query_mask=group.content_sub)  # [b, H, S'] (float32+)
         threshold = _exclusive_mean(c)  # mean_{k != j} c_k
         sinks_by_eps = torch.stack([(c > threshold + e).sum() for e in self.epsilons])  # [E]
         self._sinks_by_eps[:, layer] += sinks_by_eps.cpu().double()
@@ -298,13 +299,10 @@ class SinkRecorder:
                 self._sink_positions.append(torch.cat([
                     col(step), (rows[nz[:, :1]] + self._row_offset).int(), col(layer), nz[:, 1:].int()], dim=1))
 
-        # attention mass on the detected sinks, over content queries (the sinks' own rows are
-        # one-hot on themselves, eq. 6, and are left out): column sums minus those rows
-        c_sum = c if self.scale == "sum" else c * size
+        # attention mass on the detected sinks, over content queries (c already leaves out the
+        # sinks' own rows, which are one-hot on themselves, eq. 6)
         content_rows = size - len(group.sink_sub)
-        if group.sink_sub:
-            c_sum = c_sum.clone()
-            c_sum[..., group.sink_sub] -= 1.0
+        c_sum = c if self.scale == "sum" else c * content_rows
         self._mass[layer] += float((c_sum * is_sink).sum())
         self._rows[layer] += b * h * content_rows
 

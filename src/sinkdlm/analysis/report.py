@@ -105,6 +105,7 @@ def analyze(
     ablation_k: list[int] | None = None,
     include_extra_sink: bool = False,
     ablation_task=None,
+    ablation_protocol: str = "clean",
     out_dir: str | Path,
     seed: int = 0,
     figure_steps: tuple[int, int] | None = None,
@@ -122,6 +123,8 @@ def analyze(
                     with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its score, else the
                     per-token ELBO of held-out continuations (each prompt's last
                     `min(gen_length, len // 2)` tokens) with `mc_num` samples.
+    ablation_protocol  with `ablation_task`: "clean" (sinks of step t-1 found on its un-ablated
+                    attention, default) or "ablated" (on the masked model's own maps).
     figure_steps    the two steps of the attention-map figure (default: first and last).
     batch_size      prompts per `generate` call (attention maps of a step scale with it).
     generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
@@ -199,6 +202,7 @@ def analyze(
                 ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
                 continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
                 seed=seed, shift_logits=bool(generate_kwargs.get("shift_logits", False)), progress=bar.update,
+                protocol=ablation_protocol,
             )
         abl_seconds = time.perf_counter() - start
     model.train(was_training)

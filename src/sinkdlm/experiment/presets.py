@@ -3,9 +3,12 @@
 Every variant of one experiment shares the training budget, the data and the seeds; only the
 model switches differ (SPEC §3-4). Presets:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
-  * `demo`       — vanilla DLM vs + 1 front sink vs + gated attention, tiny preset, shakespeare,
-                   2 seeds; about 10-15 minutes on a 2-core CPU (`make demo`).
-  * `ablation`   — adds end position, 2 and 4 sinks and the zero-value sink (Tables 3-5); hours.
+  * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
+                   about 15 minutes on a 2-core CPU (`make demo`).
+  * `study`      — the paper's comparison (front/end, 1/2/4 sinks, zero-value sink, gated attention,
+                   and the other sink mechanisms) with 5 seeds; about 2 hours on a 2-core CPU.
+  * `study-gpu`  — the same comparison sized for one H100 in about 10 minutes (larger model, more tokens).
+  * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `paper-0.5b` — Table 1: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
                    directory) and `--data` (local FineWeb files), and GPUs for sensible run time.
 """
@@ -44,6 +47,7 @@ class ExperimentPreset:
     eval_mc_num: int
     analysis: dict[str, Any]  # keyword arguments of sinkdlm.analysis.analyze
     sft: dict[str, Any] | None = None  # when set: SFT on `arithmetic` after pre-training, then evaluate it
+    analyse_every_seed: bool = False  # analyse every seed's model (intervals over seeds), not only the first
     needs: tuple[str, ...] = field(default=())  # options the user must supply (paper-0.5b)
 
 
@@ -64,9 +68,9 @@ PRESETS: dict[str, ExperimentPreset] = {
     ),
     "demo": ExperimentPreset(
         name="demo",
-        description="vanilla DLM vs DLM + 1 front sink vs DLM + gated attention; tiny preset on shakespeare, 2 seeds",
-        variants=(VANILLA, SINK, GATED),
-        seeds=(0, 1),
+        description="vanilla DLM vs DLM + 1 front sink; tiny preset on shakespeare, 3 seeds, paired",
+        variants=(VANILLA, SINK),
+        seeds=(0, 1, 2),
         # Tiny masked-diffusion models sit on a unigram plateau before they learn to use context; on
         # 2 cores the escape takes ~1000 optimizer steps (measured: at 400 steps of batch 16 the
         # masked-token loss did not depend on t at all), so the budget buys steps, not batch.
@@ -76,6 +80,34 @@ PRESETS: dict[str, ExperimentPreset] = {
         eval_limit=200,
         eval_mc_num=8,
         analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+    ),
+    "study": ExperimentPreset(
+        name="study",
+        description=("the paper's comparison: sink position (front/end), count (1/2/4), zero-value sink, gated "
+                     "attention; tiny preset on shakespeare, 5 seeds, paired"),
+        variants=(VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED),
+        seeds=(0, 1, 2, 3, 4),
+        train=dict(preset="tiny", data="shakespeare", max_steps=1000, batch_size=8, seq_len=128, lr=5e-3,
+                   min_lr=5e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line"),
+        eval_limit=300,
+        eval_mc_num=8,
+        analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+        analyse_every_seed=True,
+    ),
+    "study-gpu": ExperimentPreset(
+        name="study-gpu",
+        description=("the study's comparison sized for one H100 in about 10 minutes: small preset, 4x the tokens, "
+                     "5 seeds, paired"),
+        variants=(VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED),
+        seeds=(0, 1, 2, 3, 4),
+        train=dict(preset="small", data="shakespeare", max_steps=1500, batch_size=32, seq_len=256, lr=2e-3,
+                   min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line"),
+        eval_limit=500,
+        eval_mc_num=16,
+        analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
+        analyse_every_seed=True,
     ),
     "ablation": ExperimentPreset(
         name="ablation",
