@@ -42,7 +42,7 @@ def test_evaluate_end_to_end_on_both_shakespeare_tasks(tiny):
     assert set(scores["shakespeare_next_line"]) == {"acc", "acc_norm"}
     for metrics in scores.values():
         for s in metrics.values():
-            assert set(s) == {"value", "stderr", "n"} and s["n"] == 8
+            assert set(s) == {"value", "stderr", "n", "per_item", "items"} and s["n"] == 8 == len(s["per_item"])
             assert 0.0 <= s["value"] <= 1.0
             assert s["value"] * 8 == pytest.approx(round(s["value"] * 8))  # a count of correct items
             assert s["stderr"] == pytest.approx(math.sqrt(s["value"] * (1 - s["value"]) / 8))

@@ -68,8 +68,9 @@ def test_answer_matches_compares_numbers():
 def test_score_is_the_mean_with_binomial_stderr():
     outcomes = [True] * 30 + [False] * 70
     s = score(outcomes)
-    assert s == {"value": 0.3, "stderr": pytest.approx(math.sqrt(0.3 * 0.7 / 100)), "n": 100}
-    assert score([1, 1, 1]) == {"value": 1.0, "stderr": 0.0, "n": 3}
+    assert s == {"value": 0.3, "stderr": pytest.approx(math.sqrt(0.3 * 0.7 / 100)), "n": 100,
+                 "per_item": [1.0] * 30 + [0.0] * 70, "items": None}
+    assert score([1, 1, 1], "abc") == {"value": 1.0, "stderr": 0.0, "n": 3, "per_item": [1.0] * 3, "items": "abc"}
     assert math.isnan(score([])["value"]) and score([])["n"] == 0
     assert binomial_stderr(0.5, 4) == pytest.approx(0.25)
 

@@ -67,7 +67,11 @@ def test_perfect_predictor_scores_100_percent(name, limit):
     scores = task.evaluate(Oracle(task.items(limit, seed=1)), limit=limit, seed=1)
     assert set(scores) == set(task.metrics)
     for metric, s in scores.items():
-        assert s == {"value": 1.0, "stderr": 0.0, "n": limit}, (metric, s)
+        assert {k: s[k] for k in ("value", "stderr", "n")} == {"value": 1.0, "stderr": 0.0, "n": limit}, (metric, s)
+        assert s["per_item"] == [1.0] * limit and len(s["items"]) == 16
+    # the item digest changes with the item set (what a paired comparison checks)
+    other = task.evaluate(Oracle(task.items(limit, seed=2)), limit=limit, seed=2)
+    assert all(other[m]["items"] != scores[m]["items"] for m in scores)
 
 
 @pytest.mark.parametrize("name", ["shakespeare_cloze", "shakespeare_next_line", "arithmetic"])
@@ -98,7 +102,8 @@ def test_gsm8k_jsonl_in_the_published_format(tmp_path):
     task = get_task(f"gsm8k:{path}")
     items = task.items()
     assert [it.answer for it in items] == [72, 1500, -5] and items[0].prompt.startswith("Natalia sold clips")
-    assert task.evaluate(Oracle(items))["exact_match"] == {"value": 1.0, "stderr": 0.0, "n": 3}
+    got = task.evaluate(Oracle(items))["exact_match"]
+    assert {k: got[k] for k in ("value", "stderr", "n")} == {"value": 1.0, "stderr": 0.0, "n": 3} and got["per_item"] == [1.0] * 3
     assert task.evaluate(Oracle(items), limit=2)["exact_match"]["n"] == 2
 
     class Paraphrase(Oracle):  # the right numbers in other spellings

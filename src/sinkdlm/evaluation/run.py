@@ -1,7 +1,7 @@
 """`evaluate`: score a model on named offline tasks; `evaluate_dir` opens a checkpoint directory first;
 `format_table` renders the scores.
 
-The scores are `{task: {metric: {"value": float, "stderr": float, "n": int}}}` with the binomial
+The scores are `{task: {metric: {"value", "stderr", "n", "per_item", "items"}}}` with the binomial
 standard error of each accuracy (`scoring.score`).
 """
 
@@ -41,7 +41,7 @@ def evaluate(
     method: str = "mc_count",
 ) -> dict[str, dict[str, dict]]:
     """Score `model` (a `DiffusionLM`) with its `tokenizer` on `tasks` (names from `TASKS`, or
-    `gsm8k:PATH`). Returns `{task: {metric: {"value", "stderr", "n"}}}`.
+    `gsm8k:PATH`). Returns `{task: {metric: {"value", "stderr", "n", "per_item", "items"}}}`.
 
     limit      items per task (None = all: 713 cloze passages, 1095 next-line items, 500 arithmetic
                problems, or the whole GSM8K file). The items for a seed are fixed; a larger limit

@@ -15,6 +15,7 @@ a sign (`-5`, `$-5`, `-$5`), a `$`, decimals (`72.0` equals `72`) and trailing t
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -37,13 +38,22 @@ def binomial_stderr(p: float, n: int) -> float:
     return math.sqrt(max(p * (1.0 - p), 0.0) / n)
 
 
-def score(values: Sequence[float | bool]) -> dict:
-    """Mean of per-item outcomes (1/0) -> `{"value", "stderr", "n"}` with the binomial stderr."""
+def score(values: Sequence[float | bool], items: str | None = None) -> dict:
+    """Mean of per-item outcomes (1/0) -> `{"value", "stderr", "n", "per_item", "items"}` with the
+    binomial stderr. `per_item` keeps every outcome so that two models scored on the same items can
+    be compared item by item (`sinkdlm.stats.paired_accuracy_difference`); `items` is a digest of
+    the item set (`items_digest`) that such a comparison checks first."""
     n = len(values)
     if n == 0:
-        return {"value": float("nan"), "stderr": float("nan"), "n": 0}
-    p = sum(float(v) for v in values) / n
-    return {"value": p, "stderr": binomial_stderr(p, n), "n": n}
+        return {"value": float("nan"), "stderr": float("nan"), "n": 0, "per_item": [], "items": items}
+    outcomes = [float(v) for v in values]
+    p = sum(outcomes) / n
+    return {"value": p, "stderr": binomial_stderr(p, n), "n": n, "per_item": outcomes, "items": items}
+
+
+def items_digest(keys: Sequence) -> str:
+    """A short, stable fingerprint of an ordered item set (e.g. the items' sources or questions)."""
+    return hashlib.sha1(repr(list(keys)).encode()).hexdigest()[:16]
 
 
 def argmax(values: Sequence[float]) -> int:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from sinkdlm.data import arithmetic_dataset, load_documents, load_gsm8k_jsonl
 from sinkdlm.evaluation.predictor import GenRequest, Predictor
-from sinkdlm.evaluation.scoring import answer_matches, choice_outcomes, score
+from sinkdlm.evaluation.scoring import answer_matches, choice_outcomes, items_digest, score
 
 CLOZE_MIN_WORDS = 50
 CLOZE_DISTRACTORS = 4
@@ -247,7 +247,8 @@ class ShakespeareCloze(Task):
         per_item = _split(loglikelihoods, [len(it.choices) for it in items])
         acc = choice_outcomes(per_item, [it.label for it in items], [it.choices for it in items])["acc"]
         em = [g.strip() == it.target for g, it in zip(generations, items, strict=True)]
-        return {"exact_match": score(em), "acc": score(acc)}
+        key = items_digest([it.source for it in items])
+        return {"exact_match": score(em, key), "acc": score(acc, key)}
 
 
 class ShakespeareNextLine(Task):
@@ -304,7 +305,8 @@ class ShakespeareNextLine(Task):
     def score(items: list[ChoiceItem], loglikelihoods: list[float]) -> dict[str, dict]:
         per_item = _split(loglikelihoods, [len(it.choices) for it in items])
         out = choice_outcomes(per_item, [it.label for it in items], [it.choices for it in items])
-        return {"acc": score(out["acc"]), "acc_norm": score(out["acc_norm"])}
+        key = items_digest([it.source for it in items])
+        return {"acc": score(out["acc"], key), "acc_norm": score(out["acc_norm"], key)}
 
 
 class AnswerTask(Task):
@@ -327,7 +329,8 @@ class AnswerTask(Task):
 
     @staticmethod
     def score(items: list[AnswerItem], generations: list[str]) -> dict[str, dict]:
-        return {"exact_match": score([answer_matches(g, it.answer) for g, it in zip(generations, items, strict=True)])}
+        key = items_digest([it.question for it in items])
+        return {"exact_match": score([answer_matches(g, it.answer) for g, it in zip(generations, items, strict=True)], key)}
 
 
 class Arithmetic(AnswerTask):
