@@ -48,8 +48,18 @@ class ExperimentPreset:
     analysis: dict[str, Any]  # keyword arguments of sinkdlm.analysis.analyze
     sft: dict[str, Any] | None = None  # when set: SFT on `arithmetic` after pre-training, then evaluate it
     analyse_every_seed: bool = False  # analyse every seed's model (intervals over seeds), not only the first
+    # (variant, baseline) name pairs to compare; empty: every variant against the first
+    comparisons: tuple[tuple[str, str], ...] = ()
     needs: tuple[str, ...] = field(default=())  # options the user must supply (paper-0.5b)
 
+
+# The study's questions: every mechanism against the vanilla DLM, and the paper's ablations against the
+# 1-front-sink model (front ≈ end? 1 ≈ 2 ≈ 4? zero-value ≈ learned? sink token vs gated attention?).
+STUDY_PAIRS = (
+    *((v.name, VANILLA.name) for v in (SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED)),
+    (SINK_END.name, SINK.name), (SINK2.name, SINK.name), (SINK4.name, SINK.name), (SINK_ZERO.name, SINK.name),
+    (GATED.name, SINK.name),
+)
 
 MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 
@@ -65,6 +75,8 @@ PRESETS: dict[str, ExperimentPreset] = {
         eval_limit=6,
         eval_mc_num=2,
         analysis=dict(num_prompts=2, gen_length=8, steps=4, block_length=None, ablation_k=[0, 1]),
+        analyse_every_seed=True,
+        comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
     ),
     "demo": ExperimentPreset(
         name="demo",
@@ -80,6 +92,7 @@ PRESETS: dict[str, ExperimentPreset] = {
         eval_limit=200,
         eval_mc_num=8,
         analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+        analyse_every_seed=True,
     ),
     "study": ExperimentPreset(
         name="study",
@@ -94,6 +107,7 @@ PRESETS: dict[str, ExperimentPreset] = {
         eval_mc_num=8,
         analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
         analyse_every_seed=True,
+        comparisons=STUDY_PAIRS,
     ),
     "study-gpu": ExperimentPreset(
         name="study-gpu",
@@ -108,6 +122,7 @@ PRESETS: dict[str, ExperimentPreset] = {
         eval_mc_num=16,
         analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
         analyse_every_seed=True,
+        comparisons=STUDY_PAIRS,
     ),
     "ablation": ExperimentPreset(
         name="ablation",

@@ -1,11 +1,16 @@
-"""Aggregate an experiment over seeds and write its report (results.json -> report.md / report.html).
+"""Aggregate an experiment over seeds, compare variants with paired intervals, write the report.
 
-Noise model for a difference Δ = mean(variant) - mean(baseline) over n seeds each:
-    σ_Δ² = (s_v² + s_b²) / n  +  (se_v² + se_b²)
-with s the standard deviation over seeds (training noise: init, data order, masks) and se the
-evaluation's own sampling error (binomial over the n items of the task, averaged over seeds —
-the seeds share the items, so seed-to-seed spread does not contain it). A difference is called
-"larger than its noise" only when |Δ| > 2 σ_Δ; everything else is reported as within noise.
+results.json -> `summarise` adds, per variant, `summary` (mean and 95 % interval over seeds of
+every metric) and, for the experiment, `comparisons`: one entry per (pair of variants, metric)
+with the mean difference, its interval and the verdict — all from `sinkdlm.stats`:
+
+* `val_loss` and the analysis metrics (one number per seed): paired Student t over seeds;
+* task accuracies: paired over seeds *and* items (`paired_accuracy_difference` on the per-item
+  outcomes that eval.json keeps; the item sets are checked to be the same).
+
+A verdict names a direction only when the interval excludes zero; otherwise it says
+"inconclusive with n seeds". `markdown_summary` renders the tables that the README shows, from a
+results.json alone (a test regenerates the README's tables from the committed file).
 """
 
 from __future__ import annotations
@@ -17,71 +22,279 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.reporting import Document
+from sinkdlm.stats import mean_interval, paired_accuracy_difference, paired_difference, verdict
 
-# Metrics where lower is better; everything else (accuracies) is higher-is-better.
+# Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
+# for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
 LOWER_IS_BETTER = {"val_loss"}
+# Per-seed analysis scalars compared between variants: key -> (path into the analysis summary, label).
+ANALYSIS_METRICS = {
+    "non_sink_fraction": (("non_sink_fraction",), "non-sink fraction"),
+    "sink_set_change_rate": (("moving", "sink_set_change_rate"), "sink-set change rate between steps"),
+    "sink_set_jaccard": (("moving", "sink_set_jaccard"), "Jaccard of consecutive sink sets"),
+    "value_norm_sink": (("value_norm", "sink_mean"), "value norm of sinks"),
+    "value_norm_normal": (("value_norm", "normal_mean"), "value norm of normal tokens"),
+}
+NEUTRAL = set(ANALYSIS_METRICS)  # descriptive: a difference is reported without "better"/"worse"
 
 
-def _mean_std(values: list[float]) -> dict[str, float]:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not values:
-        return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "std": std, "n": len(values)}
+def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed analysis numbers results.json keeps (self-contained: no need to open analysis.json)."""
+    moving = a.get("moving", {}).get("mean", {})
+    vn = a.get("value_norm", {})
+    extra = a.get("extra_sink")
+    abl = a.get("ablation")
+    return {
+        "non_sink_fraction": a.get("non_sink_fraction"),
+        "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
+        "moving": dict(moving),
+        "value_norm": {k: vn.get(k) for k in ("sink_mean", "normal_mean", "sink_count", "normal_count")},
+        "extra_sink": None if not extra else {k: extra.get(k) for k in ("mean_attention_mass", "attention_mass")},
+        "sink_token_types": (a.get("sink_token_types") or {}).get("shares"),
+        "ablation": None if not abl else {k: abl.get(k) for k in ("metric", "protocol", "scores", "delta", "stderr")},
+    }
 
 
-def summarise(results: dict[str, Any]) -> None:
-    """Add `summary` to every variant and `comparisons` (each variant vs the first) to results."""
+def _get(d: Any, path: tuple[str, ...]) -> float | None:
+    for key in path:
+        if not isinstance(d, dict) or d.get(key) is None:
+            return None
+        d = d[key]
+    return float(d) if isinstance(d, (int, float)) and math.isfinite(d) else None
+
+
+def _seed_scalars(variant: dict[str, Any], metric: str) -> dict[str, float]:
+    """{seed: value} of one per-seed scalar metric (val_loss or an analysis metric)."""
+    out = {}
+    for seed, rec in variant["seeds"].items():
+        value = rec.get("val_loss") if metric == "val_loss" else _get(rec.get("analysis"), ANALYSIS_METRICS[metric][0])
+        if value is not None and math.isfinite(value):
+            out[seed] = float(value)
+    return out
+
+
+def _task_metrics(results: dict[str, Any]) -> list[str]:
+    names = set()
     for v in results["variants"].values():
-        seeds = list(v["seeds"].values())
-        summary = {"val_loss": {**_mean_std([s["val_loss"] for s in seeds]), "stderr": 0.0}}
-        metrics = sorted({(task, m) for s in seeds for task, ms in s["eval"].items() for m in ms})
-        for task, m in metrics:
-            vals = [s["eval"][task][m]["value"] for s in seeds if m in s["eval"].get(task, {})]
-            errs = [s["eval"][task][m].get("stderr", 0.0) for s in seeds if m in s["eval"].get(task, {})]
-            summary[f"{task}/{m}"] = {**_mean_std(vals), "stderr": statistics.fmean(errs) if errs else 0.0}
+        for rec in v["seeds"].values():
+            names |= {f"{task}/{m}" for task, ms in rec.get("eval", {}).items() for m in ms}
+    return sorted(names)
+
+
+def _per_item(variant: dict[str, Any], metric: str) -> dict[str, dict]:
+    task, m = metric.split("/", 1)
+    return {seed: rec["eval"][task][m] for seed, rec in variant["seeds"].items() if m in rec.get("eval", {}).get(task, {})}
+
+
+def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confidence: float = 0.95) -> dict[str, Any] | None:
+    """Paired comparison of variant `a` against `b` on `metric` (a results.json variant entry each).
+
+    None when either variant lacks the metric. A ValueError when they were run on different seeds
+    or scored on different items (a paired comparison would be meaningless).
+    """
+    if "/" in metric:
+        sa, sb = _per_item(a, metric), _per_item(b, metric)
+        if not sa or not sb:
+            return None
+        if set(sa) != set(sb):
+            raise ValueError(f"{a['label']} and {b['label']} were evaluated on different seeds for {metric} "
+                             f"({sorted(sa)} vs {sorted(sb)}); rerun `sinkdlm experiment` so both have every seed")
+        for seed in sa:
+            if sa[seed].get("items") != sb[seed].get("items") or len(sa[seed].get("per_item", [])) != len(sb[seed].get("per_item", [])):
+                raise ValueError(f"{a['label']} and {b['label']} were scored on different items for {metric} (seed {seed}); "
+                                 "evaluate both with the same task, --limit and evaluation seed")
+        if any("per_item" not in s for s in (*sa.values(), *sb.values())):
+            return None  # an eval.json from before per-item outcomes were kept
+        iv = paired_accuracy_difference({s: sa[s]["per_item"] for s in sa}, {s: sb[s]["per_item"] for s in sa}, confidence)
+        scale, unit = 100.0, " points"
+    else:
+        sa, sb = _seed_scalars(a, metric), _seed_scalars(b, metric)
+        if not sa or not sb:
+            return None
+        iv = paired_difference(sa, sb, confidence)
+        scale, unit = 1.0, ""
+    lower = metric in LOWER_IS_BETTER
+    text = verdict(iv, lower_is_better=lower, scale=scale, unit=unit)
+    if metric in NEUTRAL:
+        text = text.replace(" (better)", "").replace(" (worse)", "")
+    return {"variant": a["label"], "baseline": b["label"], "metric": metric, **iv.to_dict(),
+            "scale": scale, "lower_is_better": lower, "verdict": text}
+
+
+def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = None) -> None:
+    """Add `summary` to every variant and `comparisons` (each pair in `pairs`, default: every
+    variant against the first) to `results`."""
+    variants = results["variants"]
+    names = list(variants)
+    scalar_metrics = ["val_loss"] + [m for m in ANALYSIS_METRICS if any(_seed_scalars(v, m) for v in variants.values())]
+    task_metrics = _task_metrics(results)
+    for v in variants.values():
+        summary = {}
+        for m in scalar_metrics:
+            vals = list(_seed_scalars(v, m).values())
+            if vals:
+                summary[m] = {**mean_interval(vals).to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+        for m in task_metrics:
+            vals = [s["value"] for s in _per_item(v, m).values()]
+            if vals:
+                summary[m] = {**mean_interval(vals).to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
         v["summary"] = summary
-    names = list(results["variants"])
-    base = results["variants"][names[0]]
+    pairs = pairs or [(n, names[0]) for n in names[1:]]
     comparisons = []
-    for name in names[1:]:
-        v = results["variants"][name]
-        for metric, s in v["summary"].items():
-            b = base["summary"].get(metric)
-            if b is None or s["n"] == 0 or b["n"] == 0:
-                continue
-            delta = s["mean"] - b["mean"]
-            sigma = math.sqrt((s["std"] ** 2 + b["std"] ** 2) / max(min(s["n"], b["n"]), 1) + s["stderr"] ** 2 + b["stderr"] ** 2)
-            better = delta < 0 if metric in LOWER_IS_BETTER else delta > 0
-            significant = sigma > 0 and abs(delta) > 2 * sigma
-            comparisons.append({
-                "variant": v["label"], "baseline": base["label"], "metric": metric, "delta": delta, "sigma": sigma,
-                "significant": significant, "better": better,
-            })
+    for a, b in pairs:
+        if a not in variants or b not in variants:
+            continue
+        for m in scalar_metrics + task_metrics:
+            c = compare_variants(variants[a], variants[b], m)
+            if c is not None:
+                comparisons.append({"pair": [a, b], **c})
     results["comparisons"] = comparisons
 
 
-def _fmt(s: dict[str, float], pct: bool) -> str:
-    if s["n"] == 0:
+# ----------------------------------------------------------------------------- formatting
+def _fmt_interval(s: dict | None, scale: float = 1.0, digits: int = 3) -> str:
+    if not s or s.get("mean") is None:
         return "–"
-    scale = 100.0 if pct else 1.0
-    text = f"{scale * s['mean']:.2f} ± {scale * s['std']:.2f}"
-    if s.get("stderr"):
-        text += f" (se {scale * s['stderr']:.2f})"
+    text = f"{scale * s['mean']:.{digits}f}"
+    if s.get("low") is not None and s.get("high") is not None:
+        text += f" [{scale * s['low']:.{digits}f}, {scale * s['high']:.{digits}f}]"
     return text
 
 
-def sentence(c: dict[str, Any]) -> str:
-    pct = c["metric"] != "val_loss"
-    scale, unit = (100.0, " points") if pct else (1.0, "")
-    direction = "better" if c["better"] else "worse"
-    if c["significant"]:
-        return (f"**{c['variant']}** is {direction} than {c['baseline']} on `{c['metric']}` by {abs(scale * c['delta']):.2f}{unit} "
-                f"(2σ = {2 * scale * c['sigma']:.2f}): larger than its noise.")
-    return (f"{c['variant']} vs {c['baseline']} on `{c['metric']}`: Δ = {scale * c['delta']:+.2f}{unit}, within noise "
-            f"(2σ = {2 * scale * c['sigma']:.2f}); no conclusion.")
+def _is_pct(metric: str) -> bool:
+    return "/" in metric
 
 
+def results_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    variants = results["variants"]
+    metrics = ["val_loss"] + _task_metrics(results)
+    header = ["variant"] + [f"`{m}`" + (" %" if _is_pct(m) else " (↓)") for m in metrics]
+    rows = [[v["label"]] + [_fmt_interval(v["summary"].get(m), 100.0 if _is_pct(m) else 1.0, 1 if _is_pct(m) else 3)
+                            for m in metrics] for v in variants.values()]
+    return header, rows
+
+
+def comparisons_table(results: dict[str, Any], metrics: set[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    rows = []
+    for c in results["comparisons"]:
+        if metrics is not None and c["metric"] not in metrics:
+            continue
+        scale = c.get("scale", 1.0)
+        digits = 1 if scale != 1.0 else 3
+        ci = "–" if c["low"] is None else f"[{scale * c['low']:+.{digits}f}, {scale * c['high']:+.{digits}f}]"
+        rows.append([f"{c['variant']} − {c['baseline']}", f"`{c['metric']}`", f"{scale * c['mean']:+.{digits}f}", ci,
+                     c["verdict"].split(" (")[0] if c["excludes_zero"] else f"inconclusive ({c['n']} seeds)"])
+    return ["difference", "metric", "Δ", "95 % CI", "verdict"], rows
+
+
+def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    rows = []
+    for v in results["variants"].values():
+        s = v["summary"]
+        if "non_sink_fraction" not in s:
+            continue
+        extra = [rec.get("analysis", {}).get("extra_sink") for rec in v["seeds"].values()]
+        masses = [e["mean_attention_mass"] for e in extra if e and e.get("mean_attention_mass") is not None]
+        rows.append([
+            v["label"], _fmt_interval(s.get("non_sink_fraction"), 100.0, 1),
+            _fmt_interval(s.get("sink_set_change_rate")), _fmt_interval(s.get("sink_set_jaccard")),
+            f"{_fmt_interval(s.get('value_norm_sink'), 1.0, 1)} / {_fmt_interval(s.get('value_norm_normal'), 1.0, 1)}",
+            _fmt_interval(_interval_of(masses), 100.0, 1),
+        ])
+    if not rows:
+        return None
+    return (["variant", "non-sink fraction %", "sink-set change rate", "consecutive Jaccard",
+             "value norm sink / normal", "attention on the extra sink %"], rows)
+
+
+def epsilon_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Rulli et al. Fig. 10: non-sink fraction vs ϵ, mean [95 % CI] over seeds."""
+    eps_keys: list[str] = []
+    rows = []
+    for v in results["variants"].values():
+        curves = [rec["analysis"]["non_sink_fraction_by_epsilon"] for rec in v["seeds"].values()
+                  if rec.get("analysis") and rec["analysis"].get("non_sink_fraction_by_epsilon")]
+        if not curves:
+            continue
+        eps_keys = eps_keys or sorted(curves[0], key=float)
+        rows.append([v["label"]] + [_fmt_interval(_interval_of([c.get(e) for c in curves]), 100.0, 1)
+                                    for e in eps_keys])
+    return (["variant"] + [f"ϵ = {e}" for e in eps_keys], rows) if rows else None
+
+
+def token_type_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Rulli et al. Table 2: what tokens the sinks sit on, share mean [95 % CI] over seeds."""
+    types = ("mask", "whitespace", "punctuation", "other", "sink")
+    rows = []
+    for v in results["variants"].values():
+        shares = [rec["analysis"]["sink_token_types"] for rec in v["seeds"].values()
+                  if rec.get("analysis") and rec["analysis"].get("sink_token_types")]
+        if not shares:
+            continue
+        rows.append([v["label"]] + [_fmt_interval(_interval_of([s.get(t, 0.0) for s in shares]), 100.0, 1)
+                                    for t in types])
+    return (["variant"] + [f"{t} %" for t in types], rows) if rows else None
+
+
+def _interval_of(values: list) -> dict | None:
+    """mean [95 % CI] over seeds of the finite values (None when there are none)."""
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return mean_interval(vals).to_dict() if vals else None
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def markdown_summary(results: dict[str, Any]) -> str:
+    """The README's tables for one experiment, generated from its results.json only."""
+    t = results["train"]
+    n = len(results["seeds"])
+    parts = [
+        f"Preset `{results['preset']}`: {results['description']}. {t.get('max_steps')} steps × {t.get('batch_size')} × "
+        f"{t.get('seq_len')} tokens per run, seeds {results['seeds']}; wall time {results['elapsed_s'] / 60:.0f} min on "
+        f"{results['machine'].get('cpu_count')} CPU cores{' + CUDA' if results['machine'].get('cuda') else ''}. "
+        f"Mean [95 % CI] over the {n} seeds (Student t).",
+        "",
+        _md_table(*results_table(results)),
+        "",
+        "Paired differences (validation loss: t over seeds; accuracies: over seeds and items):",
+        "",
+        _md_table(*comparisons_table(results, {"val_loss", *(m for m in _task_metrics(results) if m.endswith(("/acc", "/acc_norm", "/exact_match")) and "cloze/exact" not in m)})),
+    ]
+    sinks = sinks_table(results)
+    if sinks:
+        parts += ["", "Attention sinks (ϵ = 3, every seed's model, mean [95 % CI] over seeds):", "", _md_table(*sinks)]
+        comp = comparisons_table(results, {"non_sink_fraction", "sink_set_change_rate"})
+        if comp[1]:
+            parts += ["", _md_table(*comp)]
+    return "\n".join(parts) + "\n"
+
+
+def update_readme(readme: str | Path, results: dict[str, Any], name: str) -> bool:
+    """Replace the block between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in the README
+    with `markdown_summary(results)`; True if the file changed."""
+    path = Path(readme)
+    text = path.read_text()
+    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    if start not in text or end not in text:
+        raise ValueError(f"{path} has no {start} ... {end} block; add the two marker lines where the tables go")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{start}\n{markdown_summary(results)}{end}{tail}"
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def readme_block(readme: str | Path, name: str) -> str:
+    text = Path(readme).read_text()
+    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
+    return text.split(start, 1)[1].split(end, 1)[0].lstrip("\n")
+
+
+# ----------------------------------------------------------------------------- the report
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from sinkdlm.analysis.figures import plot_score_bars, plot_training_curves
 
@@ -93,30 +306,28 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     doc.paragraph(
         f"{results['description']}. Seeds {results['seeds']}; every variant trained with the same budget "
         f"({results['train'].get('max_steps')} steps × {results['train'].get('batch_size')} sequences × "
-        f"{results['train'].get('seq_len')} tokens on `{results['train'].get('data', 'shakespeare')}`). "
-        f"Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, CUDA {'yes' if m['cuda'] else 'no'}. "
-        f"Wall time {results['elapsed_s'] / 60:.1f} min "
+        f"{results['train'].get('seq_len')} tokens on `{results['train'].get('data', 'shakespeare')}`) and the same "
+        f"seeds, so the comparisons are paired. Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, "
+        f"CUDA {'yes' if m['cuda'] else 'no'}. Wall time {results['elapsed_s'] / 60:.1f} min "
         f"({', '.join(f'{k} {v / 60:.1f}' for k, v in results['stage_seconds'].items() if v)} min)."
     )
+    doc.heading("Results (mean [95 % CI] over seeds)")
+    doc.table(*results_table(results))
+    doc.paragraph("`val_loss` is the validation ELBO bound per token (lower is better); task metrics are accuracies "
+                  "in %. Intervals over seeds are Student t with n − 1 degrees of freedom.")
 
-    metrics = list(next(iter(variants.values()))["summary"])
-    doc.heading("Results (mean ± std over seeds; se = evaluation sampling error)")
-    header = ["variant"] + [f"`{k}`" + (" %" if k != "val_loss" else "") for k in metrics]
-    rows = [[v["label"]] + [_fmt(v["summary"][k], k != "val_loss") for k in metrics] for v in variants.values()]
-    doc.table(header, rows)
-    doc.paragraph("`val_loss` is the validation ELBO bound per token (eq. 4, lower is better); task metrics are accuracies.")
-
-    doc.heading("Is each difference larger than its noise?")
-    doc.bullets([sentence(c) for c in results["comparisons"]] or ["Only one variant: nothing to compare."])
-    if len(results["seeds"]) < 5:
-        doc.paragraph(
-            f"With {len(results['seeds'])} seed(s) the seed-to-seed spread is itself poorly estimated: read a "
-            "'larger than its noise' as a lead to check with more seeds (`--seeds`), not as a result."
-        )
+    doc.heading("Paired comparisons")
+    doc.paragraph(
+        "Each difference is paired: over seeds (validation loss, sink metrics: Student t, n − 1 df) or over seeds and "
+        "items (accuracies: two-way seeds × items variance, t with n − 1 df). A direction is stated only when the "
+        "95 % interval excludes zero; otherwise the difference is inconclusive with this many seeds."
+    )
+    header, rows = comparisons_table(results)
+    doc.table(header, rows) if rows else doc.paragraph("Only one variant: nothing to compare.")
 
     curves = {}
     for v in variants.values():
-        per_seed = [dict(s["curve"]) for s in v["seeds"].values() if s["curve"]]
+        per_seed = [dict(map(tuple, s["curve"])) for s in v["seeds"].values() if s.get("curve")]
         steps = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
         if steps:
             means = [statistics.fmean(c[s] for c in per_seed) for s in steps]
@@ -125,63 +336,65 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     if curves:
         doc.heading("Training")
         doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), "Validation loss vs step (mean ± std over seeds)")
-    bars = {k: {v["label"]: (v["summary"][k]["mean"], v["summary"][k]["std"]) for v in variants.values()} for k in metrics if k != "val_loss"}
+    task_metrics = _task_metrics(results)
+    bars = {}
+    for k in task_metrics:
+        per = {}
+        for v in variants.values():
+            s = v["summary"].get(k)
+            if s and s.get("mean") is not None:
+                half = (s["high"] - s["mean"]) if s.get("high") is not None else 0.0
+                per[v["label"]] = (s["mean"], half)
+        if per:
+            bars[k] = per
     if bars:
-        doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean ± std over seeds)")
+        doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean and 95 % CI over seeds)")
 
     _analysis_section(doc, results)
     doc.heading("Files")
     doc.bullets([
-        "`results.json`: every number above, per seed", "`runs/<variant>-s<seed>/train/metrics.jsonl`: training curves",
-        "`runs/<variant>-s<seed>/eval.json`: task scores", "`runs/<variant>-s0/analysis/`: per-model sink analysis",
-        "`compare/report.html`: analyses side by side",
+        "`results.json`: every number above, per seed (analysis summaries and per-item outcomes included)",
+        "`runs/<variant>-s<seed>/train/metrics.jsonl`: training curves",
+        "`runs/<variant>-s<seed>/eval.json`: task scores with per-item outcomes",
+        "`runs/<variant>-s<seed>/analysis/`: per-model sink analysis", "`compare/report.html`: analyses side by side",
     ])
     return doc.write(out)
 
 
 def _analysis_section(doc: Document, results: dict[str, Any]) -> None:
-    rows, figures = [], []
+    sinks = sinks_table(results)
+    if sinks is None:
+        return
+    eps = results.get("analysis_settings", {}).get("epsilon", 3.0)
+    doc.heading(f"Attention sinks (ϵ = {eps}; mean [95 % CI] over the analysed seeds)")
+    doc.table(*sinks)
+    header, rows = comparisons_table(results, set(ANALYSIS_METRICS))
+    if rows:
+        doc.table(header, rows)
+    eps_t = epsilon_table(results)
+    if eps_t:
+        doc.heading("Non-sink fraction vs ϵ (Rulli et al. Fig. 10)", 3)
+        doc.table(*eps_t)
+    types = token_type_table(results)
+    if types:
+        doc.heading("What the sinks sit on (Rulli et al. Table 2)", 3)
+        doc.table(*types)
+    abl_rows = []
+    for v in results["variants"].values():
+        first = next(iter(v["seeds"].values()))
+        abl = (first.get("analysis") or {}).get("ablation")
+        if abl and abl.get("scores"):
+            abl_rows.append([v["label"], f"`{abl.get('metric')}` ({abl.get('protocol')})",
+                             ", ".join(f"K={k}: {s:.3f}" for k, s in abl["scores"].items() if isinstance(s, (int, float)))])
+    if abl_rows:
+        doc.heading("Sink-masking ablation (first seed)", 3)
+        doc.table(["variant", "score (protocol)", "score by K"], abl_rows)
     for v in results["variants"].values():
         first = next(iter(v["seeds"].values()))
         adir = first.get("analysis_dir")
         if not adir or not (Path(adir) / "analysis.json").is_file():
             continue
-        a = json.loads((Path(adir) / "analysis.json").read_text())
-        moving = a.get("moving", {}).get("mean", {})
-        extra = a.get("extra_sink") or {}
-        vn = a.get("value_norm", {})
-        rows.append([
-            v["label"],
-            f"{100 * a['non_sink_fraction']:.1f} %",
-            f"{_num(vn.get('sink_mean'))} / {_num(vn.get('normal_mean'))}",
-            _num(moving.get("sink_set_change_rate"), 3),
-            _num(moving.get("sink_set_jaccard"), 3),
-            f"{100 * extra['mean_attention_mass']:.1f} %" if extra.get("mean_attention_mass") is not None else "–",
-            _ablation_text(a.get("ablation")),
-        ])
-        for name in a.get("figures", {}).values() if isinstance(a.get("figures"), dict) else a.get("figures", []):
-            figures.append((Path(adir) / name, f"{v['label']}: {Path(name).stem.replace('_', ' ')}"))
-    if not rows:
-        return
-    doc.heading(f"Attention sinks (first seed; ϵ = {results['analysis_settings'].get('epsilon', 3.0)})")
-    doc.table(
-        ["variant", "non-sink fraction", "value norm sink / normal", "sink-set change rate", "consecutive Jaccard",
-         "attention mass on extra sink (mean over layers)", "sink-masking ablation"],
-        rows,
-    )
-    for path, caption in figures:
-        doc.image(path, caption)
-
-
-def _num(x, digits: int = 2) -> str:
-    return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "–"
-
-
-def _ablation_text(ablation) -> str:
-    if not isinstance(ablation, dict):
-        return "–"
-    scores = ablation.get("scores", {})
-    parts = [f"K={k}: {v:.3f}" for k, v in scores.items() if isinstance(v, (int, float))]
-    if parts and ablation.get("metric"):
-        parts.insert(0, f"`{ablation['metric']}`")
-    return ", ".join(parts) or "–"
+        figures = json.loads((Path(adir) / "analysis.json").read_text()).get("figures", {})
+        names = figures.values() if isinstance(figures, dict) else figures
+        for name in names:
+            doc.image(Path(adir) / name, f"{v['label']}: {Path(name).stem.replace('_', ' ')}")

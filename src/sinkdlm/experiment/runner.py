@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
+from sinkdlm.experiment.report import analysis_record
 from sinkdlm.atomic import atomic_write_json
 from sinkdlm.model.checkpoint import ensure_writable_dir, load_model_and_tokenizer
 
@@ -138,10 +139,14 @@ def run_experiment(
             summary = _train_stage(run / "train", train_kwargs)
             stage_seconds["train"] += time.perf_counter() - t0
             ckpt = summary["checkpoint"]
+            curve = read_val_curve(run / "train")
+            val_loss = summary["last"].get("val_loss")
+            if val_loss is None and curve:  # a run resumed at its last step logs no new validation
+                val_loss = curve[-1][1]
             record: dict[str, Any] = {
-                "checkpoint": ckpt, "val_loss": summary["last"].get("val_loss"),
+                "checkpoint": ckpt, "val_loss": val_loss,
                 "train_tokens_per_s": summary["last"].get("tokens_per_s"), "train_seconds": summary.get("seconds"),
-                "curve": read_val_curve(run / "train"),
+                "curve": curve,
             }
             if preset.sft is not None:
                 _log(f"({k}/{total}) {variant.label}, seed {seed}: SFT on {preset.sft['data']}")
@@ -171,7 +176,7 @@ def run_experiment(
                 stage_seconds["eval"] += time.perf_counter() - t0
             record["eval"] = json.loads(eval_path.read_text())
 
-            if seed == seeds[0] and not skip_analysis:
+            if (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis:
                 adir = run / "analysis"
                 if not (adir / "analysis.json").is_file():
                     _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
@@ -182,8 +187,10 @@ def run_experiment(
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
                     analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
-                analysis_dirs[variant.label] = adir
+                if seed == seeds[0]:
+                    analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
+                record["analysis"] = analysis_record(json.loads((adir / "analysis.json").read_text()))
             per_seed[str(seed)] = record
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
 
@@ -195,7 +202,9 @@ def run_experiment(
 
     from sinkdlm.experiment.report import summarise, write_report
 
-    summarise(results)
+    pairs = [(a, b) for a, b in preset.comparisons] or None
+    results["comparison_pairs"] = pairs or [[v.name, preset.variants[0].name] for v in preset.variants[1:]]
+    summarise(results, pairs)
     results["stage_seconds"] = stage_seconds
     results["elapsed_s"] = time.perf_counter() - t_start
     atomic_write_json(out / "results.json", results)
