@@ -223,3 +223,19 @@ def test_command_line_wrapper_runs_lm_eval(setup, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in Path(tmp_path / "out").rglob("results*.json")]
     assert results and "acc,none" in results[0]["results"]["local_mc"]
+
+
+def test_harness_scores_keep_lm_evals_numbers_and_per_item_outcomes(setup):
+    from sinkdlm.evaluation.harness import evaluate_harness
+
+    ours = evaluate_harness(setup["ckpt"], ["local_mc"], include_path=setup["tasks"], mc_num=8, seed=3)
+    ref = run_harness(setup, ["local_mc"], f"pretrained={setup['ckpt']},mc_num=8,seed=3")
+    samples = sorted(ref["samples"]["local_mc"], key=lambda s: s["doc_id"])
+    for metric in ("acc", "acc_norm"):
+        s = ours["local_mc"][metric]
+        assert s["n"] == len(setup["mc"]) == len(s["per_item"])
+        assert s["per_item"] == [float(x[metric]) for x in samples]
+        assert s["value"] == pytest.approx(ref["results"]["local_mc"][f"{metric},none"])
+        assert s["items"]
+    with pytest.raises(ValueError, match="no lm-eval task"):
+        evaluate_harness(setup["ckpt"], [])

@@ -111,10 +111,21 @@ def test_bad_input_is_a_clear_error(tmp_path, args, match):
 
 
 def test_paper_preset_validates_its_inputs(tmp_path):
+    qwen = str(_fake_hf(tmp_path))
     with pytest.raises(ValueError, match="--data"):
-        run_experiment("paper-0.5b", tmp_path / "o", init_from=str(_fake_hf(tmp_path)))
+        run_experiment("paper-0.5b", tmp_path / "o", init_from=qwen)
     with pytest.raises(ValueError, match="config.json"):
         run_experiment("paper-0.5b", tmp_path / "o", init_from=str(tmp_path), data=str(tmp_path))
+    with pytest.raises(ValueError, match="--gsm8k DIR"):
+        run_experiment("paper-0.5b", tmp_path / "o", init_from=qwen, data=str(tmp_path))
+    (tmp_path / "gsm").mkdir()
+    (tmp_path / "gsm" / "train.jsonl").write_text("")
+    with pytest.raises(ValueError, match="test.jsonl is missing"):
+        run_experiment("paper-0.5b", tmp_path / "o", init_from=str(tmp_path / "qwen"), data=str(tmp_path),
+                       gsm8k=str(tmp_path / "gsm"))
+    preset = get_preset("paper-0.5b")  # the paper's Table 1 tasks through lm-eval, GSM8K after SFT
+    assert set(preset.lm_eval_tasks) >= {"arc_easy", "arc_challenge", "hellaswag", "piqa", "race", "siqa"}
+    assert preset.sft["data"] == "gsm8k" and "gsm8k" in preset.eval_tasks
 
 
 def _fake_hf(tmp_path: Path) -> Path:

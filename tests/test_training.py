@@ -189,11 +189,19 @@ def test_two_process_gloo_matches_one_process(tmp_path, corpus):
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6)
 
 
-def test_sft_run_on_arithmetic_masks_only_responses(tmp_path, corpus):
+@pytest.mark.parametrize("data", ["arithmetic", "gsm8k"])
+def test_sft_run_on_arithmetic_masks_only_responses(tmp_path, corpus, data):
     base = cfg_for(tmp_path / "pre", corpus, max_steps=2, save_every=2, eval_every=2)
     ckpt = train(base)["checkpoint"]
+    if data == "gsm8k":  # the published GSM8K layout: question / answer ending in "#### N"
+        from sinkdlm.data import arithmetic_dataset
+
+        rows = [{"question": e["question"], "answer": e["response"]} for e in arithmetic_dataset("train", n=40)]
+        path = tmp_path / "train.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        data = f"gsm8k:{path}"
     sft = TrainConfig.resolve(
-        out=str(tmp_path / "sft"), data="arithmetic", init_from=ckpt, sft=True, max_steps=2, batch_size=4,
+        out=str(tmp_path / "sft"), data=data, init_from=ckpt, sft=True, max_steps=2, batch_size=4,
         seq_len=256, save_every=2, eval_every=2, eval_batches=1, tensorboard=False,
     )
     summary = train(sft)

@@ -11,16 +11,18 @@ from sinkdlm.cli.app import app
 
 @app.command()
 def experiment(
-    preset: str = typer.Option("demo", "--preset", help="smoke | demo | ablation | paper-0.5b"),
+    preset: str = typer.Option("demo", "--preset", help="smoke | demo | study | study-gpu | ablation | paper-0.5b"),
     out: str = typer.Option("runs/demo", "--out", help="Experiment directory (re-run the same command to resume)."),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Local HF AR checkpoint (paper-0.5b)."),
     data: Optional[str] = typer.Option(None, "--data", help="Override the preset's corpus."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds (default: the preset's)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override the training budget."),
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda[:N]"),
+    gsm8k: Optional[str] = typer.Option(None, "--gsm8k", help="Folder with GSM8K train.jsonl/test.jsonl (paper-0.5b)."),
 ) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.experiment import run_experiment
 
     seed_list = [int(s) for s in seeds.split(",")] if seeds else None
-    run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device)
+    run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
+                   gsm8k=gsm8k)

@@ -9,14 +9,17 @@ model switches differ (SPEC §3-4). Presets:
                    and the other sink mechanisms) with 5 seeds; about 2 hours on a 2-core CPU.
   * `study-gpu`  — the same comparison sized for one H100 in about 10 minutes (larger model, more tokens).
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
-  * `paper-0.5b` — Table 1: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
-                   directory) and `--data` (local FineWeb files), and GPUs for sensible run time.
+  * `paper-0.5b` — Tables 1-2: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
+                   directory), `--data` (local FineWeb files) and `--gsm8k DIR` (train/test JSONL), the
+                   lm-eval datasets in the local HF cache, and GPUs for sensible run time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from sinkdlm.evaluation.harness import TABLE1_TASKS
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class ExperimentPreset:
     analyse_every_seed: bool = False  # analyse every seed's model (intervals over seeds), not only the first
     # (variant, baseline) name pairs to compare; empty: every variant against the first
     comparisons: tuple[tuple[str, str], ...] = ()
+    lm_eval_tasks: tuple[str, ...] = ()  # lm-evaluation-harness tasks (need their datasets locally)
     needs: tuple[str, ...] = field(default=())  # options the user must supply (paper-0.5b)
 
 
@@ -139,17 +143,19 @@ PRESETS: dict[str, ExperimentPreset] = {
     ),
     "paper-0.5b": ExperimentPreset(
         name="paper-0.5b",
-        description="Table 1: Qwen2.5-0.5B init, FineWeb, vanilla vs 1 sink vs gated attention (GPUs)",
+        description=("Table 1-2: Qwen2.5-0.5B init, FineWeb, vanilla vs 1 sink vs gated attention; lm-eval zero-shot "
+                     "tasks, GSM8K after SFT (GPUs)"),
         variants=(VANILLA, SINK, GATED),
         seeds=(0,),
         train=dict(max_steps=60_000, batch_size=512, seq_len=1024, lr=1e-4, min_lr=1e-5, eval_every=1000,
                    save_every=1000, log_every=10, eval_batches=32, bf16=True),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "arithmetic"),
+        eval_tasks=("gsm8k",),
+        lm_eval_tasks=TABLE1_TASKS,
         eval_limit=None,
         eval_mc_num=128,
         analysis=dict(num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k=[1, 5, 10]),
-        sft=dict(data="arithmetic", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500, save_every=1000),
-        needs=("init_from", "data"),
+        sft=dict(data="gsm8k", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500, save_every=1000),
+        needs=("init_from", "data", "gsm8k"),
     ),
 }
 

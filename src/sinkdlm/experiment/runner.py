@@ -35,7 +35,8 @@ def _log(msg: str) -> None:
     print(f"[experiment] {msg}", flush=True)
 
 
-def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, data: str | None) -> None:
+def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, data: str | None,
+                 gsm8k: str | None = None) -> None:
     """Every user error, before any work."""
     ensure_writable_dir(out)
     if "init_from" in preset.needs:
@@ -58,6 +59,15 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
             )
         if not data.startswith("hf:") and not Path(data).exists():
             raise ValueError(f"--data {data} does not exist")
+    if "gsm8k" in preset.needs:
+        if not gsm8k:
+            raise ValueError(
+                f"preset {preset.name!r} fine-tunes and scores on GSM8K (the paper's Table 2): pass --gsm8k DIR, a local "
+                "folder with the published train.jsonl and test.jsonl (question/answer per line)"
+            )
+        for split in ("train", "test"):
+            if not (Path(gsm8k) / f"{split}.jsonl").is_file():
+                raise ValueError(f"--gsm8k {gsm8k}: {split}.jsonl is missing; the folder must hold train.jsonl and test.jsonl")
 
 
 def _train_stage(run_dir: Path, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -98,10 +108,11 @@ def run_experiment(
     max_steps: int | None = None,
     device: str | None = None,
     skip_analysis: bool = False,
+    gsm8k: str | None = None,
 ) -> dict[str, Any]:
     preset = get_preset(preset) if isinstance(preset, str) else preset
     out = Path(out)
-    check_inputs(preset, out, init_from, data)
+    check_inputs(preset, out, init_from, data, gsm8k)
     seeds = list(seeds) if seeds else list(preset.seeds)
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
@@ -112,7 +123,7 @@ def run_experiment(
     results: dict[str, Any] = {
         "preset": preset.name, "description": preset.description, "seeds": seeds, "variants": {},
         "machine": machine_info(), "train": {**preset.train, **({"max_steps": max_steps} if max_steps else {})},
-        "eval_tasks": list(preset.eval_tasks), "eval_limit": preset.eval_limit, "analysis_settings": preset.analysis,
+        "eval_tasks": list(preset.eval_tasks) + list(preset.lm_eval_tasks), "eval_limit": preset.eval_limit, "analysis_settings": preset.analysis,
     }
     stage_seconds: dict[str, float] = {"train": 0.0, "sft": 0.0, "eval": 0.0, "analysis": 0.0}
     analysis_dirs: dict[str, Path] = {}
@@ -151,9 +162,10 @@ def run_experiment(
             if preset.sft is not None:
                 _log(f"({k}/{total}) {variant.label}, seed {seed}: SFT on {preset.sft['data']}")
                 t0 = time.perf_counter()
-                sft_summary = _train_stage(
-                    run / "sft", {**preset.sft, "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
-                )
+                sft_kwargs = {**preset.sft, "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
+                if sft_kwargs["data"] == "gsm8k":
+                    sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
+                sft_summary = _train_stage(run / "sft", sft_kwargs)
                 stage_seconds["sft"] += time.perf_counter() - t0
                 record["sft_checkpoint"] = sft_summary["checkpoint"]
                 record["sft_val_loss"] = sft_summary["last"].get("val_loss")
@@ -163,14 +175,21 @@ def run_experiment(
                 _log(f"({k}/{total}) {variant.label}, seed {seed}: evaluating {', '.join(preset.eval_tasks)}")
                 t0 = time.perf_counter()
                 scores = {}
-                lm_tasks = [t for t in preset.eval_tasks if t != "arithmetic"]
-                model, tok = load_model_and_tokenizer(ckpt, device=device)
+                sft_tasks = {"arithmetic", "gsm8k"}  # scored on the fine-tuned model
+                lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
                 if lm_tasks:
+                    model, tok = load_model_and_tokenizer(ckpt, device=device)
                     scores.update(evaluate(model, tok, lm_tasks, limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num, progress=tty))
-                if "arithmetic" in preset.eval_tasks and preset.sft is not None:
-                    sft_ckpt = record["sft_checkpoint"]
-                    sft_model, sft_tok = load_model_and_tokenizer(sft_ckpt, device=device)
-                    scores.update(evaluate(sft_model, sft_tok, ["arithmetic"], limit=preset.eval_limit, seed=0,
+                if preset.lm_eval_tasks:
+                    from sinkdlm.evaluation.harness import evaluate_harness
+
+                    scores.update(evaluate_harness(ckpt, preset.lm_eval_tasks, limit=preset.eval_limit,
+                                                   mc_num=preset.eval_mc_num, seed=0, device=device))
+                sft_eval = [t if t != "gsm8k" else f"gsm8k:{Path(gsm8k) / 'test.jsonl'}"
+                            for t in preset.eval_tasks if t in sft_tasks]
+                if sft_eval and preset.sft is not None:
+                    sft_model, sft_tok = load_model_and_tokenizer(record["sft_checkpoint"], device=device)
+                    scores.update(evaluate(sft_model, sft_tok, sft_eval, limit=preset.eval_limit, seed=0,
                                            mc_num=preset.eval_mc_num, progress=tty))
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0

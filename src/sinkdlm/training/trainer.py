@@ -27,6 +27,7 @@ from sinkdlm.config import ModelConfig
 from sinkdlm.data import (
     PackedTokens,
     arithmetic_dataset,
+    load_gsm8k_jsonl,
     batch_for_step,
     check_tokenizer_matches,
     corpus_fingerprint,
@@ -165,6 +166,8 @@ def load_batches(cfg: TrainConfig, tokenizer, max_len: int, split: str) -> Batch
         # Validation is a held-out slice of the *training* split: the test split stays for evaluation.
         if cfg.data == "arithmetic":
             examples = arithmetic_dataset("train", n=2200, seed=cfg.seed)
+        elif cfg.data.startswith("gsm8k:"):  # the published GSM8K JSONL (question / answer)
+            examples = load_gsm8k_jsonl(cfg.data[len("gsm8k:"):])
         else:
             examples = load_sft_jsonl(cfg.data)
         cut = max(1, len(examples) // 11)
