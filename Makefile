@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow demo bench clean
+.PHONY: install test test-slow demo bench clean readme-results
 
 install: $(STAMP)
 
@@ -31,3 +31,8 @@ bench: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Regenerate the README's result tables from the committed results files (a test checks they match).
+readme-results: install
+	$(PY) -c "import json; from sinkdlm.experiment.report import update_readme; \
+	[update_readme('README.md', json.load(open(f'docs/results/{n}/results.json')), n) for n in ('study',)]"
