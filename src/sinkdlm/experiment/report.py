@@ -247,10 +247,46 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list[str], list[list[str]]] | None:
+    """One row per compared pair, one column per metric: "Δ [CI]", with the verdict's direction in
+    bold when the interval excludes zero (compact enough for the README)."""
+    by_pair: dict[tuple[str, str], dict[str, dict]] = {}
+    labels: dict[tuple[str, str], str] = {}
+    for c in results["comparisons"]:
+        key = tuple(c.get("pair") or (c["variant"], c["baseline"]))
+        by_pair.setdefault(key, {})[c["metric"]] = c
+        labels[key] = f"{c['variant']} − {c['baseline']}"
+    metrics = [m for m in metrics if any(m in per for per in by_pair.values())]
+    if not by_pair or not metrics:
+        return None
+    rows = []
+    for key, per in by_pair.items():
+        row = [labels[key]]
+        for m in metrics:
+            c = per.get(m)
+            if c is None:
+                row.append("–")
+                continue
+            scale = c.get("scale", 1.0)
+            digits = 1 if scale != 1.0 else 3
+            cell = f"{scale * c['mean']:+.{digits}f}"
+            if c["low"] is not None:
+                cell += f" [{scale * c['low']:+.{digits}f}, {scale * c['high']:+.{digits}f}]"
+            if c["excludes_zero"]:
+                cell += f" **{c['verdict'].split(' ')[0]}**"
+            row.append(cell)
+        rows.append(row)
+    header = ["difference"] + [f"`{m}`" + (" (points)" if _is_pct(m) else "") for m in metrics]
+    return header, rows
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     t = results["train"]
     n = len(results["seeds"])
+    tasks = _task_metrics(results)
+    headline = ["val_loss"] + [m for m in tasks if m.endswith(("cloze/acc", "next_line/acc_norm", "/exact_match"))
+                               and "cloze/exact" not in m]
     parts = [
         f"Preset `{results['preset']}`: {results['description']}. {t.get('max_steps')} steps × {t.get('batch_size')} × "
         f"{t.get('seq_len')} tokens per run, seeds {results['seeds']}; wall time {results['elapsed_s'] / 60:.0f} min on "
@@ -258,17 +294,17 @@ def markdown_summary(results: dict[str, Any]) -> str:
         f"Mean [95 % CI] over the {n} seeds (Student t).",
         "",
         _md_table(*results_table(results)),
-        "",
-        "Paired differences (validation loss: t over seeds; accuracies: over seeds and items):",
-        "",
-        _md_table(*comparisons_table(results, {"val_loss", *(m for m in _task_metrics(results) if m.endswith(("/acc", "/acc_norm", "/exact_match")) and "cloze/exact" not in m)})),
     ]
+    pivot = pivot_comparisons(results, headline)
+    if pivot:
+        parts += ["", "Paired differences, Δ [95 % CI] (validation loss: t over seeds; accuracies: over seeds and "
+                  "items; a direction in bold only where the interval excludes zero):", "", _md_table(*pivot)]
     sinks = sinks_table(results)
     if sinks:
         parts += ["", "Attention sinks (ϵ = 3, every seed's model, mean [95 % CI] over seeds):", "", _md_table(*sinks)]
-        comp = comparisons_table(results, {"non_sink_fraction", "sink_set_change_rate"})
-        if comp[1]:
-            parts += ["", _md_table(*comp)]
+        pivot = pivot_comparisons(results, ["non_sink_fraction", "sink_set_change_rate", "sink_set_jaccard"])
+        if pivot:
+            parts += ["", _md_table(*pivot)]
     return "\n".join(parts) + "\n"
 
 
