@@ -1,9 +1,12 @@
 """ModelConfig: the one dataclass that describes a sinkdlm model, plus named presets.
 
 Field names follow Hugging Face (`hidden_size`, `num_key_value_heads`, ...) so a Qwen2/LLaMA
-`config.json` maps onto it directly; the paper's switches (`num_sink_tokens`, `sink_position`,
-`sink_zero_value`, `gated_attention`) sit beside them. `config.json` of a checkpoint is this
-dataclass as JSON plus `model_type: "sinkdlm"` (so `transformers.AutoConfig` can route it).
+`config.json` maps onto it directly. The model switches (sink tokens, gated attention, the
+per-head sink logit, softmax-off-by-one) have ONE home: `MODEL_SWITCHES` below. ModelConfig's
+switch fields, TrainConfig's flags, the `train`/`convert` command options, `convert_hf_checkpoint`
+and the experiment runner are all generated from it, so a new switch is added in one place.
+`config.json` of a checkpoint is this dataclass as JSON plus `model_type: "sinkdlm"` (so
+`transformers.AutoConfig` can route it).
 """
 
 from __future__ import annotations
@@ -18,8 +21,81 @@ MODEL_TYPE = "sinkdlm"
 SINK_POSITIONS = ("front", "end")
 
 
+# ----------------------------------------------------------------------------- model switches
+@dataclass(frozen=True)
+class ModelSwitch:
+    """One architectural switch: its field name, type, default, CLI help and validation."""
+
+    name: str
+    type: type  # int | str | bool
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None  # allowed values (str switches)
+    minimum: int | None = None  # smallest allowed value (int switches)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any, where: str = "ModelConfig") -> None:
+        """Raise ValueError saying what is wrong with `value` and what would be accepted."""
+        label = f"{where}.{self.name}" if where != "--" else self.flag
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{label} must be true or false, got {value!r}")
+        elif self.type is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{label} must be an integer, got {value!r}")
+        elif not isinstance(value, self.type):
+            raise ValueError(f"{label} must be a {self.type.__name__}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{label} must be one of {self.choices}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{label} must be >= {self.minimum} ({self.help}), got {value!r}")
+
+
+MODEL_SWITCHES: tuple[ModelSwitch, ...] = (
+    ModelSwitch("num_sink_tokens", int, 0, "Extra sink tokens (One-Token eq. 5-7); 0 = vanilla DLM.", minimum=0),
+    ModelSwitch("sink_position", str, "front", "Where the sink tokens sit: front | end.", choices=SINK_POSITIONS),
+    ModelSwitch("sink_zero_value", bool, False, "Force the sink tokens' value vectors to zero (One-Token Table 5)."),
+    ModelSwitch("gated_attention", bool, False, "Sigmoid gate on the attention output (One-Token eq. 8-10)."),
+    ModelSwitch(
+        "sink_logit", bool, False,
+        "A learned logit per head: an extra softmax column with a zero value (gpt-oss attention sinks).",
+    ),
+    ModelSwitch(
+        "softmax_one", bool, False,
+        "softmax-off-by-one (Miller's softmax_1): the extra zero-value column with its logit fixed at 0.",
+    ),
+)
+SWITCHES_BY_NAME: dict[str, ModelSwitch] = {s.name: s for s in MODEL_SWITCHES}
+MODEL_SWITCH_DEFAULTS: dict[str, Any] = {s.name: s.default for s in MODEL_SWITCHES}
+
+
+def check_model_switches(values: dict[str, Any], where: str = "ModelConfig") -> None:
+    """Validate a {switch name: value} mapping (unknown names included) before any work starts."""
+    unknown = sorted(set(values) - set(SWITCHES_BY_NAME))
+    if unknown:
+        raise ValueError(f"unknown model switch(es) {unknown}; valid ones: {sorted(SWITCHES_BY_NAME)}")
+    for name, value in values.items():
+        SWITCHES_BY_NAME[name].check(value, where)
+    if values.get("sink_logit") and values.get("softmax_one"):
+        raise ValueError(
+            "sink_logit and softmax_one are two versions of the same extra softmax column (learned logit vs "
+            "logit fixed at 0); choose one"
+        )
+
+
+# The switch fields, generated from the registry so that ModelConfig holds exactly these.
+_ModelSwitchFields = dataclasses.make_dataclass(
+    "_ModelSwitchFields", [(s.name, s.type, field(default=s.default)) for s in MODEL_SWITCHES]
+)
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(_ModelSwitchFields):
+    """Shape fields (Hugging Face names) plus every switch of `MODEL_SWITCHES` (inherited fields)."""
+
     vocab_size: int = 2048
     hidden_size: int = 128
     num_hidden_layers: int = 4
@@ -34,11 +110,6 @@ class ModelConfig:
     initializer_range: float = 0.02
     # Diffusion: the id of [MASK] inside the vocabulary (SPEC §1). Defaults to the last id.
     mask_token_id: int | None = None
-    # The paper's switches (SPEC §3-4). num_sink_tokens=0 is the vanilla DLM.
-    num_sink_tokens: int = 0
-    sink_position: str = "front"
-    sink_zero_value: bool = False
-    gated_attention: bool = False
     # Free-form provenance (e.g. the HF checkpoint it was converted from); not used by the model.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,15 +144,7 @@ class ModelConfig:
                 f"ModelConfig.num_key_value_heads={self.num_key_value_heads} must divide "
                 f"num_attention_heads={self.num_attention_heads}"
             )
-        if not isinstance(self.num_sink_tokens, int) or isinstance(self.num_sink_tokens, bool) or self.num_sink_tokens < 0:
-            raise ValueError(
-                f"ModelConfig.num_sink_tokens must be an integer >= 0 (0 = vanilla DLM), "
-                f"got {self.num_sink_tokens!r}"
-            )
-        if self.sink_position not in SINK_POSITIONS:
-            raise ValueError(
-                f"ModelConfig.sink_position must be one of {SINK_POSITIONS}, got {self.sink_position!r}"
-            )
+        check_model_switches(self.switches())
         if not (0 <= self.mask_token_id < self.vocab_size):
             raise ValueError(
                 f"ModelConfig.mask_token_id={self.mask_token_id} must lie in [0, vocab_size="
@@ -94,6 +157,15 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def has_sink_column(self) -> bool:
+        """True when every softmax row has the extra zero-value column (sink_logit or softmax_one)."""
+        return self.sink_logit or self.softmax_one
+
+    def switches(self) -> dict[str, Any]:
+        """{switch name: value} for every switch of `MODEL_SWITCHES`."""
+        return {s.name: getattr(self, s.name) for s in MODEL_SWITCHES}
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:

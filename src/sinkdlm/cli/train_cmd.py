@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from sinkdlm.cli.app import app
+from sinkdlm.cli.switch_options import with_switch_options
 
 tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
@@ -21,6 +22,7 @@ Out = typer.Option(None, "--out", help="Run directory (config, metrics.jsonl, ch
 
 
 @app.command()
+@with_switch_options(unset_default=True)  # --num-sink-tokens, --sink-logit/--no-sink-logit, ...
 def train(
     preset: Optional[str] = Preset,
     data: Optional[str] = Data,
@@ -41,10 +43,6 @@ def train(
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
     text_field: Optional[str] = typer.Option(None, "--text-field"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs)."),
-    num_sink_tokens: Optional[int] = typer.Option(None, "--num-sink-tokens"),
-    sink_position: Optional[str] = typer.Option(None, "--sink-position", help="front | end"),
-    sink_zero_value: Optional[bool] = typer.Option(None, "--sink-zero-value/--no-sink-zero-value"),
-    gated_attention: Optional[bool] = typer.Option(None, "--gated-attention/--no-gated-attention"),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm checkpoint (e.g. converted)."),
     shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head)."),
     attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
@@ -52,9 +50,11 @@ def train(
     device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda[:N]"),
     fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 instead of DDP under torchrun (not supported yet: refused with an explanation)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir"),
+    **switches,
 ) -> None:
     """Train a masked diffusion LM (from scratch or --init-from a converted AR checkpoint)."""
     flags = dict(locals())  # first: exactly the options
+    flags.update(flags.pop("switches"))
     from sinkdlm.training import TrainConfig
     from sinkdlm.training import train as run
 

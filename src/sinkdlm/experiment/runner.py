@@ -90,11 +90,7 @@ def _convert_for_variant(init_from: str, variant: Variant, out: Path) -> str:
 
     target = out / "converted" / variant.name
     if not (target / "config.json").is_file():
-        s = variant.switches
-        convert_hf_checkpoint(
-            init_from, target, num_sink_tokens=s.get("num_sink_tokens", 0), sink_position=s.get("sink_position", "front"),
-            sink_zero_value=s.get("sink_zero_value", False), gated_attention=s.get("gated_attention", False),
-        )
+        convert_hf_checkpoint(init_from, target, **variant.switches)  # unset switches: registry defaults
     return str(target)
 
 

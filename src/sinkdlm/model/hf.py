@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
-from sinkdlm.config import MODEL_TYPE, ModelConfig
+from sinkdlm.config import MODEL_SWITCH_DEFAULTS, MODEL_TYPE, ModelConfig, check_model_switches
 from sinkdlm.model.checkpoint import CONFIG_NAME, CheckpointError, read_weights
 from sinkdlm.model.transformer import DiffusionLM
 
@@ -133,13 +134,14 @@ def convert_hf_checkpoint(
     src: str | Path,
     out: str | Path,
     *,
-    num_sink_tokens: int = 0,
-    sink_position: str = "front",
-    sink_zero_value: bool = False,
-    gated_attention: bool = False,
     seed: int = 0,
+    **switches: Any,
 ) -> DiffusionLM:
     """Convert a local HF Qwen2/LLaMA causal LM into a sinkdlm checkpoint at `out`.
+
+    `switches` are model switches by name (`sinkdlm.config.MODEL_SWITCHES`: num_sink_tokens,
+    sink_position, sink_zero_value, gated_attention, sink_logit, softmax_one); unset ones take
+    their registry default.
 
     New parameters and how they start:
       * `[MASK]` gets the id `len(tokenizer)` (after adding it), or `vocab_size` without a
@@ -151,17 +153,16 @@ def convert_hf_checkpoint(
         so they sit at the scale of real tokens; distinct draws keep 2 or 4 sinks distinguishable.
       * gated attention: W_g = 0 gives σ(0) = 1/2 everywhere; o_proj is doubled so the layer
         computes exactly the original function at step 0 (eq. 8-10 then learns the gate).
+      * sink logits (`sink_logit`): N(0, initializer_range) per head, as gpt-oss initialises its
+        `sinks` (transformers `GptOssPreTrainedModel._init_weights`); softmax_one has no parameter.
     """
     src, out = Path(src), Path(out)
     if not src.is_dir():
         raise CheckpointError(f"--from-hf directory {str(src)!r} does not exist")
     hf_cfg = _read_hf_config(src)
-    switches = dict(
-        num_sink_tokens=num_sink_tokens,
-        sink_position=sink_position,
-        sink_zero_value=sink_zero_value,
-        gated_attention=gated_attention,
-    )
+    check_model_switches(switches)  # unknown names and bad values, before any weight is read
+    switches = {**MODEL_SWITCH_DEFAULTS, **switches}
+    num_sink_tokens, gated_attention = switches["num_sink_tokens"], switches["gated_attention"]
     try:  # validates the shape fields and the switches before any weight is read
         hf_to_model_config(hf_cfg, **switches)
     except (KeyError, TypeError) as e:
@@ -211,6 +212,11 @@ def convert_hf_checkpoint(
             tensors[f"layers.{i}.self_attn.g_proj.weight"] = torch.zeros(
                 config.num_attention_heads * config.head_dim, config.hidden_size, dtype=model_dtype
             )
+    if config.sink_logit:
+        for i in range(config.num_hidden_layers):
+            tensors[f"layers.{i}.self_attn.sink_logit"] = (
+                config.initializer_range * torch.randn(config.num_attention_heads, generator=gen)
+            ).to(model_dtype)
     # Drop buffers HF sometimes stores (rotary inv_freq); everything else must match.
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}

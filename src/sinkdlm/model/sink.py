@@ -96,8 +96,11 @@ class SinkCache:
 
     k[l], v[l]: `[1, num_key_value_heads, n, head_dim]`. Built by `DiffusionLM.sink_cache()`,
     which rebuilds it when any parameter changed (tracked by tensor version counters).
+    p_self[l] `[1, num_attention_heads, n]` (only with a virtual sink column, sink_logit/softmax_one):
+    the probability each sink puts on itself; the rest, 1 - p_self, goes to the virtual column.
     """
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     key: tuple = ()
+    p_self: list[torch.Tensor] | None = None

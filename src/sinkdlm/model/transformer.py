@@ -1,7 +1,9 @@
 """DiffusionLM: a bidirectional LLaMA/Qwen2-layout Transformer with optional extra sink tokens.
 
 Architecture only: RMSNorm, RoPE, SwiGLU, GQA, optional QKV bias, optional tied head, optional
-gated attention (Appendix A.2, eq. 8-10) and `num_sink_tokens` sinks (SPEC §3, eq. 5-7).
+gated attention (Appendix A.2, eq. 8-10), `num_sink_tokens` sinks (SPEC §3, eq. 5-7) and a
+virtual sink column in every softmax row (`sink_logit`: a learned score per head, as gpt-oss;
+`softmax_one`: the score fixed at 0, Miller's softmax-off-by-one; its value vector is zero).
 The forward pass has two streams (see `sink.py` for why this is exact):
   1. the sink stream: `n` sink embeddings through every layer at batch 1, each sink attending only
      to itself (eq. 6), so its attention output is its own value vector;
@@ -21,7 +23,9 @@ from torch import nn
 
 from sinkdlm.config import ModelConfig
 from sinkdlm.model import sink as sinklib
-from sinkdlm.model.attention import apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin
+from sinkdlm.model.attention import (
+    SINK_COLUMN_BACKENDS, apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin,
+)
 
 
 @dataclass
@@ -30,6 +34,9 @@ class DiffusionLMOutput:
     # Per layer, over the whole layout sequence S = L + n (only when asked):
     attentions: tuple[torch.Tensor, ...] | None = None  # [B, H, S, S], rows = queries
     values: tuple[torch.Tensor, ...] | None = None  # [B, KVH, S, hd]
+    # With sink_logit/softmax_one and output_attentions: per layer, the probability every query
+    # row puts on the virtual sink column `[B, H, S]` (rows of `attentions` sum to 1 minus this).
+    virtual_sink_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 class RMSNorm(nn.Module):
@@ -55,6 +62,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(h * hd, d, bias=False)
         # eq. 9: an element-wise gate per head channel, computed from the layer input X.
         self.g_proj = nn.Linear(d, h * hd, bias=False) if cfg.gated_attention else None
+        # The virtual sink column's score per head: learned (gpt-oss) or fixed at 0 (softmax_1).
+        self.sink_logit = nn.Parameter(torch.empty(h)) if cfg.sink_logit else None
+        self.softmax_one = cfg.softmax_one
+
+    def sink_column(self, ref: torch.Tensor) -> torch.Tensor | None:
+        """The virtual column's logit `[H]`, or None when the model has none."""
+        if self.sink_logit is not None:
+            return self.sink_logit
+        if self.softmax_one:
+            return ref.new_zeros(self.num_heads)
+        return None
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         b, l, _ = x.shape
@@ -95,22 +113,35 @@ class Block(nn.Module):
     def sink_forward(self, hs: torch.Tensor, zero_value: bool):
         """The sink stream (eq. 6): each sink attends only to itself, so `Y_s = v_s`.
 
-        hs `[1, n, d]` -> (next hs, k before rotation `[1, KVH, n, hd]`, v `[1, KVH, n, hd]`).
+        With a virtual sink column the sink's row is softmax([s_self, b_h]) over its own key and the
+        column, so `Y_s = sigmoid(s_self - b_h) v_s`, where s_self = q_s k_s / sqrt(d) needs no
+        rotation (RoPE at one position for both q and k leaves their dot product unchanged).
+        hs `[1, n, d]` -> (next hs, k before rotation `[1, KVH, n, hd]`, v `[1, KVH, n, hd]`,
+        p_self `[1, H, n]` | None).
         """
         attn = self.self_attn
         x = self.input_layernorm(hs)
         k, v = attn.kv(x)
         if zero_value:  # Table 5: the sink's value vector is zero at every layer
             v = torch.zeros_like(v)
-        y = v.repeat_interleave(attn.num_heads // attn.num_kv_heads, dim=1)  # [1, H, n, hd]
+        groups = attn.num_heads // attn.num_kv_heads
+        y = v.repeat_interleave(groups, dim=1)  # [1, H, n, hd]
+        p_self = None
+        column = attn.sink_column(x)
+        if column is not None:
+            q = attn._heads(attn.q_proj(x), attn.num_heads)  # [1, H, n, hd]
+            s_self = (q * k.repeat_interleave(groups, dim=1)).sum(-1) / attn.head_dim**0.5  # [1, H, n]
+            p_self = torch.sigmoid(s_self - column.to(s_self.dtype)[None, :, None])
+            y = y * p_self[..., None]
         hs = hs + attn.output(y, x)
         hs = hs + self.mlp(self.post_attention_layernorm(hs))
-        return hs, k, v
+        return hs, k, v, p_self
 
     def forward(self, h, cos, sin, sink_kv, sink_position, mask, backend, need_probs):
         """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
 
-        Returns (h, probs `[B, H, L, S]` | None, values `[B, KVH, S, hd]` in layout order).
+        Returns (h, probs `[B, H, L, S]` | None, values `[B, KVH, S, hd]` in layout order); with a
+        virtual sink column the probabilities have it last: `[B, H, L, S + 1]`.
         """
         attn = self.self_attn
         x = self.input_layernorm(h)
@@ -122,7 +153,7 @@ class Block(nn.Module):
             b = h.shape[0]
             k = sinklib.join(ks.expand(b, -1, -1, -1), k, sink_position, dim=2)
             v = sinklib.join(vs.expand(b, -1, -1, -1), v, sink_position, dim=2)
-        y, probs = backend(q, k, v, mask=mask, need_probs=need_probs)
+        y, probs = backend(q, k, v, mask=mask, need_probs=need_probs, sink_logit=attn.sink_column(q))
         h = h + attn.output(y, x)
         h = h + self.mlp(self.post_attention_layernorm(h))
         return h, probs, v
@@ -165,6 +196,9 @@ class DiffusionLM(nn.Module):
                 nn.init.ones_(module.weight)
         if self.sink_embeddings is not None:
             nn.init.normal_(self.sink_embeddings, std=std)
+        for layer in self.layers:
+            if layer.self_attn.sink_logit is not None:  # as gpt-oss: N(0, initializer_range)
+                nn.init.normal_(layer.self_attn.sink_logit, std=std)
 
     @property
     def device(self) -> torch.device:
@@ -179,12 +213,13 @@ class DiffusionLM(nn.Module):
         """Run the sinks through every layer (batch 1); keys before rotation and values per layer."""
         cfg = self.config
         hs = self.sink_embeddings[None]  # [1, n, d]
-        ks, vs = [], []
+        ks, vs, ps = [], [], []
         for layer in self.layers:
-            hs, k, v = layer.sink_forward(hs, cfg.sink_zero_value)
+            hs, k, v, p_self = layer.sink_forward(hs, cfg.sink_zero_value)
             ks.append(k)
             vs.append(v)
-        return sinklib.SinkCache(ks, vs)
+            ps.append(p_self)
+        return sinklib.SinkCache(ks, vs, p_self=ps if cfg.has_sink_column else None)
 
     @torch.no_grad()
     def sink_cache(self) -> sinklib.SinkCache:
@@ -241,6 +276,12 @@ class DiffusionLM(nn.Module):
             )
         backend_name = "eager" if output_attentions else (attn_implementation or self.attn_implementation)
         backend = get_backend(backend_name)
+        if cfg.has_sink_column and backend_name not in SINK_COLUMN_BACKENDS:
+            switch = "sink_logit" if cfg.sink_logit else "softmax_one"
+            raise ValueError(
+                f"this model has {switch}=True (a virtual sink column in every softmax row), which the "
+                f"{backend_name!r} attention backend cannot compute; use one of {sorted(SINK_COLUMN_BACKENDS)}"
+            )
 
         pos_content, pos_sink = sinklib.positions(b, l, n, cfg.sink_position, attention_mask, input_ids.device)
         if position_ids is not None:
@@ -266,7 +307,7 @@ class DiffusionLM(nn.Module):
                 mask = mask.expand(b, -1, l, -1)
                 mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
 
-        attentions, values = [], []
+        attentions, values, virtual = [], [], []
         for i, layer in enumerate(self.layers):
             sink_kv = None
             if sinks is not None:
@@ -277,7 +318,13 @@ class DiffusionLM(nn.Module):
                 layer_mask = km if layer_mask is None else layer_mask & km
             h, probs, v = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend, output_attentions)
             if output_attentions:
-                attentions.append(self._full_attention_map(probs, l))
+                p_self = sinks.p_self[i] if sinks is not None and sinks.p_self is not None else None
+                if cfg.has_sink_column:
+                    probs, column = probs[..., :-1], probs[..., -1]  # [B, H, L, S], [B, H, L]
+                    if n > 0:  # the sinks' own rows: 1 - p_self on the column
+                        column = sinklib.join((1 - p_self).expand(b, -1, -1), column, cfg.sink_position, dim=2)
+                    virtual.append(column)
+                attentions.append(self._full_attention_map(probs, l, p_self))
             if output_values:
                 values.append(v)
         logits = self.lm_head(self.norm(h))
@@ -285,17 +332,19 @@ class DiffusionLM(nn.Module):
             logits=logits,
             attentions=tuple(attentions) if output_attentions else None,
             values=tuple(values) if output_values else None,
+            virtual_sink_attentions=tuple(virtual) if output_attentions and cfg.has_sink_column else None,
         )
 
-    def _full_attention_map(self, probs: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """Content rows `[B, H, L, S]` -> the whole map `[B, H, S, S]`: sink rows are one-hot (eq. 6)."""
+    def _full_attention_map(self, probs: torch.Tensor, seq_len: int, p_self: torch.Tensor | None = None) -> torch.Tensor:
+        """Content rows `[B, H, L, S]` -> the whole map `[B, H, S, S]`: sink rows are one-hot (eq. 6),
+        or `p_self [1, H, n]` on the diagonal when a virtual sink column takes the rest."""
         n = self.config.num_sink_tokens
         if n == 0:
             return probs
         b, h, _, s = probs.shape
         rows = probs.new_zeros(b, h, n, s)
         for r, j in enumerate(sinklib.sink_indices(seq_len, n, self.config.sink_position)):
-            rows[:, :, r, j] = 1.0
+            rows[:, :, r, j] = 1.0 if p_self is None else p_self[:, :, r]
         return sinklib.join(rows, probs, self.config.sink_position, dim=2)
 
     # ------------------------------------------------------------------ checkpoints

@@ -16,14 +16,21 @@ from typing import Any
 
 import yaml
 
-from sinkdlm.config import PRESETS, SINK_POSITIONS
+from sinkdlm.config import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches
 
 SCRATCH_LR = (2e-4, 2e-5)
 AR_INIT_LR = (1e-4, 1e-5)
 
 
+# One optional field per model switch (`sinkdlm.config.MODEL_SWITCHES`); None = the preset's /
+# checkpoint's value. Generated, so a new switch needs no edit here.
+_TrainSwitchFields = dataclasses.make_dataclass(
+    "_TrainSwitchFields", [(s.name, s.type | None, field(default=None)) for s in MODEL_SWITCHES]
+)
+
+
 @dataclass
-class TrainConfig:
+class TrainConfig(_TrainSwitchFields):
     # where
     out: str = "runs/train"
     data: str = "shakespeare"
@@ -33,10 +40,7 @@ class TrainConfig:
     # model
     preset: str = "tiny"
     init_from: str | None = None  # a sinkdlm checkpoint (e.g. from `sinkdlm convert`)
-    num_sink_tokens: int | None = None  # None: the preset's / checkpoint's value
-    sink_position: str | None = None
-    sink_zero_value: bool | None = None
-    gated_attention: bool | None = None
+    # the model switches (num_sink_tokens, ..., sink_logit, softmax_one) are inherited fields
     model_overrides: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
     # schedule
     max_steps: int = 200
@@ -96,10 +100,11 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"--batch-size {self.batch_size} must be divisible by --grad-accum {self.grad_accum}")
-        if self.sink_position is not None and self.sink_position not in SINK_POSITIONS:
-            raise ValueError(f"--sink-position must be one of {SINK_POSITIONS}, got {self.sink_position!r}")
-        if self.num_sink_tokens is not None and self.num_sink_tokens < 0:
-            raise ValueError(f"--num-sink-tokens must be >= 0, got {self.num_sink_tokens}")
+        for switch in MODEL_SWITCHES:
+            if getattr(self, switch.name) is not None:
+                switch.check(getattr(self, switch.name), where="--")
+        switches = {k: v for k, v in self.model_switches().items() if k in SWITCHES_BY_NAME}
+        check_model_switches(switches, where="ModelConfig")
         for name in ("lr", "min_lr"):
             v = getattr(self, name)
             if v is not None and v < 0:
@@ -131,9 +136,9 @@ class TrainConfig:
     def model_switches(self) -> dict[str, Any]:
         """The ModelConfig fields this run sets explicitly."""
         switches = dict(self.model_overrides)
-        for name in ("num_sink_tokens", "sink_position", "sink_zero_value", "gated_attention"):
-            if getattr(self, name) is not None:
-                switches[name] = getattr(self, name)
+        for switch in MODEL_SWITCHES:
+            if getattr(self, switch.name) is not None:
+                switches[switch.name] = getattr(self, switch.name)
         return switches
 
     def to_dict(self) -> dict[str, Any]:
