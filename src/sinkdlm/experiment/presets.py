@@ -36,6 +36,10 @@ SINK_END = Variant("sink1-end", "DLM + 1 sink (end)", {"num_sink_tokens": 1, "si
 SINK2 = Variant("sink2-front", "DLM + 2 sinks", {"num_sink_tokens": 2, "sink_position": "front"})
 SINK4 = Variant("sink4-front", "DLM + 4 sinks", {"num_sink_tokens": 4, "sink_position": "front"})
 SINK_ZERO = Variant("sink1-zero", "DLM + 1 zero-value sink", {"num_sink_tokens": 1, "sink_zero_value": True})
+# Sink mechanisms beside the token: a learned per-head logit on an extra zero-value softmax column
+# (gpt-oss), and the same column with its logit fixed at 0 (softmax-off-by-one).
+SINK_LOGIT = Variant("sink-logit", "DLM + sink logit", {"sink_logit": True})
+SOFTMAX_ONE = Variant("softmax1", "DLM + softmax₁", {"softmax_one": True})
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,12 @@ class ExperimentPreset:
 
 # The study's questions: every mechanism against the vanilla DLM, and the paper's ablations against the
 # 1-front-sink model (front ≈ end? 1 ≈ 2 ≈ 4? zero-value ≈ learned? sink token vs gated attention?).
+STUDY_VARIANTS = (VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED, SINK_LOGIT, SOFTMAX_ONE)
 STUDY_PAIRS = (
-    *((v.name, VANILLA.name) for v in (SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED)),
+    *((v.name, VANILLA.name) for v in STUDY_VARIANTS[1:]),
     (SINK_END.name, SINK.name), (SINK2.name, SINK.name), (SINK4.name, SINK.name), (SINK_ZERO.name, SINK.name),
-    (GATED.name, SINK.name),
+    (GATED.name, SINK.name), (SINK_LOGIT.name, SINK.name), (SINK_LOGIT.name, SINK_ZERO.name),
+    (SOFTMAX_ONE.name, SINK_LOGIT.name),
 )
 
 MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
@@ -101,8 +107,8 @@ PRESETS: dict[str, ExperimentPreset] = {
     "study": ExperimentPreset(
         name="study",
         description=("the paper's comparison: sink position (front/end), count (1/2/4), zero-value sink, gated "
-                     "attention; tiny preset on shakespeare, 5 seeds, paired"),
-        variants=(VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED),
+                     "attention, per-head sink logit and softmax-off-by-one; tiny preset on shakespeare, 5 seeds, paired"),
+        variants=STUDY_VARIANTS,
         seeds=(0, 1, 2, 3, 4),
         train=dict(preset="tiny", data="shakespeare", max_steps=1000, batch_size=8, seq_len=128, lr=5e-3,
                    min_lr=5e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
@@ -117,7 +123,7 @@ PRESETS: dict[str, ExperimentPreset] = {
         name="study-gpu",
         description=("the study's comparison sized for one H100 in about 10 minutes: small preset, 4x the tokens, "
                      "5 seeds, paired"),
-        variants=(VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED),
+        variants=STUDY_VARIANTS,
         seeds=(0, 1, 2, 3, 4),
         train=dict(preset="small", data="shakespeare", max_steps=1500, batch_size=32, seq_len=256, lr=2e-3,
                    min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
