@@ -49,7 +49,7 @@ def _same_models(name_a: str, a: dict, name_b: str, b: dict) -> None:
         raise ValueError(f"{name_a} and {name_b} must hold the same models, got {list(a)} vs {list(b)}")
 
 
-def _save(fig: Figure, path) -> Path:
+def save_figure(fig: Figure, path) -> Path:
     FigureCanvasAgg(fig)  # attach the Agg canvas explicitly (no pyplot, no global backend)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI), suffix=".png")
 
@@ -99,7 +99,7 @@ def plot_attention_maps(maps, titles, path, *, row_labels: Sequence[str] | None 
             ax.set_xlabel("key j")
             ax.set_ylabel("query i" if row_labels is None else f"{row_labels[r]}\nquery i")
     fig.colorbar(image, ax=axes.ravel().tolist(), label=f"attention probability (power {gamma})")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_value_norm_scatter(
@@ -130,7 +130,7 @@ def plot_value_norm_scatter(
         if label:
             ax.set_title(label)
         ax.legend(fontsize=8, markerscale=3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path) -> Path:
@@ -164,7 +164,7 @@ def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path) -> Path:
         ax_mass.set_xlabel("layer")
         ax_mass.set_ylabel("attention mass on sink")
         ax_mass.set_title(f"{label + ': ' if label else ''}attention mass on the sink per layer", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_non_sink_fraction(
@@ -193,7 +193,7 @@ def plot_non_sink_fraction(
     ax.set_ylabel("non-sink tokens")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_largest_sink_positions(
@@ -236,7 +236,7 @@ def plot_largest_sink_positions(
         if label:
             ax.set_title(label)
     fig.colorbar(image, ax=axes.tolist(), label="share of (layer, head)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_training_curves(curves: Mapping[str, tuple], path, *, ylabel: str = "validation loss (ELBO bound / token)") -> Path:
@@ -257,7 +257,7 @@ def plot_training_curves(curves: Mapping[str, tuple], path, *, ylabel: str = "va
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_score_bars(scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "score") -> Path:
@@ -279,4 +279,4 @@ def plot_score_bars(scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: 
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
-from sinkdlm.analysis.metrics import _check_epsilon, _check_scale
+from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.reporting import Document
@@ -44,22 +44,17 @@ ARRAYS_NAME = "analysis_arrays.npz"
 
 
 # ----------------------------------------------------------------------------- input checks
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
                   figure_steps=None, out_dir=None, mc_num=16, batch_size=8) -> list[int] | None:
     """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
-    _check_epsilon(epsilon)
-    _check_scale(scale)
-    _check_int("gen_length", gen_length, 1)
-    _check_int("steps", steps, 1)
-    _check_int("mc_num", mc_num, 1)
-    _check_int("batch_size", batch_size, 1)
+    check_epsilon(epsilon)
+    check_scale(scale)
+    check_int("gen_length", gen_length, 1)
+    check_int("steps", steps, 1)
+    check_int("mc_num", mc_num, 1)
+    check_int("batch_size", batch_size, 1)
     if block_length is not None:
-        _check_int("block_length", block_length, 1)
+        check_int("block_length", block_length, 1)
         if gen_length % block_length:
             raise ValueError(f"block_length={block_length} must divide gen_length={gen_length}")
     if figure_steps is not None:
@@ -75,8 +70,8 @@ def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablat
 def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int, prompt_length: int,
                            seed: int = 0) -> list[str]:
     """`num_prompts` windows of `prompt_length` tokens from the documents (seeded offsets), as text."""
-    _check_int("num_prompts", num_prompts, 1)
-    _check_int("prompt_length", prompt_length, 2)
+    check_int("num_prompts", num_prompts, 1)
+    check_int("prompt_length", prompt_length, 2)
     from sinkdlm.data import encode_texts
 
     docs = [ids for ids in encode_texts(tokenizer, list(documents)) if len(ids) >= prompt_length]
@@ -148,10 +143,10 @@ def analyze(
     ids = encode_texts(tokenizer, list(prompts))
     if any(not row for row in ids):
         raise ValueError("a prompt encodes to no tokens; give non-empty prompts")
-    longest = max(len(r) for r in ids) + gen_length + cfg.num_sink_tokens
-    if longest > cfg.max_position_embeddings:
-        raise ValueError(f"prompt ({longest - gen_length - cfg.num_sink_tokens} tokens) + gen_length ({gen_length}) "
-                         f"+ sinks exceeds max_position_embeddings={cfg.max_position_embeddings}; shorten the prompts")
+    longest = max(len(r) for r in ids)
+    if longest + gen_length > cfg.max_content_length:
+        raise ValueError(f"prompt ({longest} tokens) + gen_length ({gen_length}) is longer than the model's "
+                         f"{cfg.content_length_note()} positions; shorten the prompts or gen_length")
     pairs = None
     if ks is not None and ablation_task is None:
         pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
@@ -301,7 +296,7 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
-    from sinkdlm.analysis.figures import _save
+    from sinkdlm.analysis.figures import save_figure
 
     fig = Figure(figsize=(11, 3.2 * len(analyses)), layout="constrained")
     axes = fig.subplots(len(analyses), 2, squeeze=False)
@@ -318,7 +313,7 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path) -> Path:
             ax.set_xticks(layers)
         ax_mass.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax_mass.set(xlabel="layer", ylabel="attention mass on sinks", title=f"{label}: attention on detected sinks")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- report documents

@@ -71,7 +71,7 @@ def analyze(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generation batch."),
     figure_steps: str = typer.Option(None, "--figure-steps", help="Two steps for the attention-map figure, e.g. 0,31."),
     seed: int = typer.Option(0, "--seed", help="Random seed (prompt windows, ELBO noise, sampling)."),
-    device: str = typer.Option(None, "--device", help="cpu | cuda | ... (default: cuda if available)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: as stored)."),
     label: str = typer.Option(None, "--label", help="Model name in the report (default: the directory name)."),
     compare_dirs: Optional[tuple[Path, Path]] = typer.Option(  # noqa: UP007 (typer reads the annotation)

@@ -1,7 +1,8 @@
 """The typer application every command module registers on, and the entry point.
 
 Commands only parse arguments and call library functions. A `ValueError` raised by the library
-(the user's error) is printed as one line `error: ...` with exit code 2, not as a traceback.
+(the user's error) is printed as one line `error: ...` with exit code 2, not as a traceback, with
+the library's parameter names re-spelled as the command's flags (`seq_len` -> `--seq-len`).
 """
 
 from __future__ import annotations
@@ -31,5 +32,24 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, standalone_mode=True)
     except ValueError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        from sinkdlm.validation import cli_message
+
+        message = cli_message(str(e), _command_flags(argv if argv is not None else sys.argv[1:]))
+        typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
         sys.exit(2)
+
+
+def _command_flags(argv: list[str]) -> list[str]:
+    """Long option names of the command named in `argv` (to re-spell library names in errors)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    cmd, flags = group, []
+    for word in argv:
+        sub = getattr(cmd, "commands", {}).get(word) if not word.startswith("-") else None
+        if sub is None:
+            continue
+        cmd = sub
+    for param in getattr(cmd, "params", []):
+        flags += [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]
+    return flags

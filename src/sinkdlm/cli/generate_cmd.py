@@ -40,7 +40,7 @@ def generate(
     remasking: str = typer.Option("low_confidence", "--remasking", help="low_confidence | random"),
     threshold: float = typer.Option(None, "--threshold", help="Confidence-threshold parallel decoding (e.g. 0.9)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (used when temperature > 0 or remasking=random)."),
-    device: str = typer.Option(None, "--device", help="cpu | cuda | ... (default: cuda if available)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: as stored)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, steps_taken, seconds."),
     show_steps: bool = typer.Option(False, "--show-steps", help="Print the partially unmasked text after every step."),

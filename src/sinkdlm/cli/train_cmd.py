@@ -49,7 +49,7 @@ def train(
     shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head)."),
     attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda[:N]"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 instead of DDP under torchrun (not supported yet: refused with an explanation)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir"),
 ) -> None:

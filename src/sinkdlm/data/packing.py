@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from .corpus import check_split, corpus_fingerprint, iter_documents
 from .tokenizer import encode_texts, tokenizer_fingerprint
+from sinkdlm.validation import check_int
 
 # Bump when the packing layout changes (separator, dtype rule, document splitting), so old
 # cache files are never read as new ones.
@@ -40,12 +41,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _check_seq_len(seq_len: int, max_seq_len: int | None) -> None:
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be a positive number of tokens, got {seq_len}")
+    """`max_seq_len` is the model's `ModelConfig.max_content_length` (positions minus sinks)."""
+    check_int("seq_len", seq_len, 1)
     if max_seq_len is not None and seq_len > max_seq_len:
         raise ValueError(
-            f"seq_len={seq_len} is longer than the model's max_seq_len={max_seq_len}; "
-            "lower seq_len or use a model with a longer context"
+            f"seq_len={seq_len} is longer than the {max_seq_len} positions the model leaves for "
+            "tokens (max_position_embeddings minus the sink tokens, which take positions of their "
+            "own); lower seq_len or use a model with a longer context"
         )
 
 

@@ -101,6 +101,9 @@ def run_experiment(
     preset = get_preset(preset) if isinstance(preset, str) else preset
     out = Path(out)
     check_inputs(preset, out, init_from, data)
+    from sinkdlm.device import check_device
+
+    check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise

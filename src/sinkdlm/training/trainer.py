@@ -47,6 +47,7 @@ from sinkdlm.model.checkpoint import ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
+from sinkdlm.device import resolve_device
 
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "train_config.json"
@@ -73,12 +74,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
         (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2), foreach=True)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
@@ -267,6 +262,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(out)
+        ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
     ckpt = latest_checkpoint(out) if cfg.resume else None
     if cfg.resume and ckpt is None and env.is_main:
         print(f"[sinkdlm] --resume: no checkpoint under {out}/checkpoints yet; starting from step 0", flush=True)
@@ -283,7 +279,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
         if not env.is_main:
             tokenizer = prepare_tokenizer(cfg, preset_vocab)
     model = build_model(cfg, tokenizer) if ckpt is None else _resume_model(ckpt, cfg, tokenizer)
-    max_len = model.config.max_position_embeddings - model.config.num_sink_tokens
+    max_len = model.config.max_content_length
     if env.is_main:
         train_set = load_batches(cfg, tokenizer, max_len, "train")
         val_set = load_batches(cfg, tokenizer, max_len, "validation")
