@@ -18,6 +18,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Plain click help: rich's table truncates long option names (`--attention-anneal-s…`)
+    # on an 80-column terminal and hides the default column; plain help wraps instead.
+    rich_markup_mode=None,
 )
 
 
