@@ -129,7 +129,7 @@ def test_unwritable_cache_dir_stops_training_before_work(tmp_path, capsys):
     assert err.startswith("error: --cache-dir ") and "is not writable" in err and len(err.strip().splitlines()) == 1
 
 
-def test_generate_device_auto(tmp_path):
+def test_generate_device_auto_and_surplus_steps_note(tmp_path):
     from typer.testing import CliRunner
 
     from sinkdlm.cli.app import app
@@ -143,6 +143,8 @@ def test_generate_device_auto(tmp_path):
     torch.manual_seed(0)
     DiffusionLM(model).save_pretrained(tmp_path, tokenizer=word_tokenizer())
     result = CliRunner().invoke(app, ["generate", "--model", str(tmp_path), "--prompt", "w1 w2", "--gen-length", "4",
-                                      "--steps", "4", "--device", "auto", "--json"])
+                                      "--steps", "6", "--device", "auto", "--json"])
     assert result.exit_code == 0, result.output
-    assert len(json.loads(result.stdout)["tokens"]) == 4
+    out = json.loads(result.stdout)
+    assert len(out["tokens"]) == 4 and out["steps_taken"] == 4  # one token per step at most
+    assert "note: --steps 6 > --gen-length 4" in result.stderr  # explained, not silently changed

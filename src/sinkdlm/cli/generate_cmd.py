@@ -60,6 +60,10 @@ def generate(
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")
 
+    if threshold is None and steps is not None and steps > gen_length:
+        # The schedule commits at least one token per step; the surplus steps would commit nothing.
+        typer.echo(f"note: --steps {steps} > --gen-length {gen_length}: at most one token is committed per "
+                   f"step, so {gen_length} steps run", err=True)
     callback = None
     if show_steps:
         out_stream = sys.stderr if as_json else sys.stdout

@@ -59,6 +59,9 @@ def train(
     from sinkdlm.training import train as run
 
     config_file = flags.pop("config")
+    if flags["init_from"] and flags["preset"]:
+        typer.echo(f"note: --preset {flags['preset']} is ignored: --init-from {flags['init_from']} brings its own "
+                   "architecture (its config.json)", err=True)
     cfg = TrainConfig.resolve(config_file, **flags)
     summary = run(cfg)
     typer.echo(json.dumps(summary))
