@@ -58,6 +58,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             f"tokenizer directory {str(path)!r} has no tokenizer.json or tokenizer_config.json; "
             "point to a directory written by save_pretrained (or a checkpoint directory with tokenizer files)"
         )
+    if (path / "config.json").is_file():  # a checkpoint: AutoTokenizer reads its model_type "sinkdlm"
+        from sinkdlm import register_hf
+
+        register_hf()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:

@@ -183,7 +183,7 @@ def run_experiment(
                     n_prompts = settings.pop("num_prompts")
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
-                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, **settings)
+                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
                 analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
