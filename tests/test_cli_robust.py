@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,3 +149,38 @@ def test_generate_device_auto_and_surplus_steps_note(tmp_path):
     out = json.loads(result.stdout)
     assert len(out["tokens"]) == 4 and out["steps_taken"] == 4  # one token per step at most
     assert "note: --steps 6 > --gen-length 4" in result.stderr  # explained, not silently changed
+
+
+# ----------------------------------------------------------------------------- first-run messages
+def test_packing_says_what_it_does_once(tmp_path, capsys):
+    from sinkdlm.data import train_bpe_tokenizer
+    from sinkdlm.data.packing import pack_corpus
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"paragraph {i} " + "word " * 40 for i in range(20)))
+    tok = train_bpe_tokenizer(["word paragraph " * 50], 300)
+    path = pack_corpus(str(corpus), tok, 16, "train", cache_dir=tmp_path / "cache")
+    out = capsys.readouterr().out
+    assert "[sinkdlm] packing the train split of" in out and "16-token rows" in out
+    rows = np.load(path).shape[0]
+    assert f"packed {rows} rows ({rows * 16} tokens)" in out
+    pack_corpus(str(corpus), tok, 16, "train", cache_dir=tmp_path / "cache")
+    assert "packing" not in capsys.readouterr().out  # cached: nothing to say
+
+
+def test_sft_truncation_names_the_flag():
+    from sinkdlm.data import train_bpe_tokenizer
+    from sinkdlm.data.sft import tokenize_sft
+
+    tok = train_bpe_tokenizer(["question answer " * 50], 300)
+    with pytest.warns(UserWarning, match="raise --seq-len"):
+        tokenize_sft([{"prompt": "question", "response": "answer " * 30}], tok, 12)
+
+
+def test_missing_tensorboard_is_said(tmp_path, monkeypatch, capsys):
+    from sinkdlm.training.trainer import MetricsLog
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    log = MetricsLog(tmp_path, 0, True, True)
+    assert log.writer is None
+    assert "TensorBoard is not installed" in capsys.readouterr().out

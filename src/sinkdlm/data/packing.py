@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from .corpus import check_split, corpus_fingerprint, iter_documents
 from .tokenizer import encode_texts, tokenizer_fingerprint
@@ -59,11 +62,13 @@ def pack_documents(
     *,
     max_tokens: int | None = None,
     max_seq_len: int | None = None,
+    progress: bool = False,
 ) -> Path:
     """Tokenise, join with eos, pack into ``[num_sequences, seq_len]`` rows at `out_path`.
 
     Streams through a temporary flat file, so memory stays bounded for large corpora;
     `max_tokens` stops reading the documents once that many tokens are in the stream.
+    `progress` shows a tqdm bar of tokens packed (callers pass `sys.stderr.isatty()`).
     The ``.npy`` appears atomically (temp file + `os.replace`).
     """
     _check_seq_len(seq_len, max_seq_len)
@@ -78,7 +83,8 @@ def pack_documents(
     tmp_npy = None
     try:
         total, num_docs = 0, 0
-        with os.fdopen(fd, "wb") as flat:
+        bar = tqdm(total=max_tokens, disable=not progress, unit="tok", unit_scale=True, desc="packing", leave=False)
+        with bar, os.fdopen(fd, "wb") as flat:
             it = iter(documents)
             while max_tokens is None or total < max_tokens:
                 batch = list(islice(it, ENCODE_BATCH))
@@ -93,6 +99,7 @@ def pack_documents(
                 chunk = np.concatenate(pieces)
                 chunk.tofile(flat)
                 total += len(chunk)
+                bar.update(len(chunk))
         if max_tokens is not None:
             total = min(total, max_tokens)
         num_sequences = total // seq_len
@@ -161,7 +168,13 @@ def pack_corpus(
     if path.exists():
         return path
     docs = iter_documents(spec, split, text_field)
-    return pack_documents(docs, tokenizer, seq_len, path, max_tokens=max_tokens)
+    print(f"[sinkdlm] packing the {split} split of {spec} into {seq_len}-token rows (first run only; "
+          f"cached in {path.parent})", flush=True)
+    start = time.perf_counter()
+    out = pack_documents(docs, tokenizer, seq_len, path, max_tokens=max_tokens, progress=sys.stderr.isatty())
+    rows = np.load(out, mmap_mode="r").shape[0]
+    print(f"[sinkdlm] packed {rows} rows ({rows * seq_len} tokens) in {time.perf_counter() - start:.1f} s", flush=True)
+    return out
 
 
 class PackedTokens(Dataset):

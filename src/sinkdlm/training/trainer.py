@@ -97,7 +97,11 @@ def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None):
     texts = iter_documents(cfg.data, "train", cfg.text_field)
     if cfg.max_tokens is not None:  # a quick run trains its tokenizer on about as much text as it packs
         texts = _take_chars(texts, cfg.max_tokens * 6)
+    print(f"[sinkdlm] training a {vocab_size}-token BPE tokenizer on {cfg.data} (first run only; "
+          f"cached in {cache})", flush=True)
+    start = time.perf_counter()
     tok = train_bpe_tokenizer(texts, vocab_size)
+    print(f"[sinkdlm] tokenizer trained in {time.perf_counter() - start:.1f} s", flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
@@ -235,8 +239,10 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.writer = SummaryWriter(str(out / "tensorboard"))
-            except ImportError:  # tensorboard is optional
+            except ImportError:  # tensorboard is optional: say so instead of pretending it logs
                 self.writer = None
+                print("[sinkdlm] TensorBoard is not installed: metrics go to metrics.jsonl only "
+                      "(pip install tensorboard to get out/tensorboard/)", flush=True)
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
