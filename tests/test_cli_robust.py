@@ -50,6 +50,9 @@ def test_help_shows_full_option_names():
     for flag in ("--attention-anneal-steps", "--num-sink-tokens", "--cache-dir", "--text-field"):
         assert flag in out, flag
     assert "…" not in out
+    # train's options default to None (config-file layering); --help shows what they resolve to
+    assert "Global batch in sequences.  [default: 16]" in out and "[default: --no-resume]" in out
+    assert "[default: 128]" in out.split("--seq-len", 1)[1].split("--", 1)[0]
 
 
 # ----------------------------------------------------------------------------- device

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import typer
+import typer.main
 
 app = typer.Typer(
     name="sinkdlm",
@@ -32,14 +33,37 @@ def _root() -> None:
 def main(argv: list[str] | None = None) -> None:
     import sinkdlm.cli  # noqa: F401  (registers every command)
 
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=argv, standalone_mode=True)
+        group = typer.main.get_command(app)
+        if "--help" in args:
+            _show_config_defaults(group)
+        group.main(args=args, prog_name="sinkdlm", standalone_mode=True)
     except ValueError as e:
         from sinkdlm.validation import cli_message
 
-        message = cli_message(str(e), _command_flags(argv if argv is not None else sys.argv[1:]))
+        message = cli_message(str(e), _command_flags(args))
         typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
         sys.exit(2)
+
+
+def _show_config_defaults(group) -> None:
+    """`train`/`sft` options default to None (so a `--config` file is only overridden by flags the
+    user typed); show in `--help` the `TrainConfig` default each one resolves to."""
+    import dataclasses
+
+    from sinkdlm.training.config import TrainConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    for name in ("train", "sft"):
+        for param in getattr(group, "commands", {}).get(name, group).params:
+            value = defaults.get(param.name)
+            if param.default is not None or value is None or "[default" in (param.help or ""):
+                continue
+            if isinstance(value, bool):  # name the switch, not "True"
+                flags = param.opts if value else param.secondary_opts
+                value = flags[0] if flags else value
+            param.help = f"{param.help or ''}  [default: {value}]".strip()
 
 
 def _command_flags(argv: list[str]) -> list[str]:
