@@ -84,3 +84,76 @@ def test_figure_bad_input(tmp_path):
     with pytest.raises(ValueError, match="non-empty"):
         plot_non_sink_fraction({}, tmp_path / "x.png")
     assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- what the figures say
+@pytest.fixture
+def captured(monkeypatch):
+    """The Figure objects the plot functions build (saving still happens)."""
+    import sinkdlm.analysis.figures as F
+
+    figs = []
+    real = F.save_figure
+
+    def keep(fig, path):
+        figs.append(fig)
+        return real(fig, path)
+
+    monkeypatch.setattr(F, "save_figure", keep)
+    return figs
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_layer_ticks_are_integers_titles_name_the_model_and_rows_share_a_scale(tmp_path, captured):
+    norms = {"base": [1.0, 2.0, 3.0], "sink": [10.0, 20.0, 30.0]}
+    mass = {"base": [0.1, 0.2, 0.3], "sink": [0.5, 0.6, 0.7]}
+    plot_layer_bars(norms, norms, mass, tmp_path / "bars.png", title="base vs sink: per layer")
+    fig = captured[-1]
+    assert fig._suptitle.get_text() == "base vs sink: per layer"
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks  # never layer 0.5
+    left = [ax for ax in fig.axes if ax.get_ylabel() == "mean value L2 norm"]
+    assert len(left) == 2 and left[0].get_ylim() == left[1].get_ylim()  # "base" drawn on the sink row's scale
+
+
+def test_empty_panels_say_no_sinks(tmp_path, captured):
+    plot_value_norm_scatter({"a": [], "b": [1.0, 2.0]}, {"a": [1.0, 2.0], "b": [3.0]}, tmp_path / "v.png")
+    assert any("no sinks detected" in t for t in _texts(captured[-1]))
+    plot_largest_sink_positions(np.full((4, 2, 2), -1), tmp_path / "l.png", num_positions=8)
+    assert any("no sinks detected" in t for t in _texts(captured[-1]))
+
+
+def test_no_sink_share_does_not_set_the_colour_scale(tmp_path, captured):
+    pos = np.full((5, 10), -1)  # [T, L*H]: 90 % of entries have no sink
+    pos[:, 0] = 3
+    plot_largest_sink_positions(pos, tmp_path / "l.png", num_positions=6, title="m: largest sink")
+    fig = captured[-1]
+    image = fig.axes[0].images[0]
+    assert image.get_array().shape == (6, 5)  # real positions only, no "no sink" row
+    assert image.norm.vmax == pytest.approx(0.1)  # the largest real share, not the 90 % of "no sink"
+    twin_lines = [ln.get_ydata() for ax in fig.axes for ln in ax.lines if len(ln.get_ydata()) == 5]
+    assert any(np.allclose(y, 0.9) for y in twin_lines)  # the "no sink" share, drawn as a line
+
+
+def test_attention_map_marks_sink_and_prompt(tmp_path, captured):
+    plot_attention_maps(list(maps(2)), ["s0", "s7"], tmp_path / "m.png", sink_positions=[0], prompt_end=5,
+                        note="head shown: strongest sink", title="model: attention maps")
+    fig = captured[-1]
+    assert fig._suptitle.get_text() == "model: attention maps"
+    assert "head shown: strongest sink" in fig._supxlabel.get_text()
+    ax = fig.axes[0]
+    assert any(np.allclose(ln.get_xdata(), 4.5) for ln in ax.lines)  # the prompt | answer boundary
+    assert len(ax.patches) == 1  # the box around the sink's key column
+
+
+def test_run_label_names_the_run(tmp_path):
+    from sinkdlm.reporting import run_label
+
+    assert run_label(tmp_path / "base" / "checkpoints" / "step-30") == "base (step 30)"
+    assert run_label(tmp_path / "runs" / "vanilla-s0" / "train" / "checkpoints" / "step-3") == "vanilla-s0/train (step 3)"
+    assert run_label(tmp_path / "converted") == "converted"

@@ -161,7 +161,7 @@ def test_bad_input_is_one_error_line_before_any_work(checkpoints, tmp_path, caps
     elif case == "no-source":
         args, match = base[:3] + base[5:], "exactly one of --prompts FILE or --data NAME"
     else:
-        args, match = base + ["--figure-steps", "2,9"], "figure_steps"
+        args, match = base + ["--figure-steps", "2,9"], "--figure-steps must be"
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert exc.value.code == 2

@@ -100,10 +100,10 @@ def test_show_steps_prints_the_text_filling_in(checkpoint):
 @pytest.mark.parametrize(
     "args,match",
     [
-        (["--gen-length", "10", "--steps", "10", "--block-length", "4"], "not divisible by block_length"),
+        (["--gen-length", "10", "--steps", "10", "--block-length", "4"], "--gen-length=10 is not divisible by --block-length=4"),
         (["--gen-length", "8", "--steps", "1", "--block-length", "4"], "fewer than the number of blocks"),
-        (["--gen-length", "8"], "steps is required"),
-        (["--gen-length", "80", "--steps", "80"], "max_position_embeddings"),
+        (["--gen-length", "8"], "--steps is required"),
+        (["--gen-length", "80", "--steps", "80"], "--gen-length (80)"),
         (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "not a floating-point torch dtype"),
     ],
 )

@@ -102,7 +102,7 @@ def test_packed_tokens_dataset(tmp_path, tok, corpus_file):
 
 
 def test_errors(tmp_path, tok, corpus_file):
-    with pytest.raises(ValueError, match="seq_len=4096 is longer than the model's max_seq_len=1024"):
+    with pytest.raises(ValueError, match="seq_len=4096 is longer than the 1024 positions the model leaves for tokens"):
         pack_corpus(str(corpus_file), tok, 4096, cache_dir=tmp_path, max_seq_len=1024)
     small = tmp_path / "small.txt"
     small.write_text("a tiny corpus\n\nof two paragraphs")

@@ -133,3 +133,14 @@ def _fake_hf(tmp_path: Path) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     return d
+
+
+def test_device_auto_reaches_every_stage(smoke):
+    """`--device auto` trains, evaluates and analyses (it once reached `model.to("auto")`)."""
+    out, _ = smoke
+    run = out / "runs" / "vanilla-s0"
+    (run / "train" / "DONE.json").unlink()  # training resumes on the resolved device
+    (run / "eval.json").unlink()  # evaluation loads the checkpoint with device="auto"
+    result = CliRunner().invoke(app, ["experiment", "--preset", "smoke", "--out", str(out), "--device", "auto"])
+    assert result.exit_code == 0, result.output
+    assert (run / "eval.json").is_file() and (run / "train" / "DONE.json").is_file()

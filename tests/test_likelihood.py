@@ -131,7 +131,7 @@ def test_shift_logits_scores_with_the_previous_position():
         ((PREFIX, CONT), dict(eps=1.0), "eps must lie"),
         (([PREFIX, PREFIX], [CONT]), {}, "both be one sequence or both N"),
         ((PREFIX, [[1], [2]]), {}, "both be one sequence or both N"),
-        (([1] * 62, CONT), {}, "exceeds max_position_embeddings"),
+        (([1] * 62, CONT), {}, "is longer than the model.s .* positions"),
         ((PREFIX, [99]), {}, "vocab_size"),
         (([], CONT), dict(shift_logits=True), "shift_logits needs a prefix"),
         ((torch.tensor([1.0]), CONT), {}, "integer token ids"),

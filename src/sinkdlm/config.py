@@ -167,6 +167,23 @@ class ModelConfig(_ModelSwitchFields):
         """{switch name: value} for every switch of `MODEL_SWITCHES`."""
         return {s.name: getattr(self, s.name) for s in MODEL_SWITCHES}
 
+    def max_content_length(self) -> int:
+        """Positions left for real tokens (prompt + answer, or a training sequence).
+
+        The sink tokens occupy positions of their own (One-Token eq. 5), so content + sinks must
+        fit in `max_position_embeddings`: e.g. 1024 positions with 4 sinks leave 1020.
+        """
+        return self.max_position_embeddings - self.num_sink_tokens
+
+    def content_length_note(self) -> str:
+        """`max_content_length` with its arithmetic, for error messages."""
+        if self.num_sink_tokens == 0:
+            return f"{self.max_content_length} (max_position_embeddings)"
+        return (
+            f"{self.max_content_length} (max_position_embeddings={self.max_position_embeddings} "
+            f"minus {self.num_sink_tokens} sink token{'s' if self.num_sink_tokens > 1 else ''})"
+        )
+
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

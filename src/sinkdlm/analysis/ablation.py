@@ -29,7 +29,8 @@ from typing import Protocol
 
 import torch
 
-from sinkdlm.analysis.metrics import _check_epsilon, _check_scale, _exclusive_mean, received_attention
+from sinkdlm.analysis.metrics import exclusive_mean, received_attention
+from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
@@ -73,10 +74,9 @@ def sink_key_masks(
     attention_mask `[B, L]` content padding (True = real): sinks are found on the real positions.
     Returns None for K = 0 (nothing to mask: the forward is the unablated one).
     """
-    eps = _check_epsilon(epsilon)
-    _check_scale(scale)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    eps = check_epsilon(epsilon)
+    check_scale(scale)
+    check_int("k", k, 0)
     if k == 0:
         return None
     seq_len = attentions[0].shape[-1] - num_sink_tokens
@@ -87,7 +87,7 @@ def sink_key_masks(
         keep = torch.ones(b, h, s, dtype=torch.bool, device=attn.device)
         for g in groups:
             c = received_attention(g.sub_attention(attn), scale, query_mask=g.content_sub)  # [b', H, S'] eq. 3
-            is_sink = c > _exclusive_mean(c) + eps
+            is_sink = c > exclusive_mean(c) + eps
             if g.sink_sub and not include_extra_sink:
                 is_sink[..., g.sink_sub] = False  # the extra sink is never a candidate
             score = c.masked_fill(~is_sink, float("-inf"))
@@ -132,11 +132,10 @@ class SinkMasker:
 
     def __init__(self, model, k: int, *, epsilon: float = 3.0, scale: str = "sum", include_extra_sink: bool = False,
                  protocol: str = "clean"):
-        _check_epsilon(epsilon)
-        _check_scale(scale)
+        check_epsilon(epsilon)
+        check_scale(scale)
         check_protocol(protocol)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        check_int("k", k, 0)
         config = getattr(model, "config", model)
         if protocol == "clean" and not callable(model):
             raise ValueError("the clean protocol runs the model on step t-1's input: pass the model, not its config")

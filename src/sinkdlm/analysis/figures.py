@@ -6,7 +6,10 @@ created; written to a temp file and renamed, so a crash never leaves half a PNG)
 returns the path. Figures are built on ``matplotlib.figure.Figure`` with the Agg
 canvas, never through ``pyplot``: no global backend switch, no open-figure registry
 to close, safe in threads. Where several models make sense, pass a dict
-``label -> data`` and they are drawn side by side (or one row per model).
+``label -> data`` and they are drawn side by side (or one row per model) on a shared
+y-scale, so panels compare at a glance. Every figure takes ``title=`` (shown on top; the
+report passes one naming the model), layer axes have integer ticks only, and a panel
+with nothing to show says so ("no sinks detected") instead of staying blank.
 """
 
 from __future__ import annotations
@@ -49,19 +52,42 @@ def _same_models(name_a: str, a: dict, name_b: str, b: dict) -> None:
         raise ValueError(f"{name_a} and {name_b} must hold the same models, got {list(a)} vs {list(b)}")
 
 
-def _save(fig: Figure, path) -> Path:
+def integer_ticks(ax, axis: str = "x") -> None:
+    """Integer ticks only (layers, steps, positions): never a tick at layer 2.5."""
+    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def say_empty(ax, text: str = "no sinks detected") -> None:
+    """Write `text` in the middle of a panel that has nothing to draw."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="0.35")
+
+
+def _title(fig: Figure, title: str | None) -> None:
+    if title:
+        fig.suptitle(title, fontsize=12)
+
+
+def save_figure(fig: Figure, path) -> Path:
+    """Render `fig` (Agg, no pyplot) to a PNG at `path`, atomically; returns the path."""
     FigureCanvasAgg(fig)  # attach the Agg canvas explicitly (no pyplot, no global backend)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI), suffix=".png")
 
 
-def plot_attention_maps(maps, titles, path, *, row_labels: Sequence[str] | None = None, gamma: float = 0.4) -> Path:
+def plot_attention_maps(
+    maps, titles, path, *, row_labels: Sequence[str] | None = None, gamma: float = 0.4,
+    sink_positions: Sequence[int] | Sequence[Sequence[int]] = (), prompt_end: int | Sequence[int | None] | None = None,
+    title: str | None = None, note: str | None = None,
+) -> Path:
     """Attention maps side by side (One-Token Fig. 1 left), one shared colour scale.
 
     ``maps``: a sequence of ``[S, S]`` maps (one row), or a sequence of rows, each a
     sequence of maps or ``[N, S, S]`` (e.g. one row per model, one column per step).
     ``titles``: one per map (flat or nested like ``maps``). Rows are queries, columns
     keys; a power-law colour scale (``gamma`` < 1) keeps thin sink columns visible next
-    to the bright ones.
+    to the bright ones. ``sink_positions`` (the extra sink tokens, per row when nested) are
+    outlined in cyan; ``prompt_end`` (the first generated position, per row when a list)
+    is drawn as a white dashed line on both axes. ``note`` goes under the figure (e.g. how
+    the head was chosen).
     """
     arrays = [_np(m, "maps") for m in maps]
     if not arrays:
@@ -81,6 +107,13 @@ def plot_attention_maps(maps, titles, path, *, row_labels: Sequence[str] | None 
     if row_labels is not None and len(row_labels) != len(rows):
         raise ValueError(f"got {len(row_labels)} row_labels for {len(rows)} rows")
     n_cols = max(len(r) for r in rows)
+    sinks_per_row = (
+        [list(p) for p in sink_positions] if sink_positions and not isinstance(sink_positions[0], (int, np.integer))
+        else [list(sink_positions)] * len(rows)
+    )
+    ends = list(prompt_end) if isinstance(prompt_end, (list, tuple)) else [prompt_end] * len(rows)
+    if len(sinks_per_row) != len(rows) or len(ends) != len(rows):
+        raise ValueError(f"sink_positions and prompt_end need one entry per row ({len(rows)} rows)")
     vmax = max(float(m.max()) for row in rows for m in row) or 1.0
     norm = PowerNorm(gamma=gamma, vmin=0.0, vmax=vmax)  # shared by every panel
 
@@ -98,12 +131,28 @@ def plot_attention_maps(maps, titles, path, *, row_labels: Sequence[str] | None 
             ax.set_title(next(titles_iter), fontsize=10)
             ax.set_xlabel("key j")
             ax.set_ylabel("query i" if row_labels is None else f"{row_labels[r]}\nquery i")
+            size = row[c].shape[0]
+            for j in sinks_per_row[r]:  # the extra sink's key column (eq. 6: every query may attend to it)
+                ax.axvspan(j - 0.5, j + 0.5, fill=False, edgecolor="cyan", linewidth=1.2)
+            if ends[r] is not None and 0 < ends[r] < size:
+                for line in (ax.axvline, ax.axhline):
+                    line(ends[r] - 0.5, color="white", linestyle="--", linewidth=0.9)
+            integer_ticks(ax, "x")
+            integer_ticks(ax, "y")
     fig.colorbar(image, ax=axes.ravel().tolist(), label=f"attention probability (power {gamma})")
-    return _save(fig, path)
+    legend = []
+    if any(sinks_per_row):
+        legend.append("cyan box: extra sink token")
+    if any(e is not None for e in ends):
+        legend.append("dashed: prompt | generated boundary")
+    _title(fig, title)
+    if note or legend:
+        fig.supxlabel("\n".join([*([note] if note else []), "; ".join(legend)]).strip(), fontsize=9)
+    return save_figure(fig, path)
 
 
 def plot_value_norm_scatter(
-    sink_norms, normal_norms, path, *, max_points: int = 10_000, seed: int = 0
+    sink_norms, normal_norms, path, *, max_points: int = 10_000, seed: int = 0, title: str | None = None
 ) -> Path:
     """Value-space norms of sink vs normal tokens (One-Token Fig. 1 right), means in the legend.
 
@@ -115,8 +164,10 @@ def plot_value_norm_scatter(
     _same_models("sink_norms", sinks, "normal_norms", normals)
     rng = np.random.default_rng(seed)
     fig = Figure(figsize=(4.5 * len(sinks), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(sinks), squeeze=False)[0]
+    axes = fig.subplots(1, len(sinks), squeeze=False, sharey=True)[0]
     for ax, label in zip(axes, sinks):
+        if _np(sinks[label], "sink_norms").size == 0:
+            say_empty(ax, "no sinks detected\n(only normal tokens shown)")
         for name, values, colour in (
             ("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
             ("sink tokens", _np(sinks[label], "sink_norms").ravel(), "tab:red"),
@@ -130,10 +181,11 @@ def plot_value_norm_scatter(
         if label:
             ax.set_title(label)
         ax.legend(fontsize=8, markerscale=3)
-    return _save(fig, path)
+    _title(fig, title)
+    return save_figure(fig, path)
 
 
-def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path) -> Path:
+def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path, *, title: str | None = None) -> Path:
     """Per-layer bars (One-Token Fig. 3): left the mean value norm of the extra sink vs
     all other tokens, right the share of attention mass on the sink.
 
@@ -144,7 +196,7 @@ def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path) -> Path:
     _same_models("extra_sink_norm", sinks, "others_norm", others)
     _same_models("extra_sink_norm", sinks, "sink_mass", masses)
     fig = Figure(figsize=(11, 3.2 * len(sinks)), layout="constrained")
-    axes = fig.subplots(len(sinks), 2, squeeze=False)
+    axes = fig.subplots(len(sinks), 2, squeeze=False, sharey="col")  # rows compare on one scale
     for (ax_norm, ax_mass), label in zip(axes, sinks):
         s, o, m = (_np(d[label], n).ravel() for d, n in ((sinks, "extra_sink_norm"),
                                                          (others, "others_norm"), (masses, "sink_mass")))
@@ -164,11 +216,15 @@ def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path) -> Path:
         ax_mass.set_xlabel("layer")
         ax_mass.set_ylabel("attention mass on sink")
         ax_mass.set_title(f"{label + ': ' if label else ''}attention mass on the sink per layer", fontsize=10)
-    return _save(fig, path)
+        integer_ticks(ax_norm)
+        integer_ticks(ax_mass)
+    _title(fig, title)
+    return save_figure(fig, path)
 
 
 def plot_non_sink_fraction(
-    curves: Mapping[str, Mapping[float, float]], path, *, scale: str = "sum", mark_epsilon: float | None = 3.0
+    curves: Mapping[str, Mapping[float, float]], path, *, scale: str = "sum", mark_epsilon: float | None = 3.0,
+    title: str | None = None,
 ) -> Path:
     """Non-sink fraction vs ϵ, one line per model (Rulli et al. Fig. 10).
 
@@ -193,11 +249,13 @@ def plot_non_sink_fraction(
     ax.set_ylabel("non-sink tokens")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    _title(fig, title)
+    return save_figure(fig, path)
 
 
 def plot_largest_sink_positions(
-    positions, path, *, num_positions: int | None = None, extra_sink_positions: Sequence[int] = ()
+    positions, path, *, num_positions: int | None = None, extra_sink_positions: Sequence[int] = (),
+    title: str | None = None,
 ) -> Path:
     """Largest-sink position vs denoising step, as a heatmap.
 
@@ -205,7 +263,10 @@ def plot_largest_sink_positions(
     ``largest_sink_positions``; -1 = no sink), or a dict ``label -> [T, ...]`` for one
     panel per model. The colour of (step, position) is the share of the trailing
     entries (layers x heads) whose largest sink sits there, so a stable sink is a
-    horizontal line and a moving sink jumps. ``extra_sink_positions`` are marked.
+    horizontal line and a moving sink jumps. The colour scale spans the shares of real
+    positions only: the "no sink" share (often the largest) is drawn as a white line on its
+    own right-hand axis instead of as a heatmap row that would wash out the rest.
+    ``extra_sink_positions`` are marked; a panel without any sink says so.
     """
     models = _models(positions, "positions")
     arrays = {k: _np(v, "positions") for k, v in models.items()}
@@ -216,30 +277,48 @@ def plot_largest_sink_positions(
     size = num_positions if num_positions is not None else top
     if size < top:
         raise ValueError(f"num_positions={num_positions} but a position {top - 1} occurs")
-    has_none = any(bool((a == -1).any()) for a in arrays.values())
-    low = -1 if has_none else 0  # an extra bottom row for "no sink" only when needed
+    size = max(size, 1)
 
-    fig = Figure(figsize=(5.0 * len(arrays) + 1.0, 4.0), layout="constrained")
-    axes = fig.subplots(1, len(arrays), squeeze=False)[0]
+    shares, none_share = {}, {}
+    for label, a in arrays.items():
+        per_step = a.reshape(a.shape[0], -1).astype(int)  # [T, N]
+        counts = np.stack([np.bincount(row + 1, minlength=size + 1) for row in per_step], axis=1)  # [1+S, T]
+        n = max(per_step.shape[1], 1)
+        shares[label] = counts[1:] / n  # [S, T] real positions
+        none_share[label] = counts[0] / n  # [T]
+    vmax = max(float(v.max()) for v in shares.values() if v.size) or 1.0  # shared by every panel
+
+    fig = Figure(figsize=(5.4 * len(arrays) + 1.0, 4.0), layout="constrained")
+    axes = fig.subplots(1, len(arrays), squeeze=False, sharey=True)[0]
     image = None
     for ax, (label, a) in zip(axes, arrays.items()):
-        per_step = a.reshape(a.shape[0], -1).astype(int) - low  # [T, N], shifted to 0..
-        share = np.stack([np.bincount(row, minlength=size - low) / row.size for row in per_step], axis=1)
-        image = ax.imshow(share, origin="lower", aspect="auto", cmap="magma", vmin=0.0, vmax=1.0,
-                          interpolation="nearest", extent=(-0.5, a.shape[0] - 0.5, low - 0.5, size - 0.5))
+        steps = a.shape[0]
+        image = ax.imshow(shares[label], origin="lower", aspect="auto", cmap="magma", vmin=0.0, vmax=vmax,
+                          interpolation="nearest", extent=(-0.5, steps - 0.5, -0.5, size - 0.5))
         for p in extra_sink_positions:
             ax.axhline(p, color="tab:cyan", linestyle="--", linewidth=0.8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if not shares[label].any():
+            say_empty(ax)
+        if none_share[label].any():
+            twin = ax.twinx()
+            twin.plot(np.arange(steps), none_share[label], color="white", linewidth=1.2, marker=".", markersize=3)
+            twin.set_ylim(0, 1.02)
+            twin.yaxis.set_major_formatter(PercentFormatter(1.0))
+            twin.set_ylabel("no sink (white line)", fontsize=9)
+        integer_ticks(ax, "x")
+        integer_ticks(ax, "y")
         ax.set_xlabel("denoising step")
-        ax.set_ylabel("largest-sink position" + (" (-1 = none)" if has_none else ""))
+        ax.set_ylabel("largest-sink position")
         if label:
             ax.set_title(label)
-    fig.colorbar(image, ax=axes.tolist(), label="share of (layer, head)")
-    return _save(fig, path)
+    fig.colorbar(image, ax=axes.tolist(), label="share of (layer, head)", location="bottom", shrink=0.6)
+    _title(fig, title)
+    return save_figure(fig, path)
 
 
-def plot_training_curves(curves: Mapping[str, tuple], path, *, ylabel: str = "validation loss (ELBO bound / token)") -> Path:
+def plot_training_curves(
+    curves: Mapping[str, tuple], path, *, ylabel: str = "validation loss (ELBO bound / token)", title: str | None = None
+) -> Path:
     """Mean ± std over seeds of a metric vs step, one line per model.
 
     ``curves``: ``label -> (steps [T], mean [T], std [T])``.
@@ -254,13 +333,18 @@ def plot_training_curves(curves: Mapping[str, tuple], path, *, ylabel: str = "va
         ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
+    integer_ticks(ax)
     ax.grid(alpha=0.3)
     ax.legend()
+    if title:
+        ax.set_title(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def plot_score_bars(scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "score") -> Path:
+def plot_score_bars(
+    scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "score", title: str | None = None
+) -> Path:
     """Grouped bars with error bars: ``metric -> {model -> (mean, err)}`` (one group per metric)."""
     if not scores:
         raise ValueError("scores is empty; pass at least one metric")
@@ -278,5 +362,7 @@ def plot_score_bars(scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: 
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
+    if title:
+        ax.set_title(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

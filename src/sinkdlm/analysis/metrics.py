@@ -24,7 +24,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 import torch
 
-SCALES = ("sum", "mean")
+from sinkdlm.validation import SCALES, check_epsilon, check_epsilons, check_scale
+
 DEFAULT_EPSILONS = (0.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0)  # Rulli et al. Fig. 10
 TOKEN_TYPES = ("mask", "whitespace", "punctuation", "other")  # + "sink" when asked
 
@@ -60,30 +61,6 @@ def _check_attn(attn, name: str = "attn") -> torch.Tensor:
             "others, so at least 2 keys are needed"
         )
     return attn
-
-
-def _check_scale(scale: str) -> None:
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; use 'sum' (column sum, default) or 'mean' (column mean)")
-
-
-def _check_epsilon(epsilon) -> float:
-    try:
-        eps = float(epsilon)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"epsilon must be a number, got {epsilon!r}") from err
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
-    return eps
-
-
-def _check_epsilons(epsilons) -> list[float]:
-    if isinstance(epsilons, (int, float)):
-        epsilons = (epsilons,)
-    eps = [_check_epsilon(e) for e in epsilons]
-    if not eps:
-        raise ValueError("epsilons is empty; pass at least one threshold, e.g. (3.0,)")
-    return eps
 
 
 def _check_keep(keep_leading: int, available: int) -> None:
@@ -155,13 +132,13 @@ def received_attention(attn, scale: str = "sum", *, query_mask=None) -> torch.Te
     Pass the content rows for a model with extra sink tokens: a sink's own row is forced one-hot
     on itself (One-Token eq. 6) and would add exactly 1 to its own column.
     """
-    _check_scale(scale)
+    check_scale(scale)
     attn = _query_rows(_check_attn(attn), query_mask)
     c = attn.sum(dim=-2)  # column sum over the counted queries, [..., S]
     return c / attn.shape[-2] if scale == "mean" else c
 
 
-def _exclusive_mean(c: torch.Tensor) -> torch.Tensor:
+def exclusive_mean(c: torch.Tensor) -> torch.Tensor:
     """``mean_{k != j} c_k`` for every j: ``c [..., S]`` -> ``[..., S]``."""
     return (c.sum(dim=-1, keepdim=True) - c) / (c.shape[-1] - 1)
 
@@ -173,9 +150,9 @@ def detect_sinks(attn, epsilon: float = 3.0, scale: str = "sum", *, query_mask=N
     maps on the sum scale with every row counted this equals the closed form
     ``c_j > 1 + ϵ (S-1)/S``. ``query_mask`` as in :func:`received_attention`.
     """
-    eps = _check_epsilon(epsilon)
+    eps = check_epsilon(epsilon)
     c = received_attention(attn, scale, query_mask=query_mask)  # [..., S]
-    return c > _exclusive_mean(c) + eps
+    return c > exclusive_mean(c) + eps
 
 
 def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_mask=None) -> dict[float, tuple[int, int]]:
@@ -184,9 +161,9 @@ def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_ma
     Counts rather than a fraction so that a recorder can add them up over steps and
     layers and divide once at the end.
     """
-    eps_list = _check_epsilons(epsilons)
+    eps_list = check_epsilons(epsilons)
     c = received_attention(attn, scale, query_mask=query_mask)  # [..., S]
-    threshold = _exclusive_mean(c)  # computed once, shared by every ϵ
+    threshold = exclusive_mean(c)  # computed once, shared by every ϵ
     total = c.numel()
     return {e: (total - int((c > threshold + e).sum()), total) for e in eps_list}
 
@@ -248,12 +225,12 @@ def largest_sink(attn, *, epsilon: float | None = None, scale: str = "sum", quer
     sink at that ϵ are -1 (the test ``c_j > mean_{k != j} c_k + ϵ`` is monotone in c_j,
     so if any key is a sink, the argmax is one).
     """
-    eps = None if epsilon is None else _check_epsilon(epsilon)
+    eps = None if epsilon is None else check_epsilon(epsilon)
     c = received_attention(attn, scale, query_mask=query_mask)  # [..., S]
     pos = c.argmax(dim=-1)  # [...]
     if eps is None:
         return pos
-    is_sink = (c > _exclusive_mean(c) + eps).gather(-1, pos.unsqueeze(-1)).squeeze(-1)
+    is_sink = (c > exclusive_mean(c) + eps).gather(-1, pos.unsqueeze(-1)).squeeze(-1)
     return torch.where(is_sink, pos, torch.full_like(pos, -1))
 
 

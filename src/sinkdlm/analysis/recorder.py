@@ -38,15 +38,13 @@ import torch
 from sinkdlm.analysis.metrics import (
     DEFAULT_EPSILONS,
     TOKEN_TYPES,
-    _check_epsilon,
-    _check_epsilons,
-    _check_scale,
-    _exclusive_mean,
+    exclusive_mean,
     received_attention,
     token_type,
     value_norms,
 )
 from sinkdlm.model.sink import sink_indices
+from sinkdlm.validation import check_epsilon, check_epsilons, check_scale
 
 EXTRA_SINK_ID = -1  # token id used for the extra sink token(s) in token-type counts
 
@@ -174,10 +172,10 @@ class SinkRecorder:
         keep_sink_positions: bool = True,
         seed: int = 0,
     ):
-        self.epsilon = _check_epsilon(epsilon)
-        _check_scale(scale)
+        self.epsilon = check_epsilon(epsilon)
+        check_scale(scale)
         self.scale = scale
-        self.epsilons = sorted(set(_check_epsilons(epsilons)) | {self.epsilon})
+        self.epsilons = sorted(set(check_epsilons(epsilons)) | {self.epsilon})
         num_layers = config.num_hidden_layers
         self.num_layers, self.num_heads = num_layers, config.num_attention_heads
         self.num_sink_tokens, self.sink_position = config.num_sink_tokens, config.sink_position
@@ -258,7 +256,7 @@ class SinkRecorder:
         b, h, size = a.shape[0], a.shape[1], a.shape[-1]
         # eq. 3 over the content queries only: the extra sinks' rows are forced one-hot (eq. 6)
         c = received_attention(a, self.scale, query_mask=group.content_sub)  # [b, H, S'] (float32+)
-        threshold = _exclusive_mean(c)  # mean_{k != j} c_k
+        threshold = exclusive_mean(c)  # mean_{k != j} c_k
         sinks_by_eps = torch.stack([(c > threshold + e).sum() for e in self.epsilons])  # [E]
         self._sinks_by_eps[:, layer] += sinks_by_eps.cpu().double()
         self._keys[layer] += c.numel()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
-from sinkdlm.analysis.metrics import _check_epsilon, _check_scale
+from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.reporting import Document
@@ -44,22 +44,17 @@ ARRAYS_NAME = "analysis_arrays.npz"
 
 
 # ----------------------------------------------------------------------------- input checks
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
                   figure_steps=None, out_dir=None, mc_num=16, batch_size=8) -> list[int] | None:
     """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
-    _check_epsilon(epsilon)
-    _check_scale(scale)
-    _check_int("gen_length", gen_length, 1)
-    _check_int("steps", steps, 1)
-    _check_int("mc_num", mc_num, 1)
-    _check_int("batch_size", batch_size, 1)
+    check_epsilon(epsilon)
+    check_scale(scale)
+    check_int("gen_length", gen_length, 1)
+    check_int("steps", steps, 1)
+    check_int("mc_num", mc_num, 1)
+    check_int("batch_size", batch_size, 1)
     if block_length is not None:
-        _check_int("block_length", block_length, 1)
+        check_int("block_length", block_length, 1)
         if gen_length % block_length:
             raise ValueError(f"block_length={block_length} must divide gen_length={gen_length}")
     if figure_steps is not None:
@@ -75,8 +70,8 @@ def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablat
 def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int, prompt_length: int,
                            seed: int = 0) -> list[str]:
     """`num_prompts` windows of `prompt_length` tokens from the documents (seeded offsets), as text."""
-    _check_int("num_prompts", num_prompts, 1)
-    _check_int("prompt_length", prompt_length, 2)
+    check_int("num_prompts", num_prompts, 1)
+    check_int("prompt_length", prompt_length, 2)
     from sinkdlm.data import encode_texts
 
     docs = [ids for ids in encode_texts(tokenizer, list(documents)) if len(ids) >= prompt_length]
@@ -151,10 +146,10 @@ def analyze(
     ids = encode_texts(tokenizer, list(prompts))
     if any(not row for row in ids):
         raise ValueError("a prompt encodes to no tokens; give non-empty prompts")
-    longest = max(len(r) for r in ids) + gen_length + cfg.num_sink_tokens
-    if longest > cfg.max_position_embeddings:
-        raise ValueError(f"prompt ({longest - gen_length - cfg.num_sink_tokens} tokens) + gen_length ({gen_length}) "
-                         f"+ sinks exceeds max_position_embeddings={cfg.max_position_embeddings}; shorten the prompts")
+    longest = max(len(r) for r in ids)
+    if longest + gen_length > cfg.max_content_length:
+        raise ValueError(f"prompt ({longest} tokens) + gen_length ({gen_length}) is longer than the model's "
+                         f"{cfg.content_length_note()} positions; shorten the prompts or gen_length")
     pairs = None
     if ks is not None and ablation_task is None:
         pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
@@ -228,6 +223,7 @@ def analyze(
             "block_length": block_length or gen_length, "batch_size": batch_size, "seed": seed,
             "max_sequence_positions": recorder.max_positions,
             "figure_layer": recorder.figure_layer, "generate_kwargs": generate_kwargs,
+            "figure_prompt_tokens": lengths[recorder.figure_row] if recorder.figure_row < len(lengths) else None,
         },
         **{k: v for k, v in summary.items() if k != "counts"},
         "ablation": ablation,
@@ -267,6 +263,18 @@ def _extra_positions(analysis: dict) -> list[int]:
     return list(range(size - n, size))
 
 
+HEAD_CHOICE = "head shown: the one of this layer with the largest received attention (strongest sink)"
+
+
+def _map_marks(analysis: dict, size: int) -> tuple[list[int], int | None]:
+    """(extra-sink positions, first generated position) inside the figure row's `[S', S']` map."""
+    m, setup = analysis["model"], analysis["setup"]
+    n, p = m["num_sink_tokens"], setup.get("figure_prompt_tokens")
+    front = m["sink_position"] == "front"
+    sinks = list(range(n)) if front else list(range(size - n, size))
+    return sinks, None if p is None else p + (n if front else 0)
+
+
 def _write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]:
     from sinkdlm.analysis import figures as F
 
@@ -275,40 +283,46 @@ def _write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str
     if "attention_maps" in arrays:
         layer, head = (int(x) for x in arrays["attention_map_layer_head"])
         titles = [f"layer {layer}, head {head}, step {int(s)}" for s in arrays["attention_map_steps"]]
-        F.plot_attention_maps(list(arrays["attention_maps"]), titles, out_dir / FIGURES["attention_maps"])
+        sinks, prompt_end = _map_marks(analysis, arrays["attention_maps"].shape[-1])
+        F.plot_attention_maps(list(arrays["attention_maps"]), titles, out_dir / FIGURES["attention_maps"],
+                              sink_positions=sinks, prompt_end=prompt_end, note=HEAD_CHOICE,
+                              title=f"{label}: attention maps")
         written["attention_maps"] = FIGURES["attention_maps"]
     F.plot_value_norm_scatter(arrays["sink_norm_sample"], arrays["normal_norm_sample"],
-                              out_dir / FIGURES["value_norm_scatter"])
+                              out_dir / FIGURES["value_norm_scatter"], title=f"{label}: value norms, sinks vs normal tokens")
     written["value_norm_scatter"] = FIGURES["value_norm_scatter"]
     extra = analysis["extra_sink"]
     if extra is not None:
         F.plot_layer_bars(_floats(extra["value_norm"]), _floats(extra["others_value_norm"]),
-                          _floats(extra["attention_mass"]), out_dir / FIGURES["layer_bars"])
+                          _floats(extra["attention_mass"]), out_dir / FIGURES["layer_bars"],
+                          title=f"{label}: the extra sink token per layer")
     else:
-        plot_detected_sink_bars({label: analysis}, out_dir / FIGURES["layer_bars"])
+        plot_detected_sink_bars({label: analysis}, out_dir / FIGURES["layer_bars"],
+                                title=f"{label}: detected sinks per layer")
     written["layer_bars"] = FIGURES["layer_bars"]
     curve = {float(e): v for e, v in analysis["non_sink_fraction_by_epsilon"].items()}
     F.plot_non_sink_fraction({label: curve}, out_dir / FIGURES["non_sink_fraction"], scale=analysis["scale"],
-                             mark_epsilon=analysis["epsilon"])
+                             mark_epsilon=analysis["epsilon"], title=f"{label}: non-sink fraction vs ϵ")
     written["non_sink_fraction"] = FIGURES["non_sink_fraction"]
     F.plot_largest_sink_positions(arrays["largest_sink_positions"], out_dir / FIGURES["largest_sink_positions"],
                                   num_positions=analysis["setup"]["max_sequence_positions"],
-                                  extra_sink_positions=_extra_positions(analysis))
+                                  extra_sink_positions=_extra_positions(analysis),
+                                  title=f"{label}: largest sink over denoising steps")
     written["largest_sink_positions"] = FIGURES["largest_sink_positions"]
     return written
 
 
-def plot_detected_sink_bars(analyses: Mapping[str, dict], path) -> Path:
+def plot_detected_sink_bars(analyses: Mapping[str, dict], path, *, title: str | None = None) -> Path:
     """Per-layer bars of the *detected* sinks (any model): value norm of sink vs normal tokens and
     the share of attention on sinks, one row per model (the `plot_layer_bars` layout, with labels
     that do not claim an extra sink token)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
-    from sinkdlm.analysis.figures import _save
+    from sinkdlm.analysis.figures import integer_ticks, save_figure, say_empty
 
     fig = Figure(figsize=(11, 3.2 * len(analyses)), layout="constrained")
-    axes = fig.subplots(len(analyses), 2, squeeze=False)
+    axes = fig.subplots(len(analyses), 2, squeeze=False, sharey="col")  # rows compare on one scale
     for (ax_norm, ax_mass), (label, a) in zip(axes, analyses.items()):
         per = a["value_norm"]["per_layer"]
         sink, normal, mass = _floats(per["sink_mean"]), _floats(per["normal_mean"]), _floats(a["sink_attention_mass"])
@@ -319,10 +333,14 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path) -> Path:
         ax_norm.legend(fontsize=8)
         ax_mass.bar(layers, mass, width=0.7, color="tab:purple")
         for ax in (ax_norm, ax_mass):
-            ax.set_xticks(layers)
+            integer_ticks(ax)
+            if not np.nan_to_num(mass).any():
+                say_empty(ax)
         ax_mass.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax_mass.set(xlabel="layer", ylabel="attention mass on sinks", title=f"{label}: attention on detected sinks")
-    return _save(fig, path)
+    if title:
+        fig.suptitle(title, fontsize=12)
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- report documents
@@ -486,33 +504,40 @@ def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:
 
     figs = {}
     analyses = {k: a for k, (a, _) in runs.items()}
+    versus = " vs ".join(analyses)  # every comparison figure's title names the models
     curves = {k: {float(e): v for e, v in a["non_sink_fraction_by_epsilon"].items()} for k, a in analyses.items()}
     F.plot_non_sink_fraction(curves, out_dir / FIGURES["non_sink_fraction"], scale=scales.pop(),
-                             mark_epsilon=next(iter(analyses.values()))["epsilon"])
+                             mark_epsilon=next(iter(analyses.values()))["epsilon"], title=f"{versus}: non-sink fraction vs ϵ")
     figs["non_sink_fraction"] = FIGURES["non_sink_fraction"]
-    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png")
+    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png", title=f"{versus}: detected sinks per layer")
     figs["sink_mass_layers"] = "sink_mass_layers.png"
     extra = {k: a["extra_sink"] for k, a in analyses.items() if a["extra_sink"] is not None}
     if extra:
         F.plot_layer_bars({k: _floats(e["value_norm"]) for k, e in extra.items()},
                           {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
-                          {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"])
+                          {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"],
+                          title=f"{versus}: the extra sink token per layer")
         figs["layer_bars"] = FIGURES["layer_bars"]
     arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
     if len(arrays) == len(runs):
         F.plot_value_norm_scatter({k: v["sink_norm_sample"] for k, v in arrays.items()},
                                   {k: v["normal_norm_sample"] for k, v in arrays.items()},
-                                  out_dir / FIGURES["value_norm_scatter"])
+                                  out_dir / FIGURES["value_norm_scatter"],
+                                  title=f"{versus}: value norms, sinks vs normal tokens")
         figs["value_norm_scatter"] = FIGURES["value_norm_scatter"]
         F.plot_largest_sink_positions(
             {k: v["largest_sink_positions"] for k, v in arrays.items()}, out_dir / FIGURES["largest_sink_positions"],
-            num_positions=max(a["setup"]["max_sequence_positions"] for a in analyses.values()))
+            num_positions=max(a["setup"]["max_sequence_positions"] for a in analyses.values()),
+            title=f"{versus}: largest sink over denoising steps")
         figs["largest_sink_positions"] = FIGURES["largest_sink_positions"]
         if all("attention_maps" in v for v in arrays.values()):
             maps = [v["attention_maps"] for v in arrays.values()]
             titles = [[f"L{int(v['attention_map_layer_head'][0])} H{int(v['attention_map_layer_head'][1])} "
                        f"step {int(s)}" for s in v["attention_map_steps"]] for v in arrays.values()]
-            F.plot_attention_maps(maps, titles, out_dir / FIGURES["attention_maps"], row_labels=list(arrays))
+            marks = [_map_marks(analyses[k], v["attention_maps"].shape[-1]) for k, v in arrays.items()]
+            F.plot_attention_maps(maps, titles, out_dir / FIGURES["attention_maps"], row_labels=list(arrays),
+                                  sink_positions=[m[0] for m in marks], prompt_end=[m[1] for m in marks],
+                                  note=HEAD_CHOICE, title=f"{versus}: attention maps")
             figs["attention_maps"] = FIGURES["attention_maps"]
     _compare_doc(analyses, figs, out_dir).write(out_dir)
     result = {"models": list(analyses), "figures": figs, "runs": {k: str(Path(d)) for k, d in dirs.items()}}

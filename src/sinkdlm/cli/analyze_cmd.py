@@ -71,9 +71,9 @@ def analyze(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generation batch."),
     figure_steps: str = typer.Option(None, "--figure-steps", help="Two steps for the attention-map figure, e.g. 0,31."),
     seed: int = typer.Option(0, "--seed", help="Random seed (prompt windows, ELBO noise, sampling)."),
-    device: str = typer.Option(None, "--device", help="cpu | cuda | ... (default: cuda if available)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: as stored)."),
-    label: str = typer.Option(None, "--label", help="Model name in the report (default: the directory name)."),
+    label: str = typer.Option(None, "--label", help="Model name in the report (default: the run name and step, e.g. 'base (step 30)')."),
     compare_dirs: Optional[tuple[Path, Path]] = typer.Option(  # noqa: UP007 (typer reads the annotation)
         None, "--compare", help="Two analysis directories (of `analyze --out`) to put side by side."),
     out: Path = typer.Option(..., "--out", help="Output directory."),
@@ -110,6 +110,7 @@ def analyze(
     from sinkdlm.analysis.report import analyze as run, prompts_from_documents
     from sinkdlm.data import load_documents
     from sinkdlm.model.checkpoint import load_model_and_tokenizer
+    from sinkdlm.reporting import run_label
 
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
     if texts is None:
@@ -118,7 +119,7 @@ def analyze(
         net, tokenizer, texts, gen_length=gen_length, steps=steps, block_length=block_length, epsilon=epsilon,
         scale=scale, ablation_k=ks, include_extra_sink=include_extra_sink, out_dir=out, seed=seed,
         figure_steps=tuple(fig_steps) if fig_steps else None, batch_size=batch_size, mc_num=mc_num,
-        label=label or model.resolve().name, progress=not quiet,
+        label=label or run_label(model), progress=not quiet,
     )
     summary = f"non-sink fraction at ϵ={epsilon:g}: {100 * result['non_sink_fraction']:.2f} %"
     if result["ablation"] is not None:

@@ -42,7 +42,7 @@ def eval_command(
     mc_num: int = typer.Option(16, "--mc-num", help="ELBO samples per candidate (cloze words: at most 4)."),
     gen_steps: int = typer.Option(None, "--gen-steps", help="Denoising steps per generation (default: one per token)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Model rows per forward."),
-    device: str = typer.Option(None, "--device", help="cpu | cuda | ... (default: cuda if available)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""

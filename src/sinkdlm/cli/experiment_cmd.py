@@ -17,7 +17,7 @@ def experiment(
     data: Optional[str] = typer.Option(None, "--data", help="Override the preset's corpus."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds (default: the preset's)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override the training budget."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda[:N]"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     gsm8k: Optional[str] = typer.Option(None, "--gsm8k", help="Folder with GSM8K train.jsonl/test.jsonl (paper-0.5b)."),
 ) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""

@@ -40,7 +40,7 @@ def generate(
     remasking: str = typer.Option("low_confidence", "--remasking", help="low_confidence | random"),
     threshold: float = typer.Option(None, "--threshold", help="Confidence-threshold parallel decoding (e.g. 0.9)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (used when temperature > 0 or remasking=random)."),
-    device: str = typer.Option(None, "--device", help="cpu | cuda | ... (default: cuda if available)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: as stored)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, steps_taken, seconds."),
     show_steps: bool = typer.Option(False, "--show-steps", help="Print the partially unmasked text after every step."),
@@ -60,6 +60,10 @@ def generate(
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")
 
+    if threshold is None and steps is not None and steps > gen_length:
+        # The schedule commits at least one token per step; the surplus steps would commit nothing.
+        typer.echo(f"note: --steps {steps} > --gen-length {gen_length}: at most one token is committed per "
+                   f"step, so {gen_length} steps run", err=True)
     callback = None
     if show_steps:
         out_stream = sys.stderr if as_json else sys.stdout

@@ -33,7 +33,7 @@ def train(
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len"),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak lr (default: 2e-4 scratch, 1e-4 AR init)."),
-    min_lr: Optional[float] = typer.Option(None, "--min-lr"),
+    min_lr: Optional[float] = typer.Option(None, "--min-lr", help="Final lr of the cosine (default: 2e-5 scratch, 1e-5 AR init)."),
     save_every: Optional[int] = typer.Option(None, "--save-every"),
     eval_every: Optional[int] = typer.Option(None, "--eval-every"),
     log_every: Optional[int] = typer.Option(None, "--log-every"),
@@ -42,14 +42,14 @@ def train(
     resume: Optional[bool] = typer.Option(None, "--resume/--no-resume", help="Continue from the newest checkpoint in --out."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
     text_field: Optional[str] = typer.Option(None, "--text-field"),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs; default: the whole corpus)."),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm checkpoint (e.g. converted)."),
     shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head)."),
     attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda[:N]"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 instead of DDP under torchrun (not supported yet: refused with an explanation)."),
-    cache_dir: Optional[str] = typer.Option(None, "--cache-dir"),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Cache of trained tokenizers and packed corpora (default: $SINKDLM_CACHE or ~/.cache/sinkdlm)."),
     **switches,
 ) -> None:
     """Train a masked diffusion LM (from scratch or --init-from a converted AR checkpoint)."""
@@ -59,6 +59,9 @@ def train(
     from sinkdlm.training import train as run
 
     config_file = flags.pop("config")
+    if flags["init_from"] and flags["preset"]:
+        typer.echo(f"note: --preset {flags['preset']} is ignored: --init-from {flags['init_from']} brings its own "
+                   "architecture (its config.json)", err=True)
     cfg = TrainConfig.resolve(config_file, **flags)
     summary = run(cfg)
     typer.echo(json.dumps(summary))

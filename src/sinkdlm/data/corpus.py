@@ -136,7 +136,7 @@ def local_files(spec: str) -> list[Path]:
 def _field_error(path: Path, where: str, field: str, present: list[str]) -> ValueError:
     return ValueError(
         f"{path}{where} has no text field {field!r}; fields present: {', '.join(map(repr, present)) or 'none'}. "
-        "Pass text_field= the field that holds the text"
+        "Name the field that holds the text with --text-field"
     )
 
 
@@ -154,16 +154,29 @@ def _record_text(record: object, path: Path, where: str, field: str) -> str:
     return value
 
 
+def not_utf8_error(path: Path, exc: UnicodeDecodeError) -> ValueError:
+    """The error for a text file that is not UTF-8: names the file and the byte offset."""
+    return ValueError(
+        f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); text corpora must be UTF-8 — "
+        f"convert it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"
+    )
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
     """``(line number, parsed value)`` for each non-blank line of a JSON Lines file."""
     with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno} is not valid JSON ({exc.msg}); expected one object per line") from exc
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno} is not valid JSON ({exc.msg}); expected one object per line") from exc
+                yield lineno, record
+        except UnicodeDecodeError as exc:
+            raise not_utf8_error(path, exc) from None
 
 
 def _read_jsonl(path: Path, field: str) -> list[str]:
@@ -200,14 +213,17 @@ def _read_txt(path: Path) -> list[str]:
 
 def _read_file(path: Path, field: str) -> list[str]:
     suffix = path.suffix.lower()
-    if suffix == ".txt":
-        texts = _read_txt(path)
-    elif suffix == ".jsonl":
-        texts = _read_jsonl(path, field)
-    elif suffix == ".json":
-        texts = _read_json(path, field)
-    else:
-        texts = _read_parquet(path, field)
+    try:
+        if suffix == ".txt":
+            texts = _read_txt(path)
+        elif suffix == ".jsonl":
+            texts = _read_jsonl(path, field)
+        elif suffix == ".json":
+            texts = _read_json(path, field)
+        else:
+            texts = _read_parquet(path, field)
+    except UnicodeDecodeError as exc:
+        raise not_utf8_error(path, exc) from None
     return [t for t in texts if t.strip()]  # records are kept verbatim; blank ones dropped
 
 
@@ -266,7 +282,7 @@ def _iter_hf(spec: str, split: str, field: str) -> Iterator[str]:
         if field not in record:
             raise ValueError(
                 f"Hugging Face dataset {name!r} record {i} has no text field {field!r}; fields present: "
-                f"{', '.join(map(repr, record))}. Pass text_field= the field that holds the text"
+                f"{', '.join(map(repr, record))}. Name the field that holds the text with --text-field"
             )
         text = record[field]
         if not isinstance(text, str) or not text.strip():

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from pathlib import Path
@@ -20,9 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from .corpus import check_split, corpus_fingerprint, iter_documents
 from .tokenizer import encode_texts, tokenizer_fingerprint
+from sinkdlm.validation import check_int
 
 # Bump when the packing layout changes (separator, dtype rule, document splitting), so old
 # cache files are never read as new ones.
@@ -40,12 +44,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _check_seq_len(seq_len: int, max_seq_len: int | None) -> None:
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be a positive number of tokens, got {seq_len}")
+    """`max_seq_len` is the model's `ModelConfig.max_content_length` (positions minus sinks)."""
+    check_int("seq_len", seq_len, 1)
     if max_seq_len is not None and seq_len > max_seq_len:
         raise ValueError(
-            f"seq_len={seq_len} is longer than the model's max_seq_len={max_seq_len}; "
-            "lower seq_len or use a model with a longer context"
+            f"seq_len={seq_len} is longer than the {max_seq_len} positions the model leaves for "
+            "tokens (max_position_embeddings minus the sink tokens, which take positions of their "
+            "own); lower seq_len or use a model with a longer context"
         )
 
 
@@ -57,11 +62,13 @@ def pack_documents(
     *,
     max_tokens: int | None = None,
     max_seq_len: int | None = None,
+    progress: bool = False,
 ) -> Path:
     """Tokenise, join with eos, pack into ``[num_sequences, seq_len]`` rows at `out_path`.
 
     Streams through a temporary flat file, so memory stays bounded for large corpora;
     `max_tokens` stops reading the documents once that many tokens are in the stream.
+    `progress` shows a tqdm bar of tokens packed (callers pass `sys.stderr.isatty()`).
     The ``.npy`` appears atomically (temp file + `os.replace`).
     """
     _check_seq_len(seq_len, max_seq_len)
@@ -76,7 +83,8 @@ def pack_documents(
     tmp_npy = None
     try:
         total, num_docs = 0, 0
-        with os.fdopen(fd, "wb") as flat:
+        bar = tqdm(total=max_tokens, disable=not progress, unit="tok", unit_scale=True, desc="packing", leave=False)
+        with bar, os.fdopen(fd, "wb") as flat:
             it = iter(documents)
             while max_tokens is None or total < max_tokens:
                 batch = list(islice(it, ENCODE_BATCH))
@@ -91,6 +99,7 @@ def pack_documents(
                 chunk = np.concatenate(pieces)
                 chunk.tofile(flat)
                 total += len(chunk)
+                bar.update(len(chunk))
         if max_tokens is not None:
             total = min(total, max_tokens)
         num_sequences = total // seq_len
@@ -159,7 +168,13 @@ def pack_corpus(
     if path.exists():
         return path
     docs = iter_documents(spec, split, text_field)
-    return pack_documents(docs, tokenizer, seq_len, path, max_tokens=max_tokens)
+    print(f"[sinkdlm] packing the {split} split of {spec} into {seq_len}-token rows (first run only; "
+          f"cached in {path.parent})", flush=True)
+    start = time.perf_counter()
+    out = pack_documents(docs, tokenizer, seq_len, path, max_tokens=max_tokens, progress=sys.stderr.isatty())
+    rows = np.load(out, mmap_mode="r").shape[0]
+    print(f"[sinkdlm] packed {rows} rows ({rows * seq_len} tokens) in {time.perf_counter() - start:.1f} s", flush=True)
+    return out
 
 
 class PackedTokens(Dataset):

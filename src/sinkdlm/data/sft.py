@@ -284,7 +284,10 @@ def tokenize_sft(examples: Sequence[dict], tokenizer, seq_len: int) -> dict[str,
         prompt_mask[i, : len(p)] = True
         prompt_length[i], response_length[i] = len(p), len(r)
     if cut:
-        warnings.warn(f"{cut} of {len(examples)} responses were cut to fit seq_len={seq_len}", stacklevel=2)
+        warnings.warn(
+            f"{cut} of {len(examples)} responses were cut to fit seq_len={seq_len}; raise --seq-len to keep them whole",
+            stacklevel=2,
+        )
     return {
         "input_ids": input_ids,  # [N, seq_len]
         "prompt_mask": prompt_mask,  # [N, seq_len]

@@ -7,6 +7,8 @@ local only (`local_files_only=True`): a missing path is a user error, never a do
 
 from __future__ import annotations
 
+import sys
+
 import hashlib
 import json
 from collections.abc import Iterable
@@ -58,6 +60,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             f"tokenizer directory {str(path)!r} has no tokenizer.json or tokenizer_config.json; "
             "point to a directory written by save_pretrained (or a checkpoint directory with tokenizer files)"
         )
+    if (path / "config.json").is_file():  # a checkpoint: AutoTokenizer reads its model_type "sinkdlm"
+        from sinkdlm import register_hf
+
+        register_hf()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -93,7 +99,7 @@ def train_bpe_tokenizer(
         special_tokens=list(SPECIAL_TOKENS),
         # All 256 byte symbols up front, so any text (unseen bytes too) stays encodable.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=sys.stderr.isatty(),  # the tokenizers library's own bar, on a terminal only
     )
     seen = 0
 

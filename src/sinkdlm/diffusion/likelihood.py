@@ -28,6 +28,7 @@ import torch
 
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
+from sinkdlm.validation import check_int
 
 METHODS = ("mc", "mc_count", "chain")
 
@@ -167,9 +168,8 @@ def loglikelihood(
     cfg = model.config
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    for name, v in (("mc_num", mc_num), ("batch_size", batch_size)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    check_int("mc_num", mc_num, 1)
+    check_int("batch_size", batch_size, 1)
     if not 0.0 <= eps < 1.0:
         raise ValueError(f"eps must lie in [0, 1), got {eps}")
     if generator is not None and seed is not None:
@@ -189,10 +189,10 @@ def loglikelihood(
         both = torch.cat([pre, cont])
         if both.min() < 0 or both.max() >= cfg.vocab_size:
             raise ValueError(f"request {i}: token ids must lie in [0, vocab_size={cfg.vocab_size})")
-        if len(both) + cfg.num_sink_tokens > cfg.max_position_embeddings:
+        if len(both) > cfg.max_content_length:
             raise ValueError(
-                f"request {i}: prefix + continuation = {len(both)} tokens (+{cfg.num_sink_tokens} sink) "
-                f"exceeds max_position_embeddings={cfg.max_position_embeddings}; truncate the prefix"
+                f"request {i}: prefix + continuation = {len(both)} tokens is longer than the model's "
+                f"{cfg.content_length_note()} positions; truncate the prefix"
             )
     if seed is not None:
         generator = torch.Generator().manual_seed(seed)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sinkdlm.validation import check_int
+
 REMASKING = ("low_confidence", "random")
 
 
@@ -190,11 +192,6 @@ def prepare_prompts(
     return ids, attention_mask
 
 
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 # ----------------------------------------------------------------------------- the sampler
 @torch.no_grad()
 def generate(
@@ -246,9 +243,9 @@ def generate(
     cfg = model.config
     mask_id = cfg.mask_token_id
     # ---- every user error before any work
-    _check_int("gen_length", gen_length, 1)
+    check_int("gen_length", gen_length, 1)
     block_length = gen_length if block_length is None else block_length
-    _check_int("block_length", block_length, 1)
+    check_int("block_length", block_length, 1)
     if gen_length % block_length:
         raise ValueError(
             f"gen_length={gen_length} is not divisible by block_length={block_length}; "
@@ -258,7 +255,7 @@ def generate(
     if threshold is None:
         if steps is None:
             raise ValueError("steps is required (it may be None only with threshold decoding)")
-        _check_int("steps", steps, 1)
+        check_int("steps", steps, 1)
         if steps < num_blocks:
             raise ValueError(
                 f"steps={steps} is fewer than the number of blocks ({gen_length}/{block_length} = "
@@ -270,7 +267,7 @@ def generate(
         if remasking != "low_confidence":
             raise ValueError("threshold decoding needs remasking='low_confidence' (a random score has no confidence)")
         if steps is not None:
-            _check_int("steps", steps, 1)
+            check_int("steps", steps, 1)
     if remasking not in REMASKING:
         raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
@@ -283,11 +280,10 @@ def generate(
     )
     b, p = prompt.shape
     total = p + gen_length
-    if total + cfg.num_sink_tokens > cfg.max_position_embeddings:
+    if total > cfg.max_content_length:
         raise ValueError(
-            f"prompt ({p} tokens) + gen_length ({gen_length}) + {cfg.num_sink_tokens} sink token(s) = "
-            f"{total + cfg.num_sink_tokens} exceeds the model's max_position_embeddings="
-            f"{cfg.max_position_embeddings}; shorten the prompt or gen_length"
+            f"prompt ({p} tokens) + gen_length ({gen_length}) = {total} tokens is longer than the "
+            f"model's {cfg.content_length_note()} positions; shorten the prompt or gen_length"
         )
     if prompt_mask is None:
         real = prompt

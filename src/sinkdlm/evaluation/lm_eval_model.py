@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 
 from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.evaluation.predictor import DLMPredictor
+from sinkdlm.device import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +136,7 @@ class SinkDLMEvalModel(LM):
         if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)
             device = "cpu"  # lm-eval's command line asks for cuda:0 by default
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self._device = torch.device(device)
+        self._device = resolve_device(device)
         self.model = DiffusionLM.from_pretrained(
             Path(str(pretrained)), device=self._device, dtype=DTYPES.get(str(dtype)) if dtype else None
         ).eval()

@@ -34,6 +34,7 @@ from sinkdlm.data.tokenizer import check_tokenizer_matches, encode_texts
 from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.sampling import generate as sample
+from sinkdlm.validation import check_int, check_optional_int
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
 
@@ -109,15 +110,12 @@ class DLMPredictor:
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        for name, v in (("mc_num", mc_num), ("batch_size", batch_size)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if gen_steps is not None and (not isinstance(gen_steps, int) or gen_steps < 1):
-            raise ValueError(f"gen_steps must be an integer >= 1 or None, got {gen_steps!r}")
-        limit = cfg.max_position_embeddings - cfg.num_sink_tokens
+        check_int("mc_num", mc_num, 1)
+        check_int("batch_size", batch_size, 1)
+        check_optional_int("gen_steps", gen_steps, 1, none_means="one token per step")
+        limit = cfg.max_content_length
         if max_length is not None:
-            if not isinstance(max_length, int) or max_length < 2:
-                raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
+            check_int("max_length", max_length, 2)
             limit = min(limit, max_length)
         self.model, self.tokenizer = model, tokenizer
         self.mc_num, self.method, self.batch_size = mc_num, method, batch_size

@@ -12,19 +12,16 @@ from pathlib import Path
 
 from sinkdlm.evaluation.predictor import DLMPredictor
 from sinkdlm.evaluation.tasks import resolve_tasks
+from sinkdlm.validation import check_int, check_optional_int, check_seed
 
 DEFAULT_BATCH_SIZE = 64
 
 
 def _check_options(limit, seed, mc_num, gen_steps) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"limit must be a positive integer or None (all items), got {limit!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    if not isinstance(mc_num, int) or isinstance(mc_num, bool) or mc_num < 1:
-        raise ValueError(f"mc_num must be an integer >= 1, got {mc_num!r}")
-    if gen_steps is not None and (not isinstance(gen_steps, int) or isinstance(gen_steps, bool) or gen_steps < 1):
-        raise ValueError(f"gen_steps must be an integer >= 1 or None (one token per step), got {gen_steps!r}")
+    check_optional_int("limit", limit, 1, none_means="all items")
+    check_seed(seed)
+    check_int("mc_num", mc_num, 1)
+    check_optional_int("gen_steps", gen_steps, 1, none_means="one token per step")
 
 
 def evaluate(

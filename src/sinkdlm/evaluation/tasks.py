@@ -42,6 +42,7 @@ from pathlib import Path
 from sinkdlm.data import arithmetic_dataset, load_documents, load_gsm8k_jsonl
 from sinkdlm.evaluation.predictor import GenRequest, Predictor
 from sinkdlm.evaluation.scoring import answer_matches, choice_outcomes, items_digest, score
+from sinkdlm.validation import check_optional_int
 
 CLOZE_MIN_WORDS = 50
 CLOZE_DISTRACTORS = 4
@@ -180,11 +181,6 @@ def _first(candidates: list, limit: int | None, task: str, seed: int) -> list:
     return order if limit is None else order[:limit]
 
 
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
-
-
 # ----------------------------------------------------------------------------- tasks
 class Task:
     """A named task: deterministic `items(limit, seed)` and `evaluate(predictor, ...)` -> metrics."""
@@ -214,7 +210,7 @@ class ShakespeareCloze(Task):
         return _passages(CLOZE_MIN_WORDS, self._ending)
 
     def items(self, limit: int | None = None, seed: int = 0) -> list[ChoiceItem]:
-        _check_limit(limit)
+        check_optional_int("limit", limit, 1, none_means="all items")
         vocab = _vocabulary()
         rank = {w: r for words in vocab.values() for r, w in enumerate(words)}
         items = []
@@ -273,7 +269,7 @@ class ShakespeareNextLine(Task):
         return _passages(NEXT_LINE_MIN_WORDS, lambda line: ("", line.strip()) if is_content_line(line) else None)
 
     def items(self, limit: int | None = None, seed: int = 0) -> list[ChoiceItem]:
-        _check_limit(limit)
+        check_optional_int("limit", limit, 1, none_means="all items")
         pool, by_len = self._pool()
         items = []
         for w, i, context, line in _first(self._positions(), limit, self.name, seed):
@@ -319,7 +315,7 @@ class AnswerTask(Task):
         raise NotImplementedError
 
     def items(self, limit: int | None = None, seed: int = 0) -> list[AnswerItem]:
-        _check_limit(limit)
+        check_optional_int("limit", limit, 1, none_means="all items")
         return [AnswerItem(e["question"], e["prompt"], e["answer"], e["response"]) for e in self.examples(limit, seed)]
 
     def evaluate(self, predictor: Predictor, limit: int | None = None, seed: int = 0) -> dict[str, dict]:

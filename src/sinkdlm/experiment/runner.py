@@ -109,6 +109,9 @@ def run_experiment(
     preset = get_preset(preset) if isinstance(preset, str) else preset
     out = Path(out)
     check_inputs(preset, out, init_from, data, gsm8k)
+    from sinkdlm.device import check_device
+
+    check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
@@ -200,7 +203,7 @@ def run_experiment(
                     n_prompts = settings.pop("num_prompts")
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
-                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, **settings)
+                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
                 if seed == seeds[0]:
                     analysis_dirs[variant.label] = adir

@@ -178,11 +178,13 @@ def load_checkpoint(directory: str | Path, device=None, dtype=None):
 def load_model_and_tokenizer(directory: str | Path, device=None, dtype: str | torch.dtype | None = None):
     """(DiffusionLM in eval mode, its tokenizer) from one checkpoint directory, checked to agree.
 
-    `device` defaults to CUDA when available; `dtype` as for `load_checkpoint`.
+    `device`: a `--device` value (None or "auto": CUDA when available, `sinkdlm.device`);
+    `dtype` as for `load_checkpoint`.
     """
     from sinkdlm.data.tokenizer import check_tokenizer_matches, load_tokenizer
+    from sinkdlm.device import resolve_device
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     model = load_checkpoint(directory, device=device, dtype=dtype)
     tokenizer = load_tokenizer(directory)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)

@@ -269,10 +269,10 @@ class DiffusionLM(nn.Module):
             raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
         b, l = input_ids.shape
         n = cfg.num_sink_tokens
-        if l + n > cfg.max_position_embeddings:
+        if l > cfg.max_content_length:
             raise ValueError(
-                f"sequence of {l} tokens (+{n} sink) exceeds max_position_embeddings="
-                f"{cfg.max_position_embeddings}; shorten the input"
+                f"sequence of {l} tokens is longer than the model's {cfg.content_length_note()} "
+                "positions; shorten the input"
             )
         backend_name = "eager" if output_attentions else (attn_implementation or self.attn_implementation)
         backend = get_backend(backend_name)

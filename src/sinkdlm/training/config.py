@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from sinkdlm.config import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches
+from sinkdlm.device import check_device
 
 SCRATCH_LR = (2e-4, 2e-5)
 AR_INIT_LR = (1e-4, 1e-5)
@@ -120,8 +121,7 @@ class TrainConfig(_TrainSwitchFields):
                 "--fsdp is not supported yet (evaluation and checkpointing need full-state gathering); "
                 "use data-parallel DDP, the default under torchrun"
             )
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise ValueError(f"--device must be auto, cpu or cuda[:N], got {self.device!r}")
+        check_device(self.device)
 
     @property
     def peak_lr(self) -> float:

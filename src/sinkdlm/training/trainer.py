@@ -48,6 +48,7 @@ from sinkdlm.model.checkpoint import ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
+from sinkdlm.device import resolve_device
 
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "train_config.json"
@@ -76,12 +77,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
     return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=(cfg.beta1, cfg.beta2), foreach=True)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
     # A distinct, reproducible stream per (seed, step); large odd multiplier avoids collisions.
     return torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step * 7919 + 17)
@@ -103,7 +98,11 @@ def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None):
     texts = iter_documents(cfg.data, "train", cfg.text_field)
     if cfg.max_tokens is not None:  # a quick run trains its tokenizer on about as much text as it packs
         texts = _take_chars(texts, cfg.max_tokens * 6)
+    print(f"[sinkdlm] training a {vocab_size}-token BPE tokenizer on {cfg.data} (first run only; "
+          f"cached in {cache})", flush=True)
+    start = time.perf_counter()
     tok = train_bpe_tokenizer(texts, vocab_size)
+    print(f"[sinkdlm] tokenizer trained in {time.perf_counter() - start:.1f} s", flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
@@ -243,8 +242,10 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.writer = SummaryWriter(str(out / "tensorboard"))
-            except ImportError:  # tensorboard is optional
+            except ImportError:  # tensorboard is optional: say so instead of pretending it logs
                 self.writer = None
+                print("[sinkdlm] TensorBoard is not installed: metrics go to metrics.jsonl only "
+                      "(pip install tensorboard to get out/tensorboard/)", flush=True)
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
@@ -270,6 +271,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(out)
+        ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
     ckpt = latest_checkpoint(out) if cfg.resume else None
     if cfg.resume and ckpt is None and env.is_main:
         print(f"[sinkdlm] --resume: no checkpoint under {out}/checkpoints yet; starting from step 0", flush=True)
@@ -286,7 +288,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
         if not env.is_main:
             tokenizer = prepare_tokenizer(cfg, preset_vocab)
     model = build_model(cfg, tokenizer) if ckpt is None else _resume_model(ckpt, cfg, tokenizer)
-    max_len = model.config.max_position_embeddings - model.config.num_sink_tokens
+    max_len = model.config.max_content_length
     if env.is_main:
         train_set = load_batches(cfg, tokenizer, max_len, "train")
         val_set = load_batches(cfg, tokenizer, max_len, "validation")
