@@ -49,7 +49,9 @@ def run(*args: str):
 PROMPT = "w1 w2 w3 w4"
 
 
-@pytest.mark.parametrize("extra", [[], ["--block-length", "4"], ["--threshold", "0.2", "--block-length", "4"]])
+@pytest.mark.parametrize("extra", [[], ["--block-length", "4"], ["--threshold", "0.2", "--block-length", "4"],
+                                   ["--block-length", "4", "--cache", "dual"],
+                                   ["--threshold", "0.2", "--block-length", "4", "--cache", "prefix"]])
 def test_json_output_matches_the_library(checkpoint, extra):
     directory, model, tok = checkpoint
     result = run("--model", str(directory), "--prompt", PROMPT, "--gen-length", "8", "--steps", "8", "--json",
@@ -63,6 +65,8 @@ def test_json_output_matches_the_library(checkpoint, extra):
         kw["block_length"] = 4
     if "--threshold" in extra:
         kw["threshold"] = 0.2
+    if "--cache" in extra:
+        kw["cache"] = extra[extra.index("--cache") + 1]
     want = generate(model, ids, 8, 8, return_dict=True, **kw)
     assert out["tokens"] == want.sequences[0, len(ids):].tolist()
     assert out["steps_taken"] == want.steps_taken and out["seconds"] > 0
@@ -105,6 +109,8 @@ def test_show_steps_prints_the_text_filling_in(checkpoint):
         (["--gen-length", "8"], "--steps is required"),
         (["--gen-length", "80", "--steps", "80"], "--gen-length (80)"),
         (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "not a floating-point torch dtype"),
+        (["--gen-length", "8", "--steps", "8", "--cache", "full"], "cache must be None, 'prefix' or 'dual'"),
+        (["--gen-length", "8", "--steps", "8", "--cache", "dual"], "pass a block_length"),
     ],
 )
 def test_user_errors_exit_2_with_a_message(checkpoint, capsys, args, match):
@@ -131,5 +137,5 @@ def test_prompt_options_are_exclusive(checkpoint, capsys, tmp_path):
 def test_help_lists_the_options():
     result = CliRunner().invoke(app, ["generate", "--help"])
     for opt in ("--model", "--prompt", "--prompt-file", "--gen-length", "--steps", "--block-length",
-                "--temperature", "--threshold", "--json", "--show-steps"):
+                "--temperature", "--threshold", "--cache", "--json", "--show-steps"):
         assert opt in result.stdout

@@ -151,6 +151,22 @@ def test_generate_until_is_the_sampler_cut_at_stop_strings(setup):
 
 
 @torch.no_grad()
+def test_generate_until_with_cache_and_threshold_is_the_cached_sampler(setup):
+    tok, model = setup["tok"], setup["model"]
+    out = run_harness(setup, ["local_gen"], f"pretrained={setup['ckpt']},cache=dual,threshold=0.5")
+    samples = sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])
+    for doc, sample in zip(setup["gen"], samples):
+        seq = generate(model, enc(tok, doc["prompt"]), 64, None, block_length=32, cache="dual", threshold=0.5)
+        new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
+        if tok.eos_token_id in new:
+            new = new[: new.index(tok.eos_token_id)]
+        text = tok.decode(new, skip_special_tokens=True)
+        for stop in ("\n", "."):
+            text = text.split(stop)[0]
+        assert sample["resps"][0][0] == text
+
+
+@torch.no_grad()
 def test_loglikelihood_rolling_sums_window_likelihoods(setup):
     tok, model = setup["tok"], setup["model"]
     out = run_harness(setup, ["local_roll"], f"pretrained={setup['ckpt']},method=chain")
@@ -185,6 +201,10 @@ def test_bad_model_args_are_clear(setup, tmp_path):
         SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), mc_num="many")
     with pytest.raises(ValueError, match="method='elbo' must be one of mc, mc_count, chain"):
         SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), method="elbo")
+    with pytest.raises(ValueError, match="cache must be one of prefix, dual"):
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), cache="full")
+    with pytest.raises(ValueError, match="threshold='high' must be a number"):
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), threshold="high")
 
 
 def test_sinkdlm_lm_eval_command_forwards_to_lm_eval_with_the_model_registered(monkeypatch):

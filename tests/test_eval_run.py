@@ -130,6 +130,7 @@ def test_eval_command_prints_a_table_and_writes_json(tiny, tmp_path):
         ("missing_model", "does not exist"),
         ("out_under_file", "is a file, not a directory"),
         ("out_is_dir", "is a directory"),
+        ("bad_cache", "cache must be one of prefix, dual (or none), got 'full'"),
     ],
 )
 def test_eval_command_errors_are_one_line_before_any_work(tiny, tmp_path, case, pattern, capsys):
@@ -142,10 +143,11 @@ def test_eval_command_errors_are_one_line_before_any_work(tiny, tmp_path, case, 
     elif case == "out_under_file":
         (tmp_path / "file").write_text("x")
         out = str(tmp_path / "file" / "s.json")
-    else:
+    elif case == "out_is_dir":
         out = str(tmp_path)
+    extra = ["--cache", "full"] if case == "bad_cache" else []
     with pytest.raises(SystemExit) as exc:
-        sinkdlm.cli.main(["eval", "--model", model, "--tasks", tasks, "--out", out, "--no-progress"])
+        sinkdlm.cli.main(["eval", "--model", model, "--tasks", tasks, "--out", out, "--no-progress", *extra])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and pattern in err and "Traceback" not in err

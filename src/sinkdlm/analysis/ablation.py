@@ -33,7 +33,7 @@ from sinkdlm.analysis.metrics import exclusive_mean, received_attention
 from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
-from sinkdlm.diffusion.noise import forward_mask, sample_t
+from sinkdlm.diffusion.likelihood import mc_draw
 
 
 class AblationTask(Protocol):
@@ -224,11 +224,7 @@ def continuation_elbo(
             raise ValueError("a continuation is empty; every request needs at least one continuation token")
         seq = torch.tensor(list(pre) + list(cont), dtype=torch.long)
         lp, n = len(pre), len(cont)
-        x0 = seq[None].expand(mc_num, -1)  # [mc, L]
-        maskable = torch.zeros(mc_num, len(seq), dtype=torch.bool)
-        maskable[:, lp:] = True  # only the continuation is masked (SPEC §1)
-        t = sample_t(mc_num, eps, low_discrepancy=True, generator=generator)  # [mc]
-        xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+        xt, x0, masked, t = mc_draw(seq, lp, mc_num, eps, mask_id, generator)  # loglikelihood's "mc" draw
         rows = masked.any(-1).nonzero().squeeze(-1)
         totals = {k: torch.zeros(mc_num, dtype=torch.float64) for k in ks}
         for start in range(0, len(rows), batch_size):

@@ -42,6 +42,8 @@ def eval_command(
     mc_num: int = typer.Option(16, "--mc-num", help="ELBO samples per candidate (cloze words: at most 4)."),
     gen_steps: int = typer.Option(None, "--gen-steps", help="Denoising steps per generation (default: one per token)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Model rows per forward."),
+    cache: str = typer.Option(None, "--cache", help="Fast-dLLM KV cache for generation tasks: prefix | dual."),
+    threshold: float = typer.Option(None, "--threshold", help="Confidence-threshold decoding for generation tasks (e.g. 0.9)."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -53,13 +55,13 @@ def eval_command(
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     scores = evaluate_dir(
         model, names, device=device, limit=limit, seed=seed, mc_num=mc_num, gen_steps=gen_steps,
-        batch_size=batch_size, progress=progress,
+        batch_size=batch_size, progress=progress, gen_cache=cache, gen_threshold=threshold,
     )
     typer.echo(format_table(scores))
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, {
         "model": str(model), "tasks": names, "limit": limit, "seed": seed, "mc_num": mc_num,
-        "gen_steps": gen_steps, "scores": scores,
+        "gen_steps": gen_steps, "cache": cache, "threshold": threshold, "scores": scores,
     })
     typer.echo(f"wrote {out}")
 

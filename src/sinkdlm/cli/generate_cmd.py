@@ -39,6 +39,7 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (Gumbel, float64)."),
     remasking: str = typer.Option("low_confidence", "--remasking", help="low_confidence | random"),
     threshold: float = typer.Option(None, "--threshold", help="Confidence-threshold parallel decoding (e.g. 0.9)."),
+    cache: str = typer.Option(None, "--cache", help="Fast-dLLM KV cache: prefix | dual (dual needs --block-length)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (used when temperature > 0 or remasking=random)."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: as stored)."),
@@ -79,6 +80,7 @@ def generate(
     out = sample(
         net, ids, gen_length, steps, block_length=block_length, temperature=temperature,
         remasking=remasking, threshold=threshold, seed=seed, callback=callback, return_dict=True,
+        cache=cache,
     )
     seconds = time.perf_counter() - start
     tokens = out.sequences[0, out.prompt_length:].tolist()

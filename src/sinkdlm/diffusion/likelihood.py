@@ -122,20 +122,36 @@ class _Batcher:
         score = torch.cat([left_pad(b[4], False) for b in blocks]).to(device)
         real = torch.cat([left_pad(torch.ones_like(b[4]), False) for b in blocks]).to(device)
         t = torch.cat([b[5] for b in blocks]).to(device)
-        # Columns that can hold a scored position (the continuations sit at the right edge).
-        tail = int(width - score.any(0).nonzero()[0, 0])
+        # The head runs only on the columns some row scores (masked continuation tokens): the
+        # largest matmul for 126k-151k vocabularies, and most columns are the unscored prefix.
+        cols = score.any(0).nonzero().squeeze(-1)  # [K]
         attn = None if real.all() else real
-        logits = model(xt, attention_mask=attn, use_sink_cache=self.use_sink_cache).logits
-        if self.shift_logits:  # logits[:, i-1] predicts x0[:, i]
-            logits = logits[:, width - tail - 1: width - 1]
-        else:
-            logits = logits[:, width - tail:]
-        per_row = -weighted_masked_ce(logits, x0[:, width - tail:], score[:, width - tail:], t).cpu()
+        shift = 1 if self.shift_logits else 0  # logits[:, i-1] predicts x0[:, i]
+        logits = model(xt, attention_mask=attn, use_sink_cache=self.use_sink_cache,
+                       logits_index=cols - shift).logits  # [m, K, V]
+        per_row = -weighted_masked_ce(logits, x0[:, cols], score[:, cols], t).cpu()
         self.num_forward += len(xt)
         start = 0
         for req, slots, *_ in blocks:
             self.values[req][slots] = per_row[start: start + len(slots)].double()
             start += len(slots)
+
+
+def mc_draw(
+    seq: torch.Tensor, prefix_length: int, mc_num: int, eps: float, mask_id: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `method="mc"` noise of one request: (xt, x0, masked `[mc, L]`, t `[mc]`).
+
+    Only the continuation `seq[prefix_length:]` may be masked (SPEC §1); `t` is low-discrepancy
+    over the samples. The one implementation of this draw: the sink ablation's
+    `continuation_elbo` uses it too, so its K = 0 term equals `loglikelihood` draw for draw.
+    """
+    x0 = seq[None].expand(mc_num, -1)  # [mc, L]
+    maskable = torch.zeros(mc_num, len(seq), dtype=torch.bool)
+    maskable[:, prefix_length:] = True
+    t = sample_t(mc_num, eps, low_discrepancy=True, generator=generator)  # [mc]
+    xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+    return xt, x0, masked, t
 
 
 @torch.no_grad()
@@ -209,12 +225,8 @@ def loglikelihood(
             xt = seq[None].expand(n, -1).masked_fill(cols >= k, mask_id)
             batcher.add(xt, seq[None].expand(n, -1), cols == k, torch.ones(n))
             continue
-        x0 = seq[None].expand(mc_num, -1)  # [mc, L]
-        maskable = torch.zeros(mc_num, length, dtype=torch.bool)
-        maskable[:, lp:] = True  # only the continuation is masked (SPEC §1)
         if method == "mc":
-            t = sample_t(mc_num, eps, low_discrepancy=True, generator=generator)  # [mc]
-            xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator)
+            xt, x0, masked, t = mc_draw(seq, lp, mc_num, eps, mask_id, generator)
         else:  # "mc_count": l ~ U{1..n} stratified, a uniform l-subset, weight n / l
             u0 = torch.rand((), generator=generator)
             u = (u0 + torch.arange(mc_num) / mc_num) % 1.0
@@ -222,6 +234,7 @@ def loglikelihood(
             ranks = torch.rand(mc_num, n, generator=generator).argsort(-1).argsort(-1)
             masked = torch.zeros(mc_num, length, dtype=torch.bool)
             masked[:, lp:] = ranks < count[:, None]
+            x0 = seq[None].expand(mc_num, -1)  # [mc, L]
             xt = x0.masked_fill(masked, mask_id)
             t = count.double() / n
         batcher.add(xt, x0, masked, t)

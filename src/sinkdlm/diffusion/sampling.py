@@ -37,6 +37,7 @@ import torch
 from sinkdlm.validation import check_int
 
 REMASKING = ("low_confidence", "random")
+CACHES = ("prefix", "dual")
 
 
 @dataclass
@@ -48,12 +49,15 @@ class StepState:
     x: torch.Tensor  # [B, L] tokens after this step's commits
     masked: torch.Tensor  # [B, L] bool, masked *before* this step's commits (the model input had [MASK] here)
     committed: torch.Tensor  # [B, L] bool, positions committed this step
-    logits: torch.Tensor | None = None  # [B, L, V] the logits the step used (shifted when shift_logits)
+    # [B, K, V] the logits the step computed, row j predicting column `logit_columns[j]` (shifted
+    # when shift_logits): all L columns when a callback is given without a cache, else the block's.
+    logits: torch.Tensor | None = None
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer [B, H, S, S], S = L + sinks, layout order
     values: tuple[torch.Tensor, ...] | None = None  # per layer [B, KVH, S, hd]
     attention_mask: torch.Tensor | None = None  # [B, L] True = real token; None when no row is padded
     prompt_length: int = 0  # generation starts at this column
     mask_id: int = 0
+    logit_columns: torch.Tensor | None = None  # [K] long, the columns of x that `logits` predicts
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -215,6 +219,7 @@ def generate(
     use_sink_cache: bool = True,
     shift_logits: bool = False,
     return_dict: bool = False,
+    cache: str | None = None,
 ) -> torch.Tensor | GenerationOutput:
     """Sample `gen_length` tokens after each prompt (SPEC §2). Returns `[B, P + gen_length]` ids.
 
@@ -239,6 +244,25 @@ def generate(
     use_sink_cache reuse the sinks' constant keys/values (SPEC §3); False recomputes them per step.
     shift_logits   position i-1 predicts token i (AR-initialised head, SPEC §5).
     return_dict    return a `GenerationOutput` (sequences, attention_mask, steps_taken).
+    cache          Fast-dLLM KV caching (their `generate_with_prefix_cache` / `_dual_cache`):
+                   every block starts with a full forward (its logits make that step's commits)
+                   that stores each layer's content keys/values; the other steps of the block run
+                   only the block and what follows it ("prefix": the keys/values before the block
+                   are reused) or only the block ("dual": those before and after it are reused).
+                   Keys are cached after rotation, at their absolute positions (which never change
+                   during a call); each row keeps its own padding mask and positions, so a
+                   left-padded row gets what it gets alone. The sinks' keys/values stay the exact,
+                   global sink cache. With shift_logits the column before the block is run too
+                   (it predicts the block's first token). Cached steps see stale keys/values
+                   outside the block, so the tokens may differ from `cache=None` (Fast-dLLM's
+                   approximation); with one step per block they are identical. Under a cache only
+                   the block's queries run, so per-layer attentions/values/key masks (which cover
+                   the whole sequence) are refused: analyse with cache=None.
+
+    Logits. The LM head runs only where its output is used: at temperature 0 with low-confidence
+    remasking on the block columns that some row still has masked, otherwise on the whole block
+    (so the seeded noise draws keep their `[B, block_length, V]` shape). A callback without a cache
+    receives every column's logits, as the analysis expects.
     """
     cfg = model.config
     mask_id = cfg.mask_token_id
@@ -274,6 +298,21 @@ def generate(
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
+    if cache is not None:
+        if cache not in CACHES:
+            raise ValueError(f"cache must be None, 'prefix' or 'dual', got {cache!r}")
+        if output_attentions or output_values or key_masks_fn is not None:
+            raise ValueError(
+                f"cache={cache!r} runs only the current block's queries, but output_attentions, "
+                "output_values and key_masks_fn cover the whole sequence at every step; use cache=None "
+                "for attention analysis and sink ablation"
+            )
+        if cache == "dual" and num_blocks == 1:
+            raise ValueError(
+                "cache='dual' reuses the keys/values after the current block, and with a single block "
+                "(block_length = gen_length) there are none: pass a block_length that splits gen_length "
+                "into several blocks (e.g. 32), or use cache='prefix'"
+            )
     device = model.device
     prompt, prompt_mask = prepare_prompts(
         prompt_ids, attention_mask, mask_id if pad_token_id is None else pad_token_id, device
@@ -303,37 +342,59 @@ def generate(
     masked[:, p:] = True
     work_dtype = torch.promote_types(model.dtype, torch.float32)
     want_state = callback is not None or key_masks_fn is not None
+    full_logits = callback is not None and cache is None  # the callback's documented [B, L, V]
+    narrow = temperature == 0 and remasking == "low_confidence"  # masked columns only (no noise drawn)
+    shift = 1 if shift_logits else 0  # logits at column c - shift predict column c
     step, prev_state = 0, None
 
     for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
         lo, hi = p + blk * block_length, p + (blk + 1) * block_length
         schedule = transfer_schedule(block_length, block_steps) if threshold is None else None
+        kv = None  # this block's cached content keys/values (refreshed at every block boundary)
         i = 0
         while masked[:, lo:hi].any():  # zero-commit steps of the schedule come last: skipped here
+            if narrow and not full_logits:
+                cols = lo + masked[:, lo:hi].any(0).nonzero().squeeze(-1)  # [K]
+            else:
+                cols = torch.arange(lo, hi, device=device)  # [n]
             key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
+            if kv is None:  # a full forward: no cache, or the first step of a cached block
+                q0, ids, past = 0, x, None
+            else:  # cached: run the block (and, for "prefix", everything after it)
+                q0 = lo - shift
+                ids, past = x[:, q0:(total if cache == "prefix" else hi)], kv
             out = model(
-                x, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
+                ids, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
                 output_values=output_values, use_sink_cache=use_sink_cache,
+                past_key_values=past, cache_start=q0, output_kv=cache is not None and kv is None,
+                logits_index=None if full_logits else cols - shift - q0,
             )
-            logits = out.logits  # [B, L, V]
-            if shift_logits:  # logits[:, i-1] predicts x[:, i]
-                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-            block_logits = logits[:, lo:hi].to(work_dtype, copy=True)  # [B, n, V]
+            if out.kv is not None:  # keep what the block's steps will not recompute
+                kv = [(k[:, :, :lo - shift], v[:, :, :lo - shift]) for k, v in out.kv] if cache == "prefix" \
+                    else list(out.kv)
+            logits = out.logits  # [B, K, V] at `cols` (or [B, L, V] for a callback without a cache)
+            if full_logits:
+                if shift_logits:  # logits[:, i-1] predicts x[:, i]
+                    logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+                block_logits = logits[:, lo:hi]
+            else:
+                block_logits = logits
+            block_logits = block_logits.to(work_dtype, copy=True)  # [B, K, V]
             block_logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
             x0, conf = _predict(block_logits, temperature, remasking, generator)
-            block_masked = masked[:, lo:hi]
-            pick = _select(conf, block_masked, schedule[i] if schedule else None, threshold)
+            pick = _select(conf, masked[:, cols], schedule[i] if schedule else None, threshold)
             i += 1
             masked_before = masked.clone() if want_state else None
-            x[:, lo:hi] = torch.where(pick, x0, x[:, lo:hi])
-            masked[:, lo:hi] &= ~pick
+            x[:, cols] = torch.where(pick, x0, x[:, cols])
+            masked[:, cols] &= ~pick
             if want_state:
                 committed = torch.zeros_like(masked)
-                committed[:, lo:hi] = pick
+                committed[:, cols] = pick
                 state = StepState(
                     step=step, block=blk, x=x.clone(), masked=masked_before, committed=committed,
                     logits=logits, attentions=out.attentions, values=out.values,
                     attention_mask=attn, prompt_length=p, mask_id=mask_id,
+                    logit_columns=torch.arange(total, device=device) if full_logits else cols,
                 )
                 if callback is not None:
                     callback(state)

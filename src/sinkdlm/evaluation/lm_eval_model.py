@@ -24,6 +24,7 @@ The three request types (SPEC §1-2, §7):
   * `generate_until` — the sampler at temperature 0 (unless the task asks for sampling),
     `max_gen_toks` new tokens (default 256) in semi-autoregressive blocks of `block_length`
     (default 32), one token per step unless `gen_steps`; cut at EOS, then at the first stop string.
+    `cache=prefix|dual` and `threshold=0.9` turn on Fast-dLLM's KV cache and parallel decoding.
   * `loglikelihood_rolling` — the document split into windows of the model's length: lm-eval's
     disjoint rolling windows (`get_rolling_token_windows` with one token of context), each
     window's tokens scored by the ELBO given the token before it (EOS before the first), summed.
@@ -33,7 +34,8 @@ batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" m
 max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
 bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
 positions minus its sinks), check_greedy (True), seed (0), shift_logits (False), tokenizer (directory;
-default the checkpoint's).
+default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9).
+The likelihood runs the LM head only on the masked continuation tokens (`loglikelihood`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from sinkdlm.diffusion.likelihood import METHODS
-from sinkdlm.evaluation.predictor import DLMPredictor
+from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.device import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,13 @@ def _int_arg(name: str, value, minimum: int = 1) -> int:
     if out < minimum or isinstance(value, bool) or (isinstance(value, float) and value != out):
         raise ValueError(f"model_args {name}={value!r} must be an integer >= {minimum}")
     return out
+
+
+def _float_arg(name: str, value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"model_args {name}={value!r} must be a number") from None
 
 
 def _bool_arg(name: str, value) -> bool:
@@ -98,6 +107,8 @@ class SinkDLMEvalModel(LM):
         seed: int = 0,
         shift_logits: bool = False,
         tokenizer: str | None = None,
+        cache: str | None = None,
+        threshold: float | str | None = None,
         **unknown,
     ):
         super().__init__()
@@ -108,7 +119,7 @@ class SinkDLMEvalModel(LM):
             raise ValueError(
                 f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: pretrained, mc_num, "
                 "method, batch_size, device, dtype, gen_steps, block_length, max_length, check_greedy, seed, "
-                "shift_logits, tokenizer"
+                "shift_logits, tokenizer, cache, threshold"
             )
         if pretrained is None:
             raise ValueError(f"--model {NAME} needs model_args pretrained=DIR (a sinkdlm checkpoint directory)")
@@ -131,7 +142,10 @@ class SinkDLMEvalModel(LM):
             seed=_int_arg("seed", seed, minimum=0),
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
             shift_logits=_bool_arg("shift_logits", shift_logits),
+            gen_cache=None if cache in (None, "", "none", "None") else str(cache),
+            gen_threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
         )
+        check_decoding_options(options["gen_cache"], options["gen_threshold"])
         self.check_greedy = _bool_arg("check_greedy", check_greedy)
         if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from sinkdlm.data.tokenizer import check_tokenizer_matches, encode_texts
 from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.diffusion.likelihood import loglikelihood as elbo
+from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.validation import check_int, check_optional_int
 
@@ -80,6 +81,15 @@ def cut_at_stop(text: str, until: Sequence[str]) -> str:
     return text[:cut]
 
 
+def check_decoding_options(cache, threshold) -> None:
+    """The fast-decoding options of evaluation (`generate(cache=..., threshold=...)`), checked up front."""
+    if cache is not None and cache not in CACHES:
+        raise ValueError(f"cache must be one of {', '.join(CACHES)} (or none), got {cache!r}")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0.0 <= threshold <= 1.0):
+        raise ValueError(f"threshold must be a probability in [0, 1] (e.g. 0.9), got {threshold!r}")
+
+
 class DLMPredictor:
     """A `DiffusionLM` + its tokenizer behind the predictor interface (see the module docstring).
 
@@ -90,6 +100,12 @@ class DLMPredictor:
     seed         seeds the ELBO's masks and times: the same requests (and batch_size) give the same
                  numbers, and two models asked the same requests see the same draws (paired comparison).
     max_length   content tokens per row; default the model's positions minus its sink tokens.
+    gen_cache    Fast-dLLM KV cache for generation: None, "prefix" or "dual" (`generate(cache=...)`);
+                 a request of a single block has nothing after its block, so "dual" runs it as
+                 "prefix" (the same computation). The greedy check of `greedy_matches` is exact
+                 decoding and uses neither the cache nor the threshold.
+    gen_threshold Fast-dLLM confidence-threshold decoding for generation (e.g. 0.9); the step count
+                 then adapts and `gen_steps` is a no-op.
     """
 
     def __init__(
@@ -105,8 +121,11 @@ class DLMPredictor:
         progress: bool = False,
         max_length: int | None = None,
         shift_logits: bool = False,
+        gen_cache: str | None = None,
+        gen_threshold: float | None = None,
     ):
         cfg = model.config
+        check_decoding_options(gen_cache, gen_threshold)
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -121,6 +140,7 @@ class DLMPredictor:
         self.mc_num, self.method, self.batch_size = mc_num, method, batch_size
         self.gen_steps, self.seed, self.progress = gen_steps, seed, progress
         self.max_length, self.shift_logits = limit, shift_logits
+        self.gen_cache, self.gen_threshold = gen_cache, gen_threshold
         self.eos_id = tokenizer.eos_token_id
         self._warned_truncation = False
 
@@ -222,11 +242,13 @@ class DLMPredictor:
         steps: int | None = None,
         temperature: float = 0.0,
         desc: str = "generate",
+        fast: bool = True,
     ) -> list[list[int]]:
         """`gen_length` new tokens per prompt (the sampler of SPEC §2, batched `batch_size` prompts).
 
         The length is rounded up to a whole number of blocks and the extra tokens dropped; prompts are
         cut from the left to leave room; `steps` defaults to `gen_steps`, else one token per step.
+        `fast=True` applies the predictor's `gen_cache` and `gen_threshold` (the greedy check does not).
         """
         padded = gen_length
         if block_length is not None and block_length < gen_length:
@@ -240,6 +262,7 @@ class DLMPredictor:
                 "no room is left for the prompt; ask for fewer tokens"
             )
         n_blocks = padded // block_length if block_length else 1
+        cache, threshold = (self.gen_cache, self.gen_threshold) if fast else (None, None)
         steps = steps or self.gen_steps or padded
         steps = max(n_blocks, min(steps, padded))
         rows = [(list(p)[-room:] if p else self.prefix_token) for p in prompts]
@@ -251,8 +274,10 @@ class DLMPredictor:
         for k, start in enumerate(range(0, len(order), self.batch_size)):
             chunk = order[start: start + self.batch_size]
             res = sample(
-                self.model, [rows[i] for i in chunk], padded, steps, block_length=block_length,
-                temperature=temperature, seed=self.seed + k, shift_logits=self.shift_logits, return_dict=True,
+                self.model, [rows[i] for i in chunk], padded, None if threshold is not None else steps,
+                block_length=block_length, temperature=temperature, seed=self.seed + k,
+                shift_logits=self.shift_logits, return_dict=True, threshold=threshold,
+                cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
             )
             new = res.sequences[:, res.prompt_length: res.prompt_length + gen_length].tolist()
             for i, ids in zip(chunk, new):
@@ -301,7 +326,7 @@ class DLMPredictor:
         out = [False] * len(fitted)
         for n, idx in sorted(groups.items()):
             # generate_ids cuts prompts to max_length - n: exactly the room _fit left.
-            got = self.generate_ids([fitted[i][0] for i in idx], n, steps=n, desc="greedy check")
+            got = self.generate_ids([fitted[i][0] for i in idx], n, steps=n, desc="greedy check", fast=False)
             for i, ids in zip(idx, got):
                 out[i] = ids == fitted[i][1]
         return out

@@ -37,6 +37,8 @@ class DiffusionLMOutput:
     # With sink_logit/softmax_one and output_attentions: per layer, the probability every query
     # row puts on the virtual sink column `[B, H, S]` (rows of `attentions` sum to 1 minus this).
     virtual_sink_attentions: tuple[torch.Tensor, ...] | None = None
+    # Per layer (k rotated, v) of the content over the whole key sequence (only with `output_kv`):
+    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None  # [B, KVH, L_total, hd] each
 
 
 class RMSNorm(nn.Module):
@@ -137,10 +139,15 @@ class Block(nn.Module):
         hs = hs + self.mlp(self.post_attention_layernorm(hs))
         return hs, k, v, p_self
 
-    def forward(self, h, cos, sin, sink_kv, sink_position, mask, backend, need_probs):
+    def forward(self, h, cos, sin, sink_kv, sink_position, mask, backend, need_probs, past_kv=None, start=0):
         """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
 
-        Returns (h, probs `[B, H, L, S]` | None, values `[B, KVH, S, hd]` in layout order); with a
+        """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
+
+        past_kv: cached content (k rotated, v) `[B, KVH, Lc, hd]`; h then holds the columns
+        `start .. start+L` of the sequence, which replace those columns of the cache (a cache
+        shorter than `start + L` is a prefix cache). Returns (h, probs `[B, H, L, S]` | None,
+        values `[B, KVH, S, hd]` in layout order, content (k, v) over all key columns); with a
         virtual sink column the probabilities have it last: `[B, H, L, S + 1]`.
         """
         attn = self.self_attn
@@ -148,6 +155,12 @@ class Block(nn.Module):
         q = apply_rope(attn._heads(attn.q_proj(x), attn.num_heads), cos, sin)
         k, v = attn.kv(x)
         k = apply_rope(k, cos, sin)
+        if past_kv is not None:  # keys are cached after rotation, at their absolute positions
+            pk, pv = past_kv
+            end = start + h.shape[1]
+            k = torch.cat([pk[:, :, :start], k, pk[:, :, end:]], dim=2)
+            v = torch.cat([pv[:, :, :start], v, pv[:, :, end:]], dim=2)
+        content_kv = (k, v)
         if sink_kv is not None:
             ks, vs = sink_kv
             b = h.shape[0]
@@ -156,7 +169,7 @@ class Block(nn.Module):
         y, probs = backend(q, k, v, mask=mask, need_probs=need_probs, sink_logit=attn.sink_column(q))
         h = h + attn.output(y, x)
         h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, probs, v
+        return h, probs, v, content_kv
 
 
 class DiffusionLM(nn.Module):
@@ -251,10 +264,15 @@ class DiffusionLM(nn.Module):
         output_values: bool = False,
         use_sink_cache: bool | None = None,
         attn_implementation: str | None = None,
+        past_key_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        cache_start: int = 0,
+        output_kv: bool = False,
+        logits_index: torch.Tensor | slice | None = None,
     ) -> DiffusionLMOutput:
         """
         input_ids      `[B, L]` token ids (content only; the sinks are added here).
-        attention_mask `[B, L]` bool/int, True = real token (padding is never attended to).
+        attention_mask `[B, L_total]` bool/int, True = real token (padding is never attended to);
+                       L_total = L without a cache, the whole key sequence with one.
         position_ids   `[B, L]` rotary positions of the content (default: see `sink.positions`).
         causal         content attends causally (AR parity and annealing); sinks stay visible.
         content_mask   `[B|1, 1|H, L, L]` bool, a custom content-to-content mask (True = attend).
@@ -263,17 +281,45 @@ class DiffusionLM(nn.Module):
         output_attentions / output_values: per-layer probabilities / values over the layout
                        sequence (forces the eager backend for attentions).
         use_sink_cache reuse the constant sink keys/values (default: when not training).
+        past_key_values per layer content (k after rotation, v) `[B, KVH, Lc, hd]` from an earlier
+                       `output_kv=True` forward (Fast-dLLM KV cache). `input_ids` are then the
+                       columns `cache_start .. cache_start+L` of the sequence: only they are run,
+                       and their fresh keys/values replace the cached ones there; the keys are
+                       `cache[:start] + fresh + cache[start+L:]` (Lc = start: a prefix cache; Lc =
+                       the whole sequence: a dual cache). The sinks stay the exact, global sink cache.
+        output_kv      return the per-layer content (k rotated, v) over all key columns in `.kv`.
+        logits_index   run the LM head only on these columns of `input_ids` (a slice or a 1-D
+                       index tensor shared by the batch): `.logits` is then `[B, K, V]`. The head is
+                       the largest matmul for 126k-151k vocabularies; callers that read a few
+                       positions (the current block, masked continuation tokens) skip the rest.
         """
         cfg = self.config
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
         b, l = input_ids.shape
         n = cfg.num_sink_tokens
-        if l > cfg.max_content_length:
+        total = l
+        if past_key_values is not None:
+            if causal or content_mask is not None or key_masks is not None or output_attentions:
+                raise ValueError(
+                    "past_key_values cannot be combined with causal, content_mask, key_masks or "
+                    "output_attentions (they need the whole sequence's queries); run without a cache"
+                )
+            if len(past_key_values) != len(self.layers):
+                raise ValueError(f"past_key_values has {len(past_key_values)} layers, the model {len(self.layers)}")
+            cached = past_key_values[0][0].shape[2]
+            if not 0 <= cache_start <= cached:
+                raise ValueError(f"cache_start={cache_start} must lie in [0, cached length {cached}]")
+            total = max(cached, cache_start + l)
+        elif cache_start:
+            raise ValueError("cache_start is only meaningful with past_key_values")
+        if total > cfg.max_content_length:
             raise ValueError(
-                f"sequence of {l} tokens is longer than the model's {cfg.content_length_note()} "
+                f"sequence of {total} tokens is longer than the model's {cfg.content_length_note()} "
                 "positions; shorten the input"
             )
+        if attention_mask is not None and attention_mask.shape[-1] != total:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} columns, the key sequence {total}")
         backend_name = "eager" if output_attentions else (attn_implementation or self.attn_implementation)
         backend = get_backend(backend_name)
         if cfg.has_sink_column and backend_name not in SINK_COLUMN_BACKENDS:
@@ -283,7 +329,8 @@ class DiffusionLM(nn.Module):
                 f"{backend_name!r} attention backend cannot compute; use one of {sorted(SINK_COLUMN_BACKENDS)}"
             )
 
-        pos_content, pos_sink = sinklib.positions(b, l, n, cfg.sink_position, attention_mask, input_ids.device)
+        pos_content, pos_sink = sinklib.positions(b, total, n, cfg.sink_position, attention_mask, input_ids.device)
+        pos_content = pos_content[:, cache_start:cache_start + l]  # the columns being run
         if position_ids is not None:
             pos_content = position_ids
         h = self.embed_tokens(input_ids)  # [B, L, d]
@@ -292,7 +339,7 @@ class DiffusionLM(nn.Module):
         # Content mask (True = attend); None on the fast path: no padding, no causal, no ablation.
         mask = None
         if attention_mask is not None:
-            mask = padding_mask(attention_mask)
+            mask = padding_mask(attention_mask)  # [B, 1, 1, L_total]
         if causal:
             mask = causal_mask(l, h.device) if mask is None else mask & causal_mask(l, h.device)
         if content_mask is not None:
@@ -307,7 +354,7 @@ class DiffusionLM(nn.Module):
                 mask = mask.expand(b, -1, l, -1)
                 mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
 
-        attentions, values, virtual = [], [], []
+        attentions, values, virtual, kvs = [], [], [], []
         for i, layer in enumerate(self.layers):
             sink_kv = None
             if sinks is not None:
@@ -316,7 +363,9 @@ class DiffusionLM(nn.Module):
             if key_masks is not None and key_masks[i] is not None:
                 km = key_masks[i].bool()[:, :, None, :]  # [B, H, 1, S]
                 layer_mask = km if layer_mask is None else layer_mask & km
-            h, probs, v = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend, output_attentions)
+            past = past_key_values[i] if past_key_values is not None else None
+            h, probs, v, kv = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend,
+                                    output_attentions, past, cache_start)
             if output_attentions:
                 p_self = sinks.p_self[i] if sinks is not None and sinks.p_self is not None else None
                 if cfg.has_sink_column:
@@ -327,12 +376,17 @@ class DiffusionLM(nn.Module):
                 attentions.append(self._full_attention_map(probs, l, p_self))
             if output_values:
                 values.append(v)
+            if output_kv:
+                kvs.append(kv)
+        if logits_index is not None:  # the head only where the caller reads it
+            h = h[:, logits_index]  # [B, K, d]
         logits = self.lm_head(self.norm(h))
         return DiffusionLMOutput(
             logits=logits,
             attentions=tuple(attentions) if output_attentions else None,
             values=tuple(values) if output_values else None,
             virtual_sink_attentions=tuple(virtual) if output_attentions and cfg.has_sink_column else None,
+            kv=tuple(kvs) if output_kv else None,
         )
 
     def _full_attention_map(self, probs: torch.Tensor, seq_len: int, p_self: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,91 @@
+"""KV caches (issue 11): a 448-token prompt, 64 generated tokens in blocks of 16, one token per step.
+
+Every variant is timed in one process, interleaved, against `generate(cache=None)`:
+  * `cache=None` with the LM head on every column (a callback forces that; the pre-issue-11 cost)
+    vs the head on the block's masked columns only;
+  * `cache="prefix"` and `cache="dual"` (Fast-dLLM), each must be >= 2x faster than no cache;
+  * each cache with threshold 0.9.
+The model is the `tiny` preset with one sink and random weights (speed does not depend on them), so
+the share of tokens that differ from `cache=None` is reported but says nothing about quality: see
+`bench_decoding.py` for accuracy on a trained model. Raw numbers: benchmarks/results/bench_cache.json.
+
+    .venv/bin/python benchmarks/bench_cache.py [--repeats 3] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from sinkdlm import DiffusionLM, ModelConfig, generate
+from sinkdlm.atomic import atomic_write_json
+
+PROMPT, GEN, BLOCK = 448, 64, 16
+OUT = Path(__file__).resolve().parent / "results" / "bench_cache.json"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = DiffusionLM(ModelConfig.from_preset("tiny", num_sink_tokens=1, initializer_range=0.5)).eval()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, model.config.mask_token_id, (args.batch, PROMPT), generator=g)
+
+    def run(cache=None, threshold=None, full_head=False):
+        out = generate(model, prompt, GEN, None if threshold else GEN, block_length=BLOCK, threshold=threshold,
+                       cache=cache, callback=(lambda s: None) if full_head else None, return_dict=True)
+        return out.sequences, out.steps_taken
+
+    variants = {
+        "no cache, head on all columns": dict(full_head=True),
+        "no cache": {},
+        "prefix": dict(cache="prefix"),
+        "dual": dict(cache="dual"),
+        "prefix + threshold 0.9": dict(cache="prefix", threshold=0.9),
+        "dual + threshold 0.9": dict(cache="dual", threshold=0.9),
+    }
+    outs, steps = {}, {}
+    for name, kw in variants.items():  # warm-up (builds the sink cache)
+        outs[name], steps[name] = run(**kw)
+    assert torch.equal(outs["no cache"], outs["no cache, head on all columns"]), "the narrow head changed tokens"
+    times = {k: [] for k in variants}
+    for _ in range(args.repeats):
+        for name, kw in variants.items():
+            t0 = time.perf_counter()
+            run(**kw)
+            times[name].append(time.perf_counter() - t0)
+    base = min(times["no cache"])
+    rows = {}
+    print(f"prompt {PROMPT}, gen {GEN}, block {BLOCK}, batch {args.batch}, tiny preset + 1 sink (random), "
+          f"CPU, {args.threads} thread(s), best of {args.repeats}\n")
+    print("| variant | forwards | seconds | tokens/s | speed-up vs no cache | tokens differing from no cache |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in variants:
+        sec = min(times[name])
+        differ = int((outs[name] != outs["no cache"]).sum())
+        rows[name] = dict(seconds=sec, all_seconds=times[name], forwards=steps[name],
+                          tokens_per_s=GEN * args.batch / sec, speedup=base / sec, tokens_differing=differ)
+        print(f"| {name} | {steps[name]} | {sec:.3f} | {GEN * args.batch / sec:.1f} | {base / sec:.2f}x | {differ} |")
+    for c in ("prefix", "dual"):
+        ok = rows[c]["speedup"] >= 2.0
+        print(f"- {c}: {rows[c]['speedup']:.2f}x vs no cache ({'meets' if ok else 'MISSES'} the 2x target)")
+    atomic_write_json(OUT, dict(
+        prompt_length=PROMPT, gen_length=GEN, block_length=BLOCK, batch=args.batch, threads=args.threads,
+        repeats=args.repeats, model="tiny preset, 1 sink, random weights (initializer_range 0.5)",
+        device=f"CPU ({platform.processor() or platform.machine()})", torch=torch.__version__, variants=rows,
+    ))
+    print(f"\nwrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Fast-dLLM KV caches (`generate(cache="prefix" | "dual")`) and the head on used positions only.
+
+The reference below recomputes everything at every step, layer by layer, in plain eager code: the
+keys/values of the columns outside the active window come from a full forward of the sequence as
+it was at the start of the block (what Fast-dLLM caches), those inside it from the current
+sequence. float64 models, so batched/padded and single-row runs agree to the last bit that matters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import tiny_model
+from sinkdlm import generate
+from sinkdlm.diffusion.likelihood import loglikelihood
+from sinkdlm.diffusion.sampling import steps_per_block, transfer_schedule
+
+VARIANTS = {
+    "vanilla": dict(num_sink_tokens=0),
+    "sink-front": dict(num_sink_tokens=1),
+    "2sinks-end-gated": dict(num_sink_tokens=2, sink_position="end", gated_attention=True),
+}
+
+
+@pytest.fixture(params=list(VARIANTS))
+def model(request):
+    return tiny_model(**VARIANTS[request.param])
+
+
+def prompts(b: int, p: int, model, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.mask_token_id, (b, p), generator=g)
+
+
+# ----------------------------------------------------------------------------- the reference
+def _rope(x, pos, head_dim, theta):  # x [B, H, L, hd], pos [B|1, L]; angles in fp32 as Hugging Face does
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    ang = pos.float()[..., None] * inv  # [B, L, hd/2]
+    cos, sin = ang.cos()[:, None].to(x.dtype), ang.sin()[:, None].to(x.dtype)
+    x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@torch.no_grad()
+def reference_logits(model, x, frozen, fresh, attn=None):
+    """Logits `[B, L, V]` of `x` when the keys/values of columns with `fresh[c] = False` are those of a
+    full forward of `frozen` (the block-start sequence). Sinks: keys/values of the sink stream, each
+    content query sees them (One-Token eq. 6), key order irrelevant to softmax."""
+    cfg = model.config
+    b, length = x.shape
+    n, hd, theta = cfg.num_sink_tokens, cfg.head_dim, cfg.rope_theta
+    am = torch.ones(b, length, dtype=torch.bool) if attn is None else attn
+    pos = (n if cfg.sink_position == "front" else 0) + (am.long().cumsum(-1) - 1).clamp(min=0)
+    spos = torch.arange(n)[None] if cfg.sink_position == "front" else am.sum(-1, keepdim=True) + torch.arange(n)
+    sinks = model.sink_stream() if n else None
+    key_ok = torch.cat([torch.ones(b, n, dtype=torch.bool), am], -1)[:, None, None, :]  # [B, 1, 1, n+L]
+    hc, hf = model.embed_tokens(x), model.embed_tokens(frozen)
+    for i, layer in enumerate(model.layers):
+        a = layer.self_attn
+
+        def qkv(h):
+            xn = layer.input_layernorm(h)
+            q = xn @ a.q_proj.weight.T + (a.q_proj.bias if a.q_proj.bias is not None else 0)
+            k = xn @ a.k_proj.weight.T + (a.k_proj.bias if a.k_proj.bias is not None else 0)
+            v = xn @ a.v_proj.weight.T + (a.v_proj.bias if a.v_proj.bias is not None else 0)
+            heads = lambda t, m: t.view(b, length, m, hd).transpose(1, 2)  # noqa: E731
+            q, k, v = heads(q, a.num_heads), heads(k, a.num_kv_heads), heads(v, a.num_kv_heads)
+            return xn, _rope(q, pos, hd, theta), _rope(k, pos, hd, theta), v
+
+        def attend(q, k, v):
+            if n:
+                k = torch.cat([_rope(sinks.k[i], spos, hd, theta).expand(b, -1, -1, -1), k], 2)
+                v = torch.cat([sinks.v[i].expand(b, -1, -1, -1), v], 2)
+            g = a.num_heads // a.num_kv_heads
+            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+            s = (q @ k.transpose(-1, -2) / math.sqrt(hd)).masked_fill(~key_ok, float("-inf"))
+            return torch.softmax(s, -1) @ v
+
+        xc, qc, kc, vc = qkv(hc)
+        xf, qf, kf, vf = qkv(hf)
+        sel = fresh[None, None, :, None]
+        yc = attend(qc, torch.where(sel, kc, kf), torch.where(sel, vc, vf))
+        yf = attend(qf, kf, vf)
+        hc = hc + a.output(yc, xc)
+        hf = hf + a.output(yf, xf)
+        hc = hc + layer.mlp(layer.post_attention_layernorm(hc))
+        hf = hf + layer.mlp(layer.post_attention_layernorm(hf))
+    return model.lm_head(model.norm(hc))
+
+
+@torch.no_grad()
+def reference_generate(model, prompt, gen_length, steps, block_length, cache, threshold=None, shift=False, attn=None):
+    """Fast-dLLM's cached loop at temperature 0, recomputing everything: per step, the fresh window is
+    the whole sequence (no cache, or the block's first step), `[block start - shift, end)` ("prefix")
+    or `[block start - shift, block end)` ("dual"); the rest comes from the block-start sequence."""
+    mask_id = model.config.mask_token_id
+    b, p = prompt.shape
+    length = p + gen_length
+    x = torch.cat([prompt, torch.full((b, gen_length), mask_id)], 1)
+    am = None if attn is None else torch.cat([attn, torch.ones(b, gen_length, dtype=torch.bool)], 1)
+    num_blocks = gen_length // block_length
+    for blk, bs in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
+        lo, hi = p + blk * block_length, p + (blk + 1) * block_length
+        sched = transfer_schedule(block_length, bs) if threshold is None else None
+        frozen, i = None, 0
+        while (x[:, lo:hi] == mask_id).any():
+            fresh = torch.ones(length, dtype=torch.bool)
+            if cache is not None and frozen is not None:
+                fresh[:] = False
+                fresh[lo - shift:(length if cache == "prefix" else hi)] = True
+            if frozen is None:
+                frozen = x.clone()
+            logits = reference_logits(model, x, frozen, fresh, am)
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+            logits = logits[:, lo:hi].clone()
+            logits[..., mask_id] = float("-inf")
+            x0 = logits.argmax(-1)
+            conf = torch.softmax(logits, -1).gather(-1, x0[..., None]).squeeze(-1)
+            is_m = x[:, lo:hi] == mask_id
+            conf = conf.masked_fill(~is_m, float("-inf"))
+            for r in range(b):
+                if not is_m[r].any():
+                    continue
+                order = conf[r].argsort(descending=True)
+                if threshold is None:
+                    take = order[: sched[i]]
+                else:
+                    take = [order[0]] + [j for j in order[1:] if conf[r, j] > threshold]
+                for j in take:
+                    x[r, lo + j] = x0[r, j]
+            i += 1
+    return x
+
+
+# ----------------------------------------------------------------------------- equality with the reference
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("steps,threshold", [(8, None), (16, None), (None, 0.3)])
+def test_cache_matches_reference(model, cache, steps, threshold):
+    prompt = prompts(2, 5, model)
+    got = generate(model, prompt, 16, steps, block_length=4, threshold=threshold, cache=cache)
+    want = reference_generate(model, prompt, 16, steps, 4, cache, threshold=threshold)
+    assert torch.equal(got, want)
+    # the reference's uncached path is the plain sampler (checks the reference itself)
+    plain = generate(model, prompt, 16, steps, block_length=4, threshold=threshold)
+    assert torch.equal(plain, reference_generate(model, prompt, 16, steps, 4, None, threshold=threshold))
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cache_shift_logits_and_padding_match_reference(cache):
+    model = tiny_model(num_sink_tokens=1, sink_position="end")
+    prompt = prompts(2, 5, model)
+    attn = torch.tensor([[False, False, True, True, True], [True] * 5])
+    got = generate(model, prompt, 12, 12, block_length=4, shift_logits=True, cache=cache, attention_mask=attn)
+    want = reference_generate(model, prompt, 12, 12, 4, cache, shift=True, attn=attn)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_one_step_per_block_equals_uncached(model, cache):
+    prompt = prompts(2, 5, model)
+    for kw in (dict(temperature=0.0), dict(temperature=1.0, seed=3), dict(remasking="random", seed=4)):
+        a = generate(model, prompt, 12, 3, block_length=4, cache=cache, **kw)
+        b = generate(model, prompt, 12, 3, block_length=4, **kw)
+        assert torch.equal(a, b), kw
+
+
+@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_left_padded_batch_equals_rows_alone(model, cache, threshold):
+    rows = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    steps = None if threshold else 8
+    out = generate(model, rows, 8, steps, block_length=4, threshold=threshold, cache=cache, return_dict=True)
+    width = out.prompt_length
+    for r, row in enumerate(rows):
+        alone = generate(model, [row], 8, steps, block_length=4, threshold=threshold, cache=cache)
+        assert torch.equal(out.sequences[r, width:], alone[0, len(row):]), (r, cache)
+
+
+def test_cache_sampling_runs_and_repeats():
+    model = tiny_model(num_sink_tokens=1)
+    prompt = prompts(2, 5, model)
+    mask_id = model.config.mask_token_id
+    for cache in ("prefix", "dual"):
+        for kw in (dict(temperature=0.8), dict(remasking="random")):
+            a = generate(model, prompt, 12, 6, block_length=4, cache=cache, seed=5, **kw)
+            assert torch.equal(a, generate(model, prompt, 12, 6, block_length=4, cache=cache, seed=5, **kw))
+            assert torch.equal(a[:, :5], prompt) and not (a == mask_id).any()
+
+
+def test_cache_step_callback_state():
+    model = tiny_model(num_sink_tokens=1)
+    prompt = prompts(2, 4, model)
+    states = []
+    out = generate(model, prompt, 8, 8, block_length=4, cache="dual", callback=states.append)
+    assert len(states) == 8
+    for s in states:
+        assert s.attentions is None and s.logits.shape[:2] == (2, len(s.logit_columns))
+        lo = 4 + 4 * s.block
+        assert s.logit_columns.min() >= lo and s.logit_columns.max() < lo + 4  # the block's masked columns
+        assert (s.masked[:, s.logit_columns]).any(0).all()
+    assert torch.equal(states[-1].x, out)
+
+
+# ----------------------------------------------------------------------------- the head on used positions only
+def test_forward_logits_index_and_cache_consistency(model):
+    x = prompts(3, 10, model)
+    attn = torch.ones(3, 10, dtype=torch.bool)
+    attn[0, :3] = False
+    full = model(x, attention_mask=attn, output_kv=True)
+    idx = torch.tensor([1, 4, 9])
+    torch.testing.assert_close(model(x, attention_mask=attn, logits_index=idx).logits, full.logits[:, idx])
+    torch.testing.assert_close(model(x, attention_mask=attn, logits_index=slice(2, 6)).logits, full.logits[:, 2:6])
+    # Unchanged tokens: cached keys/values equal fresh ones, so a cached slice gives the full logits.
+    dual = model(x[:, 4:7], attention_mask=attn, past_key_values=list(full.kv), cache_start=4)
+    torch.testing.assert_close(dual.logits, full.logits[:, 4:7])
+    prefix = [(k[:, :, :4], v[:, :, :4]) for k, v in full.kv]
+    pre = model(x[:, 4:], attention_mask=attn, past_key_values=prefix, cache_start=4, logits_index=[0, 5])
+    torch.testing.assert_close(pre.logits, full.logits[:, [4, 9]])
+
+
+def test_narrow_head_gives_the_full_head_tokens(model):
+    """With a callback (no cache) the head runs on every column; without, only on masked block columns."""
+    prompt = prompts(2, 5, model)
+    for kw in (dict(steps=8), dict(steps=None, threshold=0.3)):
+        seen = []
+        a = generate(model, prompt, 12, block_length=4, callback=lambda s: seen.append(s.logits.shape[1]), **kw)
+        assert set(seen) == {17}
+        assert torch.equal(a, generate(model, prompt, 12, block_length=4, **kw))
+
+
+def test_likelihood_head_on_masked_continuation_equals_full_head():
+    model = tiny_model(num_sink_tokens=1)
+    pre, cont = [[1, 2, 3, 4], [5, 6]], [[7, 8, 9], [10, 11, 12, 13]]
+    got = loglikelihood(model, pre, cont, mc_num=8, seed=0)
+    # the same draw, scored with every column's logits: -sum_masked CE / t
+    from sinkdlm.diffusion.likelihood import mc_draw
+
+    g = torch.Generator().manual_seed(0)
+    for r in range(2):
+        seq = torch.tensor(pre[r] + cont[r])
+        xt, x0, masked, t = mc_draw(seq, len(pre[r]), 8, 1e-3, model.config.mask_token_id, g)
+        logp = F.log_softmax(model(xt).logits.double(), -1).gather(-1, x0[..., None]).squeeze(-1)
+        want = ((logp * masked).sum(-1) / t.double()).mean()
+        torch.testing.assert_close(got.logprob[r], want)
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_cache_errors():
+    model = tiny_model(num_sink_tokens=1)
+    prompt = prompts(1, 4, model)
+    with pytest.raises(ValueError, match="cache must be None, 'prefix' or 'dual'"):
+        generate(model, prompt, 8, 8, block_length=4, cache="full")
+    with pytest.raises(ValueError, match="single block.*block_length"):
+        generate(model, prompt, 8, 8, cache="dual")
+    with pytest.raises(ValueError, match="use cache=None"):
+        generate(model, prompt, 8, 8, block_length=4, cache="prefix", output_attentions=True)
+    with pytest.raises(ValueError, match="use cache=None"):
+        generate(model, prompt, 8, 8, block_length=4, cache="dual", key_masks_fn=lambda s, p: None)
+    # prefix with a single block caches the prompt: allowed
+    assert generate(model, prompt, 8, 8, cache="prefix").shape == (1, 12)
