@@ -5,6 +5,8 @@ Ratios, all measured in this one process with the same weights and inputs (CPU, 
   (ii)  1 sink fast path / the same weights through a joined-sequence reference with a boolean
         eq. 6 mask in `F.scaled_dot_product_attention` (how the paper's reference code does it)
   (iii) `transformers` Qwen2ForCausalLM (sdpa, run bidirectionally) / vanilla      target >= 1.0
+  (iv)  per-head sink logit (gpt-oss; virtual zero-value column through SDPA) / vanilla  target <= 1.10
+  (v)   softmax-off-by-one (the same column, logit fixed at 0) / vanilla              target <= 1.10
 Each step: zero grads, forward, cross-entropy over all positions, backward. The variants run
 round-robin (rotating order) after a warm-up; the tables report medians of N runs and the median
 of per-round (paired) ratios. Two passes: the headline with 2 threads by wall clock, and one
@@ -67,7 +69,16 @@ def build(args):
     sink.load_state_dict(sd, strict=False)
     with torch.no_grad():
         sink.sink_embeddings.normal_(0.0, 0.05)
-    return hf.train(), vanilla.train(), sink.train()
+    column = {}
+    for switch in ("sink_logit", "softmax_one"):
+        column[switch] = DiffusionLM(cfg.replace(**{switch: True}))
+        column[switch].load_state_dict(sd, strict=False)
+        if switch == "sink_logit":
+            with torch.no_grad():  # logits of order 1: the column takes a visible share
+                for layer in column[switch].layers:
+                    layer.self_attn.sink_logit.normal_(0.0, 1.0)
+        column[switch].train()
+    return hf.train(), vanilla.train(), sink.train(), column
 
 
 def reference_joined_forward(model: DiffusionLM, ids: torch.Tensor) -> torch.Tensor:
@@ -165,18 +176,26 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load_start = list(os.getloadavg())
 
-    hf, vanilla, sink = build(args)
+    hf, vanilla, sink, column = build(args)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq_len), generator=gen)
     targets = torch.randint(0, args.vocab, (args.batch, args.seq_len), generator=gen)
     check_parity(hf.eval(), vanilla.eval(), sink.eval(), ids)
-    hf.train(), vanilla.train(), sink.train()
+    with torch.no_grad():  # the fast path computes the column (eager holds it explicitly)
+        for m in column.values():
+            a, b = m.eval()(ids[:1, :64]).logits, m(ids[:1, :64], attn_implementation="eager").logits
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            assert not torch.allclose(a, vanilla(ids[:1, :64]).logits, atol=1e-3), "the column should change the output"
+    hf.train(), vanilla.train(), sink.train(), [m.train() for m in column.values()]
+    sink_logit, softmax_one = column["sink_logit"], column["softmax_one"]
 
     variants = {
         "vanilla": make_step(vanilla, lambda x: vanilla(x).logits, ids, targets),
         "sink1": make_step(sink, lambda x: sink(x).logits, ids, targets),
         "sink1_joined_ref": make_step(sink, lambda x: reference_joined_forward(sink, x), ids, targets),
         "hf_qwen2_sdpa": make_step(hf, lambda x: hf(input_ids=x).logits, ids, targets),
+        "sink_logit": make_step(sink_logit, lambda x: sink_logit(x).logits, ids, targets),
+        "softmax_one": make_step(softmax_one, lambda x: softmax_one(x).logits, ids, targets),
     }
     # Pass 1 (the headline): wall clock with `--threads` threads.
     # Pass 2: one thread, CPU time of the process. On a shared machine other processes steal whole
@@ -193,6 +212,8 @@ def main() -> None:
         "sink1_over_vanilla": ("sink1", "vanilla", "<= 1.03", lambda r: r <= 1.03),
         "sink1_over_joined_ref": ("sink1", "sink1_joined_ref", "none (report)", None),
         "hf_over_vanilla": ("hf_qwen2_sdpa", "vanilla", ">= 1.0", lambda r: r >= 1.0),
+        "sink_logit_over_vanilla": ("sink_logit", "vanilla", "<= 1.10", lambda r: r <= 1.10),
+        "softmax_one_over_vanilla": ("softmax_one", "vanilla", "<= 1.10", lambda r: r <= 1.10),
     }
     ratios = {
         name: {
@@ -218,6 +239,8 @@ def main() -> None:
         "sink1": "DiffusionLM, 1 sink (fast path)",
         "sink1_joined_ref": "1 sink, joined sequence + bool eq. 6 mask (reference)",
         "hf_qwen2_sdpa": "transformers Qwen2ForCausalLM, sdpa, bidirectional",
+        "sink_logit": "DiffusionLM + per-head sink logit (fast path)",
+        "softmax_one": "DiffusionLM + softmax-off-by-one (fast path)",
     }
     heads = {f"{args.threads}thr_wall": f"{args.threads} threads, wall ms", "1thr_cpu": "1 thread, CPU ms"}
     print("| variant | " + " | ".join(f"{heads[p]} (median / min)" for p in passes) + " |")

@@ -110,7 +110,7 @@ def test_show_steps_prints_the_text_filling_in(checkpoint):
         (["--gen-length", "80", "--steps", "80"], "--gen-length (80)"),
         (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "not a floating-point torch dtype"),
         (["--gen-length", "8", "--steps", "8", "--cache", "full"], "cache must be None, 'prefix' or 'dual'"),
-        (["--gen-length", "8", "--steps", "8", "--cache", "dual"], "pass a block_length"),
+        (["--gen-length", "8", "--steps", "8", "--cache", "dual"], "pass a --block-length"),
     ],
 )
 def test_user_errors_exit_2_with_a_message(checkpoint, capsys, args, match):

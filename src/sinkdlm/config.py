@@ -167,6 +167,7 @@ class ModelConfig(_ModelSwitchFields):
         """{switch name: value} for every switch of `MODEL_SWITCHES`."""
         return {s.name: getattr(self, s.name) for s in MODEL_SWITCHES}
 
+    @property
     def max_content_length(self) -> int:
         """Positions left for real tokens (prompt + answer, or a training sequence).
 

@@ -138,6 +138,25 @@ def received_attention(attn, scale: str = "sum", *, query_mask=None) -> torch.Te
     return c / attn.shape[-2] if scale == "mean" else c
 
 
+def virtual_sink_received(column, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
+    """Attention received by the virtual sink column (sink_logit / softmax_one models).
+
+    ``column [..., S]``: the probability each query row puts on the virtual column (the model's
+    ``virtual_sink_attentions``) -> ``[...]``, on the same scale as `received_attention` with the
+    same ``query_mask``, so it can be compared with the real keys' ``c_j`` as one more key (each
+    row's mass over the real keys plus the column is 1).
+    """
+    check_scale(scale)
+    column = _as_float(column, "column")
+    if query_mask is not None:
+        rows = _position_mask(query_mask, column.shape[-1], column.device, "query_mask", allow_empty=True)
+        if not bool(rows.any()):
+            raise ValueError("query_mask selects no query row; pass True for the rows to count (the content tokens)")
+        column = column[..., rows]
+    c = column.sum(dim=-1)
+    return c / column.shape[-1] if scale == "mean" else c
+
+
 def exclusive_mean(c: torch.Tensor) -> torch.Tensor:
     """``mean_{k != j} c_k`` for every j: ``c [..., S]`` -> ``[..., S]``."""
     return (c.sum(dim=-1, keepdim=True) - c) / (c.shape[-1] - 1)

@@ -14,6 +14,9 @@ and values `[B, KVH, S, hd]` to counters at once and keeps none of the maps (SPE
   size reservoir sample for the scatter plot;
 * for a model with extra sink tokens: the share of attention on them per layer, their value norm
   vs the other tokens (One-Token Fig. 3) and how often a head's largest sink is an extra token.
+* for a model with a virtual sink column (sink_logit / softmax_one): the share of attention on it
+  per layer, how often it passes the eq. 3 test as one more key, and the non-sink fraction of
+  the real keys when the column takes part in the test.
 
 Memory: O(B·L·H·S) for the previous step's sink sets, O(T·B·L·H) for the largest-sink positions and
 O(#sinks) per step for the sparse positions (both tiny next to one step's maps); whole maps only
@@ -41,12 +44,15 @@ from sinkdlm.analysis.metrics import (
     exclusive_mean,
     received_attention,
     token_type,
+    virtual_sink_received,
     value_norms,
 )
 from sinkdlm.model.sink import sink_indices
 from sinkdlm.validation import check_epsilon, check_epsilons, check_scale
 
 EXTRA_SINK_ID = -1  # token id used for the extra sink token(s) in token-type counts
+# How figures and reports name the virtual sink column of each switch.
+VIRTUAL_SINK_LABELS = {"sink_logit": "virtual sink (logit)", "softmax_one": "softmax₁"}
 
 
 # ----------------------------------------------------------------------------- row groups
@@ -198,6 +204,9 @@ class SinkRecorder:
         self._mass, self._rows = z(layers), z(layers)  # attention on detected sinks; content query rows
         self._vn = {k: z(layers) for k in ("sink_sum", "sink_n", "normal_sum", "normal_n")}
         self._extra = {k: z(layers) for k in ("mass", "vn_sum", "vn_n", "others_sum", "others_n", "largest")}
+        # the virtual sink column: "sink_logit", "softmax_one" or None
+        self.virtual_kind = next((k for k in ("sink_logit", "softmax_one") if getattr(config, k, False)), None)
+        self._virtual = {k: z(layers) for k in ("mass", "is_sink", "sinks_with", "keys_with")}
         self._type_ids: Counter = Counter()  # token id -> number of (step, row, layer, head) sinks on it
         self.sink_norms, self.normal_norms = Reservoir(max_norm_samples, seed), Reservoir(max_norm_samples, seed + 1)
         self._largest_chunks: list[torch.Tensor] = []  # per generation [T, b, L, H] int16
@@ -245,13 +254,20 @@ class SinkRecorder:
         if n:
             sink_col = tokens.new_full((tokens.shape[0], n), EXTRA_SINK_ID)
             tokens = torch.cat([sink_col, tokens] if self.sink_position == "front" else [tokens, sink_col], dim=1)
+        virtual = getattr(state, "virtual_sink_attentions", None)
+        if self.virtual_kind is not None and virtual is None:
+            raise ValueError(
+                f"this model has {self.virtual_kind}=True: the recorder needs the virtual sink column's "
+                "probabilities (StepState.virtual_sink_attentions, filled by generate(..., output_attentions=True))"
+            )
         largest = torch.full((self._batch, self.num_layers, self.num_heads), -1, dtype=torch.int16)
         for layer, (attn, values) in enumerate(zip(state.attentions, state.values)):
+            column = virtual[layer] if self.virtual_kind is not None else None
             for gi, group in enumerate(self._groups):
-                self._record(step, layer, gi, group, attn, values, tokens, largest)
+                self._record(step, layer, gi, group, attn, values, tokens, largest, column)
         self._largest_steps.append(largest)
 
-    def _record(self, step, layer, gi, group: RowGroup, attn, values, tokens, largest) -> None:
+    def _record(self, step, layer, gi, group: RowGroup, attn, values, tokens, largest, column=None) -> None:
         a = group.sub_attention(attn)  # [b, H, S', S']
         b, h, size = a.shape[0], a.shape[1], a.shape[-1]
         # eq. 3 over the content queries only: the extra sinks' rows are forced one-hot (eq. 6)
@@ -315,6 +331,21 @@ class SinkRecorder:
         self._vn["normal_n"][layer] += int(normal.sum())
         self.sink_norms.add(r[on_sink])
         self.normal_norms.add(r[normal])
+
+        if column is not None:  # the virtual sink column `[B, H, S]`
+            col = column
+            if group.rows is not None:
+                col = col.index_select(0, group.rows.to(col.device)).index_select(2, group.positions.to(col.device))
+            col = col.cpu().double()  # [b, H, S']
+            # mass over content query rows, as for the detected sinks (the sinks' rows left out)
+            self._virtual["mass"][layer] += float(col[:, :, group.content_sub].sum())
+            # eq. 3 with the column as one more key of every head
+            cv = virtual_sink_received(col, self.scale, query_mask=group.content_sub)  # [b, H], scale of c
+            c_with = torch.cat([c.double(), cv[..., None]], dim=-1)  # [b, H, S'+1]
+            sinks_with = c_with > exclusive_mean(c_with) + self.epsilon
+            self._virtual["is_sink"][layer] += float(sinks_with[..., -1].sum())
+            self._virtual["sinks_with"][layer] += float(sinks_with[..., :-1].sum())
+            self._virtual["keys_with"][layer] += c.numel()
 
         if group.sink_sub:  # the extra sink token(s): One-Token Fig. 3
             self._extra["mass"][layer] += float(c_sum[..., group.sink_sub].sum())
@@ -421,6 +452,19 @@ class SinkRecorder:
                 "largest_sink_share": _ratio(e["largest"], self._heads),
                 "mean_attention_mass": _ratio(e["mass"].sum()[None], self._rows.sum()[None])[0],
             }
+        virtual = None
+        if self.virtual_kind is not None:
+            v = self._virtual
+            virtual = {
+                "kind": self.virtual_kind,
+                "label": VIRTUAL_SINK_LABELS[self.virtual_kind],
+                "attention_mass": _ratio(v["mass"], self._rows),
+                "mean_attention_mass": _ratio(v["mass"].sum()[None], self._rows.sum()[None])[0],
+                "is_sink_share": _ratio(v["is_sink"], self._heads),
+                "non_sink_fraction_with_virtual": _ratio(v["keys_with"] - v["sinks_with"], v["keys_with"]),
+                "mean_non_sink_fraction_with_virtual": _ratio(
+                    (v["keys_with"] - v["sinks_with"]).sum()[None], v["keys_with"].sum()[None])[0],
+            }
         return {
             "epsilon": self.epsilon,
             "scale": self.scale,
@@ -445,6 +489,7 @@ class SinkRecorder:
             },
             "moving": moving,
             "extra_sink": extra,
+            "virtual_sink": virtual,
             "counts": {"generations": self.num_generations, "rows": self.num_rows, "steps": self.num_steps,
                        "layers": self.num_layers, "heads": self.num_heads},
         }

@@ -38,7 +38,7 @@ FIGURES = {
 ANALYSIS_KEYS = (
     "schema_version", "model", "setup", "epsilon", "scale", "non_sink_fraction", "non_sink_fraction_by_epsilon",
     "non_sink_fraction_per_layer", "sinks_per_head", "sink_attention_mass", "sink_token_types", "value_norm",
-    "moving", "extra_sink", "ablation", "figures", "arrays", "samples", "timing",
+    "moving", "extra_sink", "virtual_sink", "ablation", "figures", "arrays", "samples", "timing",
 )
 ARRAYS_NAME = "analysis_arrays.npz"
 
@@ -211,7 +211,8 @@ def analyze(
             "label": label or "model",
             **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                             "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
-                                            "sink_position", "sink_zero_value", "gated_attention")},
+                                            "sink_position", "sink_zero_value", "gated_attention",
+                                            "sink_logit", "softmax_one")},
             "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."),
             "device": str(model.device),
@@ -331,7 +332,14 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path, *, title: str | 
         ax_norm.bar(layers + 0.2, normal, width=0.4, color="tab:blue", label="normal tokens")
         ax_norm.set(xlabel="layer", ylabel="mean value L2 norm", title=f"{label}: value norm per layer")
         ax_norm.legend(fontsize=8)
-        ax_mass.bar(layers, mass, width=0.7, color="tab:purple")
+        virtual = a.get("virtual_sink")
+        if virtual is None:
+            ax_mass.bar(layers, mass, width=0.7, color="tab:purple")
+        else:  # sink_logit / softmax_one: the virtual column's share beside the detected sinks'
+            ax_mass.bar(layers - 0.2, mass, width=0.4, color="tab:purple", label=f"sinks at ϵ={a['epsilon']:g}")
+            ax_mass.bar(layers + 0.2, _floats(virtual["attention_mass"]), width=0.4, color="tab:orange",
+                        label=virtual["label"])
+            ax_mass.legend(fontsize=8)
         for ax in (ax_norm, ax_mass):
             integer_ticks(ax)
             if not np.nan_to_num(mass).any():
@@ -401,6 +409,10 @@ def _analysis_doc(a: dict, out_dir: Path) -> Document:
     if a["extra_sink"] is not None:
         rows.append(["attention on the extra sink (all layers)", _pct(a["extra_sink"]["mean_attention_mass"])])
         rows.append(["heads whose largest sink is the extra sink", _pct(a["moving"]["mean"]["extra_sink_share"])])
+    if a.get("virtual_sink") is not None:
+        v = a["virtual_sink"]
+        rows.append([f"attention on the {v['label']} (all layers)", _pct(v["mean_attention_mass"])])
+        rows.append([f"non-sink fraction at ϵ, {v['label']} as one more key", _pct(v["mean_non_sink_fraction_with_virtual"])])
     doc.table(["quantity", "value"], rows)
     doc.heading("Non-sink fraction vs ϵ")
     curve = a["non_sink_fraction_by_epsilon"]
@@ -562,6 +574,7 @@ def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path)
         "Jaccard of consecutive sink sets": lambda a: _num(a["moving"]["mean"]["sink_set_jaccard"], 3),
         "attention on the extra sink": lambda a: _pct((a["extra_sink"] or {}).get("mean_attention_mass")),
         "heads whose largest sink is the extra sink": lambda a: _pct(a["moving"]["mean"].get("extra_sink_share")),
+        "attention on the virtual sink column": lambda a: _pct((a.get("virtual_sink") or {}).get("mean_attention_mass")),
         "sinks on [MASK] tokens": lambda a: _pct(a["sink_token_types"]["shares"].get("mask")),
     }
     doc.table(["quantity", *labels], [[name, *(f(analyses[k]) for k in labels)] for name, f in get.items()])

@@ -58,6 +58,8 @@ class StepState:
     prompt_length: int = 0  # generation starts at this column
     mask_id: int = 0
     logit_columns: torch.Tensor | None = None  # [K] long, the columns of x that `logits` predicts
+    # sink_logit / softmax_one models: per layer [B, H, S], each query row's mass on the virtual column
+    virtual_sink_attentions: tuple[torch.Tensor, ...] | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -395,6 +397,7 @@ def generate(
                     logits=logits, attentions=out.attentions, values=out.values,
                     attention_mask=attn, prompt_length=p, mask_id=mask_id,
                     logit_columns=torch.arange(total, device=device) if full_logits else cols,
+                    virtual_sink_attentions=out.virtual_sink_attentions,
                 )
                 if callback is not None:
                     callback(state)

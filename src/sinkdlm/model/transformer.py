@@ -142,8 +142,6 @@ class Block(nn.Module):
     def forward(self, h, cos, sin, sink_kv, sink_position, mask, backend, need_probs, past_kv=None, start=0):
         """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
 
-        """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
-
         past_kv: cached content (k rotated, v) `[B, KVH, Lc, hd]`; h then holds the columns
         `start .. start+L` of the sequence, which replace those columns of the cache (a cache
         shorter than `start + L` is a prefix cache). Returns (h, probs `[B, H, L, S]` | None,
