@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from sinkdlm.stats import mean_interval, paired_accuracy_difference, paired_difference, verdict
+from sinkdlm.stats import accuracy_interval, mean_interval, paired_accuracy_difference, paired_difference, verdict
 
 RNG = np.random.default_rng
 
@@ -128,3 +128,30 @@ def test_verdict_sentences():
     same = paired_difference([1.0, 2.0, 3.0], [1.5, 1.5, 2.9])
     assert verdict(same).startswith("inconclusive with 3 seeds")
     assert mean_interval([1.0, 2.0, 3.0]).mean == pytest.approx(2.0)
+
+
+def test_accuracy_interval_one_seed_is_the_t_interval_over_items():
+    outcomes = RNG(3).integers(0, 2, size=(1, 120)).astype(float)
+    iv = accuracy_interval(outcomes)
+    half = sps.t.ppf(0.975, 119) * outcomes[0].std(ddof=1) / math.sqrt(120)
+    assert (iv.mean, iv.low, iv.high) == pytest.approx((outcomes.mean(), outcomes.mean() - half, outcomes.mean() + half))
+    assert accuracy_interval({0: outcomes[0].tolist()}).mean == pytest.approx(outcomes.mean())
+
+
+@pytest.mark.parametrize("seeds", [2, 5])
+def test_accuracy_interval_says_above_chance_at_most_5_percent_of_the_time_at_chance(seeds):
+    """Items of varying difficulty (Beta, mean = chance), models that differ a little by seed: a
+    model at chance is called 'above chance' (CI low end > chance) at most ~5 % of the time, while
+    the seed-only interval (what a mean over seeds gives) is fooled far more often: the items are
+    shared by every seed, so their noise does not average away."""
+    rng, reps, items, chance = RNG(7), 600, 150, 0.25
+    above = above_seed_only = 0
+    for _ in range(reps):
+        p_item = rng.beta(0.5, 1.5, size=items)  # mean 0.25; items mostly known or unknown
+        shift = rng.normal(0, 0.005, size=(seeds, 1))  # seeds barely differ
+        outcomes = (rng.random((seeds, items)) < np.clip(p_item + shift, 0, 1)).astype(float)
+        above += accuracy_interval(outcomes).low > chance
+        above_seed_only += mean_interval(outcomes.mean(1).tolist()).low > chance
+    assert above / reps <= 0.05 + 0.02
+    if seeds == 5:
+        assert above_seed_only / reps > 0.07  # (10.7 % measured) the seed-only interval misses the shared item noise

@@ -176,6 +176,19 @@ def verdict(interval: Interval, *, lower_is_better: bool = False, scale: float =
             f"({pct} CI [{scale * interval.low:+.3g}, {scale * interval.high:+.3g}])")
 
 
+def accuracy_interval(outcomes, confidence: float = 0.95) -> Interval:
+    """Interval of one variant's accuracy from its per-item correctness `[seeds][items]` (or
+    `{seed: [items]}`): the two-way random-effects interval of `paired_accuracy_difference` against a
+    variant that is always wrong, so it counts both which items were drawn and which models training
+    produced. This, not the spread over seeds alone, says whether an accuracy is above chance: every
+    seed is scored on the same items, so the item noise is shared and seeds cannot average it away."""
+    if isinstance(outcomes, Mapping):
+        zeros = {k: [0.0] * len(v) for k, v in outcomes.items()}
+    else:
+        zeros = np.zeros_like(np.asarray(outcomes, dtype=float))
+    return paired_accuracy_difference(outcomes, zeros, confidence)
+
+
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     """Student-t interval of a mean over seeds (e.g. one variant's metric): `paired_difference(v, 0)`."""
     values = list(values)

@@ -188,6 +188,7 @@ class Task:
     name: str = ""
     metrics: tuple[str, ...] = ()
     max_mc_num: int | None = None  # cap on ELBO samples per candidate (None: the caller's mc_num)
+    chance: dict[str, float] = {}  # metric -> accuracy of a uniform random guess (choice metrics)
 
     def items(self, limit: int | None = None, seed: int = 0) -> list:
         raise NotImplementedError
@@ -200,6 +201,7 @@ class ShakespeareCloze(Task):
     name = "shakespeare_cloze"
     metrics = ("exact_match", "acc")
     max_mc_num = CLOZE_MC_NUM
+    chance = {"acc": 1 / (1 + CLOZE_DISTRACTORS)}
 
     @staticmethod
     def _ending(line: str) -> tuple[str, str] | None:
@@ -250,6 +252,7 @@ class ShakespeareCloze(Task):
 class ShakespeareNextLine(Task):
     name = "shakespeare_next_line"
     metrics = ("acc", "acc_norm")
+    chance = {"acc": 1 / NEXT_LINE_CHOICES, "acc_norm": 1 / NEXT_LINE_CHOICES}
 
     @staticmethod
     def _pool() -> tuple[list[tuple[int, int, str]], dict[int, list[int]]]:

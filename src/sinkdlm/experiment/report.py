@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.reporting import Document
-from sinkdlm.stats import mean_interval, paired_accuracy_difference, paired_difference, verdict
+from sinkdlm.stats import accuracy_interval, mean_interval, paired_accuracy_difference, paired_difference, verdict
 
 # Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
 # for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
@@ -81,6 +81,14 @@ def _task_metrics(results: dict[str, Any]) -> list[str]:
     return sorted(names)
 
 
+def task_chance(metric: str) -> float | None:
+    """The accuracy of a uniform random guess for a `task/metric` name (None: not a choice metric)."""
+    from sinkdlm.evaluation.tasks import TASKS
+
+    task, m = metric.split("/", 1)
+    return TASKS[task].chance.get(m) if task in TASKS else None
+
+
 def _per_item(variant: dict[str, Any], metric: str) -> dict[str, dict]:
     task, m = metric.split("/", 1)
     return {seed: rec["eval"][task][m] for seed, rec in variant["seeds"].items() if m in rec.get("eval", {}).get(task, {})}
@@ -135,9 +143,20 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             if vals:
                 summary[m] = {**mean_interval(vals).to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
         for m in task_metrics:
-            vals = [s["value"] for s in _per_item(v, m).values()]
-            if vals:
-                summary[m] = {**mean_interval(vals).to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+            scores = _per_item(v, m)
+            vals = [s["value"] for s in scores.values()]
+            if not vals:
+                continue
+            std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            if all("per_item" in s for s in scores.values()):  # over seeds and items (stats.accuracy_interval)
+                summary[m] = {**accuracy_interval({k: s["per_item"] for k, s in scores.items()}).to_dict(), "std": std}
+            else:  # an eval.json without per-item outcomes: the spread over seeds only
+                summary[m] = {**mean_interval(vals).to_dict(), "std": std}
+            chance = task_chance(m)
+            if chance is not None:
+                low = summary[m]["low"]
+                summary[m]["chance"] = chance
+                summary[m]["above_chance"] = low is not None and low > chance
         v["summary"] = summary
     pairs = pairs or [(n, names[0]) for n in names[1:]]
     comparisons = []
@@ -168,7 +187,11 @@ def _is_pct(metric: str) -> bool:
 def results_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     variants = results["variants"]
     metrics = ["val_loss"] + _task_metrics(results)
-    header = ["variant"] + [f"`{m}`" + (" %" if _is_pct(m) else " (↓)") for m in metrics]
+    def head(m):
+        chance = task_chance(m) if _is_pct(m) else None
+        return f"`{m}`" + ((" %" + (f" (chance {100 * chance:.0f})" if chance else "")) if _is_pct(m) else " (↓)")
+
+    header = ["variant"] + [head(m) for m in metrics]
     rows = [[v["label"]] + [_fmt_interval(v["summary"].get(m), 100.0 if _is_pct(m) else 1.0, 1 if _is_pct(m) else 3)
                             for m in metrics] for v in variants.values()]
     return header, rows
@@ -291,10 +314,21 @@ def markdown_summary(results: dict[str, Any]) -> str:
         f"Preset `{results['preset']}`: {results['description']}. {t.get('max_steps')} steps × {t.get('batch_size')} × "
         f"{t.get('seq_len')} tokens per run, seeds {results['seeds']}; wall time {results['elapsed_s'] / 60:.0f} min on "
         f"{results['machine'].get('cpu_count')} CPU cores{' + CUDA' if results['machine'].get('cuda') else ''}. "
-        f"Mean [95 % CI] over the {n} seeds (Student t).",
+        f"Mean [95 % CI]: validation loss over the {n} seeds (Student t); accuracies over seeds and items "
+        "(two-way random effects, so the CI says whether an accuracy is above chance).",
         "",
         _md_table(*results_table(results)),
     ]
+    chance_lines = []
+    for m in tasks:
+        chance = task_chance(m)
+        if chance is None:
+            continue
+        above = [v["label"] for v in results["variants"].values() if v["summary"].get(m, {}).get("above_chance")]
+        chance_lines.append(f"`{m}`: {len(above)} of {len(results['variants'])} variants above chance "
+                            f"({100 * chance:.0f} %)" + (f" ({', '.join(above)})" if above else ""))
+    if chance_lines:
+        parts += ["", "Above chance (the 95 % CI's lower end above the chance accuracy): " + "; ".join(chance_lines) + "."]
     pivot = pivot_comparisons(results, headline)
     if pivot:
         parts += ["", "Paired differences, Δ [95 % CI] (validation loss: t over seeds; accuracies: over seeds and "
