@@ -71,6 +71,26 @@ STUDY_PAIRS = (
     (SOFTMAX_ONE.name, SINK_LOGIT.name),
 )
 
+# What each compared pair asks (reports print the verdicts under these questions).
+PAIR_QUESTIONS = {
+    (SINK.name, VANILLA.name): "Does one extra sink token (front) change the DLM?",
+    (SINK_END.name, VANILLA.name): "Does one extra sink token at the end change the DLM?",
+    (SINK2.name, VANILLA.name): "Do 2 sink tokens change the DLM?",
+    (SINK4.name, VANILLA.name): "Do 4 sink tokens change the DLM?",
+    (SINK_ZERO.name, VANILLA.name): "Does a zero-value sink token change the DLM?",
+    (GATED.name, VANILLA.name): "Does gated attention change the DLM?",
+    (SINK_LOGIT.name, VANILLA.name): "Does a per-head sink logit change the DLM?",
+    (SOFTMAX_ONE.name, VANILLA.name): "Does softmax-off-by-one change the DLM?",
+    (SINK_END.name, SINK.name): "Front ≈ end?",
+    (SINK2.name, SINK.name): "1 ≈ 2 sinks?",
+    (SINK4.name, SINK.name): "1 ≈ 4 sinks?",
+    (SINK_ZERO.name, SINK.name): "Zero-value ≈ learned value?",
+    (GATED.name, SINK.name): "Gated attention ≈ sink token?",
+    (SINK_LOGIT.name, SINK.name): "Per-head sink logit ≈ sink token?",
+    (SINK_LOGIT.name, SINK_ZERO.name): "Per-head sink logit ≈ zero-value sink token (both add a zero-value key)?",
+    (SOFTMAX_ONE.name, SINK_LOGIT.name): "Fixed logit 0 (softmax₁) ≈ learned logit?",
+}
+
 MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 
 PRESETS: dict[str, ExperimentPreset] = {
