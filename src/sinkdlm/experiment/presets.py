@@ -1,7 +1,7 @@
 """Experiment presets: which variants of the paper's comparison to train, on what, for how long.
 
 Every variant of one experiment shares the training budget, the data and the seeds; only the
-model switches differ (SPEC §3-4). Presets:
+model switches differ (docs/method.md §3-4). Presets:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
                    about 15 minutes on a 2-core CPU (`make demo`).
