@@ -123,6 +123,10 @@ def analyze(
     figure_steps    the two steps of the attention-map figure (default: first and last).
     batch_size      prompts per `generate` call (attention maps of a step scale with it).
     generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
+
+    An autoregressive model (`config.causal`: a Qwen2/LLaMA checkpoint opened as is) is analysed the
+    same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
+    scores the exact continuation log-likelihood per token (docs/method.md §10).
     """
     from tqdm.auto import tqdm
 
@@ -139,7 +143,8 @@ def analyze(
     if ablation_task is not None and not callable(ablation_task):
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
     generate_kwargs = dict(generate_kwargs or {})
-    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed"}
+    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed",
+                "attention_hook_fn"}
     if reserved & set(generate_kwargs):
         raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
     cfg = model.config
@@ -172,16 +177,24 @@ def analyze(
     model.eval()
     samples, steps_taken = [], 0
     start = time.perf_counter()
-    with tqdm(total=len(chunks) * steps, desc="sink analysis: generation", unit="step",
+    steps_per_chunk = gen_length if cfg.causal else steps  # an AR model takes one step per token
+    last_layer = cfg.num_hidden_layers - 1
+    with tqdm(total=len(chunks) * steps_per_chunk, desc="sink analysis: generation", unit="step",
               disable=not progress, leave=False) as bar:
-        def callback(state) -> None:
-            recorder(state)
-            bar.update(1)
+        def step_hook(step, input_ids, attention_mask):
+            # The recorder sees one layer's maps at a time inside the forward (docs/method.md §10):
+            # an 8B model's analysis never holds every layer's [B, H, S, S] at once.
+            record = recorder.step_hook(step, input_ids, attention_mask)
+
+            def hook(layer, attn, values, column=None):
+                record(layer, attn, values, column)
+                if layer == last_layer:
+                    bar.update(1)
+            return hook
 
         for chunk in chunks:
             out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
-                           callback=callback, output_attentions=True, output_values=True, return_dict=True,
-                           **generate_kwargs)
+                           attention_hook_fn=step_hook, return_dict=True, **generate_kwargs)
             steps_taken = max(steps_taken, out.steps_taken)
             for row in out.sequences[:, out.prompt_length:].tolist():
                 samples.append(tokenizer.decode(row, skip_special_tokens=True))
@@ -190,13 +203,13 @@ def analyze(
     ablation, abl_seconds = None, 0.0
     if ks is not None:
         start = time.perf_counter()
-        total = len(ks) if ablation_task is not None else len(pairs) * mc_num
+        total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else mc_num)
         with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
             ablation = run_ablation(
                 model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
                 ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
                 continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
-                seed=seed, shift_logits=bool(generate_kwargs.get("shift_logits", False)), progress=bar.update,
+                seed=seed, shift_logits=generate_kwargs.get("shift_logits"), progress=bar.update,
                 protocol=ablation_protocol,
             )
         abl_seconds = time.perf_counter() - start
@@ -212,7 +225,9 @@ def analyze(
             **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                             "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
                                             "sink_position", "sink_zero_value", "gated_attention",
-                                            "sink_logit", "softmax_one")},
+                                            "sink_logit", "softmax_one", "causal", "shift_logits")},
+            "kind": "autoregressive (causal)" if cfg.causal else "diffusion (bidirectional)",
+            "source_format": cfg.extra.get("source_format", "sinkdlm"),
             "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."),
             "device": str(model.device),
