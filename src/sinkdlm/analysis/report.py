@@ -366,6 +366,27 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path, *, title: str | 
     return save_figure(fig, path)
 
 
+def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | None = None) -> Path:
+    """Δ score vs K, one line per model (with ±1 s.e. bars when the ablation has them)."""
+    from matplotlib.figure import Figure
+
+    from sinkdlm.analysis.figures import save_figure
+
+    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for label, ab in ablations.items():
+        ks = [int(k) for k in ab["k"]]
+        delta = _floats([(ab["delta"] or {}).get(str(k)) for k in ks])
+        se = _floats([((ab.get("delta_stderr") or {}).get(str(k))) for k in ks])
+        ax.errorbar(ks, delta, yerr=np.nan_to_num(se), marker="o", capsize=3, label=f"{label} ({ab['metric']})")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set(xlabel="K (top-K sinks masked per layer and head)", ylabel="Δ score vs K = 0")
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return save_figure(fig, path)
+
+
 # ----------------------------------------------------------------------------- report documents
 def _text(text: str) -> str:
     """A decoded token or sample as one safe table/list cell: Python-escaped, `|` and backticks too."""
@@ -566,6 +587,10 @@ def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:
                                   sink_positions=[m[0] for m in marks], prompt_end=[m[1] for m in marks],
                                   note=HEAD_CHOICE, title=f"{versus}: attention maps")
             figs["attention_maps"] = FIGURES["attention_maps"]
+    ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
+    if ablations:
+        plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve")
+        figs["ablation_curve"] = "ablation_curve.png"
     _compare_doc(analyses, figs, out_dir).write(out_dir)
     result = {"models": list(analyses), "figures": figs, "runs": {k: str(Path(d)) for k, d in dirs.items()}}
     atomic_write_json(out_dir / "compare.json", result)
@@ -579,6 +604,7 @@ def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path)
         doc.paragraph(f"**{label}**: " + _setup_text(a))
     doc.heading("Side by side")
     get = {
+        "model kind": lambda a: a["model"].get("kind", "diffusion (bidirectional)"),
         "extra sink tokens": lambda a: str(a["model"]["num_sink_tokens"]),
         "non-sink fraction at ϵ": lambda a: _pct(a["non_sink_fraction"]),
         "attention on detected sinks (mean over layers)": lambda a: _pct(_mean(a["sink_attention_mass"])),
@@ -604,11 +630,21 @@ def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path)
     ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
     if ablations:
         _ablation_section(doc, ablations)
+        ks = sorted({int(k) for ab in ablations.values() for k in ab["k"]} - {0})
+        doc.heading("Masking curve: Δ score vs K")
+        doc.paragraph("Δ = score(K) − score(0) of each model's own metric (per-token continuation ELBO for a "
+                      "diffusion model, exact per-token log-likelihood for an autoregressive one; Rulli et al. "
+                      "Table 1: masking sinks cripples an AR model and barely hurts a DLM).")
+        doc.table(["model", "metric", *(f"K = {k}" for k in ks)],
+                  [[label, ab["metric"], *(_num((ab["delta"] or {}).get(str(k))) for k in ks)]
+                   for label, ab in ablations.items()])
     doc.heading("Figures")
     captions = {**FIGURE_CAPTIONS, "sink_mass_layers": "Per layer, every model: value norm of detected sinks vs "
                 "normal tokens, and the share of attention on detected sinks.",
                 "layer_bars": "Models with an extra sink token: its value norm vs the other tokens and its share "
-                "of attention per layer (One-Token Fig. 3)."}
+                "of attention per layer (One-Token Fig. 3).",
+                "ablation_curve": "Sink-masking ablation: change of each model's score when the top-K sinks of "
+                "the previous step are masked in every layer and head (Rulli et al. Table 1)."}
     for name, file in figs.items():
         doc.image(out_dir / file, captions[name])
     return doc

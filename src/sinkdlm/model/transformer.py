@@ -350,6 +350,10 @@ class DiffusionLM(nn.Module):
             mask = padding_mask(attention_mask)  # [B, 1, 1, L_total]
         if causal:
             mask = causal_mask(l, h.device) if mask is None else mask & causal_mask(l, h.device)
+            if attention_mask is not None:
+                # A left-padding query sees no key at all under a causal mask (its softmax would be NaN,
+                # and 0 x NaN leaks into real rows): let it see itself. Real rows see themselves already.
+                mask = mask | torch.eye(l, dtype=torch.bool, device=h.device)
         if content_mask is not None:
             mask = content_mask.bool() if mask is None else mask & content_mask.bool()
 
