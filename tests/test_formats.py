@@ -261,7 +261,11 @@ def test_autoregressive_checkpoints_load_as_causal(tmp_path, tok, arch):
 
 
 # ----------------------------------------------------------------------------- analysis
-def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, tok):
+def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, tok, monkeypatch):
+    import sinkdlm.analysis.figures as figures
+
+    # Rendering PNGs is most of the time here and is tested elsewhere (test_analysis_figures.py).
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: path.write_bytes(b"") or path)
     prompts = ["the quick brown fox jumps over", "to be or not to be, that is"]
     dlm = DiffusionLM.from_pretrained(llada_dir[0])
     a = analyze(dlm, tok, prompts, gen_length=4, steps=4, ablation_k=[1, 5], out_dir=tmp_path / "dlm",
