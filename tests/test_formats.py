@@ -360,3 +360,26 @@ def test_dream_without_mask_token_id_and_ar_loss_are_refused(tmp_path, tok):
         diffusion_loss(ar, ids())
     with pytest.raises(ValueError, match="autoregressive"):
         generate(ar, [5, 6], gen_length=4, steps=4, threshold=0.9)
+
+
+def test_cli_generate_and_analyze_an_ar_directory(tmp_path, tok, monkeypatch):
+    import sinkdlm.analysis.figures as figures
+    import sinkdlm.cli  # noqa: F401  (registers the commands)
+    from typer.testing import CliRunner
+
+    from sinkdlm.cli import app
+
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: path.write_bytes(b"") or path)
+    path = save_hf(hf_causal("llama"), tmp_path / "ar", tok)
+    out = CliRunner().invoke(app, ["generate", "--model", str(path), "--prompt", "the quick brown fox",
+                                   "--gen-length", "3", "--device", "cpu", "--json"])
+    assert out.exit_code == 0, out.output
+    assert len(json.loads(out.output)["tokens"]) == 3
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the quick brown fox jumps over\nto be or not to be, that is\n")
+    out = CliRunner().invoke(app, ["analyze", "--model", str(path), "--prompts", str(prompts), "--gen-length", "3",
+                                   "--steps", "3", "--ablation-k", "1", "--device", "cpu", "--quiet",
+                                   "--out", str(tmp_path / "an")])
+    assert out.exit_code == 0, out.output
+    a = json.loads((tmp_path / "an" / "analysis.json").read_text())
+    assert a["model"]["kind"] == "autoregressive (causal)" and a["ablation"]["k"] == [0, 1]

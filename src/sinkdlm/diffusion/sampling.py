@@ -296,11 +296,12 @@ def generate(
             "choose a block_length that divides gen_length"
         )
     num_blocks = gen_length // block_length
-    if threshold is None and not (cfg.causal and steps is None):
-        if steps is None:
+    if threshold is None:
+        if steps is None and not cfg.causal:  # an AR model decodes one token per step: steps is not used
             raise ValueError("steps is required (it may be None only with threshold decoding)")
-        check_int("steps", steps, 1)
-        if steps < num_blocks and not cfg.causal:
+        if steps is not None:
+            check_int("steps", steps, 1)
+        if steps is not None and steps < num_blocks and not cfg.causal:
             raise ValueError(
                 f"steps={steps} is fewer than the number of blocks ({gen_length}/{block_length} = "
                 f"{num_blocks}); every block needs at least one step"
