@@ -75,19 +75,43 @@ def child(args) -> None:
                       "transient_bytes": (peak - before) * 1024, "seconds": seconds}))
 
 
-def run_child(args, layers: int, mode: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--layers", str(layers), "--mode", mode]
-    for k in ("seq", "batch", "gen_length", "steps", "dtype", "threads"):
+def run_child(args, layers: int, mode: str, batch: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--layers", str(layers), "--mode", mode, "--batch", str(batch)]
+    for k in ("seq", "gen_length", "steps", "dtype", "threads"):
         cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
+def summarise(rows: list[dict]) -> dict:
+    """Print the table and the 32-layer extrapolation: weights = embeddings + head + 32 x one layer
+    (the 2-layer minus the 1-layer model); transient = the 1-layer transient + 31 x its growth per
+    extra layer (2-layer minus 1-layer transient), per (path, batch)."""
+    print("| path | batch | layers | weights (GiB) | transient peak (GiB) | seconds |\n|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['batch']} | {r['layers']} | {r['weights_bytes'] / GIB:.2f} | "
+              f"{r['transient_bytes'] / GIB:.3f} | {r['seconds']:.0f} |")
+    by = {(r["mode"], r["batch"], r["layers"]): r for r in rows}
+    any1, any2 = next(r for r in rows if r["layers"] == 1), next(r for r in rows if r["layers"] == 2)
+    w_8b = any1["weights_bytes"] + 31 * (any2["weights_bytes"] - any1["weights_bytes"])
+    estimates = {}
+    for (mode, batch, layers), r in by.items():
+        if layers == 1 and (mode, batch, 2) in by:
+            grow = by[(mode, batch, 2)]["transient_bytes"] - r["transient_bytes"]
+            est = w_8b + r["transient_bytes"] + 31 * max(grow, 0)
+            estimates[f"{mode}/batch{batch}"] = {"transient_growth_per_layer_bytes": grow, "estimate_32_layers_bytes": est}
+            print(f"{mode}, batch {batch}: transient +{grow / GIB:.3f} GiB per layer -> 32 layers: "
+                  f"{est / GIB:.1f} GiB (weights {w_8b / GIB:.1f} GiB)")
+    return {"rows": rows, "weights_32_layers_bytes": w_8b, "estimates": estimates}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help="(child) prompts per generation")
+    ap.add_argument("--batches", type=lambda t: [int(x) for x in t.split(",")], default=[1, 4],
+                    help="batch sizes to measure (the first also runs the 'all' path)")
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
@@ -99,21 +123,10 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    rows = [run_child(args, layers, mode) for mode in ("hook", "all") for layers in (1, 2)]
-    print("| path | layers | weights (GiB) | transient peak (GiB) | seconds |\n|---|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['mode']} | {r['layers']} | {r['weights_bytes'] / GIB:.2f} | {r['transient_bytes'] / GIB:.3f} "
-              f"| {r['seconds']:.0f} |")
-    by = {(r["mode"], r["layers"]): r for r in rows}
-    per_layer_w = by[("hook", 2)]["weights_bytes"] - by[("hook", 1)]["weights_bytes"]
-    w_8b = by[("hook", 1)]["weights_bytes"] + 31 * per_layer_w
-    grow = {m: by[(m, 2)]["transient_bytes"] - by[(m, 1)]["transient_bytes"] for m in ("hook", "all")}
-    est = {m: w_8b + by[(m, 1)]["transient_bytes"] + 31 * max(grow[m], 0) for m in ("hook", "all")}
-    result = {"rows": rows, "weights_8b_bytes": w_8b, "transient_growth_per_layer_bytes": grow,
-              "estimate_8b_bytes": est, "args": vars(args)}
-    print(f"\n32-layer weights {w_8b / GIB:.1f} GiB; transient growth per extra layer: hook "
-          f"{grow['hook'] / GIB:.3f} GiB, all {grow['all'] / GIB:.3f} GiB; estimated peak at 32 layers: "
-          f"hook {est['hook'] / GIB:.1f} GiB, all {est['all'] / GIB:.1f} GiB")
+    rows = [run_child(args, layers, mode, batch) for batch in args.batches for mode in ("hook", "all")
+            for layers in (1, 2) if mode == "hook" or batch == args.batches[0]]
+    result = summarise(rows)
+    result["args"] = vars(args)
     out = Path(__file__).resolve().parent / "results" / "bench_real_model_memory.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
