@@ -185,7 +185,7 @@ def test_error_config_not_a_json_object(tmp_path, text):
         ({"mask_token_id": 1000}, "mask_token_id"),
         ({"rope_theta": "fast"}, "config"),
         ({"vocab_size": "67"}, "vocab_size"),
-        ({"model_type": "qwen2"}, "sinkdlm convert"),
+        ({"model_type": "gpt2"}, "not supported"),
     ],
 )
 def test_error_invalid_config_values(tmp_path, changes, field):

@@ -123,7 +123,7 @@ def test_analyze_from_data_and_compare(checkpoints, tmp_path):
     info = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert info["models"] == ["vanilla", "sink"]
     assert {"non_sink_fraction", "sink_mass_layers", "layer_bars", "value_norm_scatter",
-            "largest_sink_positions", "attention_maps"} == set(info["figures"])
+            "largest_sink_positions", "attention_maps", "ablation_curve"} == set(info["figures"])
     for file in info["figures"].values():
         check_png(tmp_path / "cmp" / file)
     page = (tmp_path / "cmp" / "report.html").read_text()

@@ -108,13 +108,20 @@ class ModelConfig(_ModelSwitchFields):
     tie_word_embeddings: bool = True
     qkv_bias: bool = False
     initializer_range: float = 0.02
-    # Diffusion: the id of [MASK] inside the vocabulary (docs/method.md §1). Defaults to the last id.
+    # Diffusion: the id of [MASK] inside the vocabulary (docs/method.md §1). Defaults to the last id;
+    # None only for an autoregressive model (`causal`), which has no mask token.
     mask_token_id: int | None = None
+    # The logits of position i predict token i+1 (Dream, models trained with --shift-logits, and every
+    # autoregressive model): samplers, likelihood, loss and analysis read it from here (docs/method.md §10).
+    shift_logits: bool = False
+    # An autoregressive model (a Qwen2/LLaMA causal LM opened as is): causal attention, next-token
+    # head, greedy left-to-right generation; used as the AR contrast of the sink analysis (§10).
+    causal: bool = False
     # Free-form provenance (e.g. the HF checkpoint it was converted from); not used by the model.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.mask_token_id is None:
+        if self.mask_token_id is None and not self.causal:
             self.mask_token_id = self.vocab_size - 1
         self.validate()
 
@@ -145,7 +152,16 @@ class ModelConfig(_ModelSwitchFields):
                 f"num_attention_heads={self.num_attention_heads}"
             )
         check_model_switches(self.switches())
-        if not (0 <= self.mask_token_id < self.vocab_size):
+        for name in ("shift_logits", "causal"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.causal and not self.shift_logits:
+            raise ValueError("ModelConfig.causal=True needs shift_logits=True: a causal model's position i "
+                             "predicts token i+1 (it cannot see token i+1 itself)")
+        if self.mask_token_id is None:
+            if not self.causal:
+                raise ValueError("ModelConfig.mask_token_id is required for a diffusion model (causal=False)")
+        elif not (0 <= self.mask_token_id < self.vocab_size):
             raise ValueError(
                 f"ModelConfig.mask_token_id={self.mask_token_id} must lie in [0, vocab_size="
                 f"{self.vocab_size})"

@@ -154,19 +154,21 @@ class SinkMasker:
     def __call__(self, step: int, prev_state) -> list[torch.Tensor] | None:
         if self.k == 0 or prev_state is None:  # K = 0, or step 0 (no step t-1): unablated
             return None
-        if self.protocol == "clean":
-            attentions = self.model(
-                prev_state.input_ids, attention_mask=prev_state.attention_mask, output_attentions=True
-            ).attentions
+        def masks_of(attentions):
+            return sink_key_masks(
+                attentions, self.k, epsilon=self.epsilon, scale=self.scale,
+                num_sink_tokens=self.num_sink_tokens, sink_position=self.sink_position,
+                include_extra_sink=self.include_extra_sink, attention_mask=prev_state.attention_mask,
+            )
+
+        if self.protocol == "clean":  # one layer's maps alive at a time (attention_hook)
+            masks = []
+            self.model(prev_state.input_ids, attention_mask=prev_state.attention_mask,
+                       logits_index=slice(0, 0), attention_hook=lambda i, attn, v, col: masks.extend(masks_of([attn])))
         else:
             if prev_state.attentions is None:
                 raise ValueError("the 'ablated' protocol reads the previous step's maps: pass output_attentions=True to generate")
-            attentions = prev_state.attentions
-        masks = sink_key_masks(
-            attentions, self.k, epsilon=self.epsilon, scale=self.scale,
-            num_sink_tokens=self.num_sink_tokens, sink_position=self.sink_position,
-            include_extra_sink=self.include_extra_sink, attention_mask=prev_state.attention_mask,
-        )
+            masks = masks_of(prev_state.attentions)
         self.masked_keys += int(sum((~m).sum() for m in masks))
         self.head_slots += sum(m.shape[0] * m.shape[1] for m in masks)
         return masks
@@ -197,7 +199,7 @@ def continuation_elbo(
     batch_size: int = 16,
     eps: float = 1e-3,
     seed: int = 0,
-    shift_logits: bool = False,
+    shift_logits: bool | None = None,
     progress: Callable[[int], None] | None = None,
     protocol: str = "clean",
 ) -> dict:
@@ -208,9 +210,12 @@ def continuation_elbo(
     forward (with attention; it gives the K = 0 term and the sinks), then one forward per K > 0
     with `sink_key_masks` of that attention. Rows that mask nothing contribute 0 and are skipped.
     Returns `{"elbo": {K: [N] per-token ELBO}, "masked_keys": {K: int}, "head_slots": int}`.
+    An autoregressive model (`config.causal`) is scored by its exact log-likelihood (one clean row per
+    request, no noise); `shift_logits` None: the model's own `config.shift_logits`.
     """
     ks = check_ks(ks)
     cfg = model.config
+    shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     if len(prefixes) != len(continuations) or not continuations:
         raise ValueError("give one prefix per continuation, and at least one pair")
     mask_id = cfg.mask_token_id
@@ -224,20 +229,34 @@ def continuation_elbo(
             raise ValueError("a continuation is empty; every request needs at least one continuation token")
         seq = torch.tensor(list(pre) + list(cont), dtype=torch.long)
         lp, n = len(pre), len(cont)
-        xt, x0, masked, t = mc_draw(seq, lp, mc_num, eps, mask_id, generator)  # loglikelihood's "mc" draw
+        if cfg.causal:  # an AR model: its exact log-likelihood, one clean row (docs/method.md §10)
+            samples = 1
+            xt, x0, t = seq[None], seq[None], torch.ones(1)
+            masked = torch.zeros(1, len(seq), dtype=torch.bool)
+            masked[:, lp:] = True
+        else:
+            samples = mc_num
+            xt, x0, masked, t = mc_draw(seq, lp, mc_num, eps, mask_id, generator)  # loglikelihood's "mc" draw
         rows = masked.any(-1).nonzero().squeeze(-1)
-        totals = {k: torch.zeros(mc_num, dtype=torch.float64) for k in ks}
+        totals = {k: torch.zeros(samples, dtype=torch.float64) for k in ks}
         for start in range(0, len(rows), batch_size):
             r = rows[start:start + batch_size]
             xb, x0b, mb, tb = xt[r].to(device), x0[r].to(device), masked[r].to(device), t[r].double().to(device)
-            out = model(xb, output_attentions=True)
+            # the masks of every K from the un-ablated forward, one layer's maps alive at a time
+            layer_masks = {k: [] for k in ks if k > 0}
+
+            def hook(i, attn, values, column):
+                for k, acc in layer_masks.items():
+                    acc.extend(sink_key_masks([attn], k, epsilon=epsilon, scale=scale,
+                                              num_sink_tokens=cfg.num_sink_tokens, sink_position=cfg.sink_position,
+                                              include_extra_sink=include_extra_sink))
+
+            out = model(xb, attention_hook=hook if layer_masks else None)
             for k in ks:
                 if k == 0:
                     logits = out.logits
                 else:
-                    km = sink_key_masks(out.attentions, k, epsilon=epsilon, scale=scale,
-                                        num_sink_tokens=cfg.num_sink_tokens, sink_position=cfg.sink_position,
-                                        include_extra_sink=include_extra_sink)
+                    km = layer_masks[k]
                     masked_keys[k] += int(sum((~m).sum() for m in km))
                     logits = model(xb, key_masks=km, attn_implementation="eager").logits
                 if shift_logits:  # logits[:, i-1] predicts x0[:, i]
@@ -271,7 +290,7 @@ def run_ablation(
     mc_num: int = 16,
     batch_size: int = 16,
     seed: int = 0,
-    shift_logits: bool = False,
+    shift_logits: bool | None = None,
     progress: Callable[[int], None] | None = None,
     protocol: str = "clean",
 ) -> dict:
@@ -306,7 +325,8 @@ def run_ablation(
     stats = {k: _mean_se(v) for k, v in res["elbo"].items()}
     base = res["elbo"][0]
     return {
-        **common, "source": "elbo", "metric": "continuation_elbo_per_token",
+        **common, "source": "elbo",
+        "metric": "continuation_logprob_per_token" if cfg.causal else "continuation_elbo_per_token",
         "protocol": "clean", "protocol_description": "sinks from the un-ablated forward of the same noised input, then masked",
         "scores": {str(k): s[0] for k, s in stats.items()},
         "delta": {str(k): float((res["elbo"][k] - base).mean()) for k in ks},
@@ -315,7 +335,7 @@ def run_ablation(
                          for k in ks},
         "masked_keys_per_head": {str(k): (res["masked_keys"][k] / res["head_slots"] if res["head_slots"] else 0.0)
                                  for k in ks},
-        "num_requests": len(continuations), "mc_num": mc_num,
+        "num_requests": len(continuations), "mc_num": 1 if cfg.causal else mc_num,
         "mean_continuation_tokens": sum(len(c) for c in continuations) / len(continuations),
         "per_request": {str(k): [float(x) for x in v] for k, v in res["elbo"].items()},
     }

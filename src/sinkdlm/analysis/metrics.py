@@ -337,7 +337,7 @@ _BYTE_LEVEL_WHITESPACE = str.maketrans(
 )
 
 
-def token_type(token_id: int, token_str: str, mask_id: int, *, sink_ids: Collection[int] = ()) -> str:
+def token_type(token_id: int, token_str: str, mask_id: int | None, *, sink_ids: Collection[int] = ()) -> str:
     """Classify one token: ``"mask"``, ``"whitespace"``, ``"punctuation"`` or ``"other"``.
 
     ``token_str`` should be the decoded string (``tokenizer.decode([token_id])``); raw
@@ -346,7 +346,7 @@ def token_type(token_id: int, token_str: str, mask_id: int, *, sink_ids: Collect
     punctuation or symbol (``", ."``, ``"+"``). Empty strings are ``"other"``. Tokens in
     ``sink_ids`` (e.g. the extra ``[SINK]``) are ``"sink"``, only when passed.
     """
-    if int(token_id) == int(mask_id):
+    if mask_id is not None and int(token_id) == int(mask_id):  # an AR model has no mask token
         return "mask"
     if int(token_id) in sink_ids:
         return "sink"

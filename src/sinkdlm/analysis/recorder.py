@@ -185,7 +185,7 @@ class SinkRecorder:
         num_layers = config.num_hidden_layers
         self.num_layers, self.num_heads = num_layers, config.num_attention_heads
         self.num_sink_tokens, self.sink_position = config.num_sink_tokens, config.sink_position
-        self.mask_id = config.mask_token_id
+        self.mask_id = config.mask_token_id  # None for an autoregressive model: no token is "mask"
         self.decode = decode
         self.figure_layer = num_layers // 2 if figure_layer is None else figure_layer
         if not (isinstance(self.figure_layer, int) and 0 <= self.figure_layer < num_layers):
@@ -215,24 +215,69 @@ class SinkRecorder:
         self._figure: dict[str, object] = {}
         self._prev: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._groups: list[RowGroup] = []
+        self._width, self._step = 0, None
         self.num_generations, self.num_rows, self.num_steps, self._row_offset, self._batch = 0, 0, 0, 0, 0
         self.max_positions = 0  # S' of the longest row seen (positions are < this)
 
     # ------------------------------------------------------------------ feeding
-    def _start_generation(self, state) -> None:
+    def _start_generation(self, batch: int, attention_mask, seq_len: int) -> None:
         self._flush_generation()
         self._row_offset += self._batch
-        self._batch = state.x.shape[0]
+        self._batch = batch
         self.num_generations += 1
         self.num_rows += self._batch
         self._prev.clear()
-        self._groups = row_groups(state.attention_mask, state.x.shape[1], self.num_sink_tokens, self.sink_position)
+        self._set_groups(attention_mask, seq_len)
+
+    def _set_groups(self, attention_mask, seq_len: int) -> None:
+        self._groups = row_groups(attention_mask, seq_len, self.num_sink_tokens, self.sink_position)
+        self._width = seq_len
         self.max_positions = max(self.max_positions, max(g.size for g in self._groups))
 
     def _flush_generation(self) -> None:
         if self._largest_steps:
             self._largest_chunks.append(torch.stack(self._largest_steps))  # [T, B, L, H]
             self._largest_steps = []
+
+    def _begin_step(self, step: int, input_ids: torch.Tensor, attention_mask) -> None:
+        """Start one step: input_ids `[B, L_in]` are the tokens the model saw (layout without sinks)."""
+        width = input_ids.shape[1]
+        if step == 0 or not self._groups:
+            self._start_generation(input_ids.shape[0], attention_mask, width)
+        elif width != self._width:
+            # an autoregressive step: one more key than the step before (docs/method.md §10)
+            assert self.num_sink_tokens == 0 or self.sink_position == "front", "growing sequences need front sinks"
+            self._set_groups(attention_mask, width)
+        self.num_steps = max(self.num_steps, step + 1)
+        tokens = input_ids.cpu()  # tokens in layout order; the extra sinks get EXTRA_SINK_ID
+        n = self.num_sink_tokens
+        if n:
+            sink_col = tokens.new_full((tokens.shape[0], n), EXTRA_SINK_ID)
+            tokens = torch.cat([sink_col, tokens] if self.sink_position == "front" else [tokens, sink_col], dim=1)
+        self._step = (step, tokens, torch.full((self._batch, self.num_layers, self.num_heads), -1, dtype=torch.int16))
+
+    def _layer(self, layer: int, attn, values, column=None) -> None:
+        if self.virtual_kind is not None and column is None:
+            raise ValueError(
+                f"this model has {self.virtual_kind}=True: the recorder needs the virtual sink column's "
+                "probabilities (StepState.virtual_sink_attentions, filled by generate(..., output_attentions=True))"
+            )
+        step, tokens, largest = self._step
+        for gi, group in enumerate(self._groups):
+            self._record(step, layer, gi, group, attn, values, tokens, largest, column)
+        if layer == self.num_layers - 1:
+            self._largest_steps.append(largest)
+            self._step = None
+
+    def step_hook(self, step: int, input_ids: torch.Tensor, attention_mask=None):
+        """`generate(..., attention_hook_fn=recorder.step_hook)`: the per-layer hook of one step, fed one
+        layer's maps at a time inside the forward (nothing of the maps is kept but the statistics)."""
+        self._begin_step(step, input_ids, attention_mask)
+
+        def hook(layer: int, attn, values, column=None) -> None:
+            self._layer(layer, attn, values, column)
+
+        return hook
 
     @torch.no_grad()
     def __call__(self, state) -> None:
@@ -244,28 +289,10 @@ class SinkRecorder:
             )
         if len(state.attentions) != self.num_layers:
             raise ValueError(f"got {len(state.attentions)} attention layers, the config has {self.num_layers}")
-        if state.step == 0 or not self._groups:
-            self._start_generation(state)
-        step = state.step
-        self.num_steps = max(self.num_steps, step + 1)
-        # Tokens in layout order; the extra sinks get EXTRA_SINK_ID.
-        tokens = state.input_ids.cpu()  # [B, L]
-        n = self.num_sink_tokens
-        if n:
-            sink_col = tokens.new_full((tokens.shape[0], n), EXTRA_SINK_ID)
-            tokens = torch.cat([sink_col, tokens] if self.sink_position == "front" else [tokens, sink_col], dim=1)
         virtual = getattr(state, "virtual_sink_attentions", None)
-        if self.virtual_kind is not None and virtual is None:
-            raise ValueError(
-                f"this model has {self.virtual_kind}=True: the recorder needs the virtual sink column's "
-                "probabilities (StepState.virtual_sink_attentions, filled by generate(..., output_attentions=True))"
-            )
-        largest = torch.full((self._batch, self.num_layers, self.num_heads), -1, dtype=torch.int16)
+        self._begin_step(state.step, state.input_ids, state.attention_mask)
         for layer, (attn, values) in enumerate(zip(state.attentions, state.values)):
-            column = virtual[layer] if self.virtual_kind is not None else None
-            for gi, group in enumerate(self._groups):
-                self._record(step, layer, gi, group, attn, values, tokens, largest, column)
-        self._largest_steps.append(largest)
+            self._layer(layer, attn, values, virtual[layer] if virtual is not None else None)
 
     def _record(self, step, layer, gi, group: RowGroup, attn, values, tokens, largest, column=None) -> None:
         a = group.sub_attention(attn)  # [b, H, S', S']
@@ -290,6 +317,8 @@ class SinkRecorder:
         prev = self._prev.get((gi, layer))
         if prev is not None:
             prev_set, prev_pos = prev
+            if prev_set.shape[-1] < size:  # autoregressive: the new keys were no sinks before
+                prev_set = torch.nn.functional.pad(prev_set, (0, size - prev_set.shape[-1]), value=False)
             self._pairs[layer] += b * h
             self._set_changed[layer] += float((is_sink != prev_set).any(-1).sum())
             inter = (is_sink & prev_set).sum(-1).double()
@@ -377,6 +406,8 @@ class SinkRecorder:
         kept = [self._figure[k] for k in ("first", "last") if k in self._figure]
         if not kept:
             return None
+        size = max(m.shape[-1] for _, m in kept)  # an AR generation's first map is smaller: zero-padded
+        kept = [(s, torch.nn.functional.pad(m, (0, size - m.shape[-1], 0, size - m.shape[-2]))) for s, m in kept]
         strength = sum(m.sum(-2).amax(-1) for _, m in kept)  # [H] largest column sum
         head = int(strength.argmax())
         return torch.stack([m[head] for _, m in kept]), [s for s, _ in kept], head

@@ -123,6 +123,10 @@ def analyze(
     figure_steps    the two steps of the attention-map figure (default: first and last).
     batch_size      prompts per `generate` call (attention maps of a step scale with it).
     generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
+
+    An autoregressive model (`config.causal`: a Qwen2/LLaMA checkpoint opened as is) is analysed the
+    same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
+    scores the exact continuation log-likelihood per token (docs/method.md §10).
     """
     from tqdm.auto import tqdm
 
@@ -139,7 +143,8 @@ def analyze(
     if ablation_task is not None and not callable(ablation_task):
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
     generate_kwargs = dict(generate_kwargs or {})
-    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed"}
+    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed",
+                "attention_hook_fn"}
     if reserved & set(generate_kwargs):
         raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
     cfg = model.config
@@ -172,16 +177,24 @@ def analyze(
     model.eval()
     samples, steps_taken = [], 0
     start = time.perf_counter()
-    with tqdm(total=len(chunks) * steps, desc="sink analysis: generation", unit="step",
+    steps_per_chunk = gen_length if cfg.causal else steps  # an AR model takes one step per token
+    last_layer = cfg.num_hidden_layers - 1
+    with tqdm(total=len(chunks) * steps_per_chunk, desc="sink analysis: generation", unit="step",
               disable=not progress, leave=False) as bar:
-        def callback(state) -> None:
-            recorder(state)
-            bar.update(1)
+        def step_hook(step, input_ids, attention_mask):
+            # The recorder sees one layer's maps at a time inside the forward (docs/method.md §10):
+            # an 8B model's analysis never holds every layer's [B, H, S, S] at once.
+            record = recorder.step_hook(step, input_ids, attention_mask)
+
+            def hook(layer, attn, values, column=None):
+                record(layer, attn, values, column)
+                if layer == last_layer:
+                    bar.update(1)
+            return hook
 
         for chunk in chunks:
             out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
-                           callback=callback, output_attentions=True, output_values=True, return_dict=True,
-                           **generate_kwargs)
+                           attention_hook_fn=step_hook, return_dict=True, **generate_kwargs)
             steps_taken = max(steps_taken, out.steps_taken)
             for row in out.sequences[:, out.prompt_length:].tolist():
                 samples.append(tokenizer.decode(row, skip_special_tokens=True))
@@ -190,13 +203,13 @@ def analyze(
     ablation, abl_seconds = None, 0.0
     if ks is not None:
         start = time.perf_counter()
-        total = len(ks) if ablation_task is not None else len(pairs) * mc_num
+        total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else mc_num)
         with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
             ablation = run_ablation(
                 model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
                 ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
                 continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
-                seed=seed, shift_logits=bool(generate_kwargs.get("shift_logits", False)), progress=bar.update,
+                seed=seed, shift_logits=generate_kwargs.get("shift_logits"), progress=bar.update,
                 protocol=ablation_protocol,
             )
         abl_seconds = time.perf_counter() - start
@@ -212,7 +225,9 @@ def analyze(
             **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                             "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
                                             "sink_position", "sink_zero_value", "gated_attention",
-                                            "sink_logit", "softmax_one")},
+                                            "sink_logit", "softmax_one", "causal", "shift_logits")},
+            "kind": "autoregressive (causal)" if cfg.causal else "diffusion (bidirectional)",
+            "source_format": cfg.extra.get("source_format", "sinkdlm"),
             "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."),
             "device": str(model.device),
@@ -466,139 +481,8 @@ def _ablation_section(doc: Document, ablations: Mapping[str, dict]) -> None:
     doc.table(header, rows)
 
 
-# ----------------------------------------------------------------------------- compare
-def _read_run(path: Path) -> tuple[dict, dict | None]:
-    import json
+def compare(dirs, out_dir) -> dict:
+    """Side-by-side report of several `analyze` outputs (`sinkdlm.analysis.compare.compare`)."""
+    from sinkdlm.analysis.compare import compare as run
 
-    path = Path(path)
-    file = path / "analysis.json"
-    if not file.is_file():
-        raise ValueError(f"{file} is missing; run `sinkdlm analyze ... --out {path}` first")
-    try:
-        a = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from e
-    missing = [k for k in ANALYSIS_KEYS if k not in a]
-    if missing:
-        raise ValueError(f"{file} lacks the keys {missing}; was it written by `sinkdlm analyze`?")
-    arrays = None
-    npz = path / a.get("arrays", ARRAYS_NAME)
-    if npz.is_file():
-        with np.load(npz, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    return a, arrays
-
-
-def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:
-    """Put several `analyze` outputs side by side: one report (report.md, report.html) and combined
-    figures in `out_dir`. `dirs`: `{label: dir}` or a list of dirs (labelled by folder name).
-    Returns `{"models": [labels], "figures": {...}, "runs": {label: dir}}` (also written as compare.json)."""
-    if isinstance(dirs, (str, Path)) or len(dirs) < 2:
-        raise ValueError("compare needs a list or dict of at least two analysis directories")
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory")
-    if isinstance(dirs, Mapping):
-        runs = {str(label): _read_run(Path(d)) for label, d in dirs.items()}
-    else:  # label = the model label of each run; the folder name when those collide
-        loaded = [_read_run(Path(d)) for d in dirs]
-        labels = [a["model"]["label"] for a, _ in loaded]
-        if len(set(labels)) < len(labels):
-            labels = [Path(d).resolve().name for d in dirs]
-            labels = [f"{n} ({i})" if labels.count(n) > 1 else n for i, n in enumerate(labels)]
-        runs = dict(zip(labels, loaded))
-        dirs = dict(zip(labels, dirs))
-    scales = {a["scale"] for a, _ in runs.values()}
-    if len(scales) > 1:
-        raise ValueError(f"the runs use different scales {sorted(scales)}; analyse them with the same --scale")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    from sinkdlm.analysis import figures as F
-
-    figs = {}
-    analyses = {k: a for k, (a, _) in runs.items()}
-    versus = " vs ".join(analyses)  # every comparison figure's title names the models
-    curves = {k: {float(e): v for e, v in a["non_sink_fraction_by_epsilon"].items()} for k, a in analyses.items()}
-    F.plot_non_sink_fraction(curves, out_dir / FIGURES["non_sink_fraction"], scale=scales.pop(),
-                             mark_epsilon=next(iter(analyses.values()))["epsilon"], title=f"{versus}: non-sink fraction vs ϵ")
-    figs["non_sink_fraction"] = FIGURES["non_sink_fraction"]
-    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png", title=f"{versus}: detected sinks per layer")
-    figs["sink_mass_layers"] = "sink_mass_layers.png"
-    extra = {k: a["extra_sink"] for k, a in analyses.items() if a["extra_sink"] is not None}
-    if extra:
-        F.plot_layer_bars({k: _floats(e["value_norm"]) for k, e in extra.items()},
-                          {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
-                          {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"],
-                          title=f"{versus}: the extra sink token per layer")
-        figs["layer_bars"] = FIGURES["layer_bars"]
-    arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
-    if len(arrays) == len(runs):
-        F.plot_value_norm_scatter({k: v["sink_norm_sample"] for k, v in arrays.items()},
-                                  {k: v["normal_norm_sample"] for k, v in arrays.items()},
-                                  out_dir / FIGURES["value_norm_scatter"],
-                                  title=f"{versus}: value norms, sinks vs normal tokens")
-        figs["value_norm_scatter"] = FIGURES["value_norm_scatter"]
-        F.plot_largest_sink_positions(
-            {k: v["largest_sink_positions"] for k, v in arrays.items()}, out_dir / FIGURES["largest_sink_positions"],
-            num_positions=max(a["setup"]["max_sequence_positions"] for a in analyses.values()),
-            title=f"{versus}: largest sink over denoising steps")
-        figs["largest_sink_positions"] = FIGURES["largest_sink_positions"]
-        if all("attention_maps" in v for v in arrays.values()):
-            maps = [v["attention_maps"] for v in arrays.values()]
-            titles = [[f"L{int(v['attention_map_layer_head'][0])} H{int(v['attention_map_layer_head'][1])} "
-                       f"step {int(s)}" for s in v["attention_map_steps"]] for v in arrays.values()]
-            marks = [_map_marks(analyses[k], v["attention_maps"].shape[-1]) for k, v in arrays.items()]
-            F.plot_attention_maps(maps, titles, out_dir / FIGURES["attention_maps"], row_labels=list(arrays),
-                                  sink_positions=[m[0] for m in marks], prompt_end=[m[1] for m in marks],
-                                  note=HEAD_CHOICE, title=f"{versus}: attention maps")
-            figs["attention_maps"] = FIGURES["attention_maps"]
-    _compare_doc(analyses, figs, out_dir).write(out_dir)
-    result = {"models": list(analyses), "figures": figs, "runs": {k: str(Path(d)) for k, d in dirs.items()}}
-    atomic_write_json(out_dir / "compare.json", result)
-    return result
-
-
-def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path) -> Document:
-    labels = list(analyses)
-    doc = Document("Attention-sink analysis: " + " vs ".join(labels))
-    for label, a in analyses.items():
-        doc.paragraph(f"**{label}**: " + _setup_text(a))
-    doc.heading("Side by side")
-    get = {
-        "extra sink tokens": lambda a: str(a["model"]["num_sink_tokens"]),
-        "non-sink fraction at ϵ": lambda a: _pct(a["non_sink_fraction"]),
-        "attention on detected sinks (mean over layers)": lambda a: _pct(_mean(a["sink_attention_mass"])),
-        "value norm, sink tokens": lambda a: _num(a["value_norm"]["sink_mean"], 3),
-        "value norm, normal tokens": lambda a: _num(a["value_norm"]["normal_mean"], 3),
-        "largest sink moves": lambda a: _pct(a["moving"]["mean"]["largest_sink_change_rate"]),
-        "sink set changes": lambda a: _pct(a["moving"]["mean"]["sink_set_change_rate"]),
-        "Jaccard of consecutive sink sets": lambda a: _num(a["moving"]["mean"]["sink_set_jaccard"], 3),
-        "attention on the extra sink": lambda a: _pct((a["extra_sink"] or {}).get("mean_attention_mass")),
-        "heads whose largest sink is the extra sink": lambda a: _pct(a["moving"]["mean"].get("extra_sink_share")),
-        "attention on the virtual sink column": lambda a: _pct((a.get("virtual_sink") or {}).get("mean_attention_mass")),
-        "sinks on [MASK] tokens": lambda a: _pct(a["sink_token_types"]["shares"].get("mask")),
-    }
-    doc.table(["quantity", *labels], [[name, *(f(analyses[k]) for k in labels)] for name, f in get.items()])
-    doc.heading("Non-sink fraction vs ϵ")
-    eps = list(next(iter(analyses.values()))["non_sink_fraction_by_epsilon"])
-    doc.table(["model", *eps], [[k, *(_pct(a["non_sink_fraction_by_epsilon"].get(e)) for e in eps)]
-                                for k, a in analyses.items()])
-    doc.heading("Attention on detected sinks per layer")
-    n_layers = max(len(a["sink_attention_mass"]) for a in analyses.values())
-    doc.table(["layer", *labels], [[i, *(_pct(a["sink_attention_mass"][i]) if i < len(a["sink_attention_mass"])
-                                         else "–" for a in analyses.values())] for i in range(n_layers)])
-    ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
-    if ablations:
-        _ablation_section(doc, ablations)
-    doc.heading("Figures")
-    captions = {**FIGURE_CAPTIONS, "sink_mass_layers": "Per layer, every model: value norm of detected sinks vs "
-                "normal tokens, and the share of attention on detected sinks.",
-                "layer_bars": "Models with an extra sink token: its value norm vs the other tokens and its share "
-                "of attention per layer (One-Token Fig. 3)."}
-    for name, file in figs.items():
-        doc.image(out_dir / file, captions[name])
-    return doc
-
-
-def _mean(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
+    return run(dirs, out_dir)

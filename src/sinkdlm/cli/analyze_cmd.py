@@ -55,7 +55,7 @@ def read_prompts(path: Path) -> list[str]:
 
 @app.command()
 def analyze(
-    model: Path = typer.Option(None, "--model", help="Checkpoint directory (config.json, model.safetensors, tokenizer)."),
+    model: Path = typer.Option(None, "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."),
     prompts: Path = typer.Option(None, "--prompts", help="Prompts file: one per line, or .jsonl with \"prompt\"/\"text\"."),
     data: str = typer.Option(None, "--data", help="Corpus for prompts (validation split), e.g. shakespeare."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Prompts to use (first N of --prompts; windows of --data)."),
@@ -79,7 +79,7 @@ def analyze(
     out: Path = typer.Option(..., "--out", help="Output directory."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
-    """Attention sinks of a masked diffusion LM: analysis.json, figures, report.md/html."""
+    """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
     from sinkdlm.analysis.report import check_options
 
     if compare_dirs is not None:

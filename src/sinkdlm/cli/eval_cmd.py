@@ -31,7 +31,7 @@ def check_output_path(out: Path) -> Path:
 @app.command("eval")
 def eval_command(
     model: Path = typer.Option(
-        ..., "--model", help="Checkpoint directory (config.json, model.safetensors, tokenizer)."
+        ..., "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."
     ),
     tasks: str = typer.Option(
         ..., "--tasks", help="Comma-separated: shakespeare_cloze, shakespeare_next_line, arithmetic, gsm8k:PATH."

@@ -30,7 +30,7 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 
 @app.command()
 def generate(
-    model: Path = typer.Option(..., "--model", help="Checkpoint directory (config.json, model.safetensors, tokenizer)."),
+    model: Path = typer.Option(..., "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."),
     prompt: str = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_file: Path = typer.Option(None, "--prompt-file", help="Read the prompt from this file instead."),
     gen_length: int = typer.Option(..., "--gen-length", help="Tokens to generate."),
@@ -46,7 +46,7 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, steps_taken, seconds."),
     show_steps: bool = typer.Option(False, "--show-steps", help="Print the partially unmasked text after every step."),
 ) -> None:
-    """Generate a continuation of a prompt with a masked diffusion LM."""
+    """Generate a continuation of a prompt with a masked diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.diffusion.sampling import generate as sample
     from sinkdlm.model.checkpoint import load_model_and_tokenizer
 

@@ -43,8 +43,8 @@ def train(
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
     text_field: Optional[str] = typer.Option(None, "--text-field"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs; default: the whole corpus)."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm checkpoint (e.g. converted)."),
-    shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA one (converted on load)."),
+    shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head); default: the model's own setting."),
     attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
@@ -69,7 +69,7 @@ def train(
 
 @app.command()
 def sft(
-    model: str = typer.Option(..., "--model", help="sinkdlm checkpoint to fine-tune."),
+    model: str = typer.Option(..., "--model", help="Model to fine-tune: sinkdlm, LLaDA, Dream, or Qwen2/LLaMA (converted on load)."),
     data: str = typer.Option(..., "--data", help="arithmetic | FILE.jsonl with prompt/response fields"),
     out: str = typer.Option("runs/sft", "--out"),
     config: Optional[Path] = typer.Option(None, "--config"),

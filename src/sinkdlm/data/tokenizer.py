@@ -61,6 +61,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             "point to a directory written by save_pretrained (or a checkpoint directory with tokenizer files)"
         )
     if (path / "config.json").is_file():  # a checkpoint: AutoTokenizer reads its model_type "sinkdlm"
+        from sinkdlm.model.formats import checkpoint_format, load_pretrained_tokenizer
+
+        if checkpoint_format(path) != "sinkdlm":  # LLaDA / Dream / Qwen2 / LLaMA: tokenizer.json, no remote code
+            return load_pretrained_tokenizer(path)
         from sinkdlm import register_hf
 
         register_hf()
@@ -118,10 +122,12 @@ def train_bpe_tokenizer(
     return tokenizer
 
 
-def check_tokenizer_matches(tokenizer: PreTrainedTokenizerFast, vocab_size: int, mask_token_id: int) -> None:
-    """Raise `ValueError` when the tokenizer cannot drive a model with this vocabulary."""
+def check_tokenizer_matches(tokenizer: PreTrainedTokenizerFast, vocab_size: int, mask_token_id: int | None) -> None:
+    """Raise `ValueError` when the tokenizer cannot drive a model with this vocabulary.
+
+    `mask_token_id` None: an autoregressive model, which has no mask token to agree on."""
     tok_mask = tokenizer.mask_token_id
-    if tok_mask != mask_token_id:
+    if mask_token_id is not None and tok_mask != mask_token_id:
         raise ValueError(
             f"tokenizer mask token id is {tok_mask} but the model's mask_token_id is {mask_token_id}; "
             "use the tokenizer the model was trained with, or set the model's mask_token_id to match"

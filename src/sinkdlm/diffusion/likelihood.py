@@ -117,7 +117,8 @@ class _Batcher:
         def left_pad(x, value):  # [m, L] -> [m, width]
             return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
 
-        xt = torch.cat([left_pad(b[2], model.config.mask_token_id) for b in blocks]).to(device)
+        pad = model.config.mask_token_id or 0  # padding is never attended to; an AR model has no [MASK]
+        xt = torch.cat([left_pad(b[2], pad) for b in blocks]).to(device)
         x0 = torch.cat([left_pad(b[3], 0) for b in blocks]).to(device)
         score = torch.cat([left_pad(b[4], False) for b in blocks]).to(device)
         real = torch.cat([left_pad(torch.ones_like(b[4]), False) for b in blocks]).to(device)
@@ -166,7 +167,7 @@ def loglikelihood(
     eps: float = 1e-3,
     generator: torch.Generator | None = None,
     seed: int | None = None,
-    shift_logits: bool = False,
+    shift_logits: bool | None = None,
     use_sink_cache: bool = True,
 ) -> LoglikelihoodOutput:
     """log p(continuation | prefix) of a masked diffusion LM (docs/method.md §1). See the module docstring.
@@ -180,6 +181,10 @@ def loglikelihood(
     batch_size     model rows per forward.
     eps            "mc": t ~ U(eps, 1] as in training (bounds the 1/t weight).
     generator/seed the (CPU) randomness of t and the masks: a fixed seed repeats the estimate.
+    shift_logits   position i-1 predicts token i; None (default): the model's `config.shift_logits`.
+
+    An autoregressive model (`config.causal`) gets its exact log-likelihood, one forward per request
+    (`method` is then reported as "exact", with standard error 0), docs/method.md §10.
     """
     cfg = model.config
     if method not in METHODS:
@@ -190,6 +195,7 @@ def loglikelihood(
         raise ValueError(f"eps must lie in [0, 1), got {eps}")
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
+    shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     prefixes, single_p = _rows(prefix_ids, "prefix_ids")
     conts, single_c = _rows(continuation_ids, "continuation_ids")
     if single_p != single_c or len(prefixes) != len(conts):
@@ -218,6 +224,11 @@ def loglikelihood(
     for pre, cont in zip(prefixes, conts):
         seq = torch.cat([pre, cont])  # [L]
         lp, n, length = len(pre), len(cont), len(pre) + len(cont)
+        if cfg.causal:  # log p(y | x) = sum_k log p(y_k | x, y_<k), all from one causal forward
+            score = torch.zeros(1, length, dtype=torch.bool)
+            score[:, lp:] = True
+            batcher.add(seq[None], seq[None], score, torch.ones(1))
+            continue
         if method == "chain":
             # Row k: y_<k clean, y_k.. masked; score position lp + k only.
             k = torch.arange(n)[:, None]
@@ -241,9 +252,11 @@ def loglikelihood(
     batcher.flush()
 
     logprob, stderr = [], []
+    if cfg.causal:
+        method = "exact"
     for vals in batcher.values:
         slots = len(vals)
-        if method == "chain":
+        if method in ("chain", "exact"):
             logprob.append(vals.sum())
             stderr.append(torch.zeros((), dtype=torch.float64))
         else:

@@ -39,7 +39,7 @@ def diffusion_loss(
     low_discrepancy: bool = False,
     prompt_mask: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
-    shift_logits: bool = False,
+    shift_logits: bool | None = None,
     generator: torch.Generator | None = None,
     u: torch.Tensor | None = None,
     **forward_kwargs,
@@ -51,9 +51,15 @@ def diffusion_loss(
     attention_mask `[B, L]` True = real token; padding is never masked nor counted.
     t, u           the noise, when the caller draws it (else from `generator`).
     shift_logits   position i predicts token i+1 (an AR-initialised head, docs/method.md §5): the logits
-                   of position i-1 score the token at i; position 0 is then never masked.
+                   of position i-1 score the token at i; position 0 is then never masked. None
+                   (default): the model's `config.shift_logits`.
     """
-    mask_id = model.config.mask_token_id if mask_id is None else mask_id
+    config = getattr(model, "config", None) or model.module.config  # DDP wraps the model
+    mask_id = config.mask_token_id if mask_id is None else mask_id
+    shift_logits = getattr(config, "shift_logits", False) if shift_logits is None else bool(shift_logits)
+    if mask_id is None:
+        raise ValueError("this is an autoregressive model (no [MASK] token): the diffusion loss needs a DLM; "
+                         "train from it with `--init-from DIR`, which converts it")
     b, l = x0.shape
     if t is None:
         t = sample_t(b, eps, low_discrepancy, generator=generator, device=x0.device)

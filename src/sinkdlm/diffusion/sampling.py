@@ -54,17 +54,21 @@ class StepState:
     logits: torch.Tensor | None = None
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer [B, H, S, S], S = L + sinks, layout order
     values: tuple[torch.Tensor, ...] | None = None  # per layer [B, KVH, S, hd]
-    attention_mask: torch.Tensor | None = None  # [B, L] True = real token; None when no row is padded
+    attention_mask: torch.Tensor | None = None  # [B, L_in] of the model input, True = real; None when unpadded
     prompt_length: int = 0  # generation starts at this column
     mask_id: int = 0
     logit_columns: torch.Tensor | None = None  # [K] long, the columns of x that `logits` predicts
     # sink_logit / softmax_one models: per layer [B, H, S], each query row's mass on the virtual column
     virtual_sink_attentions: tuple[torch.Tensor, ...] | None = None
+    # Autoregressive models: the model saw only the first `input_length` columns of x (the step
+    # appended column `input_length`); None for a DLM, whose input spans every column.
+    input_length: int | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
-        """`[B, L]` the tokens the model saw at this step (x before the commits)."""
-        return self.x.masked_fill(self.masked, self.mask_id)
+        """`[B, L_in]` the tokens the model saw at this step (x before the commits)."""
+        x = self.x.masked_fill(self.masked, self.mask_id) if self.mask_id is not None else self.x
+        return x if self.input_length is None else x[:, :self.input_length]
 
 
 @dataclass
@@ -76,6 +80,9 @@ class GenerationOutput:
 
 
 StepCallback = Callable[[StepState], None]
+# `attention_hook_fn(step, input_ids [B, L_in], attention_mask | None)` -> a per-layer hook for that
+# step's forward (`DiffusionLM.forward(attention_hook=...)`): one layer's maps alive at a time.
+AttentionHookFn = Callable[[int, torch.Tensor, "torch.Tensor | None"], Callable]
 KeyMasksFn = Callable[[int, "StepState | None"], "list[torch.Tensor | None] | None"]
 
 
@@ -219,9 +226,10 @@ def generate(
     output_attentions: bool = False,
     output_values: bool = False,
     use_sink_cache: bool = True,
-    shift_logits: bool = False,
+    shift_logits: bool | None = None,
     return_dict: bool = False,
     cache: str | None = None,
+    attention_hook_fn: AttentionHookFn | None = None,
 ) -> torch.Tensor | GenerationOutput:
     """Sample `gen_length` tokens after each prompt (docs/method.md §2). Returns `[B, P + gen_length]` ids.
 
@@ -244,7 +252,8 @@ def generate(
                    values into the StepState. Attentions force the eager backend, whose rounding
                    differs from sdpa's: near-tied confidences may then commit differently.
     use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step.
-    shift_logits   position i-1 predicts token i (AR-initialised head, docs/method.md §5).
+    shift_logits   position i-1 predicts token i (AR-initialised head, docs/method.md §5); None (default):
+                   the model's own `config.shift_logits` (True for Dream), a bool overrides it.
     return_dict    return a `GenerationOutput` (sequences, attention_mask, steps_taken).
     cache          Fast-dLLM KV caching (their `generate_with_prefix_cache` / `_dual_cache`):
                    every block starts with a full forward (its logits make that step's commits)
@@ -260,6 +269,15 @@ def generate(
                    approximation); with one step per block they are identical. Under a cache only
                    the block's queries run, so per-layer attentions/values/key masks (which cover
                    the whole sequence) are refused: analyse with cache=None.
+
+    attention_hook_fn  `fn(step, input_ids, attention_mask)` -> a per-layer attention hook for that step
+                   (`DiffusionLM.forward(attention_hook=...)`): the analysis consumes one layer's maps at
+                   a time instead of holding every layer's (what lets an 8B model fit one GPU).
+
+    Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
+    temperature, sampled) left-to-right decoding, one token per step and `gen_length` steps; `steps`,
+    `block_length` and `remasking` do not apply; callbacks, hooks and key masks see the causal maps
+    of each step's input (the prompt and the tokens so far), docs/method.md §10.
 
     Logits. The LM head runs only where its output is used: at temperature 0 with low-confidence
     remasking on the block columns that some row still has masked, otherwise on the whole block
@@ -279,10 +297,11 @@ def generate(
         )
     num_blocks = gen_length // block_length
     if threshold is None:
-        if steps is None:
+        if steps is None and not cfg.causal:  # an AR model decodes one token per step: steps is not used
             raise ValueError("steps is required (it may be None only with threshold decoding)")
-        check_int("steps", steps, 1)
-        if steps < num_blocks:
+        if steps is not None:
+            check_int("steps", steps, 1)
+        if steps is not None and steps < num_blocks and not cfg.causal:
             raise ValueError(
                 f"steps={steps} is fewer than the number of blocks ({gen_length}/{block_length} = "
                 f"{num_blocks}); every block needs at least one step"
@@ -300,13 +319,18 @@ def generate(
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
+    if cfg.causal and (cache is not None or threshold is not None):
+        raise ValueError(
+            "this is an autoregressive model (config.causal): it decodes one token per step left to right, "
+            "so cache= and threshold= (diffusion decoding options) do not apply; leave them unset"
+        )
     if cache is not None:
         if cache not in CACHES:
             raise ValueError(f"cache must be None, 'prefix' or 'dual', got {cache!r}")
-        if output_attentions or output_values or key_masks_fn is not None:
+        if output_attentions or output_values or key_masks_fn is not None or attention_hook_fn is not None:
             raise ValueError(
                 f"cache={cache!r} runs only the current block's queries, but output_attentions, "
-                "output_values and key_masks_fn cover the whole sequence at every step; use cache=None "
+                "output_values, attention_hook_fn and key_masks_fn cover the whole sequence at every step; use cache=None "
                 "for attention analysis and sink ablation"
             )
         if cache == "dual" and num_blocks == 1:
@@ -317,7 +341,7 @@ def generate(
             )
     device = model.device
     prompt, prompt_mask = prepare_prompts(
-        prompt_ids, attention_mask, mask_id if pad_token_id is None else pad_token_id, device
+        prompt_ids, attention_mask, (mask_id or 0) if pad_token_id is None else pad_token_id, device
     )
     b, p = prompt.shape
     total = p + gen_length
@@ -334,6 +358,12 @@ def generate(
         raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size})")
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
+    shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
+    if cfg.causal:
+        return _generate_autoregressive(
+            model, prompt, prompt_mask, gen_length, temperature, generator, callback, key_masks_fn,
+            output_attentions, output_values, use_sink_cache, return_dict, attention_hook_fn,
+        )
 
     # ---- state
     x = torch.cat([prompt, prompt.new_full((b, gen_length), mask_id)], dim=1)  # [B, L]
@@ -360,6 +390,7 @@ def generate(
             else:
                 cols = torch.arange(lo, hi, device=device)  # [n]
             key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
+            hook = attention_hook_fn(step, x.masked_fill(masked, mask_id), attn) if attention_hook_fn else None
             if kv is None:  # a full forward: no cache, or the first step of a cached block
                 q0, ids, past = 0, x, None
             else:  # cached: run the block (and, for "prefix", everything after it)
@@ -369,7 +400,7 @@ def generate(
                 ids, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
                 output_values=output_values, use_sink_cache=use_sink_cache,
                 past_key_values=past, cache_start=q0, output_kv=cache is not None and kv is None,
-                logits_index=None if full_logits else cols - shift - q0,
+                logits_index=None if full_logits else cols - shift - q0, attention_hook=hook,
             )
             if out.kv is not None:  # keep what the block's steps will not recompute
                 kv = [(k[:, :, :lo - shift], v[:, :, :lo - shift]) for k, v in out.kv] if cache == "prefix" \
@@ -409,4 +440,49 @@ def generate(
     assert not masked.any()
     if return_dict:
         return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=step)
+    return x
+
+
+def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature, generator, callback,
+                             key_masks_fn, output_attentions, output_values, use_sink_cache, return_dict,
+                             attention_hook_fn):
+    """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
+    whole prefix, so the analysis sees each step's complete causal maps)."""
+    b, p = prompt.shape
+    x, attn = prompt, prompt_mask
+    work_dtype = torch.promote_types(model.dtype, torch.float32)
+    want_state = callback is not None or key_masks_fn is not None
+    prev_state = None
+    for step in range(gen_length):
+        width = x.shape[1]
+        key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
+        if key_masks is not None:  # masks of step t-1 cover one key fewer: the new token is never masked
+            key_masks = [None if m is None else torch.cat([m, m.new_ones(*m.shape[:2], width - m.shape[-1])], -1)
+                         for m in key_masks]
+        hook = attention_hook_fn(step, x, attn) if attention_hook_fn else None
+        out = model(x, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
+                    output_values=output_values, use_sink_cache=use_sink_cache, attention_hook=hook,
+                    logits_index=slice(width - 1, width))
+        logits = out.logits[:, -1].to(work_dtype)  # [B, V]: the last position predicts the next token
+        nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
+        x = torch.cat([x, nxt[:, None]], dim=1)
+        if attn is not None:
+            attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
+        if want_state:
+            committed = torch.zeros_like(x, dtype=torch.bool)
+            committed[:, -1] = True
+            state = StepState(
+                step=step, block=0, x=x.clone(), masked=torch.zeros_like(committed), committed=committed,
+                logits=out.logits, attentions=out.attentions, values=out.values,
+                attention_mask=None if attn is None else attn[:, :width], prompt_length=p, mask_id=None,
+                logit_columns=torch.tensor([width], device=x.device),
+                virtual_sink_attentions=out.virtual_sink_attentions, input_length=width,
+            )
+            if callback is not None:
+                callback(state)
+            prev_state = state if key_masks_fn is not None else None
+            del state
+        del out, logits
+    if return_dict:
+        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
     return x

@@ -33,7 +33,7 @@ model_args: pretrained (checkpoint directory, required), mc_num (128), method (m
 batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" mean 32; cap it with
 max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
 bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
-positions minus its sinks), check_greedy (True), seed (0), shift_logits (False), tokenizer (directory;
+positions minus its sinks), check_greedy (True), seed (0), shift_logits (default: the model's own config.shift_logits), tokenizer (directory;
 default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9).
 The likelihood runs the LM head only on the masked continuation tokens (`loglikelihood`).
 """
@@ -105,7 +105,7 @@ class SinkDLMEvalModel(LM):
         max_length: int | None = None,
         check_greedy: bool = True,
         seed: int = 0,
-        shift_logits: bool = False,
+        shift_logits: bool | None = None,
         tokenizer: str | None = None,
         cache: str | None = None,
         threshold: float | str | None = None,
@@ -141,7 +141,7 @@ class SinkDLMEvalModel(LM):
             gen_steps=None if gen_steps is None else _int_arg("gen_steps", gen_steps),
             seed=_int_arg("seed", seed, minimum=0),
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
-            shift_logits=_bool_arg("shift_logits", shift_logits),
+            shift_logits=None if shift_logits is None else _bool_arg("shift_logits", shift_logits),
             gen_cache=None if cache in (None, "", "none", "None") else str(cache),
             gen_threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
         )

@@ -120,7 +120,7 @@ class DLMPredictor:
         seed: int = 0,
         progress: bool = False,
         max_length: int | None = None,
-        shift_logits: bool = False,
+        shift_logits: bool | None = None,
         gen_cache: str | None = None,
         gen_threshold: float | None = None,
     ):

@@ -72,15 +72,10 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path} must hold a JSON object (the model config), got {type(raw).__name__}")
-    if raw.get("model_type", "sinkdlm") != "sinkdlm":
-        raise CheckpointError(
-            f"{path} describes a {raw.get('model_type')!r} model, not a sinkdlm one; "
-            f"convert it first with `sinkdlm convert --from-hf {directory} --out DIR`"
-        )
-    try:
-        return ModelConfig.from_dict(raw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: invalid model config: {e}") from e
+    from sinkdlm.model.formats import config_from_raw
+
+    # A LLaDA, Dream or Qwen2/LLaMA config maps onto ModelConfig too (docs/method.md §10).
+    return config_from_raw(raw, path)[0]
 
 
 def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
@@ -143,10 +138,13 @@ def load_checkpoint(directory: str | Path, device=None, dtype=None):
     """
     from sinkdlm.model.transformer import DiffusionLM
 
+    from sinkdlm.model.formats import checkpoint_format, to_sinkdlm_names
+
     dtype = resolve_dtype(dtype)  # a bad argument fails before any file is read
-    config = read_config(directory)
-    tensors = read_weights(directory)
-    weights_file = Path(directory) / WEIGHTS_NAME
+    config = read_config(directory)  # any supported layout (sinkdlm, LLaDA, Dream, Qwen2, LLaMA)
+    fmt = checkpoint_format(directory)
+    tensors = to_sinkdlm_names(fmt, read_weights(directory), config, directory)
+    weights_file = Path(directory) / (WEIGHTS_NAME if (Path(directory) / WEIGHTS_NAME).is_file() else WEIGHTS_INDEX_NAME)
     with torch.device("meta"):
         model = DiffusionLM(config)
     expected = {k: tuple(v.shape) for k, v in model_state_dict(model).items()}
@@ -154,7 +152,7 @@ def load_checkpoint(directory: str | Path, device=None, dtype=None):
     unexpected = sorted(set(tensors) - set(expected))
     wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != expected[k])
     if missing or unexpected or wrong:
-        parts = []
+        parts = [] if fmt == "sinkdlm" else [f"({fmt} layout, mapped to sinkdlm names)"]
         if missing:
             parts.append(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         if unexpected:
@@ -177,6 +175,8 @@ def load_checkpoint(directory: str | Path, device=None, dtype=None):
 
 def load_model_and_tokenizer(directory: str | Path, device=None, dtype: str | torch.dtype | None = None):
     """(DiffusionLM in eval mode, its tokenizer) from one checkpoint directory, checked to agree.
+
+    The directory may also be a LLaDA, Dream or Qwen2/LLaMA checkpoint (`sinkdlm.model.formats`).
 
     `device`: a `--device` value (None or "auto": CUDA when available, `sinkdlm.device`);
     `dtype` as for `load_checkpoint`.

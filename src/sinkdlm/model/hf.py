@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
 from sinkdlm.config import MODEL_SWITCH_DEFAULTS, MODEL_TYPE, ModelConfig, check_model_switches
 from sinkdlm.model.checkpoint import CONFIG_NAME, CheckpointError, read_weights
+from sinkdlm.model.formats import check_qwen2_fields, qwen2_config, read_json
 from sinkdlm.model.transformer import DiffusionLM
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
@@ -47,62 +47,21 @@ def _read_hf_config(src: Path) -> dict:
     path = src / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: --from-hf needs a local Hugging Face model directory")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    cfg = read_json(path)
     if cfg.get("model_type") not in SUPPORTED_ARCHITECTURES:
         raise CheckpointError(
             f"{path}: model_type {cfg.get('model_type')!r} is not supported; "
             f"convert one of {SUPPORTED_ARCHITECTURES}"
         )
-    scaling = cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {})
-    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
-    if rope_type not in ("default", None):
-        raise CheckpointError(f"{path}: rope scaling {rope_type!r} is not supported (only plain RoPE)")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (the MLP is SwiGLU with silu)")
-    try:
-        natural = cfg["hidden_size"] // cfg["num_attention_heads"]
-    except (KeyError, TypeError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: needs integer hidden_size and num_attention_heads ({e!r})") from e
-    if cfg.get("head_dim") not in (None, natural):
-        raise CheckpointError(
-            f"{path}: head_dim={cfg['head_dim']} differs from hidden_size/num_attention_heads={natural}; "
-            f"a decoupled head_dim is not supported"
-        )
-    if cfg.get("mlp_bias", False):
-        raise CheckpointError(f"{path}: mlp_bias=true is not supported (the MLP has no biases)")
-    layer_types = cfg.get("layer_types") or []
-    if cfg.get("use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
-        raise CheckpointError(
-            f"{path}: sliding-window attention layers are not supported (only full attention)"
-        )
+    check_qwen2_fields(cfg, path)
     return cfg
 
 
 def hf_to_model_config(cfg: dict, **switches) -> ModelConfig:
-    """Map a Qwen2/LLaMA `config.json` onto ModelConfig (mask id/vocab are set by the caller)."""
-    rope = cfg.get("rope_parameters") or {}
+    """Map a Qwen2/LLaMA `config.json` onto a bidirectional DLM's ModelConfig (mask id/vocab are set
+    by the caller)."""
     qkv_bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False))
-    return ModelConfig(
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=qkv_bias,
-        mask_token_id=cfg["vocab_size"] - 1,
-        **switches,
-    )
+    return qwen2_config(cfg, qkv_bias=qkv_bias, mask_token_id=cfg["vocab_size"] - 1, **switches)
 
 
 def _init_new_rows(w: torch.Tensor, new_vocab: int, mask_id: int | None) -> torch.Tensor:
@@ -130,6 +89,17 @@ def _load_tokenizer(src: Path):
     return AutoTokenizer.from_pretrained(str(src), local_files_only=True)
 
 
+def tokenizer_with_mask(src: str | Path):
+    """(the HF model's tokenizer with a `[MASK]` token added when it has none, whether it was added);
+    (None, True) for a directory without tokenizer files. Deterministic: the converter and
+    `train --init-from` get the same ids."""
+    tokenizer = _load_tokenizer(Path(src))
+    mask_is_new = tokenizer is None or tokenizer.mask_token is None
+    if tokenizer is not None and mask_is_new:
+        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+    return tokenizer, mask_is_new
+
+
 def convert_hf_checkpoint(
     src: str | Path,
     out: str | Path,
@@ -137,7 +107,16 @@ def convert_hf_checkpoint(
     seed: int = 0,
     **switches: Any,
 ) -> DiffusionLM:
-    """Convert a local HF Qwen2/LLaMA causal LM into a sinkdlm checkpoint at `out`.
+    """Convert a local HF Qwen2/LLaMA causal LM into a sinkdlm checkpoint at `out` (`convert_hf_model`,
+    then `save_pretrained`)."""
+    model, tokenizer = convert_hf_model(src, seed=seed, **switches)
+    model.save_pretrained(Path(out), tokenizer=tokenizer)
+    return model
+
+
+def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
+    """A local HF Qwen2/LLaMA causal LM as a bidirectional sinkdlm DLM in memory: (model, tokenizer
+    with `[MASK]`, or None when the directory has no tokenizer). `train --init-from` uses it.
 
     `switches` are model switches by name (`sinkdlm.config.MODEL_SWITCHES`: num_sink_tokens,
     sink_position, sink_zero_value, gated_attention, sink_logit, softmax_one); unset ones take
@@ -156,7 +135,7 @@ def convert_hf_checkpoint(
       * sink logits (`sink_logit`): N(0, initializer_range) per head, as gpt-oss initialises its
         `sinks` (transformers `GptOssPreTrainedModel._init_weights`); softmax_one has no parameter.
     """
-    src, out = Path(src), Path(out)
+    src = Path(src)
     if not src.is_dir():
         raise CheckpointError(f"--from-hf directory {str(src)!r} does not exist")
     hf_cfg = _read_hf_config(src)
@@ -176,15 +155,9 @@ def convert_hf_checkpoint(
     elif "lm_head.weight" not in tensors:
         raise CheckpointError(f"{src}: untied model without lm_head.weight in its safetensors files")
 
-    tokenizer = _load_tokenizer(src)
     vocab = hf_cfg["vocab_size"]
-    mask_is_new = tokenizer is None or tokenizer.mask_token is None
-    if tokenizer is not None:
-        if mask_is_new:
-            tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
-        mask_id = tokenizer.mask_token_id
-    else:
-        mask_id = vocab
+    tokenizer, mask_is_new = tokenizer_with_mask(src)
+    mask_id = tokenizer.mask_token_id if tokenizer is not None else vocab
     new_vocab = max(vocab, mask_id + 1)
 
     config = hf_to_model_config(hf_cfg, **switches).replace(vocab_size=new_vocab, mask_token_id=mask_id)
@@ -235,5 +208,4 @@ def convert_hf_checkpoint(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()
-    model.save_pretrained(out, tokenizer=tokenizer)
-    return model
+    return model, tokenizer

@@ -255,7 +255,7 @@ class DiffusionLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         *,
         position_ids: torch.Tensor | None = None,
-        causal: bool = False,
+        causal: bool | None = None,
         content_mask: torch.Tensor | None = None,
         key_masks: list[torch.Tensor | None] | None = None,
         output_attentions: bool = False,
@@ -266,6 +266,7 @@ class DiffusionLM(nn.Module):
         cache_start: int = 0,
         output_kv: bool = False,
         logits_index: torch.Tensor | slice | None = None,
+        attention_hook=None,
     ) -> DiffusionLMOutput:
         """
         input_ids      `[B, L]` token ids (content only; the sinks are added here).
@@ -273,6 +274,7 @@ class DiffusionLM(nn.Module):
                        L_total = L without a cache, the whole key sequence with one.
         position_ids   `[B, L]` rotary positions of the content (default: see `sink.positions`).
         causal         content attends causally (AR parity and annealing); sinks stay visible.
+                       None: the model's own `config.causal` (True for an autoregressive model).
         content_mask   `[B|1, 1|H, L, L]` bool, a custom content-to-content mask (True = attend).
         key_masks      per layer `[B, H, S]` bool or None, True = key may be attended to
                        (sink-masking ablation, Rulli et al. Table 1); S in layout order.
@@ -290,12 +292,17 @@ class DiffusionLM(nn.Module):
                        index tensor shared by the batch): `.logits` is then `[B, K, V]`. The head is
                        the largest matmul for 126k-151k vocabularies; callers that read a few
                        positions (the current block, masked continuation tokens) skip the rest.
+        attention_hook `hook(layer, attention [B, H, S, S], values [B, KVH, S, hd], virtual [B, H, S] | None)`
+                       called inside the layer loop with that layer's eager maps, which are then
+                       dropped (unless `output_attentions` also keeps them): the analysis of an 8B
+                       model holds one layer's `[B, H, S, S]` at a time, not all of them.
         """
         cfg = self.config
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
         b, l = input_ids.shape
         n = cfg.num_sink_tokens
+        causal = cfg.causal if causal is None else causal
         total = l
         if past_key_values is not None:
             if causal or content_mask is not None or key_masks is not None or output_attentions:
@@ -318,7 +325,10 @@ class DiffusionLM(nn.Module):
             )
         if attention_mask is not None and attention_mask.shape[-1] != total:
             raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} columns, the key sequence {total}")
-        backend_name = "eager" if output_attentions else (attn_implementation or self.attn_implementation)
+        need_maps = output_attentions or attention_hook is not None
+        if past_key_values is not None and attention_hook is not None:
+            raise ValueError("attention_hook needs the whole sequence's queries; run without past_key_values")
+        backend_name = "eager" if need_maps else (attn_implementation or self.attn_implementation)
         backend = get_backend(backend_name)
         if cfg.has_sink_column and backend_name not in SINK_COLUMN_BACKENDS:
             switch = "sink_logit" if cfg.sink_logit else "softmax_one"
@@ -340,6 +350,10 @@ class DiffusionLM(nn.Module):
             mask = padding_mask(attention_mask)  # [B, 1, 1, L_total]
         if causal:
             mask = causal_mask(l, h.device) if mask is None else mask & causal_mask(l, h.device)
+            if attention_mask is not None:
+                # A left-padding query sees no key at all under a causal mask (its softmax would be NaN,
+                # and 0 x NaN leaks into real rows): let it see itself. Real rows see themselves already.
+                mask = mask | torch.eye(l, dtype=torch.bool, device=h.device)
         if content_mask is not None:
             mask = content_mask.bool() if mask is None else mask & content_mask.bool()
 
@@ -363,15 +377,23 @@ class DiffusionLM(nn.Module):
                 layer_mask = km if layer_mask is None else layer_mask & km
             past = past_key_values[i] if past_key_values is not None else None
             h, probs, v, kv = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend,
-                                    output_attentions, past, cache_start)
-            if output_attentions:
+                                    need_maps, past, cache_start)
+            if need_maps:
                 p_self = sinks.p_self[i] if sinks is not None and sinks.p_self is not None else None
+                column = None
                 if cfg.has_sink_column:
                     probs, column = probs[..., :-1], probs[..., -1]  # [B, H, L, S], [B, H, L]
                     if n > 0:  # the sinks' own rows: 1 - p_self on the column
                         column = sinklib.join((1 - p_self).expand(b, -1, -1), column, cfg.sink_position, dim=2)
-                    virtual.append(column)
-                attentions.append(self._full_attention_map(probs, l, p_self))
+                full = self._full_attention_map(probs, l, p_self)
+                del probs
+                if attention_hook is not None:
+                    attention_hook(i, full, v, column)
+                if output_attentions:
+                    if column is not None:
+                        virtual.append(column)
+                    attentions.append(full)
+                del full
             if output_values:
                 values.append(v)
             if output_kv:

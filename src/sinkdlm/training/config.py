@@ -40,7 +40,7 @@ class TrainConfig(_TrainSwitchFields):
     cache_dir: str | None = None
     # model
     preset: str = "tiny"
-    init_from: str | None = None  # a sinkdlm checkpoint (e.g. from `sinkdlm convert`)
+    init_from: str | None = None  # a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA one (converted on load)
     # the model switches (num_sink_tokens, ..., sink_logit, softmax_one) are inherited fields
     model_overrides: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
     # schedule
@@ -57,7 +57,7 @@ class TrainConfig(_TrainSwitchFields):
     grad_clip: float = 1.0
     eps: float = 1e-3  # t ~ U(eps, 1]
     # AR init recipes (docs/method.md §5)
-    shift_logits: bool = False
+    shift_logits: bool | None = None  # None: the model's own config.shift_logits (True for Dream)
     attention_anneal_steps: int = 0
     # SFT (set by `sinkdlm sft`)
     sft: bool = False

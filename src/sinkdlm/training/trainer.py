@@ -87,6 +87,13 @@ def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None):
     if cfg.tokenizer is not None:
         return load_tokenizer(cfg.tokenizer)
     if cfg.init_from is not None:
+        if _init_is_autoregressive(cfg):  # converted on load: its tokenizer gains [MASK] (docs/method.md §5)
+            from sinkdlm.model.hf import tokenizer_with_mask
+
+            tok, _ = tokenizer_with_mask(cfg.init_from)
+            if tok is None:
+                raise ValueError(f"--init-from {cfg.init_from} has no tokenizer files; pass --tokenizer DIR")
+            return tok
         return load_tokenizer(cfg.init_from)
     assert vocab_size is not None
     import hashlib
@@ -120,9 +127,23 @@ def _take_chars(texts, limit: int):
         total += len(t)
 
 
+def _init_is_autoregressive(cfg: TrainConfig) -> bool:
+    from sinkdlm.model.formats import AUTOREGRESSIVE, checkpoint_format
+
+    return checkpoint_format(cfg.init_from) in AUTOREGRESSIVE
+
+
 def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
+    """The model to train. `--init-from` opens any supported checkpoint (sinkdlm, LLaDA, Dream); a
+    Qwen2/LLaMA causal LM is converted to a bidirectional DLM on load with the run's switches, as
+    `sinkdlm convert` would. `--shift-logits/--no-shift-logits` set the model's `shift_logits`
+    (stored in its config.json); unset, the checkpoint's own value stands."""
     switches = cfg.model_switches()
-    if cfg.init_from is not None:
+    if cfg.init_from is not None and _init_is_autoregressive(cfg):
+        from sinkdlm.model.hf import convert_hf_model
+
+        model, _ = convert_hf_model(cfg.init_from, seed=cfg.seed, **switches)
+    elif cfg.init_from is not None:
         model = DiffusionLM.from_pretrained(cfg.init_from)
         differ = {k: v for k, v in switches.items() if getattr(model.config, k) != v}
         if differ:
@@ -137,6 +158,8 @@ def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
         config.validate()
         torch.manual_seed(cfg.seed)
         model = DiffusionLM(config)
+    if cfg.shift_logits is not None:
+        model.config.shift_logits = bool(cfg.shift_logits)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
     return model
 
@@ -210,7 +233,7 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
         t, u = global_noise(cfg, -1 - i, bs, x0.shape[1], low_discrepancy=True)
         with _autocast(cfg, device):
             out = diffusion_loss(
-                model, x0.to(device), t=t.to(device), u=u.to(device), shift_logits=cfg.shift_logits,
+                model, x0.to(device), t=t.to(device), u=u.to(device), shift_logits=model.config.shift_logits,
                 prompt_mask=None if pm is None else pm.to(device),
             )
         total += out.loss.item()
@@ -343,7 +366,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
                 out_loss = diffusion_loss(
                     wrapped, x0.to(device), mask_id=model.config.mask_token_id, t=t_all[sl].to(device),
                     u=u_all[sl].to(device), prompt_mask=None if pm is None else pm.to(device),
-                    shift_logits=cfg.shift_logits, content_mask=content_mask,
+                    shift_logits=model.config.shift_logits, content_mask=content_mask,
                 )
                 (out_loss.loss / cfg.grad_accum).backward()
             loss_sum += out_loss.loss.detach()
@@ -394,5 +417,7 @@ def _format_row(row: dict, max_steps: int) -> str:
 
 def _resume_model(ckpt: Path, cfg: TrainConfig, tokenizer) -> DiffusionLM:
     model = DiffusionLM.from_pretrained(ckpt)
+    if cfg.shift_logits is not None:
+        model.config.shift_logits = bool(cfg.shift_logits)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
     return model
