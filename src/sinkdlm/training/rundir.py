@@ -353,7 +353,7 @@ def check_resume_matches(cfg, saved_config: dict[str, Any] | None, model_config)
 
 # ----------------------------------------------------------------------------- signals
 class StopRequest:
-    """SIGINT/SIGTERM -> a flag checked after each step; a second signal stops at once.
+    """SIGINT/SIGTERM -> a flag checked after each step; in one process a second signal stops at once.
 
     Handlers are installed only in the main thread (Python allows no other) and the previous
     ones are restored on exit, so a library caller's own handlers survive `train()`. Until `arm()`
@@ -386,12 +386,17 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         if not self.armed:
             return self._default(signum, frame)
-        if self.signum:  # asked twice: the user means now
-            raise KeyboardInterrupt
+        if self.signum:
+            # One process: asked twice, the user means now. Under torchrun a worker gets Ctrl-C
+            # from the terminal *and* the agent's forwarded signal: only the flag counts there.
+            if self.env.world_size == 1:
+                raise KeyboardInterrupt
+            return
         self.signum = signum
         if self.env.is_main:  # os.write: print() is not safe inside a signal handler
+            again = " (send it again to stop at once, without saving)" if self.env.world_size == 1 else ""
             os.write(2, (f"\n[sinkdlm] {signal.Signals(signum).name} received: finishing this step and saving a "
-                         f"checkpoint (send it again to stop at once, without saving)\n").encode())
+                         f"checkpoint{again}\n").encode())
 
     def _default(self, signum, frame) -> None:
         previous = self._previous.get(signum)
