@@ -320,3 +320,28 @@ def test_unwritable_cache_dir_is_one_line_from_the_real_entry_point(tmp_path):
     assert res.stderr.strip().splitlines() == [
         "error: --cache-dir /proc/sinkdlm-cache is not writable (No such file or directory); choose another directory"
     ]
+
+
+def test_ctrl_c_in_an_experiment_saves_and_leaves_the_stage_unfinished(tmp_path, corpus, monkeypatch):
+    """The runner must not mark an interrupted training as done; its hint is the experiment command."""
+    from typer.testing import CliRunner
+
+    import sinkdlm.training.trainer as trainer
+    from sinkdlm.cli.app import app
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    real = trainer.lr_at
+
+    def interrupting(step, cfg):
+        if step == 1:  # during the second step of the first variant's training
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(step, cfg)
+
+    monkeypatch.setattr(trainer, "lr_at", interrupting)
+    out = tmp_path / "exp"
+    args = ["experiment", "--preset", "smoke", "--out", str(out), "--data", str(corpus), "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130, result.output
+    run = out / "runs" / "vanilla-s0" / "train"
+    assert [s for s, _ in list_checkpoints(run)] == [2] and not (run / "DONE.json").exists()
+    assert f"resume with: sinkdlm experiment --preset smoke --out {out} --data {corpus} --device cpu" in result.output

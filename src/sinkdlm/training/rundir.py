@@ -71,7 +71,7 @@ class TrainingStopped(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
-def flag(name: str) -> str:
+def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
@@ -337,13 +337,13 @@ def check_resume_matches(cfg, saved_config: dict[str, Any] | None, model_config)
     if saved_config:
         for name in RESUME_MUST_MATCH:
             if name in saved_config and saved_config[name] != getattr(cfg, name):
-                differ.append(f"{flag(name)} {saved_config[name]!r} in the checkpoint, {getattr(cfg, name)!r} now")
+                differ.append(f"{_flag(name)} {saved_config[name]!r} in the checkpoint, {getattr(cfg, name)!r} now")
         if cfg.init_from is None and saved_config.get("preset", cfg.preset) != cfg.preset:
             differ.append(f"--preset {saved_config['preset']!r} in the checkpoint, {cfg.preset!r} now")
     switch_names = {s.name for s in MODEL_SWITCHES}
     for name, value in cfg.model_switches().items():
         if getattr(model_config, name, value) != value:
-            label = flag(name) if name in switch_names else f"model_overrides[{name!r}]"
+            label = _flag(name) if name in switch_names else f"model_overrides[{name!r}]"
             differ.append(f"{label} {getattr(model_config, name)!r} in the checkpoint, {value!r} now")
     if differ:
         raise ValueError("--resume: this run was started with other settings: " + "; ".join(differ)
