@@ -80,3 +80,28 @@ def _command_flags(argv: list[str]) -> list[str]:
     for param in getattr(cmd, "params", []):
         flags += [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]
     return flags
+
+
+def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:
+    """The running command as the user typed it (`sinkdlm train --out r ...`), for "resume with:" hints.
+
+    `ctx` is the command's `typer.Context`. Rebuilt from the options given on the command line
+    (not their defaults, so a `--config` file keeps its say), minus the parameters in `drop`,
+    plus the words in `extra`.
+    """
+    import shlex
+
+    words = ["sinkdlm", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if param.name in drop or getattr(source, "name", None) != "COMMANDLINE":
+            continue
+        value = ctx.params[param.name]
+        if param.param_type_name != "option":
+            words.append(str(value))
+        elif getattr(param, "is_bool_flag", False):
+            names = param.opts if value else param.secondary_opts
+            words += names[:1]
+        else:
+            words += [param.opts[0], str(value)]
+    return shlex.join([*words, *extra])

@@ -6,11 +6,12 @@ from typing import Optional
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, typed_command
 
 
 @app.command()
 def experiment(
+    ctx: typer.Context,
     preset: str = typer.Option("demo", "--preset", help="smoke | demo | study | study-gpu | ablation | paper-0.5b"),
     out: str = typer.Option("runs/demo", "--out", help="Experiment directory (re-run the same command to resume)."),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Local HF AR checkpoint (paper-0.5b)."),
@@ -22,7 +23,11 @@ def experiment(
 ) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.experiment import run_experiment
+    from sinkdlm.training.rundir import TrainingStopped
 
     seed_list = [int(s) for s in seeds.split(",")] if seeds else None
-    run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
-                   gsm8k=gsm8k)
+    try:
+        run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
+                       gsm8k=gsm8k, resume_command=typed_command(ctx))  # re-running the command resumes
+    except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
+        raise typer.Exit(stopped.exit_code) from None

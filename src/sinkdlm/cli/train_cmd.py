@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, typed_command
 from sinkdlm.cli.switch_options import with_switch_options
 
 tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True)
@@ -24,6 +24,7 @@ Out = typer.Option(None, "--out", help="Run directory (config, metrics.jsonl, ch
 @app.command()
 @with_switch_options(unset_default=True)  # --num-sink-tokens, --sink-logit/--no-sink-logit, ...
 def train(
+    ctx: typer.Context,
     preset: Optional[str] = Preset,
     data: Optional[str] = Data,
     out: Optional[str] = Out,
@@ -40,6 +41,7 @@ def train(
     keep_last: Optional[int] = typer.Option(None, "--keep-last", help="Checkpoints to keep."),
     seed: Optional[int] = typer.Option(None, "--seed"),
     resume: Optional[bool] = typer.Option(None, "--resume/--no-resume", help="Continue from the newest checkpoint in --out."),
+    overwrite: Optional[bool] = typer.Option(None, "--overwrite/--no-overwrite", help="Delete the run already in --out (only the files training writes) and start anew."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
     text_field: Optional[str] = typer.Option(None, "--text-field"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs; default: the whole corpus)."),
@@ -55,20 +57,33 @@ def train(
     """Train a masked diffusion LM (from scratch or --init-from a converted AR checkpoint)."""
     flags = dict(locals())  # first: exactly the options
     flags.update(flags.pop("switches"))
+    flags.pop("ctx")
     from sinkdlm.training import TrainConfig
-    from sinkdlm.training import train as run
 
     config_file = flags.pop("config")
     if flags["init_from"] and flags["preset"]:
         typer.echo(f"note: --preset {flags['preset']} is ignored: --init-from {flags['init_from']} brings its own "
                    "architecture (its config.json)", err=True)
     cfg = TrainConfig.resolve(config_file, **flags)
-    summary = run(cfg)
+    _run(ctx, cfg)
+
+
+def _run(ctx: typer.Context, cfg) -> None:
+    """train(cfg) and print its summary; after Ctrl-C/SIGTERM (checkpoint saved, resume command
+    printed by the trainer) exit with the shell's 128 + signal code."""
+    from sinkdlm.training import train
+    from sinkdlm.training.rundir import TrainingStopped
+
+    try:
+        summary = train(cfg, resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
+    except TrainingStopped as stopped:
+        raise typer.Exit(stopped.exit_code) from None
     typer.echo(json.dumps(summary))
 
 
 @app.command()
 def sft(
+    ctx: typer.Context,
     model: str = typer.Option(..., "--model", help="Model to fine-tune: sinkdlm, LLaDA, Dream, or Qwen2/LLaMA (converted on load)."),
     data: str = typer.Option(..., "--data", help="arithmetic | FILE.jsonl with prompt/response fields"),
     out: str = typer.Option("runs/sft", "--out"),
@@ -81,16 +96,16 @@ def sft(
     eval_every: Optional[int] = typer.Option(None, "--eval-every"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     resume: Optional[bool] = typer.Option(None, "--resume/--no-resume"),
+    overwrite: Optional[bool] = typer.Option(None, "--overwrite/--no-overwrite", help="Delete the run already in --out and start anew."),
 ) -> None:
     """Supervised fine-tuning: the prompt is never masked; the loss is normalised by the response length."""
     flags = dict(locals())  # first: exactly the options
+    flags.pop("ctx")
     from sinkdlm.training import TrainConfig
-    from sinkdlm.training import train as run
 
     config_file = flags.pop("config")
     flags["init_from"] = flags.pop("model")
-    cfg = TrainConfig.resolve(config_file, sft=True, **flags)
-    typer.echo(json.dumps(run(cfg)))
+    _run(ctx, TrainConfig.resolve(config_file, sft=True, **flags))
 
 
 @tokenizer_app.command("train")

@@ -70,7 +70,7 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
                 raise ValueError(f"--gsm8k {gsm8k}: {split}.jsonl is missing; the folder must hold train.jsonl and test.jsonl")
 
 
-def _train_stage(run_dir: Path, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
+def _train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None) -> dict[str, Any]:
     from sinkdlm.training import TrainConfig, train
 
     done = run_dir / DONE
@@ -78,7 +78,7 @@ def _train_stage(run_dir: Path, cfg_kwargs: dict[str, Any]) -> dict[str, Any]:
         return json.loads(done.read_text())
     cfg = TrainConfig.resolve(**cfg_kwargs, out=str(run_dir), resume=True)
     t0 = time.perf_counter()
-    summary = train(cfg)
+    summary = train(cfg, resume_command=resume_command)  # Ctrl-C: saves, raises TrainingStopped (no DONE)
     summary["seconds"] = time.perf_counter() - t0
     atomic_write_json(done, summary)
     return summary
@@ -105,7 +105,9 @@ def run_experiment(
     device: str | None = None,
     skip_analysis: bool = False,
     gsm8k: str | None = None,
+    resume_command: str | None = None,
 ) -> dict[str, Any]:
+    """`resume_command`: what an interrupted training stage tells the user to run (the CLI's command)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     out = Path(out)
     check_inputs(preset, out, init_from, data, gsm8k)
@@ -146,7 +148,7 @@ def run_experiment(
                 for key in variant.switches:  # already baked into the converted checkpoint
                     train_kwargs.pop(key, None)
             t0 = time.perf_counter()
-            summary = _train_stage(run / "train", train_kwargs)
+            summary = _train_stage(run / "train", train_kwargs, resume_command)
             stage_seconds["train"] += time.perf_counter() - t0
             ckpt = summary["checkpoint"]
             curve = read_val_curve(run / "train")
@@ -164,7 +166,7 @@ def run_experiment(
                 sft_kwargs = {**preset.sft, "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
                 if sft_kwargs["data"] == "gsm8k":
                     sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
-                sft_summary = _train_stage(run / "sft", sft_kwargs)
+                sft_summary = _train_stage(run / "sft", sft_kwargs, resume_command)
                 stage_seconds["sft"] += time.perf_counter() - t0
                 record["sft_checkpoint"] = sft_summary["checkpoint"]
                 record["sft_val_loss"] = sft_summary["last"].get("val_loss")

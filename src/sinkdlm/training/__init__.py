@@ -1,5 +1,6 @@
 """Training: the config (`config`), the loop with exact resume (`trainer`), atomic training
-checkpoints (`checkpointing`) and data-parallel plumbing (`distributed`).
+checkpoints (`checkpointing`), the run directory's lifecycle — lock, no silent overwrite,
+explained resume, clean Ctrl-C (`rundir`) — and data-parallel plumbing (`distributed`).
 
 `TrainConfig` and `train` are imported on first use (PEP 562), so reading the config (as
 `sinkdlm train --help` does for its defaults) does not import torch.

@@ -70,6 +70,7 @@ class TrainConfig(_TrainSwitchFields):
     save_every: int = 100
     keep_last: int = 3
     resume: bool = False
+    overwrite: bool = False  # delete the run already in `out` (only what the trainer wrote) and start anew
     bf16: bool = False
     device: str = "auto"
     max_tokens: int | None = None  # cap on the tokens packed from the corpus (quick runs)
@@ -121,6 +122,8 @@ class TrainConfig(_TrainSwitchFields):
                 "--fsdp is not supported yet (evaluation and checkpointing need full-state gathering); "
                 "use data-parallel DDP, the default under torchrun"
             )
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues the run in --out and --overwrite deletes it: give only one of them")
         check_device(self.device)
 
     @property

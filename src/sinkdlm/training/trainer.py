@@ -48,10 +48,8 @@ from sinkdlm.model.checkpoint import ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
+from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
 from sinkdlm.device import resolve_device
-
-METRICS_NAME = "metrics.jsonl"
-CONFIG_NAME = "train_config.json"
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -286,31 +284,43 @@ class MetricsLog:
 
 
 # ----------------------------------------------------------------------------- the loop
-def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) training as described by `cfg`; returns a summary of the run."""
+def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
+          resume_command: str | None = None) -> dict[str, Any]:
+    """Run (or resume) training as described by `cfg`; returns a summary of the run.
+
+    `cfg.out` is locked for the run and never overwritten silently (`rundir`). On SIGINT/SIGTERM
+    the step finishes, a checkpoint is saved and `rundir.TrainingStopped` is raised; its message
+    says how to resume (`resume_command`, the CLI's own command line, when given).
+    """
     cfg.validate()
     env = dist_utils.init()
     device = resolve_device(cfg.device) if env.world_size == 1 else env.device
+    with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
+        return _train(cfg, env, device, run, stop, on_step, resume_command)
+
+
+def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, on_step,
+           resume_command) -> dict[str, Any]:
     out = Path(cfg.out)
     if env.is_main:
-        ensure_writable_dir(out)
         ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
-    ckpt = latest_checkpoint(out) if cfg.resume else None
-    if cfg.resume and ckpt is None and env.is_main:
-        print(f"[sinkdlm] --resume: no checkpoint under {out}/checkpoints yet; starting from step 0", flush=True)
+    resumed = run.resume_point(_load_resume_point)
+    ckpt = None if resumed is None else resumed[0]
 
     # Everything that can fail on bad input happens here, before the first step.
     preset_vocab = None if cfg.init_from else ModelConfig.from_preset(cfg.preset).vocab_size
     preset_vocab = cfg.model_overrides.get("vocab_size", preset_vocab)
     if ckpt is not None:  # a resumed run keeps the tokenizer it started with
-        tokenizer = load_tokenizer(ckpt)
+        tokenizer, model, (state, opt_state) = resumed[1]
+        check_resume_matches(cfg, state.get("config"), model.config)
     else:  # rank 0 trains/caches the BPE first; the others then read the cache
         if env.is_main:
             tokenizer = prepare_tokenizer(cfg, preset_vocab)
         dist_utils.barrier(env)
         if not env.is_main:
             tokenizer = prepare_tokenizer(cfg, preset_vocab)
-    model = build_model(cfg, tokenizer) if ckpt is None else _resume_model(ckpt, cfg, tokenizer)
+    if ckpt is None:
+        model = build_model(cfg, tokenizer)
     max_len = model.config.max_content_length
     if env.is_main:
         train_set = load_batches(cfg, tokenizer, max_len, "train")
@@ -335,11 +345,11 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     optimizer = build_optimizer(model, cfg)
     start = 0
     if ckpt is not None:
-        state, opt_state = load_training_state(ckpt)
         optimizer.load_state_dict(opt_state)
         start = int(state["step"])
     wrapped = dist_utils.wrap(model, env, cfg.fsdp)
 
+    run.remove_previous_run()  # --overwrite: only now that every input check has passed
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / CONFIG_NAME, {**cfg.to_dict(), "model": model.config.to_dict(), "world_size": env.world_size})
@@ -347,6 +357,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     tokens_per_step = cfg.batch_size * cfg.seq_len
     bar = tqdm(total=cfg.max_steps, initial=start, disable=not (env.is_main and sys.stderr.isatty()), unit="step", dynamic_ncols=True)
     last_time, last_step, last = time.perf_counter(), start, {}
+    stop.arm()  # from here on, SIGINT/SIGTERM finish the step and save (before: they stop at once)
     for step in range(start, cfg.max_steps):
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
@@ -394,13 +405,19 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
             log.log(row)
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
-        if done % cfg.save_every == 0 or done == cfg.max_steps:
+        signum = stop.requested()  # every rank agrees on it (DDP), so all save and stop together
+        if done % cfg.save_every == 0 or done == cfg.max_steps or signum:
             if env.is_main:
                 save_training_checkpoint(
                     out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
                     keep_last=cfg.keep_last,
                 )
             dist_utils.barrier(env)
+        if signum and done < cfg.max_steps:
+            bar.close()
+            log.close()
+            dist_utils.shutdown(env)
+            raise run.stopped(done, cfg.max_steps, signum, resume_command)
     bar.close()
     log.close()
     final = latest_checkpoint(out)
@@ -415,9 +432,12 @@ def _format_row(row: dict, max_steps: int) -> str:
     return "[sinkdlm] " + " | ".join(parts)
 
 
-def _resume_model(ckpt: Path, cfg: TrainConfig, tokenizer) -> DiffusionLM:
+def _load_resume_point(ckpt: Path):
+    """(tokenizer, model, (trainer state, optimizer state)) of a checkpoint; raises if any part is
+    unreadable (then `RunDir.resume_point` falls back to the previous checkpoint)."""
+    tokenizer = load_tokenizer(ckpt)
     model = DiffusionLM.from_pretrained(ckpt)
     if cfg.shift_logits is not None:
         model.config.shift_logits = bool(cfg.shift_logits)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
-    return model
+    return tokenizer, model, load_training_state(ckpt)
