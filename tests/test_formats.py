@@ -177,7 +177,8 @@ def test_llada_generate_loglikelihood_loss_and_bf16(llada_dir, tok):
     assert out.shape == (1, 7) and not (out == tok.mask_token_id).any()
     ll = loglikelihood(model, [5, 6, 7], [8, 9], mc_num=4, seed=0)
     assert math.isfinite(float(ll.logprob)) and float(ll.logprob) < 0
-    assert math.isfinite(float(diffusion_loss(model, ids(), generator=torch.Generator().manual_seed(0)).loss))
+    with torch.no_grad():
+        assert math.isfinite(float(diffusion_loss(model, ids(), generator=torch.Generator().manual_seed(0)).loss))
     bf16 = DiffusionLM.from_pretrained(path, dtype="bfloat16")
     assert bf16.dtype == torch.bfloat16 and bf16(ids()).logits.shape == (2, 9, V)
 
@@ -261,7 +262,7 @@ def test_autoregressive_checkpoints_load_as_causal(tmp_path, tok, arch):
 
 
 # ----------------------------------------------------------------------------- analysis
-def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, tok, monkeypatch):
+def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, dream, tok, monkeypatch):
     import sinkdlm.analysis.figures as figures
 
     # Rendering PNGs is most of the time here and is tested elsewhere (test_analysis_figures.py).
@@ -271,6 +272,9 @@ def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, tok, monkeypatch):
     a = analyze(dlm, tok, prompts, gen_length=4, steps=4, ablation_k=[1, 5], out_dir=tmp_path / "dlm",
                 mc_num=2, progress=False, label="llada")
     assert a["model"]["kind"].startswith("diffusion") and a["model"]["source_format"] == "llada"
+    d = analyze(DiffusionLM.from_pretrained(dream[1]), tok, prompts, gen_length=4, steps=4, out_dir=tmp_path / "dream",
+                progress=False)
+    assert d["model"]["shift_logits"] and d["model"]["source_format"] == "dream" and d["setup"]["steps_taken"] == 4
     ar_dir = save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
     ar, _ = load_model_and_tokenizer(ar_dir, device="cpu")
     b = analyze(ar, tok, prompts, gen_length=4, steps=2, ablation_k=[1, 5], out_dir=tmp_path / "ar",
@@ -383,3 +387,20 @@ def test_cli_generate_and_analyze_an_ar_directory(tmp_path, tok, monkeypatch):
     assert out.exit_code == 0, out.output
     a = json.loads((tmp_path / "an" / "analysis.json").read_text())
     assert a["model"]["kind"] == "autoregressive (causal)" and a["ablation"]["k"] == [0, 1]
+
+
+@pytest.mark.parametrize("which", ["dream", "qwen2"])
+def test_eval_and_lm_eval_model_open_them(tmp_path, tok, dream, which):
+    from sinkdlm.evaluation.run import evaluate_dir
+
+    path = dream[1] if which == "dream" else save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
+    scores = evaluate_dir(path, ["shakespeare_cloze"], device="cpu", limit=2, mc_num=2, gen_steps=2)
+    assert 0 <= scores["shakespeare_cloze"]["acc"]["value"] <= 1
+    lm_eval_model = pytest.importorskip("sinkdlm.evaluation.lm_eval_model")
+    from lm_eval.api.instance import Instance
+
+    lm = lm_eval_model.SinkDLMEvalModel(pretrained=str(path), mc_num=2, device="cpu")
+    assert lm.model.config.shift_logits  # read from the checkpoint, not from a model_arg
+    req = Instance(request_type="loglikelihood", doc={}, arguments=("the quick brown", " fox"), idx=0)
+    (logprob, _), = lm.loglikelihood([req], disable_tqdm=True)
+    assert math.isfinite(logprob) and logprob < 0

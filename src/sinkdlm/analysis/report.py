@@ -482,7 +482,7 @@ def _ablation_section(doc: Document, ablations: Mapping[str, dict]) -> None:
 
 
 def compare(dirs, out_dir) -> dict:
-    """Side-by-side report of several `analyze` outputs (`sinkdlm.analysis.compare.compare`)."""
-    from sinkdlm.analysis.compare import compare as run
+    """Side-by-side report of several `analyze` outputs (`sinkdlm.analysis.comparison.compare`)."""
+    from sinkdlm.analysis.comparison import compare as run
 
     return run(dirs, out_dir)

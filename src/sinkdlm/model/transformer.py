@@ -398,6 +398,9 @@ class DiffusionLM(nn.Module):
                 values.append(v)
             if output_kv:
                 kvs.append(kv)
+            # Drop this layer's keys/values now: kept until the next assignment, they would stay alive
+            # while the next layer computes its maps (the analysis of an 8B model counts every MiB).
+            del v, kv
         if logits_index is not None:  # the head only where the caller reads it
             h = h[:, logits_index]  # [B, K, d]
         logits = self.lm_head(self.norm(h))
