@@ -48,6 +48,7 @@ from sinkdlm.model.checkpoint import ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
+from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
 from sinkdlm.device import resolve_device
 
 METRICS_NAME = "metrics.jsonl"
@@ -198,25 +199,33 @@ def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_disc
 
 
 @torch.no_grad()
-def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device) -> float:
-    """Validation ELBO bound per token (eq. 4 averaged over fixed batches, low-discrepancy t)."""
+def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device, env=None) -> float:
+    """Validation ELBO bound per token (eq. 4 averaged over fixed batches, low-discrepancy t).
+
+    Collective under data parallelism: every rank scores its share of the rows of every batch (an
+    FSDP model cannot run on one rank alone), weighted by its row count and summed over ranks, so
+    the result is the single-process value up to float summation order. One host sync at the end.
+    """
+    env = env or dist_utils.DistEnv()
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    total = torch.zeros((), device=device)
     bs = min(cfg.batch_size, len(val))
-    for i in range(min(cfg.eval_batches, max(1, len(val) // bs))):
-        idx = list(range(i * bs, (i + 1) * bs))
-        x0, pm = val.get(idx)
-        t, u = global_noise(cfg, -1 - i, bs, x0.shape[1], low_discrepancy=True)
+    assert bs >= env.world_size, "checked before training: every rank needs a validation row"
+    batches = min(cfg.eval_batches, max(1, len(val) // bs))
+    for i in range(batches):
+        t, u = global_noise(cfg, -1 - i, bs, cfg.seq_len, low_discrepancy=True)
+        rows = torch.arange(bs).tensor_split(env.world_size)[env.rank]  # this rank's rows of batch i
+        x0, pm = val.get((i * bs + rows).tolist())
         with _autocast(cfg, device):
             out = diffusion_loss(
-                model, x0.to(device), t=t.to(device), u=u.to(device), shift_logits=cfg.shift_logits,
-                prompt_mask=None if pm is None else pm.to(device),
+                model, x0.to(device), t=t[rows].to(device), u=u[rows].to(device),
+                shift_logits=cfg.shift_logits, prompt_mask=None if pm is None else pm.to(device),
             )
-        total += out.loss.item()
-        count += 1
+        # the loss is a mean over rows: a rank's share weighs len(rows) / bs (exactly 1 alone)
+        total += out.loss.float() if env.world_size == 1 else out.loss.float() * (len(rows) / bs)
     model.train(was_training)
-    return total / max(count, 1)
+    return float(dist_utils.sum_across_ranks(total, env)) / batches
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
@@ -266,8 +275,10 @@ class MetricsLog:
 def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run (or resume) training as described by `cfg`; returns a summary of the run."""
     cfg.validate()
-    env = dist_utils.init()
-    device = resolve_device(cfg.device) if env.world_size == 1 else env.device
+    env = dist_utils.init(cfg.fsdp)  # --fsdp without torchrun: a ValueError saying how to launch
+    device = resolve_device(cfg.device) if not env.distributed else env.device
+    if cfg.compile:
+        dist_utils.check_compile(cfg.compile_backend, device)
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(out)
@@ -275,6 +286,11 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     ckpt = latest_checkpoint(out) if cfg.resume else None
     if cfg.resume and ckpt is None and env.is_main:
         print(f"[sinkdlm] --resume: no checkpoint under {out}/checkpoints yet; starting from step 0", flush=True)
+    if ckpt is not None and cfg.fsdp and not is_sharded(ckpt):
+        raise ValueError(
+            f"--fsdp --resume: {ckpt} was written without --fsdp (its optimizer state is not sharded); "
+            "resume it without --fsdp, or start a new --out"
+        )
 
     # Everything that can fail on bad input happens here, before the first step.
     preset_vocab = None if cfg.init_from else ModelConfig.from_preset(cfg.preset).vocab_size
@@ -306,16 +322,29 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
             f"the training data has {len(train_set)} sequences of {cfg.seq_len} tokens, fewer than one batch of "
             f"{cfg.batch_size}; lower --batch-size/--seq-len or use more data"
         )
+    if min(cfg.batch_size, len(val_set)) < env.world_size:
+        raise ValueError(
+            f"the validation split has {len(val_set)} sequences, fewer than the {env.world_size} processes that "
+            "each score a share of it; use more data (--max-tokens) or fewer processes"
+        )
     micro = per_rank // cfg.grad_accum
 
     model.to(device).train()
-    optimizer = build_optimizer(model, cfg)
+    dist_utils.prepare_blocks(model, cfg.activation_checkpointing, cfg.compile_backend if cfg.compile else None)
+    if cfg.fsdp:  # the optimizer holds the sharded parameters, so it is built after sharding
+        wrapped = dist_utils.wrap(model, env, fsdp=True, bf16=cfg.bf16)
+        optimizer = build_optimizer(model, cfg)
+    else:
+        optimizer = build_optimizer(model, cfg)
     start = 0
-    if ckpt is not None:
+    if ckpt is not None and is_sharded(ckpt):  # any world size, with or without --fsdp
+        start = int(load_sharded_checkpoint(ckpt, model, optimizer)["step"])
+    elif ckpt is not None:
         state, opt_state = load_training_state(ckpt)
         optimizer.load_state_dict(opt_state)
         start = int(state["step"])
-    wrapped = dist_utils.wrap(model, env, cfg.fsdp)
+    if not cfg.fsdp:  # DDP broadcasts rank 0's (resumed) weights when it wraps
+        wrapped = dist_utils.wrap(model, env)
 
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -347,7 +376,8 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
                 )
                 (out_loss.loss / cfg.grad_accum).backward()
             loss_sum += out_loss.loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        # Tensors until a row is logged: no host sync per step on CUDA (FSDP's norm is a DTensor).
+        grad_norm = dist_utils.full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss = dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env)
@@ -360,9 +390,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
             last_time, last_step = now, done
             row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm)}
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
-            if env.is_main:
-                row["val_loss"] = evaluate(model, val_set, cfg, device)
-            dist_utils.barrier(env)
+            row["val_loss"] = evaluate(model, val_set, cfg, device, env)  # every rank: its share
         if row is not None:
             last = row
             bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
@@ -372,7 +400,12 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
         if done % cfg.save_every == 0 or done == cfg.max_steps:
-            if env.is_main:
+            if cfg.fsdp:  # collective: every rank writes its shards
+                save_sharded_checkpoint(
+                    out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, env, tokenizer=tokenizer,
+                    keep_last=cfg.keep_last,
+                )
+            elif env.is_main:
                 save_training_checkpoint(
                     out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
                     keep_last=cfg.keep_last,
