@@ -11,3 +11,27 @@ def tiny_model(seed: int = 0, **kw) -> DiffusionLM:
                intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
     torch.manual_seed(seed)
     return DiffusionLM(ModelConfig(**{**cfg, **kw})).double().eval()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    """`torchrun --nproc_per_node=nproc ARGS` (ARGS: `-m sinkdlm train ...` or a script) on a free port."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", *args]
+
+
+def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
+    """Run `torchrun_cmd` to completion (one intra-op thread per process); the CompletedProcess."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)

@@ -72,7 +72,7 @@ def check_compile(backend: str, device: torch.device) -> None:
     """`--compile` can work here: the backend exists and what it builds with is installed."""
     import torch._dynamo
 
-    known = torch._dynamo.list_backends()
+    known = torch._dynamo.list_backends(exclude_tags=())  # debug backends (aot_eager) too
     if backend not in known:
         raise ValueError(f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {known}")
     if backend != "inductor":
