@@ -28,10 +28,22 @@ def torchrun_cmd(nproc: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", *args]
 
 
-def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
-    """Run `torchrun_cmd` to completion (one intra-op thread per process); the CompletedProcess."""
+def subprocess_env() -> dict[str, str]:
+    """The environment for a child Python: one intra-op thread, and this very `sinkdlm` first on the
+    path (a relative PYTHONPATH would not survive the child's other working directory)."""
     import os
+    from pathlib import Path
+
+    import sinkdlm
+
+    src = str(Path(sinkdlm.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
+def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
+    """Run `torchrun_cmd` to completion with `subprocess_env()`; the CompletedProcess."""
     import subprocess
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=timeout,
+                          env=subprocess_env(), cwd=cwd)

@@ -24,7 +24,7 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint
 from sinkdlm.training.sharded import SHARDED_DIR
 
-from helpers import torchrun, torchrun_cmd
+from helpers import subprocess_env, torchrun, torchrun_cmd
 from test_training import cfg_for, read_metrics, write_corpus
 
 STEPS = dict(max_steps=8, save_every=4, eval_every=4)
@@ -132,7 +132,7 @@ def test_sigkill_of_a_rank_during_a_sharded_save_then_resume_on_one_process(tmp_
     script = tmp_path / "script.py"
     script.write_text(KILL_SCRIPT)
     proc = subprocess.Popen(torchrun_cmd(2, str(script), json.dumps(cfg.to_dict()), str(marker)), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
     deadline = time.time() + 240
     while not marker.exists():
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
