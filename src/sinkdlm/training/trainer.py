@@ -228,6 +228,14 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
     return float(dist_utils.sum_across_ranks(total, env)) / batches
 
 
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`. On CUDA through pinned memory, asynchronously: a copy from pageable
+    memory would make the host wait for the GPU at every step."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
 
@@ -370,8 +378,8 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
             sync = m == cfg.grad_accum - 1
             with (nullcontext() if sync else dist_utils.no_sync(wrapped)), _autocast(cfg, device):
                 out_loss = diffusion_loss(
-                    wrapped, x0.to(device), mask_id=model.config.mask_token_id, t=t_all[sl].to(device),
-                    u=u_all[sl].to(device), prompt_mask=None if pm is None else pm.to(device),
+                    wrapped, _to(x0, device), mask_id=model.config.mask_token_id, t=_to(t_all[sl], device),
+                    u=_to(u_all[sl], device), prompt_mask=None if pm is None else _to(pm, device),
                     shift_logits=cfg.shift_logits, content_mask=content_mask,
                 )
                 (out_loss.loss / cfg.grad_accum).backward()
