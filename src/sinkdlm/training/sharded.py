@@ -24,7 +24,6 @@ file system every rank sees (one machine, or a shared one across nodes).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import torch
 
 from sinkdlm.atomic import atomic_write_json
 from sinkdlm.model.checkpoint import CheckpointError, save_checkpoint
-from sinkdlm.training.checkpointing import STATE_NAME, _fsync_dir, list_checkpoints
+from sinkdlm.training.checkpointing import STATE_NAME, _fsync_dir, publish_checkpoint
 
 SHARDED_DIR = "sharded"
 FORMAT = "sharded-safetensors"
@@ -96,12 +95,7 @@ def save_sharded_checkpoint(
     _fsync_dir(tmp / SHARDED_DIR)
     dist_utils.barrier(env)  # every rank's shards are on disk before the directory is published
     if env.is_main:
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        for _, old in list_checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_checkpoint(tmp, final, out_dir, keep_last)
     dist_utils.barrier(env)
     return final
 
