@@ -174,12 +174,18 @@ def test_activation_checkpointing_and_compile_give_the_plain_losses(tmp_path, re
         DiffusionLM.from_pretrained(latest_checkpoint(cfg.out))
 
 
-def test_fsdp_without_torchrun_is_refused_before_any_work(tmp_path, reference, monkeypatch):
+def test_fsdp_without_torchrun_is_refused_before_any_work(tmp_path, reference, monkeypatch, capsys):
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(var, raising=False)
     cfg = fsdp_cfg(tmp_path, reference)
     with pytest.raises(ValueError, match=r"torchrun --nproc_per_node=N -m sinkdlm train --fsdp"):
         train(cfg)
+    from sinkdlm.cli import main
+
+    with pytest.raises(SystemExit) as exc:  # the command line: one error line, exit code 2
+        main(["train", "--fsdp", "--data", reference.data, "--out", cfg.out, "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: --fsdp ") and "torchrun" in err, err
     assert not Path(cfg.out).exists()
 
 
