@@ -339,11 +339,9 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
 
     model.to(device).train()
     dist_utils.prepare_blocks(model, cfg.activation_checkpointing, cfg.compile_backend if cfg.compile else None)
-    if cfg.fsdp:  # the optimizer holds the sharded parameters, so it is built after sharding
+    if cfg.fsdp:  # before the optimizer, which must hold the sharded parameters
         wrapped = dist_utils.wrap(model, env, fsdp=True, bf16=cfg.bf16)
-        optimizer = build_optimizer(model, cfg)
-    else:
-        optimizer = build_optimizer(model, cfg)
+    optimizer = build_optimizer(model, cfg)
     start = 0
     if ckpt is not None and is_sharded(ckpt):  # any world size, with or without --fsdp
         start = int(load_sharded_checkpoint(ckpt, model, optimizer)["step"])
