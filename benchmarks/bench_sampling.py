@@ -2,7 +2,7 @@
 
   1. `sinkdlm.generate` vs the plain LLaDA loop of tests/test_sampling.py (identical tokens asserted),
      both recomputing the sinks every step, so the ratio is the sampler's own;
-  2. `generate` with the sink cache vs without (SPEC §3);
+  2. `generate` with the sink cache vs without (docs/method.md §3);
   3. threshold decoding (Fast-dLLM, 0.9) vs one token per step: speed-up, forwards, outputs that differ;
   4. memory across steps: resident set size at every step of a long run (flat = no growth).
 

@@ -1,4 +1,4 @@
-"""Tests of sinkdlm.analysis.metrics against SPEC §6 formulas and explicit loops."""
+"""Tests of sinkdlm.analysis.metrics against docs/method.md §6 formulas and explicit loops."""
 
 import math
 
@@ -52,7 +52,7 @@ def test_received_attention_column_sum_and_mean():
     loop = torch.tensor([[[sum(attn[b, h, i, j].item() for i in range(7)) for j in range(7)]
                           for h in range(3)] for b in range(2)], dtype=torch.float64)
     torch.testing.assert_close(c, loop)
-    torch.testing.assert_close(c.mean(-1), torch.ones(2, 3, dtype=torch.float64))  # SPEC §6
+    torch.testing.assert_close(c.mean(-1), torch.ones(2, 3, dtype=torch.float64))  # docs/method.md §6
     torch.testing.assert_close(received_attention(attn, scale="mean"), loop / 7)
 
 
@@ -62,7 +62,7 @@ def test_detect_sinks_matches_closed_form_on_random_maps(size):
     c = attn.sum(-2)
     seen_sink = seen_normal = False
     for eps in EPSILONS:
-        closed = c > 1 + eps * (size - 1) / size  # SPEC §6 closed form, sum scale
+        closed = c > 1 + eps * (size - 1) / size  # docs/method.md §6 closed form, sum scale
         got = detect_sinks(attn, eps)
         assert torch.equal(got, closed), eps
         seen_sink |= bool(got.any())
@@ -78,7 +78,7 @@ def test_detect_sinks_mean_scale_closed_form():
         # mean of c_mean is 1/S, so c_j > (1/S - c_j/S) * S/(S-1) + ϵ  <=>  c_j > 1/S + ϵ (S-1)/S
         closed = c_mean > 1 / size + eps * (size - 1) / size
         assert torch.equal(detect_sinks(attn, eps, scale="mean"), closed)
-    # ϵ = 3 can never be passed on the mean scale (SPEC §6)
+    # ϵ = 3 can never be passed on the mean scale (docs/method.md §6)
     assert not detect_sinks(attn, 3.0, scale="mean").any()
 
 

@@ -6,7 +6,7 @@ compared with the original HF model run under the *same* attention pattern:
   * causal (HF default) vs `model(ids, causal=True)`;
   * bidirectional: HF with an explicit 4-D additive mask of zeros (a 4-D mask is used as-is by
     `transformers.masking_utils`, so nothing is causal any more);
-  * sinks (SPEC §3, eq. 5-7): HF on `inputs_embeds = [sink; embed(ids)]` (or `[embed(ids); sink]`)
+  * sinks (docs/method.md §3, eq. 5-7): HF on `inputs_embeds = [sink; embed(ids)]` (or `[embed(ids); sink]`)
     with the eq. 6 bias (sink rows see only themselves), positions 0..L+n-1 in layout order,
     comparing content rows only.
 The conversion adds a `[MASK]` row, so only the original vocabulary columns are compared.

@@ -1,4 +1,4 @@
-"""Likelihood estimators (SPEC §1) against brute-force enumeration and a plain chain-rule loop."""
+"""Likelihood estimators (docs/method.md §1) against brute-force enumeration and a plain chain-rule loop."""
 
 from __future__ import annotations
 

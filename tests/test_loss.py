@@ -1,4 +1,4 @@
-"""The eq. 3-4 loss and its SFT variant, checked against the SPEC §1 formula written out here."""
+"""The eq. 3-4 loss and its SFT variant, checked against the docs/method.md §1 formula written out here."""
 
 from __future__ import annotations
 

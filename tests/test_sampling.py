@@ -1,4 +1,4 @@
-"""The samplers (SPEC §2) against a plain LLaDA / Fast-dLLM loop written here, on tiny random models.
+"""The samplers (docs/method.md §2) against a plain LLaDA / Fast-dLLM loop written here, on tiny random models.
 
 float64 models: confidences of a random model are close together, and the batched/padded and
 single-row forwards must not differ by rounding where the tests ask for identical tokens.
@@ -42,7 +42,7 @@ def prompts(b: int, p: int, model, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, model.config.mask_token_id, (b, p), generator=g)
 
 
-# ----------------------------------------------------------------------------- the reference (SPEC §2)
+# ----------------------------------------------------------------------------- the reference (docs/method.md §2)
 def llada_num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
     """LLaDA's get_num_transfer_tokens, verbatim."""
     mask_num = mask_index.sum(dim=1, keepdim=True)
@@ -208,7 +208,7 @@ def test_padded_tensor_with_attention_mask_equals_list_input():
     assert torch.equal(a, b)
 
 
-# ----------------------------------------------------------------------------- sink cache (SPEC §3)
+# ----------------------------------------------------------------------------- sink cache (docs/method.md §3)
 def test_sink_cache_on_equals_off_and_is_computed_once(monkeypatch):
     model = tiny_model(num_sink_tokens=2)
     calls = {"n": 0}

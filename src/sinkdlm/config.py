@@ -108,7 +108,7 @@ class ModelConfig(_ModelSwitchFields):
     tie_word_embeddings: bool = True
     qkv_bias: bool = False
     initializer_range: float = 0.02
-    # Diffusion: the id of [MASK] inside the vocabulary (SPEC §1). Defaults to the last id.
+    # Diffusion: the id of [MASK] inside the vocabulary (docs/method.md §1). Defaults to the last id.
     mask_token_id: int | None = None
     # Free-form provenance (e.g. the HF checkpoint it was converted from); not used by the model.
     extra: dict[str, Any] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""Attention-sink analysis (SPEC §6): pure tensor metrics, the generation recorder, the
+"""Attention-sink analysis (docs/method.md §6): pure tensor metrics, the generation recorder, the
 sink-masking ablation, and `analyze` / `compare` (analysis.json, figures, report).
 
 The metrics, `SinkRecorder`, the ablation helpers, `analyze` and `compare` are re-exported

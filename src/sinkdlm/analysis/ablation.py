@@ -1,4 +1,4 @@
-"""Sink-masking ablation (Rulli et al. Table 1, SPEC §6): mask the top-K sink keys, measure a score.
+"""Sink-masking ablation (Rulli et al. Table 1, docs/method.md §6): mask the top-K sink keys, measure a score.
 
 Masks. From an attention map `[B, H, S, S]` of every layer, the sinks at ϵ (eq. 3) per (row, head);
 the K sinks with the largest received attention get key mask False, so their pre-softmax logits
@@ -17,7 +17,7 @@ Two ways to score, both paired (the same prompts / noise for every K, K = 0 incl
   `output_attentions=True` (the masker reads the previous step's maps) and must be passed on
   unchanged. An optional `name` attribute names the metric.
 * continuation ELBO when no task is given: for held-out (prefix, continuation) pairs, the
-  Monte-Carlo ELBO of SPEC §1 (same noise draws as `loglikelihood(method="mc")`), per
+  Monte-Carlo ELBO of docs/method.md §1 (same noise draws as `loglikelihood(method="mc")`), per
   continuation token. "Step t-1" is the unablated forward on the same noised input: the sinks
   are detected on its attention and the same input is run again with them masked.
 """

@@ -1,4 +1,4 @@
-"""Figures of the attention-sink analysis (SPEC §6 "Pictures").
+"""Figures of the attention-sink analysis (docs/method.md §6 "Pictures").
 
 Each function takes plain tensors / arrays / lists (computed by
 :mod:`sinkdlm.analysis.metrics`), writes one PNG to ``path`` (parent folders are
@@ -229,7 +229,7 @@ def plot_non_sink_fraction(
     """Non-sink fraction vs ϵ, one line per model (Rulli et al. Fig. 10).
 
     ``curves``: ``label -> {ϵ: fraction}`` (as returned by ``non_sink_fraction``);
-    ``scale`` names the received-attention scale in the axis label (SPEC §6 asks
+    ``scale`` names the received-attention scale in the axis label (docs/method.md §6 asks
     reports to say which one they used).
     """
     if not isinstance(curves, Mapping) or not curves:

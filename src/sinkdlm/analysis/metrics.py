@@ -1,4 +1,4 @@
-"""Attention-sink metrics as pure tensor functions (SPEC §6).
+"""Attention-sink metrics as pure tensor functions (docs/method.md §6).
 
 Everything here takes plain tensors — attention probabilities ``attn [..., S, S]``
 (rows = queries i, columns = keys j, any leading dims such as batch, layer, head,
@@ -6,7 +6,7 @@ step) or value vectors ``[..., M, S, d]`` — and needs no model. Functions work
 CPU or CUDA alike and upcast half precision to float32 before summing.
 
 - Received attention and sink detection: Rulli et al. eq. 3, with the ``"sum"``
-  (default) or ``"mean"`` scale; SPEC §6 explains why ``"sum"`` is the default.
+  (default) or ``"mean"`` scale; docs/method.md §6 explains why ``"sum"`` is the default.
 - Non-sink ("filtered") fraction over ϵ, also as counts for streaming accumulation.
 - Attention mass on given key positions (One-Token Fig. 3 b, d).
 - Value-space norms, One-Token appendix A.3 eq. 14-16.
@@ -108,7 +108,7 @@ def _reduce_mean(x: torch.Tensor, keep_leading: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
-# received attention and sink detection (Rulli et al. eq. 3, SPEC §6)
+# received attention and sink detection (Rulli et al. eq. 3, docs/method.md §6)
 # ---------------------------------------------------------------------------
 
 
@@ -233,7 +233,7 @@ def value_norms(values) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
-# moving sinks over denoising steps (SPEC §6)
+# moving sinks over denoising steps (docs/method.md §6)
 # ---------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 `generate(..., callback=recorder, output_attentions=True, output_values=True)` hands the recorder
 one `StepState` per denoising step; it reduces that step's per-layer attention maps `[B, H, S, S]`
-and values `[B, KVH, S, hd]` to counters at once and keeps none of the maps (SPEC §6):
+and values `[B, KVH, S, hd]` to counters at once and keeps none of the maps (docs/method.md §6):
 
 * sinks at ϵ (Rulli et al. eq. 3) per (step, layer, head), counted for every ϵ of the
   non-sink-fraction curve; the sink positions themselves as a sparse int32 list (a few per head);
@@ -152,7 +152,7 @@ class SinkRecorder:
     """Callback for `generate` that keeps running sink statistics (see the module docstring).
 
     config         the model's `ModelConfig` (layers, heads, sinks, mask id).
-    epsilon        the sink threshold ϵ (eq. 3); `scale` "sum" (default) or "mean" (SPEC §6).
+    epsilon        the sink threshold ϵ (eq. 3); `scale` "sum" (default) or "mean" (docs/method.md §6).
     epsilons       the ϵ grid of the non-sink-fraction curve (ϵ itself is always added).
     decode         `id -> str` (e.g. `lambda i: tok.decode([i])`) to classify the tokens under
                    sinks; without it every non-mask token counts as "other".

@@ -113,7 +113,7 @@ def analyze(
 ) -> dict:
     """Sink analysis of `model` generating from `prompts`; writes and returns analysis.json's dict.
 
-    epsilon/scale   sink threshold (Rulli et al. eq. 3) and received-attention scale (SPEC §6).
+    epsilon/scale   sink threshold (Rulli et al. eq. 3) and received-attention scale (docs/method.md §6).
     ablation_k      run the sink-masking ablation for these K (0 is always added as the baseline):
                     with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its score, else the
                     per-token ELBO of held-out continuations (each prompt's last
@@ -390,7 +390,7 @@ def _setup_text(a: dict) -> str:
             f"{s['gen_length']} generated tokens, {s['steps_taken']} steps, block length {s['block_length']}) "
             f"of `{m['label']}` ({m['num_hidden_layers']} layers × {m['num_attention_heads']} heads, {sinks}). "
             f"Key j is a sink of a (step, layer, head) when its received attention c_j > mean_(k≠j) c_k + ϵ "
-            f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (SPEC §6).")
+            f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (docs/method.md §6).")
 
 
 def _analysis_doc(a: dict, out_dir: Path) -> Document:

@@ -1,4 +1,4 @@
-"""`sinkdlm generate`: sample text from a checkpoint directory with `sinkdlm.generate` (SPEC §2)."""
+"""`sinkdlm generate`: sample text from a checkpoint directory with `sinkdlm.generate` (docs/method.md §2)."""
 
 from __future__ import annotations
 

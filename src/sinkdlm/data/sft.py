@@ -1,6 +1,6 @@
 """Supervised fine-tuning data: prompt/response pairs from JSONL or GSM8K files, a built-in
 synthetic GSM8K-style `arithmetic` set, and tokenisation into fixed-length rows with a
-prompt mask (SPEC §1: the prompt is never masked; only response positions are trained).
+prompt mask (docs/method.md §1: the prompt is never masked; only response positions are trained).
 
 Every example is ``{"prompt": str, "response": str}``; the GSM8K-style sets add
 ``"question"`` (the bare question) and ``"answer"`` (the final integer). Responses use the

@@ -1,5 +1,5 @@
 """Tokenizers: load a local Hugging Face tokenizer, train a small byte-level BPE, and check
-that a tokenizer agrees with a model's vocabulary (`vocab_size`, `mask_id`, SPEC §1).
+that a tokenizer agrees with a model's vocabulary (`vocab_size`, `mask_id`, docs/method.md §1).
 
 Everything here is `tokenizers`/`transformers`; nothing is hand-written BPE. Loading is
 local only (`local_files_only=True`): a missing path is a user error, never a download.
@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 # Special tokens of tokenizers trained here. The end-of-text token separates documents in
-# the packed corpus and pads SFT responses; [MASK] is the diffusion mask (SPEC §1).
+# the packed corpus and pads SFT responses; [MASK] is the diffusion mask (docs/method.md §1).
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 MASK_TOKEN = "[MASK]"

@@ -1,6 +1,6 @@
-"""Log-likelihood of a continuation given a prefix (SPEC §1), for multiple-choice evaluation.
+"""Log-likelihood of a continuation given a prefix (docs/method.md §1), for multiple-choice evaluation.
 
-`method="mc"` — the Monte-Carlo ELBO of SPEC §1 (SMDM/LLaDA eval): mask only the continuation y,
+`method="mc"` — the Monte-Carlo ELBO of docs/method.md §1 (SMDM/LLaDA eval): mask only the continuation y,
 each position with probability t, `t_b = (u0 + b/B) mod 1` low-discrepancy over the `mc_num`
 samples, and average `-sum_i 1[masked_i] CE_i / t` (eq. 3-4 without the 1/L):
 
@@ -142,7 +142,7 @@ def mc_draw(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The `method="mc"` noise of one request: (xt, x0, masked `[mc, L]`, t `[mc]`).
 
-    Only the continuation `seq[prefix_length:]` may be masked (SPEC §1); `t` is low-discrepancy
+    Only the continuation `seq[prefix_length:]` may be masked (docs/method.md §1); `t` is low-discrepancy
     over the samples. The one implementation of this draw: the sink ablation's
     `continuation_elbo` uses it too, so its K = 0 term equals `loglikelihood` draw for draw.
     """
@@ -169,13 +169,13 @@ def loglikelihood(
     shift_logits: bool = False,
     use_sink_cache: bool = True,
 ) -> LoglikelihoodOutput:
-    """log p(continuation | prefix) of a masked diffusion LM (SPEC §1). See the module docstring.
+    """log p(continuation | prefix) of a masked diffusion LM (docs/method.md §1). See the module docstring.
 
     prefix_ids / continuation_ids: one sequence each (`[L]` tensor or list of ints; results are
                    0-dim) or N of each (`[N, L]` tensors or lists of sequences; results `[N]`).
                    The prefix may be empty (unconditional); the continuation may not.
     mc_num         Monte-Carlo samples per request ("mc", "mc_count"); LLaDA uses 128.
-    method         "mc" (SPEC §1, masking probability t), "mc_count" (LLaDA's masked-count form),
+    method         "mc" (docs/method.md §1, masking probability t), "mc_count" (LLaDA's masked-count form),
                    "chain" (chain rule, |y| forwards per request).
     batch_size     model rows per forward.
     eps            "mc": t ~ U(eps, 1] as in training (bounds the 1/t weight).

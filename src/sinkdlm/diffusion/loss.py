@@ -1,4 +1,4 @@
-"""The masked-diffusion training loss (SPEC §1, eq. 3-4) and its SFT variant.
+"""The masked-diffusion training loss (docs/method.md §1, eq. 3-4) and its SFT variant.
 
     loss = mean_b [ (1/L) * sum_i 1[xt_i = MASK] * CE(logits_i, x0_i) / t_b ]
 
@@ -50,7 +50,7 @@ def diffusion_loss(
                    the response length (SFT, LLaDA); otherwise by L.
     attention_mask `[B, L]` True = real token; padding is never masked nor counted.
     t, u           the noise, when the caller draws it (else from `generator`).
-    shift_logits   position i predicts token i+1 (an AR-initialised head, SPEC §5): the logits
+    shift_logits   position i predicts token i+1 (an AR-initialised head, docs/method.md §5): the logits
                    of position i-1 score the token at i; position 0 is then never masked.
     """
     mask_id = model.config.mask_token_id if mask_id is None else mask_id

@@ -1,4 +1,4 @@
-"""Forward process of masked diffusion (SPEC §1): time sampling and independent masking.
+"""Forward process of masked diffusion (docs/method.md §1): time sampling and independent masking.
 
 `t` is the masking probability of a sequence; `xt` is `x0` with each (maskable) position replaced
 by `mask_id` independently with probability `t`.

@@ -1,4 +1,4 @@
-"""The reverse process (SPEC §2): LLaDA samplers, semi-autoregressive blocks, Fast-dLLM threshold
+"""The reverse process (docs/method.md §2): LLaDA samplers, semi-autoregressive blocks, Fast-dLLM threshold
 decoding and a per-step callback.
 
 Start from `prompt + [MASK] * gen_length`; at every step predict the masked positions of the
@@ -17,7 +17,7 @@ What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/te
   * "masked" is tracked as a boolean state, so a prompt that contains the `[MASK]` id is never
     changed; the `[MASK]` id is never predicted, so no mask is left at the end;
   * steps that would commit nothing (steps per block > block_length) are not run;
-  * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, SPEC §3).
+  * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, docs/method.md §3).
 Mixed-length prompts are left-padded with an attention mask; padding is invisible to the model
 and rotary positions restart at each row's first real token, so every row gets the tokens it
 gets alone (temperature 0).
@@ -223,7 +223,7 @@ def generate(
     return_dict: bool = False,
     cache: str | None = None,
 ) -> torch.Tensor | GenerationOutput:
-    """Sample `gen_length` tokens after each prompt (SPEC §2). Returns `[B, P + gen_length]` ids.
+    """Sample `gen_length` tokens after each prompt (docs/method.md §2). Returns `[B, P + gen_length]` ids.
 
     prompt_ids     `[P]`/`[B, P]` tensor, a list of ints, or a list of prompts of different lengths
                    (left-padded with `pad_token_id`, default the mask id; see `attention_mask`
@@ -243,8 +243,8 @@ def generate(
     output_attentions / output_values: put the model's per-layer attention probabilities /
                    values into the StepState. Attentions force the eager backend, whose rounding
                    differs from sdpa's: near-tied confidences may then commit differently.
-    use_sink_cache reuse the sinks' constant keys/values (SPEC §3); False recomputes them per step.
-    shift_logits   position i-1 predicts token i (AR-initialised head, SPEC §5).
+    use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step.
+    shift_logits   position i-1 predicts token i (AR-initialised head, docs/method.md §5).
     return_dict    return a `GenerationOutput` (sequences, attention_mask, steps_taken).
     cache          Fast-dLLM KV caching (their `generate_with_prefix_cache` / `_dual_cache`):
                    every block starts with a full forward (its logits make that step's commits)

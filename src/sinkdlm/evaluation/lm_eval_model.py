@@ -14,7 +14,7 @@ From the shell, with exactly the arguments of `lm_eval`:
 bare `lm_eval --model sinkdlm` answers "no model for this name found": only a process that imported
 this module knows the name. Both forms above import it and then run lm-eval's own command line.)
 
-The three request types (SPEC §1-2, §7):
+The three request types (docs/method.md §1-2, §7):
   * `loglikelihood` — the Monte-Carlo ELBO of the continuation given the context
     (`sinkdlm.diffusion.likelihood.loglikelihood`, `mc_num` samples, `method` "mc_count" by default;
     a one-token continuation is exact with one sample). `is_greedy`: whether greedy decoding — |y|

@@ -6,7 +6,7 @@ A *predictor* answers two kinds of text requests, batched over a whole task:
 Tasks (`tasks.py`) only talk to this interface, so a hand-made perfect or random predictor can be
 scored without a network (tests/test_eval_tasks.py).
 
-`DLMPredictor` implements it with the library's estimators (SPEC §1-2):
+`DLMPredictor` implements it with the library's estimators (docs/method.md §1-2):
   * log-likelihoods are the Monte-Carlo ELBO of `sinkdlm.diffusion.likelihood.loglikelihood`
     (default `method="mc_count"`, LLaDA's lower-variance form of the same bound). Requests are
     sorted by length and sent many at a time, so one forward holds the samples of many candidates.
@@ -47,7 +47,7 @@ class GenRequest:
     Length: exactly `max_tokens` tokens are sampled, or — with `length_of` — exactly as many as the
     tokenisation of `length_of` after the context (the cloze task's "as many tokens as the true
     word"). The text is cut at the first EOS token and then at the first of the `until` strings.
-    `block_length` sets semi-autoregressive blocks (SPEC §2; None = one block).
+    `block_length` sets semi-autoregressive blocks (docs/method.md §2; None = one block).
     """
 
     context: str
@@ -94,7 +94,7 @@ class DLMPredictor:
     """A `DiffusionLM` + its tokenizer behind the predictor interface (see the module docstring).
 
     mc_num       Monte-Carlo samples per multi-token continuation.
-    method       likelihood estimator: "mc_count" (default), "mc" (SPEC §1 as written) or "chain".
+    method       likelihood estimator: "mc_count" (default), "mc" (docs/method.md §1 as written) or "chain".
     batch_size   model rows per forward (likelihood samples, or prompts being sampled).
     gen_steps    denoising steps per generation; None = one token per step (LLaDA's best setting).
     seed         seeds the ELBO's masks and times: the same requests (and batch_size) give the same
@@ -244,7 +244,7 @@ class DLMPredictor:
         desc: str = "generate",
         fast: bool = True,
     ) -> list[list[int]]:
-        """`gen_length` new tokens per prompt (the sampler of SPEC §2, batched `batch_size` prompts).
+        """`gen_length` new tokens per prompt (the sampler of docs/method.md §2, batched `batch_size` prompts).
 
         The length is rounded up to a whole number of blocks and the extra tokens dropped; prompts are
         cut from the left to leave room; `steps` defaults to `gen_steps`, else one token per step.

@@ -48,7 +48,7 @@ def evaluate(
     seed       chooses the items (and their distractors) and seeds the ELBO's Monte-Carlo draws.
     mc_num     ELBO samples per candidate (default 16) for multi-token candidates (next-line lines).
                Cloze candidates are single words: `min(mc_num, 4)` samples, and 1 for a one-token
-               word, where the "mc_count" estimate is exact (SPEC §1: one sample suffices).
+               word, where the "mc_count" estimate is exact (docs/method.md §1: one sample suffices).
     gen_steps  denoising steps per generation; None (default) = one token per step. Cloze words are
                generated as exactly as many tokens as the true word has; arithmetic answers as 128
                tokens (256 for gsm8k:) in blocks of 32, cut at EOS.

@@ -1,7 +1,7 @@
 """Experiment presets: which variants of the paper's comparison to train, on what, for how long.
 
 Every variant of one experiment shares the training budget, the data and the seeds; only the
-model switches differ (SPEC §3-4). Presets:
+model switches differ (docs/method.md §3-4). Presets:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
                    about 15 minutes on a 2-core CPU (`make demo`).
@@ -70,6 +70,26 @@ STUDY_PAIRS = (
     (GATED.name, SINK.name), (SINK_LOGIT.name, SINK.name), (SINK_LOGIT.name, SINK_ZERO.name),
     (SOFTMAX_ONE.name, SINK_LOGIT.name),
 )
+
+# What each compared pair asks (reports print the verdicts under these questions).
+PAIR_QUESTIONS = {
+    (SINK.name, VANILLA.name): "Does one extra sink token (front) change the DLM?",
+    (SINK_END.name, VANILLA.name): "Does one extra sink token at the end change the DLM?",
+    (SINK2.name, VANILLA.name): "Do 2 sink tokens change the DLM?",
+    (SINK4.name, VANILLA.name): "Do 4 sink tokens change the DLM?",
+    (SINK_ZERO.name, VANILLA.name): "Does a zero-value sink token change the DLM?",
+    (GATED.name, VANILLA.name): "Does gated attention change the DLM?",
+    (SINK_LOGIT.name, VANILLA.name): "Does a per-head sink logit change the DLM?",
+    (SOFTMAX_ONE.name, VANILLA.name): "Does softmax-off-by-one change the DLM?",
+    (SINK_END.name, SINK.name): "Front ≈ end?",
+    (SINK2.name, SINK.name): "1 ≈ 2 sinks?",
+    (SINK4.name, SINK.name): "1 ≈ 4 sinks?",
+    (SINK_ZERO.name, SINK.name): "Zero-value ≈ learned value?",
+    (GATED.name, SINK.name): "Gated attention ≈ sink token?",
+    (SINK_LOGIT.name, SINK.name): "Per-head sink logit ≈ sink token?",
+    (SINK_LOGIT.name, SINK_ZERO.name): "Per-head sink logit ≈ zero-value sink token (both add a zero-value key)?",
+    (SOFTMAX_ONE.name, SINK_LOGIT.name): "Fixed logit 0 (softmax₁) ≈ learned logit?",
+}
 
 MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 

@@ -157,6 +157,11 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
                 low = summary[m]["low"]
                 summary[m]["chance"] = chance
                 summary[m]["above_chance"] = low is not None and low > chance
+        # Do sinks carry smaller values than normal tokens (One-Token Fig. 3)? Paired within each seed's model.
+        sink_vn, normal_vn = _seed_scalars(v, "value_norm_sink"), _seed_scalars(v, "value_norm_normal")
+        if sink_vn and set(sink_vn) == set(normal_vn):
+            iv = paired_difference(sink_vn, normal_vn)
+            summary["value_norm_sink_minus_normal"] = {**iv.to_dict(), "verdict": verdict(iv)}
         v["summary"] = summary
     pairs = pairs or [(n, names[0]) for n in names[1:]]
     comparisons = []
@@ -303,6 +308,32 @@ def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list
     return header, rows
 
 
+QUESTION_METRICS = ("val_loss", "shakespeare_next_line/acc_norm", "shakespeare_cloze/acc", "non_sink_fraction",
+                    "sink_set_change_rate")
+
+
+def questions_list(results: dict[str, Any]) -> list[str]:
+    """One line per compared pair: the question it asks and every headline metric's verdict."""
+    from sinkdlm.experiment.presets import PAIR_QUESTIONS
+
+    by_pair: dict[tuple[str, str], list[dict]] = {}
+    for c in results["comparisons"]:
+        by_pair.setdefault(tuple(c["pair"]), []).append(c)
+    lines = []
+    for pair, cs in by_pair.items():
+        per = {c["metric"]: c for c in cs}
+        said = [f"`{m}` {per[m]['verdict']}" for m in QUESTION_METRICS if m in per]
+        if said:
+            q = PAIR_QUESTIONS.get(pair, f"{cs[0]['variant']} vs {cs[0]['baseline']}?")
+            lines.append(f"- **{q}** ({cs[0]['variant']} − {cs[0]['baseline']}) " + "; ".join(said) + ".")
+    vn = [(v["label"], v["summary"]["value_norm_sink_minus_normal"]) for v in results["variants"].values()
+          if "value_norm_sink_minus_normal" in v["summary"]]
+    if vn:
+        lines.append("- **Do sinks carry smaller value vectors than normal tokens?** (value norm of sinks − of "
+                     "normal tokens, paired within each seed's model) " + "; ".join(f"{label}: {s['verdict']}" for label, s in vn) + ".")
+    return lines
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     t = results["train"]
@@ -310,10 +341,13 @@ def markdown_summary(results: dict[str, Any]) -> str:
     tasks = _task_metrics(results)
     headline = ["val_loss"] + [m for m in tasks if m.endswith(("cloze/acc", "next_line/acc_norm", "/exact_match"))
                                and "cloze/exact" not in m]
+    recs = [rec for v in results["variants"].values() for rec in v["seeds"].values()]
+    runs, train_s = len(recs), sum(rec.get("train_seconds") or 0.0 for rec in recs)
     parts = [
         f"Preset `{results['preset']}`: {results['description']}. {t.get('max_steps')} steps × {t.get('batch_size')} × "
-        f"{t.get('seq_len')} tokens per run, seeds {results['seeds']}; wall time {results['elapsed_s'] / 60:.0f} min on "
-        f"{results['machine'].get('cpu_count')} CPU cores{' + CUDA' if results['machine'].get('cuda') else ''}. "
+        f"{t.get('seq_len')} tokens per run, seeds {results['seeds']}; training took {train_s / 60:.0f} min of compute "
+        f"summed over the {runs} runs ({results['machine'].get('cpu_count')} CPU cores"
+        f"{' + CUDA' if results['machine'].get('cuda') else ''}). "
         f"Mean [95 % CI]: validation loss over the {n} seeds (Student t); accuracies over seeds and items "
         "(two-way random effects, so the CI says whether an accuracy is above chance).",
         "",
@@ -333,6 +367,10 @@ def markdown_summary(results: dict[str, Any]) -> str:
     if pivot:
         parts += ["", "Paired differences, Δ [95 % CI] (validation loss: t over seeds; accuracies: over seeds and "
                   "items; a direction in bold only where the interval excludes zero):", "", _md_table(*pivot)]
+    questions = questions_list(results)
+    if questions:
+        parts += ["", "What held and what did not (a direction only where the 95 % interval excludes zero):", "",
+                  *questions]
     sinks = sinks_table(results)
     if sinks:
         parts += ["", "Attention sinks (ϵ = 3, every seed's model, mean [95 % CI] over seeds):", "", _md_table(*sinks)]

@@ -75,7 +75,7 @@ class _ZeroWithUnitGrad(torch.autograd.Function):
 
 
 def eager_attention(q, k, v, mask=None, need_probs=True, sink_logit=None):
-    """softmax(q k^T / sqrt(d) + M) v, computed explicitly (SPEC §6 needs A[l, h, i, j]).
+    """softmax(q k^T / sqrt(d) + M) v, computed explicitly (docs/method.md §6 needs A[l, h, i, j]).
 
     With `sink_logit [H]` the virtual column is appended (last) before the softmax and dropped
     from the output; the returned probabilities keep it: `[B, H, Lq, Lk + 1]`.
@@ -136,7 +136,7 @@ def causal_mask(seq_len: int, device=None) -> torch.Tensor:
 
 
 def annealed_mask(seq_len: int, progress: float, device=None) -> torch.Tensor:
-    """Causal -> full attention as `progress` goes 0 -> 1 (DiffuLLaMA's attention annealing, SPEC §5).
+    """Causal -> full attention as `progress` goes 0 -> 1 (DiffuLLaMA's attention annealing, docs/method.md §5).
 
     Query i may attend to keys j <= i + round(progress * (L - 1)): at 0 the causal mask, at 1 full.
     """

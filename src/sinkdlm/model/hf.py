@@ -5,7 +5,7 @@
   keeps our checks and never reads pickle.
 * `convert_hf_checkpoint()` turns a local Qwen2 or LLaMA causal-LM directory (safetensors, sharded
   too) into a sinkdlm checkpoint: same weights, bidirectional attention, a `[MASK]` token and the
-  sink embeddings (SPEC §5).
+  sink embeddings (docs/method.md §5).
 """
 
 from __future__ import annotations

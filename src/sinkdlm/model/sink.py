@@ -1,4 +1,4 @@
-"""The extra sink token(s) of "One Token Is Enough" (SPEC §3, eq. 5-7) in one place.
+"""The extra sink token(s) of "One Token Is Enough" (docs/method.md §3, eq. 5-7) in one place.
 
 Layout. With `n = num_sink_tokens`, the model's sequence is `[s_1..s_n; x_1..x_L]` (front, eq. 5)
 or `[x_1..x_L; s_1..s_n]` (end, eq. 7). Front sinks take rotary positions 0..n-1 and content

@@ -1,7 +1,7 @@
 """DiffusionLM: a bidirectional LLaMA/Qwen2-layout Transformer with optional extra sink tokens.
 
 Architecture only: RMSNorm, RoPE, SwiGLU, GQA, optional QKV bias, optional tied head, optional
-gated attention (Appendix A.2, eq. 8-10), `num_sink_tokens` sinks (SPEC §3, eq. 5-7) and a
+gated attention (Appendix A.2, eq. 8-10), `num_sink_tokens` sinks (docs/method.md §3, eq. 5-7) and a
 virtual sink column in every softmax row (`sink_logit`: a learned score per head, as gpt-oss;
 `softmax_one`: the score fixed at 0, Miller's softmax-off-by-one; its value vector is zero).
 The forward pass has two streams (see `sink.py` for why this is exact):
@@ -234,7 +234,7 @@ class DiffusionLM(nn.Module):
 
     @torch.no_grad()
     def sink_cache(self) -> sinklib.SinkCache:
-        """The sink stream computed once and reused while no parameter changes (SPEC §3).
+        """The sink stream computed once and reused while no parameter changes (docs/method.md §3).
 
         Valid across steps and requests: sink hidden states depend on nothing but the weights.
         The key tracks every parameter's in-place version counter, so an optimiser step or a

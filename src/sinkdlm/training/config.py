@@ -56,7 +56,7 @@ class TrainConfig(_TrainSwitchFields):
     beta2: float = 0.95
     grad_clip: float = 1.0
     eps: float = 1e-3  # t ~ U(eps, 1]
-    # AR init recipes (SPEC §5)
+    # AR init recipes (docs/method.md §5)
     shift_logits: bool = False
     attention_anneal_steps: int = 0
     # SFT (set by `sinkdlm sft`)
