@@ -4,7 +4,9 @@ All variants run in one process on the same model, data and noise, built by the 
 `sinkdlm.training.distributed.prepare_blocks`, and are reported as ratios to the plain step:
   * peak memory of one step (forward + backward + AdamW) from `torch.distributed._tools.mem_tracker.
     MemTracker`, which follows every tensor the step allocates (parameters, gradients, optimizer
-    state, activations, temporaries), on CPU as on CUDA;
+    state, activations, temporaries), on CPU as on CUDA. Inductor allocates the buffers of a compiled
+    block past the dispatcher, out of the tracker's sight: with `--compile` it counts only tensors
+    that cross a block's boundary (on CUDA, `torch.cuda.max_memory_allocated` sees everything);
   * step time, median over N steps after warm-up (compilation excluded);
   * the loss of the first step, which must agree (recomputation and compilation change no maths).
 Prints a markdown table; writes results/bench_train_memory.json.
