@@ -88,10 +88,10 @@ def reference_joined_forward(model: DiffusionLM, ids: torch.Tensor) -> torch.Ten
     n, (b, l) = cfg.num_sink_tokens, ids.shape
     h = torch.cat([model.sink_embeddings[None].expand(b, -1, -1), model.embed_tokens(ids)], dim=1)  # [B, S, d]
     s = l + n
-    allowed = torch.ones(s, s, dtype=torch.bool)  # eq. 6: a sink query sees only itself
+    allowed = torch.ones(s, s, dtype=torch.bool, device=ids.device)  # eq. 6: a sink query sees only itself
     allowed[:n] = False
-    allowed[:n, :n] = torch.eye(n, dtype=torch.bool)
-    cos, sin = rope_cos_sin(torch.arange(s)[None], cfg.head_dim, cfg.rope_theta, h.dtype)
+    allowed[:n, :n] = torch.eye(n, dtype=torch.bool, device=ids.device)
+    cos, sin = rope_cos_sin(torch.arange(s, device=ids.device)[None], cfg.head_dim, cfg.rope_theta, h.dtype)
     for layer in model.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(h)

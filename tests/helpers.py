@@ -11,3 +11,39 @@ def tiny_model(seed: int = 0, **kw) -> DiffusionLM:
                intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
     torch.manual_seed(seed)
     return DiffusionLM(ModelConfig(**{**cfg, **kw})).double().eval()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    """`torchrun --nproc_per_node=nproc ARGS` (ARGS: `-m sinkdlm train ...` or a script) on a free port."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", *args]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for a child Python: one intra-op thread, and this very `sinkdlm` first on the
+    path (a relative PYTHONPATH would not survive the child's other working directory)."""
+    import os
+    from pathlib import Path
+
+    import sinkdlm
+
+    src = str(Path(sinkdlm.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
+def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
+    """Run `torchrun_cmd` to completion with `subprocess_env()`; the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=timeout,
+                          env=subprocess_env(), cwd=cwd)

@@ -19,6 +19,8 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint, list_checkpoints
 from sinkdlm.training.trainer import lr_at
 
+from helpers import torchrun
+
 REPO = Path(__file__).resolve().parents[1]
 # A really small model so each run takes a second or two on 2 cores.
 SMALL = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
@@ -170,11 +172,7 @@ def test_two_process_gloo_matches_one_process(tmp_path, corpus):
         "--config", str(tmp_path / "small.json"), "--device", "cpu",
     ]
     (tmp_path / "small.json").write_text(json.dumps({"model_overrides": SMALL, "eval_batches": 1, "tensorboard": False}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "-m", "sinkdlm", "train", *args],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )
+    res = torchrun(2, "-m", "sinkdlm", "train", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     one, two = read_metrics(single.out), read_metrics(tmp_path / "two")
     assert len(one) == len(two) == 4
@@ -308,8 +306,3 @@ def test_anneal_and_shift_run_from_an_init_checkpoint(tmp_path, corpus):
     with pytest.raises(ValueError, match="convert the checkpoint"):
         train(cfg_for(tmp_path / "bad", corpus, init_from=ckpt, num_sink_tokens=2))
     assert summary["checkpoint"]
-
-
-def test_fsdp_flag_is_refused_clearly_instead_of_hanging():
-    with pytest.raises(ValueError, match="--fsdp is not supported yet"):
-        TrainConfig.resolve(fsdp=True)

@@ -50,7 +50,11 @@ def train(
     attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
-    fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 instead of DDP under torchrun (not supported yet: refused with an explanation)."),
+    fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 sharding instead of DDP (needs torchrun, any --nproc_per_node; sharded checkpoints)."),
+    activation_checkpointing: Optional[bool] = typer.Option(
+        None, "--activation-checkpointing/--no-activation-checkpointing", help="Recompute each block in backward: less memory, ~1/3 more compute."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile every block."),
+    compile_backend: Optional[str] = typer.Option(None, "--compile-backend", help="torch.compile backend for --compile (default: inductor)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Cache of trained tokenizers and packed corpora (default: $SINKDLM_CACHE or ~/.cache/sinkdlm)."),
     **switches,
 ) -> None:

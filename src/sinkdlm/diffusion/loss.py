@@ -18,7 +18,7 @@ from sinkdlm.diffusion.noise import forward_mask, sample_t
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # scalar, differentiable
-    num_masked: int
+    num_masked: torch.Tensor  # 0-dim int64 on the batch's device: reading it is the caller's host sync
     t: torch.Tensor  # [B]
 
 
@@ -76,4 +76,4 @@ def diffusion_loss(
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
     per_seq = weighted_masked_ce(logits, x0, masked, t)
     norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full_like(per_seq, l)
-    return LossOutput(loss=(per_seq / norm).mean(), num_masked=int(masked.sum()), t=t)
+    return LossOutput(loss=(per_seq / norm).mean(), num_masked=masked.sum(), t=t)

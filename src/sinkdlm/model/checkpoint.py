@@ -37,18 +37,22 @@ def save_state_dict(tensors: dict[str, torch.Tensor], path: str | Path, metadata
     atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp, metadata=metadata))
 
 
-def model_state_dict(model) -> dict[str, torch.Tensor]:
-    """The state dict to store: a tied head is stored once (as `embed_tokens.weight`)."""
-    sd = model.state_dict()
+def model_state_dict(model, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The state dict to store: a tied head is stored once (as `embed_tokens.weight`).
+
+    `state_dict`: the model's full state dict when it was gathered elsewhere (FSDP).
+    """
+    sd = dict(model.state_dict() if state_dict is None else state_dict)
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     return sd
 
 
-def save_checkpoint(model, directory: str | Path, tokenizer=None) -> Path:
+def save_checkpoint(model, directory: str | Path, tokenizer=None, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """config.json + model.safetensors (+ tokenizer). `state_dict`: as for `model_state_dict`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_state_dict(model_state_dict(model), directory / WEIGHTS_NAME, metadata={"format": "pt"})
+    save_state_dict(model_state_dict(model, state_dict), directory / WEIGHTS_NAME, metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
     # config.json last: a directory with a config has complete weights beside it.

@@ -85,10 +85,15 @@ def save_training_checkpoint(
     save_state_dict(tensors, tmp / OPTIMIZER_NAME)
     atomic_write_json(tmp / STATE_NAME, {**state, "step": step, "param_groups": groups})
     _fsync_dir(tmp)
+    return publish_checkpoint(tmp, final, out_dir, keep_last)
+
+
+def publish_checkpoint(tmp: Path, final: Path, out_dir: str | Path, keep_last: int) -> Path:
+    """Rename a complete `.tmp-step-N` to `step-N` (atomic), then drop all but the last `keep_last`."""
     if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    _fsync_dir(final.parent)
     for _, old in list_checkpoints(out_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final

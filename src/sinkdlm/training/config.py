@@ -74,7 +74,10 @@ class TrainConfig(_TrainSwitchFields):
     bf16: bool = False
     device: str = "auto"
     max_tokens: int | None = None  # cap on the tokens packed from the corpus (quick runs)
-    fsdp: bool = False
+    fsdp: bool = False  # FSDP2 sharding under torchrun (sharded checkpoints: training/sharded.py)
+    activation_checkpointing: bool = False  # recompute each block in backward (memory for time)
+    compile: bool = False  # torch.compile each block
+    compile_backend: str = "inductor"
     tensorboard: bool = True
 
     # ------------------------------------------------------------------ resolution
@@ -115,15 +118,10 @@ class TrainConfig(_TrainSwitchFields):
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
             raise ValueError("--attention-anneal-steps must be >= 0")
-        if self.fsdp:
-            # FSDP2 shards parameters: rank-0-only evaluation deadlocks and checkpoints need a
-            # full-state gather (and FQN-keyed optimizer state) that the trainer does not do yet.
-            raise ValueError(
-                "--fsdp is not supported yet (evaluation and checkpointing need full-state gathering); "
-                "use data-parallel DDP, the default under torchrun"
-            )
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --out and --overwrite deletes it: give only one of them")
+        if not isinstance(self.compile_backend, str) or not self.compile_backend:
+            raise ValueError(f"--compile-backend must name a torch.compile backend, got {self.compile_backend!r}")
         check_device(self.device)
 
     @property

@@ -1,17 +1,28 @@
-"""Data-parallel plumbing: torchrun environment, DDP (or FSDP2) wrapping, small collectives.
+"""Parallel plumbing: torchrun environment, DDP or FSDP2 wrapping, per-block options, collectives.
 
 `torchrun --nproc_per_node=N -m sinkdlm train ...` sets RANK/WORLD_SIZE/LOCAL_RANK; without them
 everything here is a no-op and training runs in one process. CPU uses the gloo backend, CUDA nccl.
+With `--fsdp` a process group is created even for one process (`torchrun --nproc_per_node=1`), so
+one sharded code path serves every world size and a run can resume with another one.
+
+Per-block options (`prepare_blocks`), applied before any wrapping so that parameter names never
+change (checkpoints stay in the usual layout): activation checkpointing through the composable
+`torch.distributed._composable.checkpoint` (hooks, no wrapper module) and `torch.compile` of each
+block's forward (`nn.Module.compile`, in place).
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
+import shutil
+import warnings
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+LAUNCH_HINT = "torchrun --nproc_per_node=N -m sinkdlm train --fsdp ... (N = 1 is fine)"
 
 
 @dataclass
@@ -20,15 +31,31 @@ class DistEnv:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    fsdp: bool = False
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def distributed(self) -> bool:
+        """A process group exists (several processes, or `--fsdp` under torchrun at any size)."""
+        return self.world_size > 1 or self.fsdp
 
-def init() -> DistEnv:
+
+def check_launch(fsdp: bool) -> None:
+    """`--fsdp` needs torchrun's environment (a process group); say how to get one."""
+    if fsdp and not {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ):
+        raise ValueError(
+            "--fsdp shards the model over a process group, which only torchrun provides: launch with "
+            f"`{LAUNCH_HINT}`, or drop --fsdp to train in this one process"
+        )
+
+
+def init(fsdp: bool = False) -> DistEnv:
+    check_launch(fsdp)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if world == 1 and not fsdp:
         return DistEnv()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
@@ -38,19 +65,73 @@ def init() -> DistEnv:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    return DistEnv(rank, world, local, device)
+    return DistEnv(rank, world, local, device, fsdp)
 
 
-def wrap(model: torch.nn.Module, env: DistEnv, fsdp: bool = False) -> torch.nn.Module:
-    """DDP by default; FSDP2 (`fully_shard` per block, then the root) for models that do not fit."""
-    if env.world_size == 1:
-        return model
+def check_compile(backend: str, device: torch.device) -> None:
+    """`--compile` can work here: the backend exists and what it builds with is installed."""
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())  # debug backends (aot_eager) too
+    if backend not in known:
+        raise ValueError(f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {known}")
+    if backend != "inductor":
+        return
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise ValueError(
+                "--compile with the inductor backend needs Triton on CUDA, which is not installed: "
+                "pip install triton, or use --compile-backend aot_eager, or drop --compile"
+            )
+        return
+    from torch._inductor import config as inductor_config
+
+    names = inductor_config.cpp.cxx if isinstance(inductor_config.cpp.cxx, (list, tuple)) else (inductor_config.cpp.cxx,)
+    names = [os.environ.get("CXX")] + [n for n in names if n]
+    if not any(n and shutil.which(n) for n in names):
+        raise ValueError(
+            "--compile with the inductor backend needs a C++ compiler on CPU, and none was found "
+            f"(looked for {[n for n in names if n]}): install g++ (or set CXX), use --compile-backend "
+            "aot_eager, or drop --compile"
+        )
+
+
+def prepare_blocks(model: torch.nn.Module, activation_checkpointing: bool = False, compile_backend: str | None = None) -> None:
+    """Activation checkpointing and/or `torch.compile` of every block, in place (names unchanged)."""
+    for layer in model.layers:
+        if activation_checkpointing:
+            # Non-reentrant recomputation of the block in backward: only the block inputs are kept.
+            from torch.distributed._composable import checkpoint
+
+            checkpoint(layer)
+        if compile_backend is not None:
+            layer.compile(backend=compile_backend)
+
+
+def wrap(model: torch.nn.Module, env: DistEnv, fsdp: bool = False, bf16: bool = False) -> torch.nn.Module:
+    """DDP by default; FSDP2 (`fully_shard` per block, then the root) for models that do not fit.
+
+    Under FSDP each block is all-gathered twice per step: once for the sink stream
+    (`Block.sink_forward`, registered as an FSDP forward method so its parameters are gathered and
+    its gradients reduced) and once for the content stream. With `bf16`, FSDP computes in bf16 and
+    reduces gradients in fp32 (`MixedPrecisionPolicy`); the sharded master weights stay fp32.
+    """
     if fsdp:
-        from torch.distributed.fsdp import fully_shard
+        assert env.fsdp and dist.is_initialized(), "FSDP needs the process group of dist_utils.init(fsdp=True)"
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+        # Blocks return views (keys/values after a transpose); nothing modifies them in place, which
+        # is the case this FSDP warning is about, so it is silenced instead of printed per rank.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
         for layer in model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mp_policy=mp)
+            register_fsdp_forward_method(layer, "sink_forward")
+        fully_shard(model, mp_policy=mp)
+        return model
+    if env.world_size == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -58,23 +139,50 @@ def wrap(model: torch.nn.Module, env: DistEnv, fsdp: bool = False) -> torch.nn.M
 
 
 def no_sync(model: torch.nn.Module):
-    """Skip the gradient all-reduce on non-final micro-batches (DDP only)."""
-    return model.no_sync() if hasattr(model, "no_sync") else nullcontext()
+    """Skip the gradient reduction on non-final micro-batches (DDP's no_sync, FSDP2's sync switch)."""
+    if hasattr(model, "no_sync"):
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(model)
+    return nullcontext()
 
 
-def mean_across_ranks(value: torch.Tensor, env: DistEnv) -> float:
+@contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (e.g. FSDP's gradient norm) as the plain tensor it stands for; others unchanged."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def mean_across_ranks(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The mean over ranks, as a tensor on the same device (no host sync)."""
     if env.world_size == 1:
-        return float(value)
-    t = value.detach().float().clone().reshape(1)
+        return value.detach()
+    t = value.detach().float().clone().reshape(())
     dist.all_reduce(t)
-    return float(t) / env.world_size
+    return t / env.world_size
+
+
+def sum_across_ranks(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.world_size == 1:
+        return value
+    t = value.detach().clone()
+    dist.all_reduce(t)
+    return t
 
 
 def barrier(env: DistEnv) -> None:
-    if env.world_size > 1:
+    if env.distributed:
         dist.barrier()
 
 
 def shutdown(env: DistEnv) -> None:
-    if env.world_size > 1 and dist.is_initialized():
+    if env.distributed and dist.is_initialized():
         dist.destroy_process_group()

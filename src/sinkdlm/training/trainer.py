@@ -46,9 +46,10 @@ from sinkdlm.model.attention import annealed_mask
 from sinkdlm.atomic import atomic_write_bytes, atomic_write_json
 from sinkdlm.model.checkpoint import ensure_writable_dir
 from sinkdlm.training import distributed as dist_utils
-from sinkdlm.training.checkpointing import latest_checkpoint, load_training_state, save_training_checkpoint
+from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
 from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
+from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
 from sinkdlm.device import resolve_device
 
 
@@ -219,25 +220,41 @@ def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_disc
 
 
 @torch.no_grad()
-def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device) -> float:
-    """Validation ELBO bound per token (eq. 4 averaged over fixed batches, low-discrepancy t)."""
+def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device, env=None) -> float:
+    """Validation ELBO bound per token (eq. 4 averaged over fixed batches, low-discrepancy t).
+
+    Collective under data parallelism: every rank scores its share of the rows of every batch (an
+    FSDP model cannot run on one rank alone), weighted by its row count and summed over ranks, so
+    the result is the single-process value up to float summation order. One host sync at the end.
+    """
+    env = env or dist_utils.DistEnv()
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    total = torch.zeros((), device=device)
     bs = min(cfg.batch_size, len(val))
-    for i in range(min(cfg.eval_batches, max(1, len(val) // bs))):
-        idx = list(range(i * bs, (i + 1) * bs))
-        x0, pm = val.get(idx)
-        t, u = global_noise(cfg, -1 - i, bs, x0.shape[1], low_discrepancy=True)
+    assert bs >= env.world_size, "checked before training: every rank needs a validation row"
+    batches = min(cfg.eval_batches, max(1, len(val) // bs))
+    for i in range(batches):
+        t, u = global_noise(cfg, -1 - i, bs, cfg.seq_len, low_discrepancy=True)
+        rows = torch.arange(bs).tensor_split(env.world_size)[env.rank]  # this rank's rows of batch i
+        x0, pm = val.get((i * bs + rows).tolist())
         with _autocast(cfg, device):
             out = diffusion_loss(
-                model, x0.to(device), t=t.to(device), u=u.to(device), shift_logits=model.config.shift_logits,
-                prompt_mask=None if pm is None else pm.to(device),
+                model, x0.to(device), t=t[rows].to(device), u=u[rows].to(device),
+                shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else pm.to(device),
             )
-        total += out.loss.item()
-        count += 1
+        # the loss is a mean over rows: a rank's share weighs len(rows) / bs (exactly 1 alone)
+        total += out.loss.float() if env.world_size == 1 else out.loss.float() * (len(rows) / bs)
     model.train(was_training)
-    return total / max(count, 1)
+    return float(dist_utils.sum_across_ranks(total, env)) / batches
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`. On CUDA through pinned memory, asynchronously: a copy from pageable
+    memory would make the host wait for the GPU at every step."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
@@ -293,8 +310,10 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
     says how to resume (`resume_command`, the CLI's own command line, when given).
     """
     cfg.validate()
-    env = dist_utils.init()
-    device = resolve_device(cfg.device) if env.world_size == 1 else env.device
+    env = dist_utils.init(cfg.fsdp)  # --fsdp without torchrun: a ValueError saying how to launch
+    device = resolve_device(cfg.device) if not env.distributed else env.device
+    if cfg.compile:
+        dist_utils.check_compile(cfg.compile_backend, device)
     with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
         return _train(cfg, env, device, run, stop, on_step, resume_command)
 
@@ -304,8 +323,13 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
-    resumed = run.resume_point(_load_resume_point)
+    resumed = run.resume_point(lambda path: _load_resume_point(path, cfg))
     ckpt = None if resumed is None else resumed[0]
+    if ckpt is not None and cfg.fsdp and not is_sharded(ckpt):
+        raise ValueError(
+            f"--fsdp --resume: {ckpt} was written without --fsdp (its optimizer state is not sharded); "
+            "resume it without --fsdp, or start a new --out"
+        )
 
     # Everything that can fail on bad input happens here, before the first step.
     preset_vocab = None if cfg.init_from else ModelConfig.from_preset(cfg.preset).vocab_size
@@ -339,15 +363,26 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             f"the training data has {len(train_set)} sequences of {cfg.seq_len} tokens, fewer than one batch of "
             f"{cfg.batch_size}; lower --batch-size/--seq-len or use more data"
         )
+    if min(cfg.batch_size, len(val_set)) < env.world_size:
+        raise ValueError(
+            f"the validation split has {len(val_set)} sequences, fewer than the {env.world_size} processes that "
+            "each score a share of it; use more data (--max-tokens) or fewer processes"
+        )
     micro = per_rank // cfg.grad_accum
 
     model.to(device).train()
+    dist_utils.prepare_blocks(model, cfg.activation_checkpointing, cfg.compile_backend if cfg.compile else None)
+    if cfg.fsdp:  # before the optimizer, which must hold the sharded parameters
+        wrapped = dist_utils.wrap(model, env, fsdp=True, bf16=cfg.bf16)
     optimizer = build_optimizer(model, cfg)
     start = 0
-    if ckpt is not None:
+    if ckpt is not None and is_sharded(ckpt):  # any world size, with or without --fsdp
+        start = int(load_sharded_checkpoint(ckpt, model, optimizer)["step"])
+    elif ckpt is not None:
         optimizer.load_state_dict(opt_state)
         start = int(state["step"])
-    wrapped = dist_utils.wrap(model, env, cfg.fsdp)
+    if not cfg.fsdp:  # DDP broadcasts rank 0's (resumed) weights when it wraps
+        wrapped = dist_utils.wrap(model, env)
 
     run.remove_previous_run()  # --overwrite: only now that every input check has passed
     if env.is_main:
@@ -375,13 +410,14 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             sync = m == cfg.grad_accum - 1
             with (nullcontext() if sync else dist_utils.no_sync(wrapped)), _autocast(cfg, device):
                 out_loss = diffusion_loss(
-                    wrapped, x0.to(device), mask_id=model.config.mask_token_id, t=t_all[sl].to(device),
-                    u=u_all[sl].to(device), prompt_mask=None if pm is None else pm.to(device),
+                    wrapped, _to(x0, device), mask_id=model.config.mask_token_id, t=_to(t_all[sl], device),
+                    u=_to(u_all[sl], device), prompt_mask=None if pm is None else _to(pm, device),
                     shift_logits=model.config.shift_logits, content_mask=content_mask,
                 )
                 (out_loss.loss / cfg.grad_accum).backward()
             loss_sum += out_loss.loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        # Tensors until a row is logged: no host sync per step on CUDA (FSDP's norm is a DTensor).
+        grad_norm = dist_utils.full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss = dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env)
@@ -394,9 +430,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             last_time, last_step = now, done
             row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm)}
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
-            if env.is_main:
-                row["val_loss"] = evaluate(model, val_set, cfg, device)
-            dist_utils.barrier(env)
+            row["val_loss"] = evaluate(model, val_set, cfg, device, env)  # every rank: its share
         if row is not None:
             last = row
             bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
@@ -405,9 +439,14 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             log.log(row)
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
-        signum = stop.requested()  # every rank agrees on it (DDP), so all save and stop together
+        signum = stop.requested()  # every rank agrees on it (DDP/FSDP), so all save and stop together
         if done % cfg.save_every == 0 or done == cfg.max_steps or signum:
-            if env.is_main:
+            if cfg.fsdp:  # collective: every rank writes its shards
+                save_sharded_checkpoint(
+                    out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, env, tokenizer=tokenizer,
+                    keep_last=cfg.keep_last,
+                )
+            elif env.is_main:
                 save_training_checkpoint(
                     out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
                     keep_last=cfg.keep_last,
@@ -432,12 +471,16 @@ def _format_row(row: dict, max_steps: int) -> str:
     return "[sinkdlm] " + " | ".join(parts)
 
 
-def _load_resume_point(ckpt: Path):
+def _load_resume_point(ckpt: Path, cfg: TrainConfig):
     """(tokenizer, model, (trainer state, optimizer state)) of a checkpoint; raises if any part is
-    unreadable (then `RunDir.resume_point` falls back to the previous checkpoint)."""
+    unreadable (then `RunDir.resume_point` falls back to the previous checkpoint). A sharded (FSDP)
+    checkpoint holds the consolidated weights too; its optimizer shards are loaded after wrapping
+    (`load_sharded_checkpoint`), so its optimizer state here is None."""
     tokenizer = load_tokenizer(ckpt)
     model = DiffusionLM.from_pretrained(ckpt)
     if cfg.shift_logits is not None:
         model.config.shift_logits = bool(cfg.shift_logits)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
+    if is_sharded(ckpt):
+        return tokenizer, model, (json.loads((Path(ckpt) / STATE_NAME).read_text()), None)
     return tokenizer, model, load_training_state(ckpt)
