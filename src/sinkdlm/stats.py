@@ -159,10 +159,11 @@ def paired_accuracy_difference(a, b, confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, s_n, confidence, method, df, i_n)
 
 
-def verdict(interval: Interval, *, lower_is_better: bool = False, scale: float = 1.0, unit: str = "") -> str:
+def verdict(interval: Interval, *, lower_is_better: bool | None = False, scale: float = 1.0, unit: str = "") -> str:
     """The sentence reports print: "lower (95 % CI [low, high])" only when the interval excludes 0
     (and there are at least 2 seeds); otherwise "inconclusive with n seeds".
 
+    `lower_is_better` adds "(better)"/"(worse)"; None for a metric with no good direction.
     `scale`/`unit` format the numbers (e.g. 100 and " points" for accuracies).
     """
     pct = f"{100 * interval.confidence:g} %"
@@ -171,8 +172,9 @@ def verdict(interval: Interval, *, lower_is_better: bool = False, scale: float =
         ci = "" if not math.isfinite(interval.low) else f" (Δ = {scale * interval.mean:+.3g}{unit}, {pct} CI [{scale * interval.low:+.3g}, {scale * interval.high:+.3g}])"
         return f"inconclusive with {interval.n} seed{'s' if interval.n != 1 else ''}{ci}"
     direction = "higher" if interval.mean > 0 else "lower"
-    good = (interval.mean < 0) == lower_is_better
-    return (f"{direction} ({'better' if good else 'worse'}) by {abs(scale * interval.mean):.3g}{unit} "
+    if lower_is_better is not None:
+        direction += " (better)" if (interval.mean < 0) == lower_is_better else " (worse)"
+    return (f"{direction} by {abs(scale * interval.mean):.3g}{unit} "
             f"({pct} CI [{scale * interval.low:+.3g}, {scale * interval.high:+.3g}])")
 
 

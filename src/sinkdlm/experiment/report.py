@@ -122,9 +122,7 @@ def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confiden
         iv = paired_difference(sa, sb, confidence)
         scale, unit = 1.0, ""
     lower = metric in LOWER_IS_BETTER
-    text = verdict(iv, lower_is_better=lower, scale=scale, unit=unit)
-    if metric in NEUTRAL:
-        text = text.replace(" (better)", "").replace(" (worse)", "")
+    text = verdict(iv, lower_is_better=None if metric in NEUTRAL else lower, scale=scale, unit=unit)
     return {"variant": a["label"], "baseline": b["label"], "metric": metric, **iv.to_dict(),
             "scale": scale, "lower_is_better": lower, "verdict": text}
 
@@ -161,7 +159,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
         sink_vn, normal_vn = _seed_scalars(v, "value_norm_sink"), _seed_scalars(v, "value_norm_normal")
         if sink_vn and set(sink_vn) == set(normal_vn):
             iv = paired_difference(sink_vn, normal_vn)
-            summary["value_norm_sink_minus_normal"] = {**iv.to_dict(), "verdict": verdict(iv)}
+            summary["value_norm_sink_minus_normal"] = {**iv.to_dict(), "verdict": verdict(iv, lower_is_better=None)}
         v["summary"] = summary
     pairs = pairs or [(n, names[0]) for n in names[1:]]
     comparisons = []
@@ -334,6 +332,16 @@ def questions_list(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def multiplicity_note(results: dict[str, Any]) -> str:
+    """How many of the reported intervals exclude zero, against how many would by chance alone."""
+    cs = [c for c in results["comparisons"] if c.get("low") is not None]
+    hits = sum(bool(c.get("excludes_zero")) for c in cs)
+    conf = cs[0]["confidence"] if cs else 0.95
+    return (f"Multiplicity: {hits} of the {len(cs)} paired intervals in results.json exclude zero; with nothing different at "
+            f"all, about {(1 - conf) * len(cs):.1f} would by chance ({100 * (1 - conf):g} % each, no correction "
+            "applied), so a single verdict here is a lead to re-test with more seeds, not a finding.")
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     t = results["train"]
@@ -370,7 +378,7 @@ def markdown_summary(results: dict[str, Any]) -> str:
     questions = questions_list(results)
     if questions:
         parts += ["", "What held and what did not (a direction only where the 95 % interval excludes zero):", "",
-                  *questions]
+                  *questions, "", multiplicity_note(results)]
     sinks = sinks_table(results)
     if sinks:
         parts += ["", "Attention sinks (ϵ = 3, every seed's model, mean [95 % CI] over seeds):", "", _md_table(*sinks)]
