@@ -142,6 +142,17 @@ def bench_length(model, pred: DLMPredictor, items: list[dict], gen_length: int, 
     return rows
 
 
+def _merged(results: dict) -> dict:
+    """`results` plus the other lengths of an earlier run on the same model and problems (so lengths
+    can run in separate processes, one per core)."""
+    if OUT.is_file():
+        old = json.loads(OUT.read_text())
+        if old.get("model", {}).get("train_steps") == results["model"]["train_steps"] and old.get("problems") == results["problems"] \
+                and old.get("batch") == results["batch"]:
+            results["lengths"] = {**old.get("lengths", {}), **results["lengths"]}
+    return results
+
+
 def _ci(iv: dict, fmt: str) -> str:
     """"mean [low, high]" in percent; an interval that could not be formed (no variance) shows "–"."""
     f = lambda x: "–" if x is None else format(100 * x, fmt)  # noqa: E731
@@ -171,7 +182,7 @@ def main() -> None:
         t0 = time.perf_counter()
         results["lengths"][str(gen_length)] = bench_length(model, pred, items, gen_length, args.batch)
         results["lengths"][str(gen_length)]["_wall_s"] = time.perf_counter() - t0
-        atomic_write_json(OUT, results)
+        atomic_write_json(OUT, _merged(results))
     print(f"model: tiny + 1 sink, SFT {args.train_steps} steps on arithmetic; {len(items)} held-out problems, "
           f"batches of <= {args.batch} equal-length prompts, blocks of {BLOCK}, {args.threads} thread(s), CPU time\n")
     print("| gen length | mode | exact match % [95 % CI] | Δ vs reference (points) [95 % CI] | forwards per batch | "
