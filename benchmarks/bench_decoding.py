@@ -159,6 +159,21 @@ def _ci(iv: dict, fmt: str) -> str:
     return f"{f(iv['mean'])} [{f(iv['low'])}, {f(iv['high'])}]"
 
 
+def table(results: dict) -> str:
+    """The README's markdown table of a results file."""
+    lines = ["| gen length | mode | exact match % [95 % CI] | Δ vs reference (points) [95 % CI] | forwards per batch | "
+             "tokens / CPU s | speed-up | identical tokens |", "|---:|---|---|---|---:|---:|---:|---:|"]
+    for gen_length, rows in sorted(results["lengths"].items(), key=lambda kv: int(kv[0])):
+        for name, r in rows.items():
+            if name.startswith("_"):
+                continue
+            a, d = r["accuracy"], r["vs_reference"]
+            lines.append(f"| {gen_length} | {name} | {_ci(a, '.1f')} | {_ci(d, '+.1f')} | {r['forwards_per_problem']:.1f} | "
+                         f"{r['tokens_per_cpu_s']:.0f} | {r['speedup_vs_reference']:.2f}× | "
+                         f"{100 * r['identical_to_reference']:.0f} % |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", type=int, default=200)
@@ -183,19 +198,7 @@ def main() -> None:
         results["lengths"][str(gen_length)] = bench_length(model, pred, items, gen_length, args.batch)
         results["lengths"][str(gen_length)]["_wall_s"] = time.perf_counter() - t0
         atomic_write_json(OUT, _merged(results))
-    print(f"model: tiny + 1 sink, SFT {args.train_steps} steps on arithmetic; {len(items)} held-out problems, "
-          f"batches of <= {args.batch} equal-length prompts, blocks of {BLOCK}, {args.threads} thread(s), CPU time\n")
-    print("| gen length | mode | exact match % [95 % CI] | Δ vs reference (points) [95 % CI] | forwards per batch | "
-          "tokens / CPU s | speed-up | identical tokens |")
-    print("|---:|---|---|---|---:|---:|---:|---:|")
-    for gen_length, rows in results["lengths"].items():
-        for name, r in rows.items():
-            if name.startswith("_"):
-                continue
-            a, d = r["accuracy"], r["vs_reference"]
-            print(f"| {gen_length} | {name} | {_ci(a, '.1f')} | {_ci(d, '+.1f')} | {r['forwards_per_problem']:.1f} | "
-                  f"{r['tokens_per_cpu_s']:.0f} | {r['speedup_vs_reference']:.2f}× | {100 * r['identical_to_reference']:.0f} % |")
-
+    print(table(results))
 
 if __name__ == "__main__":
     main()
