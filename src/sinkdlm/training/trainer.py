@@ -157,6 +157,12 @@ def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
         config.validate()
         torch.manual_seed(cfg.seed)
         model = DiffusionLM(config)
+    return _with_run_settings(model, cfg, tokenizer)
+
+
+def _with_run_settings(model: DiffusionLM, cfg: TrainConfig, tokenizer) -> DiffusionLM:
+    """The run's `--shift-logits` override (unset: the model's own) and the tokenizer check, shared by
+    a new run and a resumed one."""
     if cfg.shift_logits is not None:
         model.config.shift_logits = bool(cfg.shift_logits)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
@@ -477,10 +483,7 @@ def _load_resume_point(ckpt: Path, cfg: TrainConfig):
     checkpoint holds the consolidated weights too; its optimizer shards are loaded after wrapping
     (`load_sharded_checkpoint`), so its optimizer state here is None."""
     tokenizer = load_tokenizer(ckpt)
-    model = DiffusionLM.from_pretrained(ckpt)
-    if cfg.shift_logits is not None:
-        model.config.shift_logits = bool(cfg.shift_logits)
-    check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
+    model = _with_run_settings(DiffusionLM.from_pretrained(ckpt), cfg, tokenizer)
     if is_sharded(ckpt):
         return tokenizer, model, (json.loads((Path(ckpt) / STATE_NAME).read_text()), None)
     return tokenizer, model, load_training_state(ckpt)
