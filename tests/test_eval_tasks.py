@@ -16,6 +16,7 @@ from sinkdlm.evaluation.tasks import WORD, case_class
 
 CHANCE = {"shakespeare_cloze": {"acc": 1 / 5, "exact_match": 0.0},
           "shakespeare_next_line": {"acc": 1 / 4, "acc_norm": 1 / 4},
+          "shakespeare_word_order": {"acc": 1 / 2},
           "arithmetic": {"exact_match": 0.0}}
 
 
@@ -60,7 +61,8 @@ class Random:
 
 
 @pytest.mark.parametrize(
-    "name,limit", [("shakespeare_cloze", 200), ("shakespeare_next_line", 200), ("arithmetic", 100)]
+    "name,limit",
+    [("shakespeare_cloze", 200), ("shakespeare_next_line", 200), ("shakespeare_word_order", 200), ("arithmetic", 100)],
 )
 def test_perfect_predictor_scores_100_percent(name, limit):
     task = get_task(name)
@@ -74,7 +76,7 @@ def test_perfect_predictor_scores_100_percent(name, limit):
     assert all(other[m]["items"] != scores[m]["items"] for m in scores)
 
 
-@pytest.mark.parametrize("name", ["shakespeare_cloze", "shakespeare_next_line", "arithmetic"])
+@pytest.mark.parametrize("name", ["shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order", "arithmetic"])
 def test_random_predictor_scores_chance(name):
     task = get_task(name)
     scores = task.evaluate(Random(7), limit=None, seed=0)
@@ -116,7 +118,7 @@ def test_gsm8k_jsonl_in_the_published_format(tmp_path):
 
 
 def test_items_are_deterministic_and_a_larger_limit_extends_a_smaller_one():
-    for name in ("shakespeare_cloze", "shakespeare_next_line", "arithmetic"):
+    for name in ("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order", "arithmetic"):
         task = get_task(name)
         a, b = task.items(30, seed=3), task.items(30, seed=3)
         assert a == b
@@ -153,9 +155,22 @@ def test_next_line_items_come_from_held_out_text_with_distractors_from_elsewhere
                 assert squash(c) not in squash(it.context)[-2000:]  # not a nearby line
 
 
+def test_word_order_pairs_are_a_held_out_line_and_the_same_characters_in_another_word_order(heldout):
+    items = get_task("shakespeare_word_order").items(300, seed=0)
+    labels = [it.label for it in items]
+    assert 0.4 < sum(labels) / len(labels) < 0.6  # the true line is first or second about equally often
+    for it in items:
+        assert squash(it.context + "\n" + it.target) in heldout
+        assert len(WORD.findall(it.context)) >= 8 and len(it.target.split()) >= 6
+        true, other = it.choices[it.label], it.choices[1 - it.label]
+        assert true == "\n" + it.target and other != true
+        # the same words (punctuation attached), so length and word frequency say nothing
+        assert sorted(other.split()) == sorted(true.split()) and len(other) == len(true)
+
+
 def test_task_names_are_checked():
-    assert set(TASKS) == {"shakespeare_cloze", "shakespeare_next_line", "arithmetic"}
-    with pytest.raises(ValueError, match="unknown task 'lambada'.*: shakespeare_cloze, shakespeare_next_line, arithm"):
+    assert set(TASKS) == {"shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order", "arithmetic"}
+    with pytest.raises(ValueError, match="unknown task 'lambada'.*: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithm"):
         resolve_tasks(["shakespeare_cloze", "lambada"])
     with pytest.raises(ValueError, match="listed twice"):
         resolve_tasks("arithmetic,arithmetic")

@@ -33,7 +33,7 @@ def test_smoke_writes_every_file_and_key(smoke):
     assert set(saved["variants"]) == {v.name for v in preset.variants}
     for v in saved["variants"].values():
         assert set(v["seeds"]) == {str(s) for s in preset.seeds}
-        assert {"val_loss", "shakespeare_cloze/acc", "shakespeare_next_line/acc"} <= set(v["summary"])
+        assert {"val_loss", "shakespeare_cloze/acc", "shakespeare_next_line/acc", "shakespeare_word_order/acc"} <= set(v["summary"])
         for s in v["seeds"].values():
             assert Path(s["checkpoint"]).is_dir()
             assert set(s["eval"]) == set(preset.eval_tasks)

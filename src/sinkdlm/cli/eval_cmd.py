@@ -34,7 +34,7 @@ def eval_command(
         ..., "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."
     ),
     tasks: str = typer.Option(
-        ..., "--tasks", help="Comma-separated: shakespeare_cloze, shakespeare_next_line, arithmetic, gsm8k:PATH."
+        ..., "--tasks", help="Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."
     ),
     out: Path = typer.Option(..., "--out", help="Write the scores here as JSON."),
     limit: int = typer.Option(None, "--limit", help="Items per task (default: all)."),

@@ -12,13 +12,19 @@
                          line among 4 (3 distractor lines from other places of the held-out text, of
                          about the same word count, so length alone does not give it away).
                          metrics: `acc`, `acc_norm` (ELBO per character, lm-eval's acc_norm); chance 1/4.
+  shakespeare_word_order BLiMP-style minimal pairs. After the line(s) before it (>= 8 words), choose a line of
+                         >= 6 words over the same line with its words (and the punctuation attached to
+                         them) in a random other order: the same characters, so neither length nor word
+                         frequency tells them apart, only word order. metric: `acc`; chance 1/2. The
+                         easiest task here: a model that has learned any local order passes it, so it
+                         shows a small model leaving the unigram plateau before the other tasks can.
   arithmetic             GSM8K-style word problems of the `arithmetic` test split (disjoint from the SFT
                          training split); greedy generation (`ARITHMETIC_GEN_TOKENS` tokens in blocks of
                          `GEN_BLOCK_LENGTH`), the answer after `####`, exact numeric match. metric: `exact_match`.
   gsm8k:PATH             the same on a local GSM8K JSONL (`question`/`answer`), e.g. the published test.jsonl.
 
 Held-out data: the shakespeare validation works (`load_documents("shakespeare", "validation")`), never
-trained on; items never share text. 713 cloze and 1095 next-line items in all.
+trained on; items never share text. 713 cloze, 1095 next-line and 2121 word-order items in all.
 
 Determinism: the item list is the shuffled list of all candidate items (the shuffle seeded by the task
 name and `seed`), cut at `limit` — a larger limit extends a smaller one. Each item's distractors and
@@ -51,6 +57,8 @@ RANK_WINDOW = 50
 NEXT_LINE_MIN_WORDS = 30
 NEXT_LINE_CHOICES = 4
 MIN_LINE_WORDS = 4
+WORD_ORDER_CONTEXT_WORDS = 8
+WORD_ORDER_MIN_WORDS = 6
 FAR_LINES = 50  # a distractor line lies at least this many lines away from the item (or in another work)
 ARITHMETIC_DEFAULT_N = 500  # items when no limit is given
 ARITHMETIC_GEN_TOKENS = 128
@@ -308,6 +316,45 @@ class ShakespeareNextLine(Task):
         return {"acc": score(out["acc"], key), "acc_norm": score(out["acc_norm"], key)}
 
 
+class ShakespeareWordOrder(Task):
+    name = "shakespeare_word_order"
+    metrics = ("acc",)
+    chance = {"acc": 0.5}
+
+    @staticmethod
+    def _ending(line: str) -> tuple[str, str] | None:
+        ok = is_content_line(line) and len(line.split()) >= WORD_ORDER_MIN_WORDS
+        return ("", line.strip()) if ok else None
+
+    def _positions(self) -> list[tuple[int, int, str, str]]:
+        return _passages(WORD_ORDER_CONTEXT_WORDS, self._ending)
+
+    def items(self, limit: int | None = None, seed: int = 0) -> list[ChoiceItem]:
+        check_optional_int("limit", limit, 1, none_means="all items")
+        items = []
+        for w, i, context, line in _first(self._positions(), limit, self.name, seed):
+            rng = _item_rng(self.name, seed, (w, i))
+            words = line.split()
+            shuffled = line
+            while shuffled == line:  # >= 6 words, not all equal (content lines): ends quickly
+                rng.shuffle(words)
+                shuffled = " ".join(words)
+            choices, label = _shuffled_choices("\n" + line, ["\n" + shuffled], rng)
+            items.append(ChoiceItem(context, choices, label, line, (w, i)))
+        return items
+
+    def evaluate(self, predictor: Predictor, limit: int | None = None, seed: int = 0) -> dict[str, dict]:
+        items = self.items(limit, seed)
+        lls = predictor.loglikelihood([(it.context, c) for it in items for c in it.choices], desc=f"{self.name} ELBO")
+        return self.score(items, lls)
+
+    @staticmethod
+    def score(items: list[ChoiceItem], loglikelihoods: list[float]) -> dict[str, dict]:
+        per_item = _split(loglikelihoods, [len(it.choices) for it in items])
+        out = choice_outcomes(per_item, [it.label for it in items], [it.choices for it in items])
+        return {"acc": score(out["acc"], items_digest([it.source for it in items]))}
+
+
 class AnswerTask(Task):
     """Generation + the final answer after `####`, exact match (GSM8K-style)."""
 
@@ -371,6 +418,7 @@ def _split(flat: list[float], sizes: list[int]) -> list[list[float]]:
 TASKS: dict[str, type[Task]] = {
     ShakespeareCloze.name: ShakespeareCloze,
     ShakespeareNextLine.name: ShakespeareNextLine,
+    ShakespeareWordOrder.name: ShakespeareWordOrder,
     Arithmetic.name: Arithmetic,
 }
 

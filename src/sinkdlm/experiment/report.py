@@ -306,8 +306,8 @@ def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list
     return header, rows
 
 
-QUESTION_METRICS = ("val_loss", "shakespeare_next_line/acc_norm", "shakespeare_cloze/acc", "non_sink_fraction",
-                    "sink_set_change_rate")
+QUESTION_METRICS = ("val_loss", "shakespeare_word_order/acc", "shakespeare_next_line/acc_norm", "shakespeare_cloze/acc",
+                    "non_sink_fraction", "sink_set_change_rate")
 
 
 def questions_list(results: dict[str, Any]) -> list[str]:
@@ -347,7 +347,7 @@ def markdown_summary(results: dict[str, Any]) -> str:
     t = results["train"]
     n = len(results["seeds"])
     tasks = _task_metrics(results)
-    headline = ["val_loss"] + [m for m in tasks if m.endswith(("cloze/acc", "next_line/acc_norm", "/exact_match"))
+    headline = ["val_loss"] + [m for m in tasks if m.endswith(("word_order/acc", "cloze/acc", "next_line/acc_norm", "/exact_match"))
                                and "cloze/exact" not in m]
     recs = [rec for v in results["variants"].values() for rec in v["seeds"].values()]
     runs, train_s = len(recs), sum(rec.get("train_seconds") or 0.0 for rec in recs)
