@@ -61,26 +61,21 @@ MODES = {  # name -> generate() options
 def trained_model(steps: int, seed: int = 0):
     """The benchmark's model: `tiny` + 1 sink, SFT from scratch on `arithmetic` (cached). Rows of 320
     tokens (prompt + answer + EOS padding, as LLaDA's SFT) cover a prompt and 256 generated tokens."""
-    from sinkdlm.training import TrainConfig, train
+    from sinkdlm.experiment.runner import train_stage
+    from sinkdlm.training import TrainConfig
     from sinkdlm.training.trainer import prepare_tokenizer
 
     run = CACHE / f"tiny-sink1-arith-{steps}"
-    done = run / "DONE.json"
-    if not done.is_file():
+    tok_dir = CACHE / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
         tok_cfg = TrainConfig.resolve(preset="tiny", data="shakespeare", out=str(run))
         tok = prepare_tokenizer(tok_cfg, 2048)  # the Shakespeare BPE (digits are in its byte alphabet)
-        tok_dir = CACHE / "tokenizer"
         tok.save_pretrained(str(tok_dir))
-        cfg = TrainConfig.resolve(
-            preset="tiny", num_sink_tokens=1, sft=True, data="arithmetic", tokenizer=str(tok_dir), out=str(run),
-            max_steps=steps, batch_size=8, seq_len=320, lr=3e-3, min_lr=3e-4, eval_every=max(steps // 4, 1),
-            save_every=max(steps // 4, 1), log_every=100, seed=seed, resume=True,
-        )
-        t0 = time.perf_counter()
-        summary = train(cfg)
-        summary["seconds"] = time.perf_counter() - t0
-        atomic_write_json(done, summary)
-    summary = json.loads(done.read_text())
+    summary = train_stage(run, dict(
+        preset="tiny", num_sink_tokens=1, sft=True, data="arithmetic", tokenizer=str(tok_dir),
+        max_steps=steps, batch_size=8, seq_len=320, lr=3e-3, min_lr=3e-4, eval_every=max(steps // 4, 1),
+        save_every=max(steps // 4, 1), log_every=100, seed=seed,
+    ))
     model, tok = load_model_and_tokenizer(summary["checkpoint"])
     return model.eval(), tok, summary
 

@@ -70,7 +70,9 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
                 raise ValueError(f"--gsm8k {gsm8k}: {split}.jsonl is missing; the folder must hold train.jsonl and test.jsonl")
 
 
-def _train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None) -> dict[str, Any]:
+def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None) -> dict[str, Any]:
+    """Train `TrainConfig(**cfg_kwargs)` into `run_dir` once: the summary (with `seconds`) is kept in
+    `run_dir/DONE.json`, and a second call returns it; an interrupted run resumes from its checkpoint."""
     from sinkdlm.training import TrainConfig, train
 
     done = run_dir / DONE
@@ -148,7 +150,7 @@ def run_experiment(
                 for key in variant.switches:  # already baked into the converted checkpoint
                     train_kwargs.pop(key, None)
             t0 = time.perf_counter()
-            summary = _train_stage(run / "train", train_kwargs, resume_command)
+            summary = train_stage(run / "train", train_kwargs, resume_command)
             stage_seconds["train"] += time.perf_counter() - t0
             ckpt = summary["checkpoint"]
             curve = read_val_curve(run / "train")
@@ -166,7 +168,7 @@ def run_experiment(
                 sft_kwargs = {**preset.sft, "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
                 if sft_kwargs["data"] == "gsm8k":
                     sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
-                sft_summary = _train_stage(run / "sft", sft_kwargs, resume_command)
+                sft_summary = train_stage(run / "sft", sft_kwargs, resume_command)
                 stage_seconds["sft"] += time.perf_counter() - t0
                 record["sft_checkpoint"] = sft_summary["checkpoint"]
                 record["sft_val_loss"] = sft_summary["last"].get("val_loss")

@@ -246,8 +246,8 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
         x0, pm = val.get((i * bs + rows).tolist())
         with _autocast(cfg, device):
             out = diffusion_loss(
-                model, x0.to(device), t=t[rows].to(device), u=u[rows].to(device),
-                shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else pm.to(device),
+                model, _to(x0, device), t=_to(t[rows], device), u=_to(u[rows], device),
+                shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else _to(pm, device),
             )
         # the loss is a mean over rows: a rank's share weighs len(rows) / bs (exactly 1 alone)
         total += out.loss.float() if env.world_size == 1 else out.loss.float() * (len(rows) / bs)
