@@ -23,3 +23,17 @@ def test_method_notes_have_every_cited_section():
     cited = {int(n) for p in USER_FACING for n in re.findall(r"docs/method\.md §(\d+)", p.read_text())}
     assert cited, "no code cites the method notes"
     assert cited <= sections, f"cited sections missing from docs/method.md: {sorted(cited - sections)}"
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """Images and links of the README and the committed reports point at files that are committed."""
+    import re
+
+    broken = []
+    for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor
+            if not (page.parent / target.split("#")[0]).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, f"links to files that are not in the repository: {broken}"
