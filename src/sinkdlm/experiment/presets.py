@@ -4,7 +4,7 @@ Every variant of one experiment shares the training budget, the data and the see
 model switches differ (docs/method.md §3-4). Presets:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
-                   about 15 minutes on a 2-core CPU (`make demo`).
+                   10.5 minutes measured on a 2-core CPU (`make demo`).
   * `study`      — the paper's comparison (front/end, 1/2/4 sinks, zero-value sink, gated attention,
                    and the other sink mechanisms) with 5 seeds; about 2 hours on a 2-core CPU.
   * `study-gpu`  — the same comparison sized for one H100 in about 10 minutes (larger model, more tokens).
