@@ -257,7 +257,24 @@ class ShakespeareCloze(Task):
         return {"exact_match": score(em, key), "acc": score(acc, key)}
 
 
-class ShakespeareNextLine(Task):
+class LineChoiceTask(Task):
+    """Choose the true line among `ChoiceItem.choices` by ELBO; scores every metric of `metrics`
+    that `choice_outcomes` computes (`acc`, `acc_norm`)."""
+
+    def evaluate(self, predictor: Predictor, limit: int | None = None, seed: int = 0) -> dict[str, dict]:
+        items = self.items(limit, seed)
+        lls = predictor.loglikelihood([(it.context, c) for it in items for c in it.choices], desc=f"{self.name} ELBO")
+        return self.score(items, lls)
+
+    @classmethod
+    def score(cls, items: list[ChoiceItem], loglikelihoods: list[float]) -> dict[str, dict]:
+        per_item = _split(loglikelihoods, [len(it.choices) for it in items])
+        out = choice_outcomes(per_item, [it.label for it in items], [it.choices for it in items])
+        key = items_digest([it.source for it in items])
+        return {m: score(out[m], key) for m in cls.metrics}
+
+
+class ShakespeareNextLine(LineChoiceTask):
     name = "shakespeare_next_line"
     metrics = ("acc", "acc_norm")
     chance = {"acc": 1 / NEXT_LINE_CHOICES, "acc_norm": 1 / NEXT_LINE_CHOICES}
@@ -303,20 +320,8 @@ class ShakespeareNextLine(Task):
             items.append(ChoiceItem(context, choices, label, line, (w, i)))
         return items
 
-    def evaluate(self, predictor: Predictor, limit: int | None = None, seed: int = 0) -> dict[str, dict]:
-        items = self.items(limit, seed)
-        lls = predictor.loglikelihood([(it.context, c) for it in items for c in it.choices], desc=f"{self.name} ELBO")
-        return self.score(items, lls)
 
-    @staticmethod
-    def score(items: list[ChoiceItem], loglikelihoods: list[float]) -> dict[str, dict]:
-        per_item = _split(loglikelihoods, [len(it.choices) for it in items])
-        out = choice_outcomes(per_item, [it.label for it in items], [it.choices for it in items])
-        key = items_digest([it.source for it in items])
-        return {"acc": score(out["acc"], key), "acc_norm": score(out["acc_norm"], key)}
-
-
-class ShakespeareWordOrder(Task):
+class ShakespeareWordOrder(LineChoiceTask):
     name = "shakespeare_word_order"
     metrics = ("acc",)
     chance = {"acc": 0.5}
@@ -342,17 +347,6 @@ class ShakespeareWordOrder(Task):
             choices, label = _shuffled_choices("\n" + line, ["\n" + shuffled], rng)
             items.append(ChoiceItem(context, choices, label, line, (w, i)))
         return items
-
-    def evaluate(self, predictor: Predictor, limit: int | None = None, seed: int = 0) -> dict[str, dict]:
-        items = self.items(limit, seed)
-        lls = predictor.loglikelihood([(it.context, c) for it in items for c in it.choices], desc=f"{self.name} ELBO")
-        return self.score(items, lls)
-
-    @staticmethod
-    def score(items: list[ChoiceItem], loglikelihoods: list[float]) -> dict[str, dict]:
-        per_item = _split(loglikelihoods, [len(it.choices) for it in items])
-        out = choice_outcomes(per_item, [it.label for it in items], [it.choices for it in items])
-        return {"acc": score(out["acc"], items_digest([it.source for it in items]))}
 
 
 class AnswerTask(Task):
