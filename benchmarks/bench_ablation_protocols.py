@@ -28,7 +28,7 @@ from sinkdlm.analysis.ablation import PROTOCOLS, SinkMasker
 from sinkdlm.data import encode_texts, load_documents
 from sinkdlm.diffusion.sampling import generate
 from sinkdlm.experiment.runner import analysis_prompts
-from sinkdlm.model.checkpoint import load_model_and_tokenizer
+from sinkdlm.loading import load_model_and_tokenizer
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from sinkdlm.atomic import atomic_write_json  # noqa: E402
 from sinkdlm.data.sft import arithmetic_dataset  # noqa: E402
 from sinkdlm.evaluation.predictor import DLMPredictor  # noqa: E402
 from sinkdlm.evaluation.scoring import answer_matches  # noqa: E402
-from sinkdlm.model.checkpoint import load_model_and_tokenizer  # noqa: E402
+from sinkdlm.loading import load_model_and_tokenizer  # noqa: E402
 from sinkdlm.stats import accuracy_interval, paired_accuracy_difference, verdict  # noqa: E402
 
 OUT = ROOT / "results" / "bench_decoding.json"

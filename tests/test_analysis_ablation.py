@@ -230,3 +230,47 @@ def test_unknown_protocol_and_config_without_model_are_refused():
         SinkMasker(model, 1, protocol="dirty")
     with pytest.raises(ValueError, match="pass the model"):
         SinkMasker(model.config, 1, protocol="clean")
+
+
+# ----------------------------------------------------------------------------- causal (AR) models
+def causal_model(seed=0):
+    from sinkdlm import DiffusionLM, ModelConfig
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=48, max_position_embeddings=64, mask_token_id=None, causal=True,
+                      shift_logits=True, initializer_range=0.5)
+    return DiffusionLM(cfg).eval()
+
+
+def test_masking_a_causal_models_first_key_keeps_rows_finite_and_leaves_query_0_alone():
+    """Hiding key 0 (the AR sink) from every query leaves query 0 no key under the causal mask: it keeps
+    its own key (so its output is unchanged), and every later row equals an eager softmax over keys
+    1..i — the masked sink hidden from the others, as Rulli et al.'s masking reads."""
+    model = causal_model()
+    x = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(3))
+    layers, heads, s = model.config.num_hidden_layers, model.config.num_attention_heads, 7
+    km = [torch.ones(1, heads, s, dtype=torch.bool) for _ in range(layers)]
+    for m in km:
+        m[..., 0] = False
+    with torch.no_grad():
+        clean = model(x, output_attentions=True)
+        masked = model(x, key_masks=km, attn_implementation="eager", output_attentions=True)
+    assert torch.isfinite(masked.logits).all()
+    for attn in masked.attentions:
+        assert torch.allclose(attn[0, :, 0, 0], torch.ones(heads))  # query 0: itself only
+        assert (attn[0, :, 1:, 0] == 0).all()  # nobody else sees the masked key
+        torch.testing.assert_close(attn.sum(-1), torch.ones(1, heads, s))
+    # the first layer's query 0 is computed from the same input either way
+    torch.testing.assert_close(masked.attentions[0][0, :, 0], clean.attentions[0][0, :, 0])
+
+
+def test_causal_ablation_is_finite_for_every_k():
+    model = causal_model(1)
+    prefixes = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]]
+    continuations = [[20, 21, 22, 23], [30, 31, 32]]
+    res = run_ablation(model, [1, 5, 10], prefixes=prefixes, continuations=continuations, epsilon=0.0)
+    assert res["metric"] == "continuation_logprob_per_token"
+    for k in ("0", "1", "5", "10"):
+        assert res["scores"][k] == pytest.approx(res["scores"][k]) and abs(res["scores"][k]) < 1e6  # not NaN/inf
+    assert res["masked_keys_per_head"]["1"] > 0

@@ -110,7 +110,7 @@ def test_non_utf8_file_is_named(tmp_path, suffix):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 def test_read_only_cache_dir_is_one_line(tmp_path):
-    from sinkdlm.model.checkpoint import ensure_writable_dir
+    from sinkdlm.files import ensure_writable_dir
 
     ro = tmp_path / "ro"
     ro.mkdir()

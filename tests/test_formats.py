@@ -23,12 +23,14 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from sinkdlm import DiffusionLM
-from sinkdlm.analysis.report import analyze, compare
+from sinkdlm.analysis.comparison import compare
+from sinkdlm.analysis.report import analyze
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.sampling import generate
-from sinkdlm.model.checkpoint import CheckpointError, load_model_and_tokenizer
+from sinkdlm.files import CheckpointError
+from sinkdlm.loading import load_model_and_tokenizer
 
 V = 320  # model vocabulary (the BPE below has at most 300 tokens: padded rows, as in real models)
 TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 30,
@@ -257,7 +259,7 @@ def test_autoregressive_checkpoints_load_as_causal(tmp_path, tok, arch):
     with torch.no_grad():
         lp = torch.log_softmax(hf(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits[0].double(), -1)
     assert ll.method == "exact" and float(ll.stderr) == 0
-    assert float(ll.logprob) == pytest.approx(float(lp[2, 8] + lp[3, 9]), abs=1e-6)
+    assert float(ll.logprob) == pytest.approx(float(lp[2, 8] + lp[3, 9]), abs=1e-5)  # fp32 model vs float64 reference: 1 ulp at |12| is 1e-6
     assert not (path / "EXECUTED").exists()
 
 

@@ -346,7 +346,7 @@ def test_bad_switch_fails_before_reading_weights(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("weights were read before the switches were validated")
 
-    monkeypatch.setattr(hfmod, "read_weights", boom)
+    monkeypatch.setattr(hfmod, "read_tensors", boom)
     with pytest.raises(ValueError, match="sink_position"):
         convert_hf_checkpoint(src, tmp_path / "out", num_sink_tokens=1, sink_position="middle")
     with pytest.raises(ValueError, match="num_sink_tokens"):

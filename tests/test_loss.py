@@ -21,9 +21,11 @@ class Recorder(torch.nn.Module):
         self.seen = None
         self.table = torch.randn(64, vocab)
 
-    def forward(self, xt, attention_mask=None, **_):
+    def forward(self, xt, attention_mask=None, logits_index=None, **_):
         self.seen = xt.clone()
         out = self.table[: xt.shape[1]][None].expand(xt.shape[0], -1, -1).clone()
+        if logits_index is not None:  # DiffusionLM's contract: a bool [B, L] mask -> [N, V] rows
+            out = out[logits_index]
         return type("O", (), {"logits": out})()
 
 
@@ -132,3 +134,30 @@ def test_loss_on_real_model_is_near_log_vocab_at_init():
     assert out.loss.item() == pytest.approx(math.log(256), rel=0.05)
     out.loss.backward()
     assert model.sink_embeddings.grad is not None and model.sink_embeddings.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("sinks", [0, 1])
+def test_head_on_masked_positions_only_equals_the_full_head(shift, sinks):
+    """The loss runs the LM head only on the positions it reads; value and gradient equal eq. 3-4
+    computed from the full `[B, L, V]` logits (written out here)."""
+    from sinkdlm import DiffusionLM, ModelConfig
+
+    torch.manual_seed(0)
+    model = DiffusionLM(ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+                                    mask_token_id=49, num_sink_tokens=sinks, shift_logits=shift))
+    x0 = torch.randint(0, 49, (3, 12))
+    t = torch.tensor([0.3, 0.6, 0.9])
+    out = diffusion_loss(model, x0, t=t, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad(out.loss, model.lm_head.weight)[0]
+    xt, masked = forward_mask(x0, t, 49, torch.ones_like(x0, dtype=torch.bool) if not shift else
+                              torch.ones_like(x0, dtype=torch.bool).index_fill_(1, torch.tensor([0]), False),
+                              generator=torch.Generator().manual_seed(1))
+    logits = model(xt).logits
+    if shift:
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x0.flatten(), reduction="none").view_as(x0)
+    want = ((ce * masked).sum(-1) / t / 12).mean()
+    torch.testing.assert_close(out.loss, want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grads, torch.autograd.grad(want, model.lm_head.weight)[0], atol=1e-6, rtol=1e-4)

@@ -281,10 +281,12 @@ def test_shift_logits_scores_position_i_with_the_logits_of_i_minus_1():
     class Fixed(torch.nn.Module):
         config = type("C", (), {"mask_token_id": 9})()
 
-        def forward(self, xt, attention_mask=None, **_):
+        def forward(self, xt, attention_mask=None, logits_index=None, **_):
             # logits at position i put all mass on x0[i + 1]: right only under the AR shift
             logits = torch.full((*xt.shape, 10), -30.0)
             logits[0, torch.arange(xt.shape[1] - 1), self.x0[0, 1:]] = 30.0
+            if logits_index is not None:
+                logits = logits[logits_index]
             return type("O", (), {"logits": logits})()
 
     m = Fixed()

@@ -21,7 +21,7 @@ _LAZY = {
     "ModelConfig": "sinkdlm.config",
     "loglikelihood": "sinkdlm.diffusion.likelihood",
     "generate": "sinkdlm.diffusion.sampling",
-    "CheckpointError": "sinkdlm.model.checkpoint",
+    "CheckpointError": "sinkdlm.files",
     "DiffusionLM": "sinkdlm.model.transformer",
     "DiffusionLMOutput": "sinkdlm.model.transformer",
 }

@@ -36,7 +36,8 @@ from sinkdlm.analysis.metrics import (
     value_norms,
 )
 from sinkdlm.analysis.recorder import SinkRecorder
-from sinkdlm.analysis.report import ANALYSIS_KEYS, FIGURES, analyze, compare, prompts_from_documents
+from sinkdlm.analysis.comparison import compare
+from sinkdlm.analysis.report import ANALYSIS_KEYS, FIGURES, analyze, prompts_from_documents
 
 __all__ = [
     "ANALYSIS_KEYS",

@@ -479,10 +479,3 @@ def _ablation_section(doc: Document, ablations: Mapping[str, dict]) -> None:
             rows.append([label, k, _num(ab["scores"][str(k)]), _num(ab["delta"][str(k)]), _num(se, 2),
                          _num(ab["masked_keys_per_head"][str(k)], 3)])
     doc.table(header, rows)
-
-
-def compare(dirs, out_dir) -> dict:
-    """Side-by-side report of several `analyze` outputs (`sinkdlm.analysis.comparison.compare`)."""
-    from sinkdlm.analysis.comparison import compare as run
-
-    return run(dirs, out_dir)

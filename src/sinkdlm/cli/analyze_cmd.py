@@ -85,7 +85,7 @@ def analyze(
     if compare_dirs is not None:
         if model is not None:
             raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
-        from sinkdlm.analysis.report import compare
+        from sinkdlm.analysis.comparison import compare
 
         result = compare(list(compare_dirs), out)
         typer.echo(f"wrote {out / 'report.html'} comparing {', '.join(result['models'])}")
@@ -109,7 +109,7 @@ def analyze(
 
     from sinkdlm.analysis.report import analyze as run, prompts_from_documents
     from sinkdlm.data import load_documents
-    from sinkdlm.model.checkpoint import load_model_and_tokenizer
+    from sinkdlm.loading import load_model_and_tokenizer
     from sinkdlm.reporting import run_label
 
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)

@@ -48,7 +48,7 @@ def generate(
 ) -> None:
     """Generate a continuation of a prompt with a masked diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.diffusion.sampling import generate as sample
-    from sinkdlm.model.checkpoint import load_model_and_tokenizer
+    from sinkdlm.loading import load_model_and_tokenizer
 
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")

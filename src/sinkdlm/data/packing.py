@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from .corpus import check_split, corpus_fingerprint, iter_documents
 from .tokenizer import encode_texts, tokenizer_fingerprint
+from sinkdlm.files import default_cache_dir  # noqa: F401  (re-exported: sinkdlm.data.default_cache_dir)
 from sinkdlm.validation import check_int
 
 # Bump when the packing layout changes (separator, dtype rule, document splitting), so old
@@ -33,9 +34,6 @@ from sinkdlm.validation import check_int
 PACK_FORMAT_VERSION = 1
 ENCODE_BATCH = 256  # documents per tokenizer call: the Rust tokenizer parallelises a batch
 
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SINKDLM_CACHE") or Path.home() / ".cache" / "sinkdlm")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -17,6 +17,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from sinkdlm.files import CONFIG_NAME, read_json
+
 # Special tokens of tokenizers trained here. The end-of-text token separates documents in
 # the packed corpus and pads SFT responses; [MASK] is the diffusion mask (docs/method.md §1).
 EOS_TOKEN = "<|endoftext|>"
@@ -35,8 +37,11 @@ def _wrap(tok: Tokenizer, **special: str) -> PreTrainedTokenizerFast:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """Load a Hugging Face tokenizer directory or a single `tokenizer.json`, local files only."""
+    """Load a Hugging Face tokenizer directory, a single `tokenizer.json` or a `.gguf` file's tokenizer,
+    local files only."""
     path = Path(path).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return gguf_tokenizer(path)
     if not path.exists():
         raise ValueError(
             f"tokenizer path {str(path)!r} does not exist; pass a tokenizer directory (with "
@@ -60,16 +65,16 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             f"tokenizer directory {str(path)!r} has no tokenizer.json or tokenizer_config.json; "
             "point to a directory written by save_pretrained (or a checkpoint directory with tokenizer files)"
         )
-    if (path / "config.json").is_file():  # a checkpoint: AutoTokenizer reads its model_type "sinkdlm"
-        from sinkdlm.model.formats import checkpoint_format, load_pretrained_tokenizer
-
-        if checkpoint_format(path) != "sinkdlm":  # LLaDA / Dream / Qwen2 / LLaMA: tokenizer.json, no remote code
-            return load_pretrained_tokenizer(path)
-        from sinkdlm import register_hf
-
-        register_hf()
+    loader = AutoTokenizer
+    if (path / CONFIG_NAME).is_file():  # a checkpoint directory
+        raw = read_json(path / CONFIG_NAME)
+        if raw.get("model_type", "sinkdlm") != "sinkdlm":  # LLaDA / Dream / Qwen2 / LLaMA: no remote code
+            return load_pretrained_tokenizer(path, raw.get("mask_token_id"))
+        # AutoTokenizer would look up config.json's model_type "sinkdlm" among transformers' models;
+        # the tokenizer sinkdlm saves is always a fast tokenizer, so open it as one.
+        loader = PreTrainedTokenizerFast
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = loader.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
@@ -78,6 +83,62 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             "sinkdlm needs a fast tokenizer (a tokenizer.json file)"
         )
     return tokenizer
+
+
+_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token")
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _with_mask(tok: PreTrainedTokenizerFast, mask_token_id: int | None, where) -> PreTrainedTokenizerFast:
+    """A diffusion model's `[MASK]` (its config's mask_token_id) becomes the tokenizer's mask token."""
+    if mask_token_id is not None and tok.mask_token is None:
+        mask = tok.convert_ids_to_tokens(mask_token_id)
+        if mask is None:
+            raise ValueError(f"{where} has no token with the model's mask_token_id {mask_token_id}")
+        tok.mask_token = mask
+    return tok
+
+
+def load_pretrained_tokenizer(directory: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerFast:
+    """The fast tokenizer of a foreign-format directory (LLaDA, Dream, Qwen2, LLaMA) from `tokenizer.json`
+    and the special-token roles in `tokenizer_config.json` / `special_tokens_map.json` — read as JSON,
+    so a `tokenizer_config.json` that names its own tokenizer class (`auto_map`) runs nothing."""
+    directory = Path(directory)
+    file = directory / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"{file} is missing: sinkdlm reads a pretrained model's fast tokenizer (tokenizer.json) only")
+    roles: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
+        if (directory / name).is_file():
+            meta = read_json(directory / name, "tokenizer settings")
+            roles.update({r: t for r in _ROLES if (t := _token_text(meta.get(r))) is not None})
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(file), clean_up_tokenization_spaces=False, **roles)
+    return _with_mask(tok, mask_token_id, file)
+
+
+def gguf_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerFast:
+    """The tokenizer a `.gguf` file describes in its `tokenizer.ggml.*` metadata.
+
+    transformers' own GGUF tokenizer builder does the work (vocabulary, merges, pre-tokenizer and
+    special tokens as `AutoTokenizer.from_pretrained(..., gguf_file=...)` builds them), so the ids
+    are exactly transformers'; only the roles (bos/eos/unk/pad) are attached here."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    try:
+        architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+        backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    except (KeyError, ValueError, TypeError, IndexError, NotImplementedError) as e:
+        raise ValueError(f"{path}: its tokenizer metadata (tokenizer.ggml.*) cannot be read ({e!r})") from e
+    roles = {r: t for r in _ROLES if isinstance(t := tokenizer_config.get(r), str)}
+    tok = _wrap(backend, **roles)
+    return _with_mask(tok, mask_token_id, path)
 
 
 def train_bpe_tokenizer(

@@ -113,7 +113,7 @@ class SinkDLMEvalModel(LM):
     ):
         super().__init__()
         from sinkdlm.data import load_tokenizer
-        from sinkdlm.model import DiffusionLM
+        from sinkdlm.loading import load_checkpoint, load_tokenizer_for
 
         if unknown:
             raise ValueError(
@@ -122,7 +122,7 @@ class SinkDLMEvalModel(LM):
                 "shift_logits, tokenizer, cache, threshold"
             )
         if pretrained is None:
-            raise ValueError(f"--model {NAME} needs model_args pretrained=DIR (a sinkdlm checkpoint directory)")
+            raise ValueError(f"--model {NAME} needs model_args pretrained=PATH (a model directory or a .gguf file)")
         if dtype is not None and str(dtype) not in DTYPES:
             raise ValueError(f"model_args dtype={dtype!r} must be one of {sorted(DTYPES)}")
         # batch_size counts model rows per forward (Monte-Carlo samples of many requests share one).
@@ -151,10 +151,10 @@ class SinkDLMEvalModel(LM):
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)
             device = "cpu"  # lm-eval's command line asks for cuda:0 by default
         self._device = resolve_device(device)
-        self.model = DiffusionLM.from_pretrained(
+        self.model = load_checkpoint(
             Path(str(pretrained)), device=self._device, dtype=DTYPES.get(str(dtype)) if dtype else None
         ).eval()
-        self.tokenizer = load_tokenizer(Path(str(tokenizer)) if tokenizer else Path(str(pretrained)))
+        self.tokenizer = load_tokenizer(Path(str(tokenizer))) if tokenizer else load_tokenizer_for(Path(str(pretrained)))
         self.predictor = DLMPredictor(self.model, self.tokenizer, progress=True, **options)
         self.block_length = block_length
         self.pretrained = str(pretrained)

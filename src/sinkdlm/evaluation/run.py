@@ -88,7 +88,7 @@ def evaluate_dir(
     Task names and options are checked first, then the directory (a `CheckpointError` names the
     missing file), and only then is the model loaded. Keyword arguments are those of `evaluate`.
     """
-    from sinkdlm.model.checkpoint import load_model_and_tokenizer, read_config
+    from sinkdlm.loading import load_model_and_tokenizer, read_config
 
     _check_options(kwargs.get("limit"), kwargs.get("seed", 0), kwargs.get("mc_num", 16), kwargs.get("gen_steps"))
     check_decoding_options(kwargs.get("gen_cache"), kwargs.get("gen_threshold"))

@@ -26,7 +26,8 @@ import torch
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
 from sinkdlm.experiment.report import analysis_record
 from sinkdlm.atomic import atomic_write_json
-from sinkdlm.model.checkpoint import ensure_writable_dir, load_model_and_tokenizer
+from sinkdlm.files import ensure_writable_dir
+from sinkdlm.loading import load_model_and_tokenizer
 
 DONE = "DONE.json"
 

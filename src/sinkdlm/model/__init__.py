@@ -1,7 +1,7 @@
 """The model: architecture (`transformer`), attention backends (`attention`), the sink rule (`sink`),
 checkpoint files (`checkpoint`) and Hugging Face integration (`hf`)."""
 
-from sinkdlm.model.checkpoint import CheckpointError
+from sinkdlm.files import CheckpointError
 from sinkdlm.model.sink import SinkCache
 from sinkdlm.model.transformer import DiffusionLM, DiffusionLMOutput
 

@@ -1,8 +1,10 @@
-"""Open pretrained checkpoints of other layouts directly: LLaDA, Dream, and Qwen2/LLaMA causal LMs.
+"""Checkpoint layouts as pure mappings: each format's config -> `ModelConfig`, and one state-dict
+adapter per format (`from_hf`: the file's tensor names -> sinkdlm's; `to_hf`: back).
 
-One loader maps any supported directory onto sinkdlm's `ModelConfig` plus a state dict in sinkdlm's
-parameter names (Hugging Face Qwen2 names without the `model.` prefix), so `load_checkpoint` and
-everything above it (`generate`, `loglikelihood`, `eval`, `analyze`, `train --init-from`) open them
+Nothing here opens a file: `sinkdlm.files` and `sinkdlm.gguf_file` read bytes, `sinkdlm.loading`
+detects the format once and calls these mappings with what it parsed. sinkdlm's parameter names
+are Hugging Face Qwen2 names without the `model.` prefix, so `load_checkpoint` and everything
+above it (`generate`, `loglikelihood`, `eval`, `analyze`, `train --init-from`) open every layout
 as they open a sinkdlm checkpoint (docs/method.md §10):
 
 | `model_type` | what it is                    | attention     | logits                        |
@@ -11,9 +13,10 @@ as they open a sinkdlm checkpoint (docs/method.md §10):
 | `llada`      | LLaDA / LLaDA-1.5 (OLMo names)| bidirectional | not shifted                   |
 | `Dream`      | Dream-v0 (Qwen2 names)        | bidirectional | shifted (i predicts i+1)      |
 | `qwen2`, `llama` | autoregressive causal LMs | causal        | shifted (next-token head)     |
+| `gguf`       | a llama.cpp `.gguf` file of architecture llama or qwen2: causal, shifted, dequantised |
 
-Only `config.json`, `tokenizer*.json` and safetensors are read. A checkpoint's `auto_map` (its own
-Python modeling files) is never imported or run: the layouts are mapped here by name. Whatever a
+Only `config.json`, `tokenizer*.json`, safetensors and GGUF are read. A checkpoint's `auto_map` (its
+own Python modeling files) is never imported or run: the layouts are mapped here by name. Whatever a
 layout can hold that the sinkdlm model cannot compute exactly (ALiBi, QK norm, biases in the MLP,
 logit scaling, a non-llama LLaDA block, sliding windows, RoPE scaling) is refused before any weight
 is read, instead of being silently turned into a different function.
@@ -21,13 +24,14 @@ is read, instead of being silently turned into a different function.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from sinkdlm.config import MODEL_TYPE, ModelConfig
-from sinkdlm.model.checkpoint import CONFIG_NAME, CheckpointError, read_weights
+from sinkdlm.files import CONFIG_NAME, CheckpointError
 
 # model_type as written in config.json -> our format name (Dream writes "Dream").
 FORMATS = {"sinkdlm": "sinkdlm", "llada": "llada", "dream": "dream", "qwen2": "qwen2", "llama": "llama"}
@@ -38,19 +42,6 @@ RELEASED_MASK_IDS = {"llada": 126336, "dream": 151666}
 
 def _error(message: str) -> CheckpointError:
     return CheckpointError(message)
-
-
-def read_json(path: Path, what: str = "config") -> dict:
-    """A JSON object from `path`, or a CheckpointError naming the file."""
-    if not path.is_file():
-        raise _error(f"{path} is missing: a model directory needs its {CONFIG_NAME}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _error(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise _error(f"{path} must hold a JSON object (the model {what}), got {type(raw).__name__}")
-    return raw
 
 
 def detect_format(raw: dict, path: Path | str = CONFIG_NAME) -> str:
@@ -168,19 +159,145 @@ _LLADA_TOP = {"wte.weight": "embed_tokens.weight", "ln_f.weight": "norm.weight",
 _LLADA_KEY = re.compile(r"^(?:model\.)?transformer\.(?:blocks\.(\d+)\.(\w+)\.(weight|bias)|(.+))$")
 
 
-def llada_names(tensors: dict, path) -> dict:
-    out = {}
-    for key, value in tensors.items():
-        m = _LLADA_KEY.match(key)
-        name = None
+# ----------------------------------------------------------------------------- GGUF (llama.cpp)
+def gguf_config(meta: dict, tensor_names: list[str], path) -> ModelConfig:
+    """A GGUF file's `{arch}.*` metadata -> ModelConfig of the causal LM it holds (docs/method.md §10)."""
+    arch = meta["general.architecture"]
+
+    def get(key, default=None):
+        return meta.get(f"{arch}.{key}", default)
+
+    scaling = get("rope.scaling.type")
+    if scaling not in (None, "none") or "rope_freqs.weight" in tensor_names:
+        raise _error(f"{path}: rope scaling {scaling or 'rope_freqs'!r} is not supported (only plain RoPE)")
+    try:
+        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+        kv = int(get("attention.head_count_kv", heads))
+        head_dim = hidden // heads
+        if get("rope.dimension_count", head_dim) != head_dim or get("attention.key_length", head_dim) != head_dim:
+            raise _error(f"{path}: a head_dim other than embedding_length/head_count ({head_dim}) is not supported")
+        vocab = get("vocab_size") or meta.get("tokenizer.ggml.tokens") and len(meta["tokenizer.ggml.tokens"])
+        return ModelConfig(
+            vocab_size=int(vocab), hidden_size=hidden, num_hidden_layers=int(get("block_count")),
+            num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=int(get("feed_forward_length")),
+            max_position_embeddings=int(get("context_length", 4096)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            # llama.cpp stores no output.weight when the head is the embedding
+            tie_word_embeddings="output.weight" not in tensor_names,
+            qkv_bias="blk.0.attn_q.bias" in tensor_names,
+            mask_token_id=None, causal=True, shift_logits=True,
+            extra={"source_format": "gguf", "gguf_architecture": arch},
+        )
+    except (TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise _error(f"{path}: GGUF metadata for {arch!r} lacks or mangles a shape field ({e})") from e
+
+
+# llama.cpp tensor names (gguf-py's TENSOR_NAMES for LLaMA/Qwen2) -> sinkdlm names.
+_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GGUF_TOP = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
+             "output.weight": "lm_head.weight"}
+_GGUF_KEY = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def unpermute_rotary_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation for its interleaved rotary (LLaMA files only).
+
+    convert_hf_to_gguf.py stores each head's rows as (pairs, 2) interleaved, from HF's half-split
+    order: `w.reshape(h, 2, d/2, ...).swapaxes(1, 2)`. The inverse reads (d/2, 2) and swaps back.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# ----------------------------------------------------------------------------- state-dict adapters
+class StateDictAdapter:
+    """One checkpoint layout's tensor names <-> sinkdlm's (torchtitan's `StateDictAdapter`).
+
+    `from_hf(name, tensor)` maps one tensor at a time (None drops it), so a loader can convert a
+    file tensor by tensor; `to_hf` is the inverse for writing the layout back."""
+
+    def __init__(self, config: ModelConfig, path: Path | str = ""):
+        self.config, self.path = config, path
+
+    def from_hf(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        return name, tensor
+
+    def to_hf(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        return name, tensor
+
+    def convert(self, tensors) -> dict[str, torch.Tensor]:
+        """All of `tensors` ((name, tensor) pairs or a dict, consumed one by one) in sinkdlm names."""
+        items = tensors.items() if isinstance(tensors, dict) else tensors
+        out = {}
+        for name, value in items:
+            mapped = self.from_hf(name, value)
+            if mapped is not None:
+                out[mapped[0]] = mapped[1]
+        if self.config.tie_word_embeddings:  # a tied head is stored once, as the embedding
+            out.pop("lm_head.weight", None)
+        return out
+
+
+class HFAdapter(StateDictAdapter):
+    """Qwen2 / LLaMA / Dream: Hugging Face names with the `model.` prefix, the head as `lm_head.weight`."""
+
+    def from_hf(self, name, tensor):
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer some exports store
+            return None
+        return name.removeprefix("model."), tensor
+
+    def to_hf(self, name, tensor):
+        return (name if name == "lm_head.weight" else f"model.{name}"), tensor
+
+
+class LLaDAAdapter(StateDictAdapter):
+    """LLaDA's OLMo-style names (`model.transformer.blocks.i.ff_proj`, ...)."""
+
+    def from_hf(self, name, tensor):
+        m = _LLADA_KEY.match(name)
         if m and m.group(1) is not None and m.group(2) in _LLADA_BLOCK:
-            name = f"layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.{m.group(3)}"
-        elif m and m.group(4) in _LLADA_TOP:
-            name = _LLADA_TOP[m.group(4)]
-        if name is None:
-            raise _error(f"{path}: unexpected LLaDA tensor {key!r} (not one of the mapped OLMo-style names)")
-        out[name] = value
-    return out
+            return f"layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.{m.group(3)}", tensor
+        if m and m.group(4) in _LLADA_TOP:
+            return _LLADA_TOP[m.group(4)], tensor
+        raise _error(f"{self.path}: unexpected LLaDA tensor {name!r} (not one of the mapped OLMo-style names)")
+
+    def to_hf(self, name, tensor):
+        top = {v: k for k, v in _LLADA_TOP.items()}
+        if name in top:
+            return f"model.transformer.{top[name]}", tensor
+        block = {v: k for k, v in _LLADA_BLOCK.items()}
+        _, i, rest = name.split(".", 2)
+        stem, kind = rest.rsplit(".", 1)
+        return f"model.transformer.blocks.{i}.{block[stem]}.{kind}", tensor
+
+
+class GGUFAdapter(StateDictAdapter):
+    """llama.cpp names (`blk.i.attn_q.weight`, ...); LLaMA files get their Q/K rows un-permuted."""
+
+    def from_hf(self, name, tensor):
+        m = _GGUF_KEY.match(name)
+        if m and m.group(2) in _GGUF_BLOCK:
+            stem = _GGUF_BLOCK[m.group(2)]
+            if self.config.extra.get("gguf_architecture") == "llama" and stem in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = self.config.num_attention_heads if stem.endswith("q_proj") else self.config.num_key_value_heads
+                tensor = unpermute_rotary_rows(tensor, heads)
+            return f"layers.{m.group(1)}.{stem}.{m.group(3)}", tensor
+        if name in _GGUF_TOP:
+            return _GGUF_TOP[name], tensor
+        raise _error(f"{self.path}: unexpected GGUF tensor {name!r} (not a LLaMA/Qwen2 tensor sinkdlm maps)")
+
+
+ADAPTERS: dict[str, type[StateDictAdapter]] = {
+    "sinkdlm": StateDictAdapter, "llada": LLaDAAdapter, "dream": HFAdapter, "qwen2": HFAdapter,
+    "llama": HFAdapter, "gguf": GGUFAdapter,
+}
 
 
 # ----------------------------------------------------------------------------- one entry point
@@ -205,69 +322,3 @@ def config_from_raw(raw: dict, path: Path | str = CONFIG_NAME) -> tuple[ModelCon
         raise
     except (TypeError, ValueError) as e:
         raise _error(f"{path}: invalid model config: {e}") from e
-
-
-def to_sinkdlm_names(fmt: str, tensors: dict, config: ModelConfig, path) -> dict:
-    """A checkpoint's tensors in sinkdlm's parameter names (a tied head is not stored)."""
-    if fmt == "sinkdlm":
-        return tensors
-    if fmt == "llada":
-        tensors = llada_names(tensors, path)
-    else:  # Qwen2 names with the `model.` prefix, the head as `lm_head.weight`
-        tensors = {k.removeprefix("model."): v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
-    if config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    return tensors
-
-
-def read_pretrained(directory: str | Path) -> tuple[ModelConfig, dict, str]:
-    """(ModelConfig, tensors in sinkdlm names, format) of a checkpoint directory of any supported layout."""
-    directory = Path(directory)
-    path = directory / CONFIG_NAME
-    config, fmt = config_from_raw(read_json(path), path)
-    return config, to_sinkdlm_names(fmt, read_weights(directory), config, directory), fmt
-
-
-def checkpoint_format(directory: str | Path) -> str:
-    """The format of a model directory ("sinkdlm", "llada", "dream", "qwen2", "llama")."""
-    path = Path(directory) / CONFIG_NAME
-    return detect_format(read_json(path), path)
-
-
-# ----------------------------------------------------------------------------- tokenizers
-_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token")
-
-
-def _token_text(value) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
-def load_pretrained_tokenizer(directory: str | Path, config: ModelConfig | None = None):
-    """The fast tokenizer of a foreign-format directory from `tokenizer.json` and the special-token
-    roles in `tokenizer_config.json` / `special_tokens_map.json` — read as JSON, so a
-    `tokenizer_config.json` that names its own tokenizer class (`auto_map`) runs nothing.
-    A diffusion model's `[MASK]` (config.mask_token_id) becomes the tokenizer's mask token."""
-    from transformers import PreTrainedTokenizerFast
-
-    directory = Path(directory)
-    if config is None:
-        config, _ = config_from_raw(read_json(directory / CONFIG_NAME), directory / CONFIG_NAME)
-    file = directory / "tokenizer.json"
-    if not file.is_file():
-        raise ValueError(f"{file} is missing: sinkdlm reads a pretrained model's fast tokenizer (tokenizer.json) only")
-    roles: dict[str, str] = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
-        if (directory / name).is_file():
-            meta = read_json(directory / name, "tokenizer settings")
-            roles.update({r: t for r in _ROLES if (t := _token_text(meta.get(r))) is not None})
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(file), clean_up_tokenization_spaces=False, **roles)
-    if not config.causal and tok.mask_token is None:
-        mask = tok.convert_ids_to_tokens(config.mask_token_id)
-        if mask is None:
-            raise ValueError(f"{file} has no token with the model's mask_token_id {config.mask_token_id}")
-        tok.mask_token = mask
-    return tok

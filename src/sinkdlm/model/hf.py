@@ -3,9 +3,10 @@
 * `register()` (run by `import sinkdlm`) lets `transformers.AutoConfig` / `AutoModelForMaskedLM`
   open a sinkdlm checkpoint directory; loading goes through `DiffusionLM.from_pretrained`, so it
   keeps our checks and never reads pickle.
-* `convert_hf_checkpoint()` turns a local Qwen2 or LLaMA causal-LM directory (safetensors, sharded
-  too) into a sinkdlm checkpoint: same weights, bidirectional attention, a `[MASK]` token and the
-  sink embeddings (docs/method.md §5).
+* `convert_hf_checkpoint()` turns a local Qwen2 or LLaMA causal LM (a safetensors directory, sharded
+  too, or a llama/qwen2 `.gguf` file) into a sinkdlm checkpoint: same weights, bidirectional
+  attention, a `[MASK]` token and the sink embeddings (docs/method.md §5). The weights are read by
+  the loader (`sinkdlm.loading`) with the format's state-dict adapter, as `load_checkpoint` reads them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
 from sinkdlm.config import MODEL_SWITCH_DEFAULTS, MODEL_TYPE, ModelConfig, check_model_switches
-from sinkdlm.model.checkpoint import CONFIG_NAME, CheckpointError, read_weights
-from sinkdlm.model.formats import check_qwen2_fields, qwen2_config, read_json
+from sinkdlm.files import CheckpointError
+from sinkdlm.loading import ModelSource, load_tokenizer_for, open_source, read_tensors
 from sinkdlm.model.transformer import DiffusionLM
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
@@ -41,27 +42,16 @@ def register() -> None:
 
 
 # ----------------------------------------------------------------------------- conversion
-def _read_hf_config(src: Path) -> dict:
-    """Read and check a Qwen2/LLaMA `config.json`: anything we cannot represent exactly is refused
-    here, before any weight is read, instead of being converted into a different function."""
-    path = src / CONFIG_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing: --from-hf needs a local Hugging Face model directory")
-    cfg = read_json(path)
-    if cfg.get("model_type") not in SUPPORTED_ARCHITECTURES:
+def _open_causal_source(src: str | Path) -> ModelSource:
+    """Open and check a Qwen2/LLaMA causal LM (directory or .gguf): anything we cannot represent
+    exactly was refused by the format mapping, before any weight is read."""
+    source = open_source(src, flag="--from-hf")
+    if source.fmt not in ("qwen2", "llama", "gguf"):
         raise CheckpointError(
-            f"{path}: model_type {cfg.get('model_type')!r} is not supported; "
-            f"convert one of {SUPPORTED_ARCHITECTURES}"
+            f"{source.config_file}: model_type {source.raw.get('model_type', source.fmt)!r} is not supported; "
+            f"convert one of {SUPPORTED_ARCHITECTURES} (a directory or a .gguf file)"
         )
-    check_qwen2_fields(cfg, path)
-    return cfg
-
-
-def hf_to_model_config(cfg: dict, **switches) -> ModelConfig:
-    """Map a Qwen2/LLaMA `config.json` onto a bidirectional DLM's ModelConfig (mask id/vocab are set
-    by the caller)."""
-    qkv_bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False))
-    return qwen2_config(cfg, qkv_bias=qkv_bias, mask_token_id=cfg["vocab_size"] - 1, **switches)
+    return source
 
 
 def _init_new_rows(w: torch.Tensor, new_vocab: int, mask_id: int | None) -> torch.Tensor:
@@ -81,19 +71,23 @@ def _init_new_rows(w: torch.Tensor, new_vocab: int, mask_id: int | None) -> torc
     return w
 
 
-def _load_tokenizer(src: Path):
-    if not any((src / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+def _load_tokenizer(source: ModelSource):
+    if source.gguf is None and not any(
+        (source.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
         return None
+    if source.gguf is not None:
+        return load_tokenizer_for(source)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
 
 
 def tokenizer_with_mask(src: str | Path):
     """(the HF model's tokenizer with a `[MASK]` token added when it has none, whether it was added);
     (None, True) for a directory without tokenizer files. Deterministic: the converter and
     `train --init-from` get the same ids."""
-    tokenizer = _load_tokenizer(Path(src))
+    tokenizer = _load_tokenizer(open_source(src, flag="--from-hf"))
     mask_is_new = tokenizer is None or tokenizer.mask_token is None
     if tokenizer is not None and mask_is_new:
         tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
@@ -135,33 +129,29 @@ def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
       * sink logits (`sink_logit`): N(0, initializer_range) per head, as gpt-oss initialises its
         `sinks` (transformers `GptOssPreTrainedModel._init_weights`); softmax_one has no parameter.
     """
-    src = Path(src)
-    if not src.is_dir():
-        raise CheckpointError(f"--from-hf directory {str(src)!r} does not exist")
-    hf_cfg = _read_hf_config(src)
+    source = _open_causal_source(src)
     check_model_switches(switches)  # unknown names and bad values, before any weight is read
     switches = {**MODEL_SWITCH_DEFAULTS, **switches}
     num_sink_tokens, gated_attention = switches["num_sink_tokens"], switches["gated_attention"]
-    try:  # validates the shape fields and the switches before any weight is read
-        hf_to_model_config(hf_cfg, **switches)
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{src / CONFIG_NAME}: missing or invalid field {e}") from e
-    tensors = read_weights(src)
-    tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+    causal = source.config
+    # The causal LM's shapes as a bidirectional DLM with the run's switches: validated (bad switch
+    # values included) before any weight is read.
+    dlm = causal.replace(causal=False, shift_logits=False, mask_token_id=causal.vocab_size - 1, **switches)
+    dlm.validate()
+    tokenizer, mask_is_new = tokenizer_with_mask(source)
+    tensors = read_tensors(source)  # the format's adapter: sinkdlm names, a tied head dropped
     if "embed_tokens.weight" not in tensors:
-        raise CheckpointError(f"{src}: no model.embed_tokens.weight in its safetensors files")
-    if hf_cfg.get("tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
-    elif "lm_head.weight" not in tensors:
-        raise CheckpointError(f"{src}: untied model without lm_head.weight in its safetensors files")
+        raise CheckpointError(f"{src}: no embedding (model.embed_tokens.weight / token_embd.weight) in its weights")
+    if not causal.tie_word_embeddings and "lm_head.weight" not in tensors:
+        raise CheckpointError(f"{src}: untied model without lm_head.weight in its weights")
 
-    vocab = hf_cfg["vocab_size"]
-    tokenizer, mask_is_new = tokenizer_with_mask(src)
+    vocab = causal.vocab_size
     mask_id = tokenizer.mask_token_id if tokenizer is not None else vocab
     new_vocab = max(vocab, mask_id + 1)
 
-    config = hf_to_model_config(hf_cfg, **switches).replace(vocab_size=new_vocab, mask_token_id=mask_id)
-    config.extra = {"converted_from": str(src), "source_model_type": hf_cfg["model_type"]}
+    config = dlm.replace(vocab_size=new_vocab, mask_token_id=mask_id)
+    source_type = source.raw.get("model_type") if source.gguf is None else f"gguf:{source.gguf.architecture}"
+    config.extra = {"converted_from": str(src), "source_model_type": source_type}
     config.validate()
 
     gen = torch.Generator().manual_seed(seed)
@@ -190,8 +180,6 @@ def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
             tensors[f"layers.{i}.self_attn.sink_logit"] = (
                 config.initializer_range * torch.randn(config.num_attention_heads, generator=gen)
             ).to(model_dtype)
-    # Drop buffers HF sometimes stores (rotary inv_freq); everything else must match.
-    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -201,7 +189,7 @@ def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
     if missing or unexpected or wrong:
         shapes = [f"{k}: file {tuple(tensors[k].shape)} vs config {expected[k]}" for k in wrong[:5]]
         raise CheckpointError(
-            f"{src}: weights do not fit its {CONFIG_NAME} ({hf_cfg['model_type']} layout): "
+            f"{src}: weights do not fit its config ({source_type} layout): "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatch {shapes}"
         )
     model.load_state_dict(tensors, strict=False, assign=True)

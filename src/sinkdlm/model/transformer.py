@@ -289,9 +289,10 @@ class DiffusionLM(nn.Module):
                        the whole sequence: a dual cache). The sinks stay the exact, global sink cache.
         output_kv      return the per-layer content (k rotated, v) over all key columns in `.kv`.
         logits_index   run the LM head only on these columns of `input_ids` (a slice or a 1-D
-                       index tensor shared by the batch): `.logits` is then `[B, K, V]`. The head is
-                       the largest matmul for 126k-151k vocabularies; callers that read a few
-                       positions (the current block, masked continuation tokens) skip the rest.
+                       index tensor shared by the batch): `.logits` is then `[B, K, V]`; or a bool
+                       `[B, L]` mask: `.logits` is `[N, V]` for its N True positions, row-major (the
+                       training loss reads only masked positions). The head is the largest matmul
+                       for 49k-151k vocabularies; callers that read a few positions skip the rest.
         attention_hook `hook(layer, attention [B, H, S, S], values [B, KVH, S, hd], virtual [B, H, S] | None)`
                        called inside the layer loop with that layer's eager maps, which are then
                        dropped (unless `output_attentions` also keeps them): the analysis of an 8B
@@ -375,6 +376,16 @@ class DiffusionLM(nn.Module):
             if key_masks is not None and key_masks[i] is not None:
                 km = key_masks[i].bool()[:, :, None, :]  # [B, H, 1, S]
                 layer_mask = km if layer_mask is None else layer_mask & km
+                # Masking a causal model's top sink (often token 0) leaves the first queries no key at
+                # all: softmax over nothing is NaN, and 0 x NaN reaches every later row. A query whose
+                # visible keys are all masked keeps its own key — it is then unaffected, as the masked
+                # sink is hidden from the others (docs/method.md §6). Bidirectional rows never get here.
+                empty = ~layer_mask.any(-1, keepdim=True)  # [B, H, L, 1]
+                if bool(empty.any()):
+                    own = torch.arange(l, device=h.device) + (n if cfg.sink_position == "front" else 0)
+                    self_key = torch.zeros(l, layer_mask.shape[-1], dtype=torch.bool, device=h.device)
+                    self_key[torch.arange(l, device=h.device), own] = True
+                    layer_mask = layer_mask | (empty & self_key)
             past = past_key_values[i] if past_key_values is not None else None
             h, probs, v, kv = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend,
                                     need_maps, past, cache_start)
@@ -401,7 +412,9 @@ class DiffusionLM(nn.Module):
             # Drop this layer's keys/values now: kept until the next assignment, they would stay alive
             # while the next layer computes its maps (the analysis of an 8B model counts every MiB).
             del v, kv
-        if logits_index is not None:  # the head only where the caller reads it
+        if isinstance(logits_index, torch.Tensor) and logits_index.dtype == torch.bool:
+            h = h[logits_index]  # [N, d]: the head only where the caller reads it
+        elif logits_index is not None:
             h = h[:, logits_index]  # [B, K, d]
         logits = self.lm_head(self.norm(h))
         return DiffusionLMOutput(
@@ -426,20 +439,20 @@ class DiffusionLM(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory, tokenizer=None) -> None:
-        from sinkdlm.model.checkpoint import save_checkpoint
+        from sinkdlm.files import save_checkpoint
 
         save_checkpoint(self, directory, tokenizer=tokenizer)
 
     @classmethod
-    def from_pretrained(cls, directory, *args, device=None, dtype=None, **kwargs) -> "DiffusionLM":
-        """Load a sinkdlm checkpoint directory (config.json + model.safetensors).
+    def from_pretrained(cls, path, *args, **kwargs) -> "DiffusionLM":
+        """Load a model directory or `.gguf` file: `sinkdlm.loading.load_checkpoint`.
 
-        Extra keyword arguments that `transformers.AutoModel*.from_pretrained` passes along
-        (revision, config, ...) are accepted and ignored: only local directories are read.
-        """
-        from sinkdlm.model.checkpoint import load_checkpoint
-
-        return load_checkpoint(directory, device=device, dtype=dtype or kwargs.get("torch_dtype"))
+        The loader sits above the model and replaces this method when it is imported (as
+        `from sinkdlm import DiffusionLM` does), so this architecture file imports no loader."""
+        raise RuntimeError(
+            "DiffusionLM.from_pretrained is provided by sinkdlm.loading: `import sinkdlm.loading` "
+            "(or `from sinkdlm import DiffusionLM`) first"
+        )
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

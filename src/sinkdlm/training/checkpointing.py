@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from sinkdlm.atomic import atomic_write_json
-from sinkdlm.model.checkpoint import CheckpointError, save_checkpoint, save_state_dict
+from sinkdlm.files import CheckpointError, save_checkpoint, save_state_dict
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 OPTIMIZER_NAME = "optimizer.safetensors"

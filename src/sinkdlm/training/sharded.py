@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from sinkdlm.atomic import atomic_write_json
-from sinkdlm.model.checkpoint import CheckpointError, save_checkpoint
+from sinkdlm.files import CheckpointError, save_checkpoint
 from sinkdlm.training.checkpointing import STATE_NAME, _fsync_dir, publish_checkpoint
 
 SHARDED_DIR = "sharded"

@@ -44,7 +44,8 @@ from sinkdlm.diffusion.noise import sample_t
 from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
 from sinkdlm.atomic import atomic_write_bytes, atomic_write_json
-from sinkdlm.model.checkpoint import ensure_writable_dir
+from sinkdlm.files import ensure_writable_dir
+from sinkdlm.loading import load_checkpoint, load_tokenizer_for, open_source
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
@@ -93,7 +94,7 @@ def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None):
             if tok is None:
                 raise ValueError(f"--init-from {cfg.init_from} has no tokenizer files; pass --tokenizer DIR")
             return tok
-        return load_tokenizer(cfg.init_from)
+        return load_tokenizer_for(cfg.init_from)
     assert vocab_size is not None
     import hashlib
 
@@ -127,9 +128,7 @@ def _take_chars(texts, limit: int):
 
 
 def _init_is_autoregressive(cfg: TrainConfig) -> bool:
-    from sinkdlm.model.formats import AUTOREGRESSIVE, checkpoint_format
-
-    return checkpoint_format(cfg.init_from) in AUTOREGRESSIVE
+    return open_source(cfg.init_from, flag="--init-from").is_autoregressive
 
 
 def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
@@ -143,7 +142,7 @@ def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
 
         model, _ = convert_hf_model(cfg.init_from, seed=cfg.seed, **switches)
     elif cfg.init_from is not None:
-        model = DiffusionLM.from_pretrained(cfg.init_from)
+        model = load_checkpoint(cfg.init_from)
         differ = {k: v for k, v in switches.items() if getattr(model.config, k) != v}
         if differ:
             raise ValueError(
@@ -483,7 +482,7 @@ def _load_resume_point(ckpt: Path, cfg: TrainConfig):
     checkpoint holds the consolidated weights too; its optimizer shards are loaded after wrapping
     (`load_sharded_checkpoint`), so its optimizer state here is None."""
     tokenizer = load_tokenizer(ckpt)
-    model = _with_run_settings(DiffusionLM.from_pretrained(ckpt), cfg, tokenizer)
+    model = _with_run_settings(load_checkpoint(ckpt), cfg, tokenizer)
     if is_sharded(ckpt):
         return tokenizer, model, (json.loads((Path(ckpt) / STATE_NAME).read_text()), None)
     return tokenizer, model, load_training_state(ckpt)

@@ -1,0 +1,137 @@
+"""The sink analysis with an interval on every number: each prompt analysed on its own, prompts as the unit.
+
+`analyze` pools every prompt into one set of counts, so its numbers carry no interval. Here each
+prompt gets its own `analyze` run (same settings, `prompts/pNN/analysis.json`), and every summary
+number becomes a mean over prompts with a 95 % Student-t interval (`sinkdlm.stats`; shares stay in
+[0, 1]). Comparisons are paired within prompt: sinks' value norm against the other tokens' per layer
+(Rulli et al. / One-Token Fig. 3), and each K of the masking curve against K = 0 (Rulli Table 1).
+The per-layer sink-vs-other verdicts are Benjamini-Hochberg adjusted over the layers (docs/method.md §6-7).
+
+Writes `intervals.json` and `report.md`/`report.html` with figures into `out_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sinkdlm.atomic import atomic_write_json
+from sinkdlm.stats import benjamini_hochberg, mean_interval, paired_difference
+
+SHARE = (0.0, 1.0)
+
+
+def _iv(values, bounds=None) -> dict | None:
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if len(values) < 2:
+        return None
+    return mean_interval(values, bounds=bounds).to_dict()
+
+
+def per_prompt_record(analysis: dict) -> dict:
+    """The per-prompt numbers the summary is built from (one prompt's analysis.json)."""
+    vn = analysis["value_norm"].get("per_layer") or {}
+    moving = analysis.get("moving") or {}
+    abl = analysis.get("ablation") or {}
+    return {
+        "non_sink_fraction": analysis["non_sink_fraction"],
+        "non_sink_fraction_by_epsilon": analysis["non_sink_fraction_by_epsilon"],
+        "sink_mass_per_layer": analysis["sink_attention_mass"],
+        "sinks_per_head": analysis["sinks_per_head"],
+        "value_norm_sink": vn.get("sink_mean"),
+        "value_norm_normal": vn.get("normal_mean"),
+        "token_type_shares": (analysis.get("sink_token_types") or {}).get("shares"),
+        "moving": dict(moving.get("mean") or {}),
+        "ablation_score": abl.get("scores"),
+        "ablation_masked_keys_per_head": abl.get("masked_keys_per_head"),
+        "samples": analysis.get("samples", [])[:1],
+    }
+
+
+def summarise_prompts(records: Sequence[dict]) -> dict:
+    """Intervals over prompts for every number of `per_prompt_record` (see the module docstring)."""
+    n_layers = len(records[0]["sink_mass_per_layer"])
+    out: dict = {"num_prompts": len(records)}
+    out["non_sink_fraction"] = _iv([r["non_sink_fraction"] for r in records], SHARE)
+    out["non_sink_fraction_by_epsilon"] = {
+        eps: _iv([r["non_sink_fraction_by_epsilon"][eps] for r in records], SHARE)
+        for eps in records[0]["non_sink_fraction_by_epsilon"]}
+    out["sink_mass_per_layer"] = [_iv([r["sink_mass_per_layer"][i] for r in records], SHARE) for i in range(n_layers)]
+    out["sinks_per_head_per_layer"] = [_iv([r["sinks_per_head"][i] for r in records]) for i in range(n_layers)]
+    # Value norms per layer, sinks against the other tokens of the same prompt and layer (paired).
+    layers = []
+    for i in range(n_layers):
+        pairs = [(r["value_norm_sink"][i], r["value_norm_normal"][i]) for r in records
+                 if r["value_norm_sink"] and r["value_norm_sink"][i] is not None and r["value_norm_normal"][i] is not None]
+        entry = {"layer": i, "prompts_with_sinks": len(pairs),
+                 "sink": _iv([a for a, _ in pairs]), "normal": _iv([b for _, b in pairs]), "difference": None}
+        if len(pairs) >= 2:
+            entry["difference"] = paired_difference([a for a, _ in pairs], [b for _, b in pairs]).to_dict()
+        layers.append(entry)
+    p = [e["difference"]["p"] if e["difference"] and e["difference"].get("p") is not None else None for e in layers]
+    tested = [i for i, v in enumerate(p) if v is not None]
+    adjusted = benjamini_hochberg([p[i] for i in tested]) if tested else []
+    for i, q in zip(tested, adjusted):
+        layers[i]["difference"]["p_bh"] = q
+    out["value_norm_per_layer"] = layers
+    below = [e["layer"] for e in layers if e["difference"] and e["difference"].get("p_bh", 1) < 0.05
+             and e["difference"]["mean"] < 0]
+    above = [e["layer"] for e in layers if e["difference"] and e["difference"].get("p_bh", 1) < 0.05
+             and e["difference"]["mean"] > 0]
+    out["value_norm_verdict"] = {"layers_tested": len(tested), "sinks_lower": below, "sinks_higher": above,
+                                 "family": "the layers (Benjamini-Hochberg, q = 0.05)"}
+    types = records[0]["token_type_shares"] or {}
+    out["token_type_shares"] = {k: _iv([(r["token_type_shares"] or {}).get(k) for r in records], SHARE) for k in types}
+    moving_keys = sorted(set().union(*(r["moving"] for r in records)))
+    out["moving"] = {k: _iv([r["moving"].get(k) for r in records],
+                            SHARE if ("rate" in k or "jaccard" in k) else None) for k in moving_keys}
+    if records[0]["ablation_score"]:
+        ks = list(records[0]["ablation_score"])
+        base = [r["ablation_score"]["0"] for r in records]
+        out["ablation"] = {k: {"score": _iv([r["ablation_score"][k] for r in records]),
+                               "delta": (paired_difference([r["ablation_score"][k] for r in records], base).to_dict()
+                                         if k != "0" else None),
+                               "masked_keys_per_head": _iv([r["ablation_masked_keys_per_head"][k] for r in records])}
+                           for k in ks}
+    return out
+
+
+def analyze_over_prompts(model, tokenizer, prompts: Sequence[str], out_dir: str | Path, *, gen_length: int,
+                         steps: int | None = None, label: str = "model", progress: bool = True,
+                         **analyze_kwargs) -> dict:
+    """Analyse every prompt on its own (`analyze`, the same keyword arguments) and summarise over prompts.
+
+    An autoregressive model takes one step per token: `steps` None means `gen_length` for it."""
+    from tqdm.auto import tqdm
+
+    from sinkdlm.analysis.report import analyze
+
+    if len(prompts) < 2:
+        raise ValueError("intervals over prompts need at least 2 prompts; give more (e.g. --num-prompts 16)")
+    steps = gen_length if steps is None else steps
+    out_dir = Path(out_dir)
+    start = time.perf_counter()
+    records = []
+    for i, prompt in enumerate(tqdm(prompts, desc="sink analysis per prompt", disable=not progress)):
+        pdir = out_dir / "prompts" / f"p{i:02d}"
+        if (pdir / "analysis.json").is_file():  # resumable: a finished prompt is not run again
+            analysis = json.loads((pdir / "analysis.json").read_text())
+        else:
+            analysis = analyze(model, tokenizer, [prompt], gen_length=gen_length, steps=steps, out_dir=pdir,
+                               label=label, progress=False, **analyze_kwargs)
+        records.append(per_prompt_record(analysis))
+    first = json.loads((out_dir / "prompts" / "p00" / "analysis.json").read_text())
+    result = {
+        "model": first["model"], "setup": {**first["setup"], "num_prompts": len(prompts), "epsilon": first["epsilon"],
+                                           "unit": "prompt (each analysed on its own)"},
+        "summary": summarise_prompts(records), "per_prompt": records,
+        "timing": {"seconds": time.perf_counter() - start},
+    }
+    atomic_write_json(out_dir / "intervals.json", result)
+    from sinkdlm.analysis.over_prompts_report import write_report
+
+    write_report(result, out_dir)
+    return result

