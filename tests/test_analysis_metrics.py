@@ -243,6 +243,26 @@ def test_sink_set_change_rate_and_jaccard():
     assert sink_set_change_rate(sets[:, 0]).item() == pytest.approx(2 / 3)  # [T, S]
 
 
+def test_moving_sinks_over_content_keys_compare_like_for_like():
+    """{0, 5} -> {0, 9} with the extra sink at key 0 is the same move as {5} -> {9} without one: over
+    every key the first scores Jaccard 1/3 and the second 0; over the content keys both score 0."""
+    with_sink, without = torch.zeros(2, 12, dtype=torch.bool), torch.zeros(2, 12, dtype=torch.bool)
+    with_sink[0, [0, 5]] = with_sink[1, [0, 9]] = True
+    without[0, 5] = without[1, 9] = True
+    content = torch.ones(12, dtype=torch.bool)
+    content[0] = False
+    assert sink_set_jaccard(with_sink).item() == pytest.approx(1 / 3)  # the named alternative: every key
+    assert sink_set_jaccard(without).item() == 0.0
+    assert sink_set_jaccard(with_sink, key_mask=content).item() == 0.0
+    assert sink_set_jaccard(with_sink, key_mask=list(range(1, 12))).item() == 0.0  # positions work too
+    assert sink_set_change_rate(with_sink, key_mask=content).item() == sink_set_change_rate(without).item() == 1.0
+    # a step where only the extra sink stays: the content sets are empty on both sides, Jaccard 1
+    only = torch.zeros(2, 12, dtype=torch.bool)
+    only[:, 0] = True
+    assert sink_set_jaccard(only, key_mask=content).item() == 1.0
+    assert sink_set_change_rate(only, key_mask=content).item() == 0.0
+
+
 def test_largest_sink_change_rate_and_extra_share():
     assert largest_sink_change_rate(torch.tensor([3, 3, 5, 3])).item() == pytest.approx(2 / 3)
     pos = torch.tensor([[[1, 1], [2, 2]], [[1, 0], [2, 2]]])  # [T=2, L=2, H=2]

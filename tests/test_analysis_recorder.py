@@ -94,6 +94,12 @@ def test_recorder_equals_statistics_of_the_full_maps(variant, scale):
     mv = s["moving"]
     assert mv["sink_set_change_rate"] == pytest.approx(sink_set_change_rate(is_sink, keep_leading=1).tolist())
     assert mv["sink_set_jaccard"] == pytest.approx(sink_set_jaccard(is_sink, keep_leading=1).tolist())
+    # the like-for-like version: the extra sinks' keys left out of the sets
+    assert mv["content_sink_set_change_rate"] == pytest.approx(
+        sink_set_change_rate(is_sink, keep_leading=1, key_mask=content).tolist())
+    assert mv["content_sink_set_jaccard"] == pytest.approx(sink_set_jaccard(is_sink, keep_leading=1, key_mask=content).tolist())
+    if n == 0:  # no extra key: both definitions agree
+        assert mv["content_sink_set_jaccard"] == mv["sink_set_jaccard"]
     largest = largest_sink(attn, epsilon=eps, scale=scale, query_mask=q)  # [T, L, B, H]
     assert torch.equal(rec.largest_sink_positions().long(), largest.permute(0, 2, 1, 3))
     assert mv["largest_sink_change_rate"] == pytest.approx(largest_sink_change_rate(largest, keep_leading=1).tolist())

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from sinkdlm.stats import accuracy_interval, mean_interval, paired_accuracy_difference, paired_difference, verdict
+from sinkdlm.stats import (
+    accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference, signed, verdict,
+)
 
 RNG = np.random.default_rng
 
@@ -155,3 +157,90 @@ def test_accuracy_interval_says_above_chance_at_most_5_percent_of_the_time_at_ch
     assert above / reps <= 0.05 + 0.02
     if seeds == 5:
         assert above_seed_only / reps > 0.07  # (10.7 % measured) the seed-only interval misses the shared item noise
+
+
+def test_zero_variance_is_no_evidence_accuracy_case():
+    """Issue 22's example: 2 seeds whose mean differences tie, item mean square <= error mean square:
+    the two-way variance is 0. That used to give [m, m] and the verdict "higher"."""
+    a, b = np.zeros((2, 300)), np.zeros((2, 300))
+    a[0, 0] = a[1, 1] = 1
+    d = a - b
+    row, col = d.mean(1), d.mean(0)
+    ms_s = 300 * ((row - d.mean()) ** 2).sum() / 1
+    ms_i = 2 * ((col - d.mean()) ** 2).sum() / 299
+    ms_e = ((d - row[:, None] - col[None] + d.mean()) ** 2).sum() / 299
+    assert ms_s == 0 and ms_i <= ms_e  # the reference: the variance estimate (ms_s + max(ms_i - ms_e, 0)) is 0
+    iv = paired_accuracy_difference(a, b)
+    assert iv.degenerate and not iv.excludes_zero and iv.p is None
+    assert iv.to_dict()["low"] is None and iv.to_dict()["high"] is None
+    assert verdict(iv, scale=100, unit=" points").startswith("inconclusive (no variance estimate)")
+
+
+def test_zero_variance_is_no_evidence_scalar_case():
+    iv = paired_difference([1.5, 2.5, 3.5], [1.0, 2.0, 3.0])  # every per-seed difference is 0.5
+    assert iv.mean == pytest.approx(0.5) and iv.degenerate and not iv.excludes_zero
+    assert verdict(iv).startswith("inconclusive (no variance estimate)")
+    assert mean_interval([0.0, 0.0, 0.0]).degenerate  # a metric that cannot vary (cloze exact match = 0)
+
+
+def test_p_value_is_the_t_test_of_the_interval():
+    a, b = [5.61, 5.55, 5.70, 5.58], [5.49, 5.51, 5.60, 5.47]
+    iv = paired_difference(a, b)
+    assert iv.p == pytest.approx(sps.ttest_rel(a, b).pvalue)
+    # the interval at confidence 1 - p just touches zero
+    assert paired_difference(a, b, confidence=1 - iv.p).low == pytest.approx(0.0, abs=1e-12)
+    rng = RNG(1)
+    x, y = (rng.random((3, 80)) < 0.6).astype(float), (rng.random((3, 80)) < 0.5).astype(float)
+    acc = paired_accuracy_difference(x, y)
+    assert paired_accuracy_difference(x, y, confidence=1 - acc.p).low == pytest.approx(0.0, abs=1e-12) or \
+        paired_accuracy_difference(x, y, confidence=1 - acc.p).high == pytest.approx(0.0, abs=1e-12)
+
+
+def test_benjamini_hochberg_matches_the_step_up_rule():
+    rng = RNG(2)
+    for m in (1, 5, 40):
+        ps = rng.random(m) ** 3
+        adj = benjamini_hochberg(ps)
+        # reference: p_(k) * m / k, then the running minimum from the largest p down, capped at 1
+        order = np.argsort(ps)
+        ref = np.minimum.accumulate((ps[order] * m / np.arange(1, m + 1))[::-1])[::-1].clip(max=1)
+        expected = np.empty(m)
+        expected[order] = ref
+        assert adj == pytest.approx(expected.tolist())
+    assert benjamini_hochberg([]) == []
+    with pytest.raises(ValueError):
+        benjamini_hochberg([0.5, float("nan")])
+
+
+def test_verdict_needs_the_adjusted_p_when_given():
+    iv = paired_difference([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 1.95, 2.05, 2.0])
+    assert verdict(iv, lower_is_better=None, p_adjusted=0.01).startswith("lower by 1.01")
+    assert "BH-adjusted p = 0.01" in verdict(iv, p_adjusted=0.01)
+    assert verdict(iv, p_adjusted=0.2).startswith("inconclusive after the multiplicity adjustment")
+
+
+def test_signed_never_prints_minus_zero():
+    assert signed(-0.0004, 1) == "-0.0004"  # widened until the bound is visibly below zero
+    assert signed(-0.0, 1) == "+0.0" and signed(0.0) == "+0"
+    assert signed(-0.083, 1) == "-0.1" and signed(-0.00001, 1) == "+0.0000"  # beyond 3 more digits: 0, not -0
+
+
+@pytest.mark.parametrize("centre", [0.003, 0.997])
+def test_share_intervals_stay_in_bounds_near_0_and_1(centre):
+    rng = RNG(5)
+    reps, inside_plain, covered, covered_plain = 2000, 0, 0, 0
+    true = float(np.clip(rng.normal(centre, 0.004, size=1_000_000), 0, 1).mean())  # the shares' true mean
+    for _ in range(reps):
+        vals = np.clip(rng.normal(centre, 0.004, size=5), 0, 1).tolist()
+        iv, plain = mean_interval(vals, bounds=(0, 1)), mean_interval(vals)
+        if len(set(vals)) == 1:  # every seed at the bound: no variance estimate, no bounds at all
+            assert iv.degenerate and plain.degenerate
+            continue
+        assert 0.0 <= iv.low <= iv.mean <= iv.high <= 1.0
+        inside_plain += 0 <= plain.low and plain.high <= 1
+        covered += iv.low <= true <= iv.high
+        covered_plain += plain.low <= true <= plain.high
+    assert inside_plain < reps  # the plain t interval does leave [0, 1] here
+    assert covered == covered_plain  # intersecting with [0, 1] never loses coverage
+    with pytest.raises(ValueError, match="outside the bounds"):
+        mean_interval([0.5, 1.2], bounds=(0, 1))

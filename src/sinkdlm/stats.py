@@ -17,17 +17,24 @@ seed) and are scored on the same evaluation items, so every comparison is *paire
   bootstrap over seeds understates the seed variance (it can resample only 2 models). With one
   seed it reduces to the paired test over items.
 
-Both return an `Interval`; `verdict()` turns it into the sentence the reports print: a direction
-only when the interval excludes zero, otherwise "inconclusive with n seeds".
-The false-positive rate under a simulated null and the power are checked by simulation in
-tests/test_stats.py.
+Both return an `Interval` with the two-sided p-value of the same t model (so an interval excludes 0
+exactly when p < 1 - confidence). A variance estimate of exactly 0 (every per-seed difference
+equal, or the two-way mean squares cancelling) makes a zero-width interval that is no evidence at
+all: such an interval is `degenerate`, has no bounds and never carries a verdict.
+
+`verdict()` turns an interval into the sentence the reports print: a direction only when the
+interval excludes zero and, when the report passes a multiplicity-adjusted p-value, only when that
+survives too; otherwise "inconclusive". `benjamini_hochberg` adjusts a report's family of p-values
+(docs/method.md §7, "Multiplicity"). `mean_interval(..., bounds=(0, 1))` keeps the interval of a
+share inside [0, 1]. The false-positive rate under a simulated null and the power are checked by
+simulation in tests/test_stats.py.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as _scipy_stats
@@ -45,10 +52,13 @@ class Interval:
     method: str
     df: float | None = None
     items: int | None = None  # items per seed (accuracy comparisons)
+    p: float | None = None  # two-sided p of "mean = 0" under the same t model; None: no test possible
+    degenerate: bool = False  # the variance estimate is 0: no bounds, no verdict
 
     @property
     def excludes_zero(self) -> bool:
-        return (self.low > 0 or self.high < 0) and math.isfinite(self.low) and math.isfinite(self.high)
+        return (not self.degenerate and (self.low > 0 or self.high < 0)
+                and math.isfinite(self.low) and math.isfinite(self.high))
 
     def to_dict(self) -> dict:
         def clean(x):
@@ -56,7 +66,18 @@ class Interval:
 
         return {"mean": clean(self.mean), "low": clean(self.low), "high": clean(self.high), "n": self.n,
                 "confidence": self.confidence, "method": self.method, "df": clean(self.df), "items": self.items,
-                "excludes_zero": self.excludes_zero}
+                "p": clean(self.p), "degenerate": self.degenerate, "excludes_zero": self.excludes_zero}
+
+
+def _t_interval(mean: float, var: float, df: float, n: int, confidence: float, method: str,
+                items: int | None = None) -> Interval:
+    """mean ± t_{df} sqrt(var), with its p-value; a variance of 0 is degenerate (no bounds, no p)."""
+    if not var > 0:  # every difference equal (or the mean squares cancel): a zero-width interval is no evidence
+        return Interval(mean, math.nan, math.nan, n, confidence, method, df, items, None, True)
+    se = math.sqrt(var)
+    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
+    p = float(2 * _scipy_stats.t.sf(abs(mean) / se, df))
+    return Interval(mean, mean - half, mean + half, n, confidence, method, df, items, p)
 
 
 def _check_confidence(confidence: float) -> float:
@@ -110,9 +131,7 @@ def paired_difference(a, b, confidence: float = 0.95) -> Interval:
     mean = float(d.mean())
     if n < 2:
         return Interval(mean, -math.inf, math.inf, n, confidence, "paired t over seeds", None)
-    se = float(d.std(ddof=1)) / math.sqrt(n)
-    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
-    return Interval(mean, mean - half, mean + half, n, confidence, "paired t over seeds", float(n - 1))
+    return _t_interval(mean, float(d.var(ddof=1)) / n, float(n - 1), n, confidence, "paired t over seeds")
 
 
 def paired_accuracy_difference(a, b, confidence: float = 0.95) -> Interval:
@@ -135,9 +154,8 @@ def paired_accuracy_difference(a, b, confidence: float = 0.95) -> Interval:
     if i_n < 2:
         return paired_difference(a_arr[:, 0], b_arr[:, 0], confidence)
     if s_n == 1:  # paired t over items
-        se = float(d[0].std(ddof=1)) / math.sqrt(i_n)
+        var = float(d[0].var(ddof=1)) / i_n
         df = float(i_n - 1)
-        var = se * se
         method = "paired t over items (one seed: training noise not estimated)"
     else:
         row, col = d.mean(1), d.mean(0)
@@ -153,29 +171,63 @@ def paired_accuracy_difference(a, b, confidence: float = 0.95) -> Interval:
         # our simulation); S - 1 keeps the rate at or below 1 - confidence.
         var = (ms_s + max(ms_i - ms_e, 0.0)) / (s_n * i_n)
         df = float(s_n - 1)
-    if var <= 0:
-        return Interval(mean, mean, mean, s_n, confidence, method, df, i_n)
-    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(var)
-    return Interval(mean, mean - half, mean + half, s_n, confidence, method, df, i_n)
+    return _t_interval(mean, var, df, s_n, confidence, method, i_n)
 
 
-def verdict(interval: Interval, *, lower_is_better: bool | None = False, scale: float = 1.0, unit: str = "") -> str:
+def signed(x: float, digits: int | None = None) -> str:
+    """`x` with its sign, never "-0": 3 significant digits, or `digits` decimals widened (up to 3 more)
+    until a non-zero `x` no longer rounds to 0 (a bound of -0.001 must not print as -0.0)."""
+    if digits is None:
+        text = f"{x:+.3g}"
+    else:
+        d = digits
+        while x != 0 and round(x, d) == 0 and d < digits + 3:
+            d += 1
+        text = f"{x:+.{d}f}"
+    return text.replace("-", "+", 1) if float(text) == 0 and text.startswith("-") else text
+
+
+def verdict(interval: Interval, *, lower_is_better: bool | None = False, scale: float = 1.0, unit: str = "",
+            p_adjusted: float | None = None) -> str:
     """The sentence reports print: "lower (95 % CI [low, high])" only when the interval excludes 0
-    (and there are at least 2 seeds); otherwise "inconclusive with n seeds".
+    (and there are at least 2 seeds, and a variance estimate); otherwise "inconclusive ...".
 
-    `lower_is_better` adds "(better)"/"(worse)"; None for a metric with no good direction.
+    `p_adjusted`: the interval's p-value after the report's multiplicity adjustment
+    (`benjamini_hochberg`); when given, a direction is stated only if it is below 1 - confidence
+    too. `lower_is_better` adds "(better)"/"(worse)"; None for a metric with no good direction.
     `scale`/`unit` format the numbers (e.g. 100 and " points" for accuracies).
     """
     pct = f"{100 * interval.confidence:g} %"
-    if not interval.excludes_zero or interval.n < 2:
+    delta = f"Δ = {signed(scale * interval.mean)}{unit}"
+    ci = f"{pct} CI [{signed(scale * interval.low)}, {signed(scale * interval.high)}]"
+    if interval.n < 2:
         # One seed says nothing about training noise: never a verdict, whatever the items say.
-        ci = "" if not math.isfinite(interval.low) else f" (Δ = {scale * interval.mean:+.3g}{unit}, {pct} CI [{scale * interval.low:+.3g}, {scale * interval.high:+.3g}])"
-        return f"inconclusive with {interval.n} seed{'s' if interval.n != 1 else ''}{ci}"
+        more = f" ({delta}, {ci})" if math.isfinite(interval.low) else ""
+        return f"inconclusive with 1 seed{more}"
+    if interval.degenerate:
+        return f"inconclusive (no variance estimate) ({delta}, every seed alike: a zero-width interval is no evidence)"
+    if not interval.excludes_zero:
+        return f"inconclusive with {interval.n} seeds: no difference detected ({delta}, {ci})"
+    if p_adjusted is not None and not p_adjusted < 1 - interval.confidence:
+        return (f"inconclusive after the multiplicity adjustment ({delta}, {ci} excludes 0, "
+                f"but the BH-adjusted p = {p_adjusted:.2g})")
     direction = "higher" if interval.mean > 0 else "lower"
     if lower_is_better is not None:
         direction += " (better)" if (interval.mean < 0) == lower_is_better else " (worse)"
-    return (f"{direction} by {abs(scale * interval.mean):.3g}{unit} "
-            f"({pct} CI [{scale * interval.low:+.3g}, {scale * interval.high:+.3g}])")
+    adj = "" if p_adjusted is None else f", BH-adjusted p = {p_adjusted:.2g}"
+    return f"{direction} by {abs(scale * interval.mean):.3g}{unit} ({ci}{adj})"
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (step-up, in the input order): a comparison survives at
+    level q when its adjusted p is below q, which controls the false discovery rate of the family at q
+    (and, when nothing differs at all, the chance of any verdict at q). docs/method.md §7."""
+    ps = np.asarray(list(pvalues), dtype=np.float64)
+    if ps.size == 0:
+        return []
+    if not (np.isfinite(ps).all() and ((ps >= 0) & (ps <= 1)).all()):
+        raise ValueError(f"p-values must be numbers in [0, 1], got {ps.tolist()}")
+    return [float(x) for x in _scipy_stats.false_discovery_control(ps, method="bh")]
 
 
 def accuracy_interval(outcomes, confidence: float = 0.95) -> Interval:
@@ -191,7 +243,17 @@ def accuracy_interval(outcomes, confidence: float = 0.95) -> Interval:
     return paired_accuracy_difference(outcomes, zeros, confidence)
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
-    """Student-t interval of a mean over seeds (e.g. one variant's metric): `paired_difference(v, 0)`."""
+def mean_interval(values: Sequence[float], confidence: float = 0.95, bounds: tuple[float, float] | None = None) -> Interval:
+    """Student-t interval of a mean over seeds (e.g. one variant's metric): `paired_difference(v, 0)`.
+
+    `bounds=(0, 1)` for a share (attention share, Jaccard, change rate): the interval is intersected
+    with the range. The true mean lies in the range, so the intersection covers it whenever the t
+    interval does: the coverage is unchanged and no bound reads -0.4 % or 1.045."""
     values = list(values)
-    return paired_difference(values, [0.0] * len(values), confidence)
+    iv = paired_difference(values, [0.0] * len(values), confidence)
+    if bounds is None or iv.degenerate:
+        return iv
+    lo, hi = bounds
+    if any(v < lo or v > hi for v in values):
+        raise ValueError(f"mean_interval: values outside the bounds {bounds}: {values}")
+    return replace(iv, low=min(max(iv.low, lo), hi), high=max(min(iv.high, hi), lo))

@@ -11,7 +11,8 @@ CPU or CUDA alike and upcast half precision to float32 before summing.
 - Attention mass on given key positions (One-Token Fig. 3 b, d).
 - Value-space norms, One-Token appendix A.3 eq. 14-16.
 - Moving-sink metrics over denoising steps: largest sink position, change rate and
-  Jaccard overlap of consecutive sink sets, share of largest sinks on extra sinks.
+  Jaccard overlap of consecutive sink sets (over every key, or over the content keys only),
+  share of largest sinks on extra sinks.
 - Token-type classification of sink positions (Rulli et al. Table 2).
 """
 
@@ -279,25 +280,35 @@ def largest_sink_change_rate(positions, *, keep_leading: int = 0) -> torch.Tenso
     return _reduce_mean(moved.movedim(0, keep_leading), keep_leading)
 
 
-def sink_set_change_rate(sink_sets, *, keep_leading: int = 0) -> torch.Tensor:
+def _only_keys(sets: torch.Tensor, key_mask) -> torch.Tensor:
+    """Sink sets restricted to the keys of ``key_mask`` (None: every key)."""
+    if key_mask is None:
+        return sets
+    return sets & _position_mask(key_mask, sets.shape[-1], sets.device, "key_mask")
+
+
+def sink_set_change_rate(sink_sets, *, keep_leading: int = 0, key_mask=None) -> torch.Tensor:
     """Share of consecutive step pairs whose sink set differs; ``sink_sets`` bool ``[T, ..., S]``.
 
     Reduced over pairs and all dims between T and S except the first ``keep_leading``
     (e.g. 1 for ``[T, L, H, S]`` -> per layer ``[L]``); 0-d tensor by default.
+    ``key_mask`` (bool ``[S]`` or positions) keeps only those keys in the sets: pass the content
+    keys to compare a model with extra sink tokens like for like with one without (the extra
+    sink's key is a sink at nearly every step and would count as overlap; docs/method.md §6).
     """
-    sets = _check_steps(sink_sets, "sink_sets", torch.bool, min_ndim=2)
+    sets = _only_keys(_check_steps(sink_sets, "sink_sets", torch.bool, min_ndim=2), key_mask)
     _check_keep(keep_leading, sets.ndim - 2)
     changed = (sets[1:] != sets[:-1]).any(dim=-1)  # [T-1, ...]
     return _reduce_mean(changed.movedim(0, keep_leading), keep_leading)
 
 
-def sink_set_jaccard(sink_sets, *, keep_leading: int = 0) -> torch.Tensor:
+def sink_set_jaccard(sink_sets, *, keep_leading: int = 0, key_mask=None) -> torch.Tensor:
     """Mean Jaccard overlap ``|A ∩ B| / |A ∪ B|`` of consecutive sink sets, bool ``[T, ..., S]``.
 
-    Defined as 1.0 when both sets are empty (nothing moved). Reduced like
-    :func:`sink_set_change_rate`.
+    Defined as 1.0 when both sets are empty (nothing moved). Reduced, and ``key_mask`` applied,
+    like :func:`sink_set_change_rate`.
     """
-    sets = _check_steps(sink_sets, "sink_sets", torch.bool, min_ndim=2)
+    sets = _only_keys(_check_steps(sink_sets, "sink_sets", torch.bool, min_ndim=2), key_mask)
     _check_keep(keep_leading, sets.ndim - 2)
     a, b = sets[:-1], sets[1:]  # [T-1, ..., S]
     inter = (a & b).sum(dim=-1).float()  # [T-1, ...]

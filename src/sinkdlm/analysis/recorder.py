@@ -7,7 +7,8 @@ and values `[B, KVH, S, hd]` to counters at once and keeps none of the maps (doc
 * sinks at ϵ (Rulli et al. eq. 3) per (step, layer, head), counted for every ϵ of the
   non-sink-fraction curve; the sink positions themselves as a sparse int32 list (a few per head);
 * moving sinks per layer: the largest sink's position per step (`[T, B, L, H]`, int16), and running
-  counts of consecutive steps whose largest sink / sink set changed, and their Jaccard overlap;
+  counts of consecutive steps whose largest sink / sink set changed, and their Jaccard overlap (sink
+  sets over every key, and over the content keys only: `content_sink_set_*`);
 * the token under every sink (mask / whitespace / punctuation / other / the extra sink),
   Rulli et al. Table 2;
 * value-space norms (One-Token eq. 14-16) of sink vs normal tokens: per-layer sums, plus a fixed
@@ -144,6 +145,15 @@ def _nan_to_none(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+def _set_overlap(cur: torch.Tensor, prev: torch.Tensor) -> tuple[float, float]:
+    """(number of heads whose sink set changed, sum of their Jaccard overlaps) of two steps' sets
+    `[..., S]` (Jaccard 1 when both are empty), as metrics.sink_set_change_rate / sink_set_jaccard."""
+    inter = (cur & prev).sum(-1).double()
+    union = (cur | prev).sum(-1).double()
+    jaccard = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union))
+    return float((cur != prev).any(-1).sum()), float(jaccard.sum())
+
+
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> list[float | None]:
     return [_nan_to_none(float(a) / float(b)) if float(b) > 0 else None for a, b in zip(num, den)]
 
@@ -201,6 +211,8 @@ class SinkRecorder:
         self._sinks_by_eps, self._keys = z(eps, layers), z(layers)  # sink count per (ϵ, layer); keys
         self._heads = z(layers)  # (step, row, head) triples seen per layer
         self._pairs, self._set_changed, self._jaccard, self._largest_changed = z(layers), z(layers), z(layers), z(layers)
+        # the same over the content keys only (the extra sinks' keys left out): like for like across models
+        self._set_changed_content, self._jaccard_content = z(layers), z(layers)
         self._mass, self._rows = z(layers), z(layers)  # attention on detected sinks; content query rows
         self._vn = {k: z(layers) for k in ("sink_sum", "sink_n", "normal_sum", "normal_n")}
         self._extra = {k: z(layers) for k in ("mass", "vn_sum", "vn_n", "others_sum", "others_n", "largest")}
@@ -320,10 +332,13 @@ class SinkRecorder:
             if prev_set.shape[-1] < size:  # autoregressive: the new keys were no sinks before
                 prev_set = torch.nn.functional.pad(prev_set, (0, size - prev_set.shape[-1]), value=False)
             self._pairs[layer] += b * h
-            self._set_changed[layer] += float((is_sink != prev_set).any(-1).sum())
-            inter = (is_sink & prev_set).sum(-1).double()
-            union = (is_sink | prev_set).sum(-1).double()
-            self._jaccard[layer] += float(torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union)).sum())
+            changed, jaccard = _set_overlap(is_sink, prev_set)
+            self._set_changed[layer] += changed
+            self._jaccard[layer] += jaccard
+            content = group.content_sub  # [S']
+            changed, jaccard = _set_overlap(is_sink & content, prev_set & content)
+            self._set_changed_content[layer] += changed
+            self._jaccard_content[layer] += jaccard
             self._largest_changed[layer] += float((pos != prev_pos).sum())
         self._prev[(gi, layer)] = (is_sink, pos)
 
@@ -464,11 +479,15 @@ class SinkRecorder:
             "largest_sink_change_rate": _ratio(self._largest_changed, self._pairs),
             "sink_set_change_rate": _ratio(self._set_changed, self._pairs),
             "sink_set_jaccard": _ratio(self._jaccard, self._pairs),
+            # over the content keys only; the two above count every key (the extra sinks' included)
+            "content_sink_set_change_rate": _ratio(self._set_changed_content, self._pairs),
+            "content_sink_set_jaccard": _ratio(self._jaccard_content, self._pairs),
             "extra_sink_share": _ratio(self._extra["largest"], self._heads) if self.num_sink_tokens else None,
         }
         moving["mean"] = {k: _ratio(v.sum()[None], self._pairs.sum()[None])[0] for k, v in (
             ("largest_sink_change_rate", self._largest_changed), ("sink_set_change_rate", self._set_changed),
-            ("sink_set_jaccard", self._jaccard))}
+            ("sink_set_jaccard", self._jaccard), ("content_sink_set_change_rate", self._set_changed_content),
+            ("content_sink_set_jaccard", self._jaccard_content))}
         if self.num_sink_tokens:
             moving["mean"]["extra_sink_share"] = _ratio(self._extra["largest"].sum()[None], self._heads.sum()[None])[0]
         extra = None

@@ -418,8 +418,11 @@ def _analysis_doc(a: dict, out_dir: Path) -> Document:
         ["sinks per head (mean)", _num(sum(x or 0 for x in a["sinks_per_head"]) / len(a["sinks_per_head"]), 3)],
         ["value norm: sink / normal tokens", f"{_num(vn['sink_mean'], 3)} / {_num(vn['normal_mean'], 3)}"],
         ["largest sink moves (consecutive steps)", _pct(a["moving"]["mean"]["largest_sink_change_rate"])],
-        ["sink set changes (consecutive steps)", _pct(a["moving"]["mean"]["sink_set_change_rate"])],
-        ["Jaccard of consecutive sink sets", _num(a["moving"]["mean"]["sink_set_jaccard"], 3)],
+        ["sink set changes (consecutive steps), content keys", _pct(a["moving"]["mean"].get("content_sink_set_change_rate"))],
+        ["Jaccard of consecutive sink sets, content keys", _num(a["moving"]["mean"].get("content_sink_set_jaccard"), 3)],
+        # every key, the extra sinks' included: the alternative definition (docs/method.md §6)
+        ["sink set changes, every key", _pct(a["moving"]["mean"]["sink_set_change_rate"])],
+        ["Jaccard of consecutive sink sets, every key", _num(a["moving"]["mean"]["sink_set_jaccard"], 3)],
     ]
     if a["extra_sink"] is not None:
         rows.append(["attention on the extra sink (all layers)", _pct(a["extra_sink"]["mean_attention_mass"])])
@@ -435,12 +438,15 @@ def _analysis_doc(a: dict, out_dir: Path) -> Document:
     doc.heading("Per layer")
     mv = a["moving"]
     header = ["layer", "non-sink", "sinks/head", "attn on sinks", "norm sink", "norm normal", "largest moves",
-              "set changes", "Jaccard"]
+              "set changes (content keys)", "Jaccard (content keys)"]
     per = vn["per_layer"]
+    layers = range(len(a["sinks_per_head"]))
+    content_change = mv.get("content_sink_set_change_rate") or [None for _ in layers]  # absent in older files
+    content_jaccard = mv.get("content_sink_set_jaccard") or [None for _ in layers]
     rows = [[i, _pct(a["non_sink_fraction_per_layer"][i]), _num(a["sinks_per_head"][i], 3),
              _pct(a["sink_attention_mass"][i]), _num(per["sink_mean"][i], 3), _num(per["normal_mean"][i], 3),
-             _pct(mv["largest_sink_change_rate"][i]), _pct(mv["sink_set_change_rate"][i]),
-             _num(mv["sink_set_jaccard"][i], 3)] for i in range(len(a["sinks_per_head"]))]
+             _pct(mv["largest_sink_change_rate"][i]), _pct(content_change[i]),
+             _num(content_jaccard[i], 3)] for i in layers]
     doc.table(header, rows)
     if a["extra_sink"] is not None:
         e = a["extra_sink"]

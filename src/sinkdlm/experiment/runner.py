@@ -5,6 +5,8 @@
     OUT/runs/<variant>-s<seed>/eval.json  task scores with standard errors
     OUT/runs/<variant>-s0/analysis/       attention-sink analysis of the first seed's model
     OUT/compare/                          side-by-side analysis report
+    OUT/runs/<variant>-s<seed>/timing.json  seconds of each stage of the run, measured once
+    OUT/STARTED.json                      when the experiment first started (its real elapsed time)
     OUT/results.json, OUT/report.md, OUT/report.html
 
 Running the same command again resumes: a finished stage (its marker file exists) is skipped,
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -118,6 +121,11 @@ def run_experiment(
 
     check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
+    # The real elapsed time of an experiment that is resumed spans several invocations: the first
+    # start is kept on disk (docs/method.md §7: a report states what the experiment cost).
+    started = out / "STARTED.json"
+    if not started.is_file():
+        atomic_write_json(started, {"time": time.time()})
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
     from sinkdlm.analysis import analyze, compare
@@ -150,9 +158,12 @@ def run_experiment(
                 train_kwargs["init_from"] = _convert_for_variant(init_from, variant, out)
                 for key in variant.switches:  # already baked into the converted checkpoint
                     train_kwargs.pop(key, None)
+            timing_path = run / "timing.json"  # each stage's seconds, measured once and kept on disk
+            run_timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
             t0 = time.perf_counter()
             summary = train_stage(run / "train", train_kwargs, resume_command)
             stage_seconds["train"] += time.perf_counter() - t0
+            run_timing["train"] = summary.get("seconds")
             ckpt = summary["checkpoint"]
             curve = read_val_curve(run / "train")
             val_loss = summary["last"].get("val_loss")
@@ -171,6 +182,7 @@ def run_experiment(
                     sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
                 sft_summary = train_stage(run / "sft", sft_kwargs, resume_command)
                 stage_seconds["sft"] += time.perf_counter() - t0
+                run_timing["sft"] = sft_summary.get("seconds")
                 record["sft_checkpoint"] = sft_summary["checkpoint"]
                 record["sft_val_loss"] = sft_summary["last"].get("val_loss")
 
@@ -197,6 +209,8 @@ def run_experiment(
                                            mc_num=preset.eval_mc_num, progress=tty))
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0
+                run_timing["eval"] = time.perf_counter() - t0
+                atomic_write_json(timing_path, run_timing)
             record["eval"] = json.loads(eval_path.read_text())
 
             if (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis:
@@ -210,10 +224,13 @@ def run_experiment(
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
                     analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
+                    run_timing["analysis"] = time.perf_counter() - t0
                 if seed == seeds[0]:
                     analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
                 record["analysis"] = analysis_record(json.loads((adir / "analysis.json").read_text()))
+            atomic_write_json(timing_path, run_timing)
+            record["seconds"] = run_timing
             per_seed[str(seed)] = record
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
 
@@ -230,10 +247,28 @@ def run_experiment(
     summarise(results, pairs)
     results["stage_seconds"] = stage_seconds
     results["elapsed_s"] = time.perf_counter() - t_start
+    results["timing"] = run_timing_summary(results, time.time() - json.loads(started.read_text())["time"])
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     _log(f"done in {results['elapsed_s'] / 60:.1f} min: report at {out / 'report.md'} and {out / 'report.html'}")
     return results
+
+
+def run_timing_summary(results: dict[str, Any], since_start_s: float) -> dict[str, Any]:
+    """Compute (every run's measured stage seconds summed, whichever invocation measured them) and
+    the real elapsed time since the experiment's first start, as results.json records them."""
+    recs = [rec for v in results["variants"].values() for rec in v["seeds"].values()]
+    secs = [rec.get("seconds") or {} for rec in recs]
+    train = [t["train"] for t in secs if isinstance(t.get("train"), (int, float))]
+    parts = [k for k in ("train", "sft", "eval", "analysis") if any(isinstance(t.get(k), (int, float)) for t in secs)]
+    return {
+        "compute_s": sum(v for t in secs for v in t.values() if isinstance(v, (int, float))),
+        "compute_parts": parts, "runs": len(recs), "runs_timed": sum(bool(t) for t in secs),
+        "run_train_s": {"min": min(train, default=None), "median": statistics.median(train) if train else None,
+                        "max": max(train, default=None)},
+        "elapsed_s": since_start_s, "last_invocation_s": results["elapsed_s"],
+        "note": None if all(secs) else "some runs' stage seconds were not recorded (finished before timing was kept)",
+    }
 
 
 def analysis_prompts(documents: list[str], n: int, chars: int = 160) -> list[str]:

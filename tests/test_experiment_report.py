@@ -1,0 +1,188 @@
+"""sinkdlm.experiment.report on hand-built results: the multiplicity adjustment through the report path
+(simulated null), per-layer value norms on a planted two-layer map, missing and constant metrics, and
+the numbers a report prints (no -0.0, shares in [0, 1])."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from sinkdlm.analysis.recorder import SinkRecorder
+from sinkdlm.experiment.report import (
+    analysis_record, compare_variants, extra_sink_layers, markdown_summary, summarise, value_norm_layers,
+)
+
+TASKS = ("shakespeare_word_order/acc", "shakespeare_next_line/acc_norm")
+BOLD_VERDICT = re.compile(r"\*\*(higher|lower)")
+
+
+def _results(variants: dict[str, dict], seeds: list[int]) -> dict:
+    return {"preset": "test", "description": "hand-built", "seeds": seeds, "variants": variants,
+            "machine": {"cpu_count": 2, "cuda": False}, "train": {"max_steps": 1, "batch_size": 1, "seq_len": 8}}
+
+
+def _null_results(rng, n_variants=4, seeds=3, items=120) -> dict:
+    """Variants that differ in nothing: a shared seed effect, per-run noise, shared item difficulty."""
+    seed_effect = rng.normal(0, 0.2, size=seeds)
+    logit_item = rng.normal(0.5, 1.5, size=(len(TASKS), items))
+    variants = {}
+    for v in range(n_variants):
+        per_seed = {}
+        for s in range(seeds):
+            ev: dict = {}
+            for t, name in enumerate(TASKS):
+                task, metric = name.split("/")
+                p = 1 / (1 + np.exp(-(logit_item[t] + seed_effect[s] + rng.normal(0, 0.2))))
+                outcomes = (rng.random(items) < p).astype(float).tolist()
+                ev.setdefault(task, {})[metric] = {"value": float(np.mean(outcomes)), "per_item": outcomes,
+                                                   "items": f"digest-{task}", "n": items}
+            ev["shakespeare_cloze"] = {"exact_match": {"value": 0.0, "per_item": [0.0] * items, "items": "c", "n": items}}
+            per_seed[str(s)] = {"val_loss": 5.8 + seed_effect[s] + rng.normal(0, 0.1), "eval": ev,
+                                "analysis": {"non_sink_fraction": float(np.clip(0.97 + rng.normal(0, 0.01), 0, 1)),
+                                             "moving": {"sink_set_change_rate": float(rng.uniform(0.1, 0.4))}}}
+        variants[f"v{v}"] = {"label": f"V{v}", "switches": {}, "seeds": per_seed}
+    return _results(variants, list(range(seeds)))
+
+
+def test_simulated_null_gives_a_bold_verdict_in_at_most_5_percent_of_reports():
+    """Four identical variants, every pair compared on 5 varying metrics (30 paired comparisons per
+    report) plus a metric that cannot vary: the raw intervals put a direction in most reports, the
+    BH-adjusted verdicts in at most 5 % of them. Counted on the markdown the README shows."""
+    rng = np.random.default_rng(22)
+    reps, bold, raw = 300, 0, 0
+    pairs = [(f"v{a}", f"v{b}") for a in range(4) for b in range(a)]
+    for _ in range(reps):
+        results = _null_results(rng)
+        summarise(results, pairs)
+        bold += bool(BOLD_VERDICT.search(markdown_summary(results)))
+        raw += any(c["excludes_zero"] for c in results["comparisons"] if c.get("in_family", True))
+        m = results["multiplicity"]
+        # 6 pairs x 5 varying metrics; exact match (constant: 6 comparisons without a variance estimate) and
+        # the all-keys change rate (an alternative) are left out, and so, rarely, is a comparison whose
+        # seeds happen to tie exactly (also no variance estimate)
+        assert m["left_out"]["alternative definitions"] == 6 and m["left_out"]["no variance estimate"] >= 6
+        assert m["size"] + m["left_out"]["no variance estimate"] - 6 == 6 * 5
+        assert m["expected_by_chance"] == pytest.approx(0.05 * m["size"])
+    assert raw / reps > 0.3  # without the adjustment most reports would state some direction
+    assert bold / reps <= 0.05, bold / reps
+
+
+def test_a_real_difference_survives_the_adjustment():
+    rng = np.random.default_rng(3)
+    results = _null_results(rng, n_variants=2, seeds=5)
+    for rec in results["variants"]["v1"]["seeds"].values():
+        rec["val_loss"] -= 0.5
+    summarise(results)
+    c = next(c for c in results["comparisons"] if c["metric"] == "val_loss")
+    assert c["survives"] and c["verdict"].startswith("lower (better)") and "BH-adjusted p" in c["verdict"]
+    assert "**lower" in markdown_summary(results)
+
+
+def _planted_layers(norms: tuple[float, float, float, float]) -> dict:
+    """Recorder summary of a 2-layer model on a planted map (one step, 40 keys, 1 head).
+
+    Layer 0: every query attends to key 0, the one sink. Layer 1: every query spreads over keys 0-4,
+    five sinks. Value norms (sink_0, normal_0, sink_1, normal_1): per layer the sinks are larger, but
+    layer 1 has five sinks with small norms and layer 0 most of the normal tokens with large ones,
+    so the pooled means say the opposite."""
+    size = 40
+    cfg = SimpleNamespace(num_hidden_layers=2, num_attention_heads=1, num_sink_tokens=0, sink_position="front",
+                          mask_token_id=None)
+    a0 = np.zeros((size, size))
+    a0[:, 0] = 1.0
+    a1 = np.zeros((size, size))
+    a1[:, :5] = 0.2
+    s0, n0, s1, n1 = norms
+    v0 = np.full(size, n0)
+    v0[0] = s0
+    v1 = np.full(size, n1)
+    v1[:5] = s1
+    import torch
+
+    rec = SinkRecorder(cfg, figure_layer=0)
+    state = SimpleNamespace(step=0, input_ids=torch.zeros(1, size, dtype=torch.long), attention_mask=None,
+                            attentions=tuple(torch.tensor(a, dtype=torch.float32)[None, None] for a in (a0, a1)),
+                            values=tuple(torch.tensor(v, dtype=torch.float32)[None, None, :, None] for v in (v0, v1)))
+    rec(state)
+    return {**rec.summary(), "sink_token_types": {"shares": {}}, "ablation": None}
+
+
+def test_value_norms_per_layer_where_pooling_flips_the_sign():
+    plants = {"0": (10.0, 8.0, 2.0, 1.0), "1": (11.0, 8.5, 2.5, 1.2), "2": (9.5, 7.5, 1.8, 0.9)}
+    seeds = {s: {"analysis": analysis_record(_planted_layers(p))} for s, p in plants.items()}
+    variant = {"label": "planted", "switches": {}, "seeds": seeds}
+    for s, (s0, n0, s1, n1) in plants.items():  # the recorder measured what was planted
+        vn = seeds[s]["analysis"]["value_norm"]
+        assert vn["per_layer"]["sink_mean"] == pytest.approx([s0, s1])
+        assert vn["per_layer"]["normal_mean"] == pytest.approx([n0, n1])
+        pooled_sink, pooled_normal = (s0 + 5 * s1) / 6, (39 * n0 + 35 * n1) / 74  # counts: 1 + 5 sinks, 39 + 35 normal
+        assert vn["sink_mean"] == pytest.approx(pooled_sink) and vn["normal_mean"] == pytest.approx(pooled_normal)
+        assert pooled_sink < pooled_normal  # pooled: sinks look smaller
+    layers = value_norm_layers(variant)
+    assert layers["positive_layers"] == 2 and layers["compared_layers"] == 2  # per layer: sinks are larger
+    # reference: per seed the unweighted mean over layers of sink - normal, then Student t over seeds
+    d = np.array([((s0 - n0) + (s1 - n1)) / 2 for s0, n0, s1, n1 in plants.values()])
+    half = sps.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    lm = layers["layer_mean"]
+    assert (lm["mean"], lm["low"], lm["high"]) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half))
+    assert lm["mean"] > 0 and lm["verdict"].startswith("higher")
+    per_layer = layers["layers"][1]["diff"]
+    d1 = np.array([s1 - n1 for _, _, s1, n1 in plants.values()])
+    assert per_layer["mean"] == pytest.approx(d1.mean()) and per_layer["n"] == 3
+    # the report's line states the per-layer finding, and the pooled sign beside it
+    results = _results({"planted": variant}, [0, 1, 2])
+    summarise(results)
+    line = markdown_summary(results)
+    assert "sink above normal in 2 of 2 layers" in line and "pooled over layers" in line
+    assert variant["summary"]["value_norm_sink_minus_normal_pooled"]["mean"] < 0
+
+
+def test_extra_sink_per_layer_intervals_stay_in_bounds():
+    seeds = {str(s): {"analysis": {"extra_sink": {"attention_mass": [0.002 * s, 0.5 + 0.01 * s, 0.999 + 0.0005 * s],
+                                                  "value_norm": [9.0, 3.0 + s, 2.0],
+                                                  "others_value_norm": [8.0, 10.0, 12.0 + s]}}} for s in range(3)}
+    e = extra_sink_layers({"label": "x", "switches": {"num_sink_tokens": 1}, "seeds": seeds})
+    for iv in e["attention_mass"]:
+        assert 0.0 <= iv["low"] <= iv["mean"] <= iv["high"] <= 1.0
+    vo = e["value_norm_vs_others"]
+    assert vo["from_layer"] == 1 and vo["negative_layers"] == 2 and vo["compared_layers"] == 2
+    # per seed: mean over layers 1.. of extra - others
+    d = [((3.0 + s - 10.0) + (2.0 - 12.0 - s)) / 2 for s in range(3)]
+    assert vo["layer_mean"]["mean"] == pytest.approx(np.mean(d))
+
+
+def test_a_missing_seed_value_marks_the_metric_missing_for_the_pair():
+    rng = np.random.default_rng(1)
+    results = _null_results(rng, n_variants=2)
+    results["variants"]["v1"]["seeds"]["2"]["val_loss"] = None
+    summarise(results)  # no crash, no message about different seeds
+    c = next(c for c in results["comparisons"] if c["metric"] == "val_loss")
+    assert c["missing"] == ["2"] and c["verdict"] == "missing: not recorded for seed 2" and c["p"] is None
+    assert results["multiplicity"]["left_out"]["missing"] == 1
+    broken = copy.deepcopy(results)
+    del broken["variants"]["v1"]["seeds"]["2"]  # a variant run on other seeds is still refused
+    with pytest.raises(ValueError, match="different seeds"):
+        compare_variants(broken["variants"]["v1"], broken["variants"]["v0"], "val_loss")
+
+
+def test_constant_metric_is_no_test_and_no_bound_prints_minus_zero():
+    rng = np.random.default_rng(5)
+    results = _null_results(rng, n_variants=2, seeds=5)
+    for i, rec in enumerate(results["variants"]["v1"]["seeds"].values()):
+        rec["val_loss"] = results["variants"]["v0"]["seeds"][str(i)]["val_loss"] - 0.02 - 0.0015 * (i % 2)
+    summarise(results)
+    assert results["constant_metrics"] == ["shakespeare_cloze/exact_match"]
+    c = next(c for c in results["comparisons"] if c["metric"] == "shakespeare_cloze/exact_match")
+    assert c["degenerate"] and c["verdict"].startswith("inconclusive (no variance estimate)") and "p_adjusted" in c
+    text = markdown_summary(results)
+    assert "0.0 (no spread)" in text
+    assert not re.search(r"-0\.0+(?![0-9])", text)  # -0.0 is never a printed bound or mean
+    vl = next(c for c in results["comparisons"] if c["metric"] == "val_loss")
+    assert vl["high"] < 0 and vl["survives"]
+    assert re.search(r"-0\.02[0-9]* \[-0\.02[0-9]*, -0\.0[0-9]*[1-9]", text)  # the upper bound is printed below 0
