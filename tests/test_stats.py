@@ -244,3 +244,12 @@ def test_share_intervals_stay_in_bounds_near_0_and_1(centre):
     assert covered == covered_plain  # intersecting with [0, 1] never loses coverage
     with pytest.raises(ValueError, match="outside the bounds"):
         mean_interval([0.5, 1.2], bounds=(0, 1))
+
+
+def test_equal_differences_with_rounding_noise_are_degenerate():
+    """[0.1, 0.1, 0.1] - 0 has a float variance of ~1e-33, not 0: still no variance estimate."""
+    iv = paired_difference([0.1, 0.1, 0.1], [0.0, 0.0, 0.0])
+    assert iv.degenerate and not iv.excludes_zero
+    iv = paired_difference([0.3, 0.7, 0.2], [0.2, 0.6, 0.1])  # 0.3-0.2 != 0.7-0.6 in the last bits
+    assert iv.degenerate
+    assert not paired_difference([0.1, 0.1, 0.1 + 1e-9], [0.0, 0.0, 0.0]).degenerate

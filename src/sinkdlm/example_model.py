@@ -28,7 +28,7 @@ FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
-class ExampleModelError(RuntimeError):
+class ExampleModelError(ValueError):
     """The example model could not be fetched or failed its checksum; the message says why."""
 
 

@@ -131,7 +131,10 @@ def paired_difference(a, b, confidence: float = 0.95) -> Interval:
     mean = float(d.mean())
     if n < 2:
         return Interval(mean, -math.inf, math.inf, n, confidence, "paired t over seeds", None)
-    return _t_interval(mean, float(d.var(ddof=1)) / n, float(n - 1), n, confidence, "paired t over seeds")
+    # Equal differences computed in floating point (0.1 - 0 three times) leave a variance of rounding
+    # noise (~1e-33), not 0: within a few ulps of the values it is no variance estimate either.
+    var = float(d.var(ddof=1)) if np.ptp(d) > 8 * np.finfo(float).eps * max(1.0, float(np.abs(d).max())) else 0.0
+    return _t_interval(mean, var / n, float(n - 1), n, confidence, "paired t over seeds")
 
 
 def paired_accuracy_difference(a, b, confidence: float = 0.95) -> Interval:

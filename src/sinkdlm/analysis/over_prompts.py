@@ -22,13 +22,19 @@ from sinkdlm.atomic import atomic_write_json
 from sinkdlm.stats import benjamini_hochberg, mean_interval, paired_difference
 
 SHARE = (0.0, 1.0)
+METHOD = "Student t over prompts"
+PAIRED = "paired t over prompts (within prompt)"
 
 
 def _iv(values, bounds=None) -> dict | None:
     values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if len(values) < 2:
         return None
-    return mean_interval(values, bounds=bounds).to_dict()
+    return {**mean_interval(values, bounds=bounds).to_dict(), "method": METHOD}
+
+
+def _paired(a, b) -> dict:
+    return {**paired_difference(a, b).to_dict(), "method": PAIRED}
 
 
 def per_prompt_record(analysis: dict) -> dict:
@@ -69,7 +75,7 @@ def summarise_prompts(records: Sequence[dict]) -> dict:
         entry = {"layer": i, "prompts_with_sinks": len(pairs),
                  "sink": _iv([a for a, _ in pairs]), "normal": _iv([b for _, b in pairs]), "difference": None}
         if len(pairs) >= 2:
-            entry["difference"] = paired_difference([a for a, _ in pairs], [b for _, b in pairs]).to_dict()
+            entry["difference"] = _paired([a for a, _ in pairs], [b for _, b in pairs])
         layers.append(entry)
     p = [e["difference"]["p"] if e["difference"] and e["difference"].get("p") is not None else None for e in layers]
     tested = [i for i, v in enumerate(p) if v is not None]
@@ -92,8 +98,7 @@ def summarise_prompts(records: Sequence[dict]) -> dict:
         ks = list(records[0]["ablation_score"])
         base = [r["ablation_score"]["0"] for r in records]
         out["ablation"] = {k: {"score": _iv([r["ablation_score"][k] for r in records]),
-                               "delta": (paired_difference([r["ablation_score"][k] for r in records], base).to_dict()
-                                         if k != "0" else None),
+                               "delta": _paired([r["ablation_score"][k] for r in records], base) if k != "0" else None,
                                "masked_keys_per_head": _iv([r["ablation_masked_keys_per_head"][k] for r in records])}
                            for k in ks}
     return out
@@ -130,8 +135,15 @@ def analyze_over_prompts(model, tokenizer, prompts: Sequence[str], out_dir: str 
         "summary": summarise_prompts(records), "per_prompt": records,
         "timing": {"seconds": time.perf_counter() - start},
     }
-    atomic_write_json(out_dir / "intervals.json", result)
+    return write_summary(result, out_dir)
+
+
+def write_summary(result: dict, out_dir: str | Path) -> dict:
+    """(Re)build `summary` from the stored per-prompt records and write intervals.json and the report:
+    a finished analysis is re-summarised with the current statistics without running the model."""
     from sinkdlm.analysis.over_prompts_report import write_report
 
-    write_report(result, out_dir)
+    result = {**result, "summary": summarise_prompts(result["per_prompt"])}
+    atomic_write_json(Path(out_dir) / "intervals.json", result)
+    write_report(result, Path(out_dir))
     return result

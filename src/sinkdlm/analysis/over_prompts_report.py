@@ -67,7 +67,7 @@ def plot_epsilon_sweep(summary: dict, path: Path, title: str) -> Path:
 
 
 def _fmt(iv: dict | None, scale: float = 1.0, digits: int = 2) -> str:
-    if iv is None:
+    if iv is None or iv.get("mean") is None:
         return "n/a (fewer than 2 prompts)"
     if iv.get("degenerate"):
         return f"{iv['mean'] * scale:.{digits}f} (no variance estimate)"

@@ -9,6 +9,10 @@ model switches differ (docs/method.md §3-4). Presets:
                    and the other sink mechanisms) with 5 seeds; about 2 hours on a 2-core CPU.
   * `study-gpu`  — the same comparison sized for one H100 in about 10 minutes (larger model, more tokens).
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
+  * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
+                   converted to a DLM (vanilla, + 1 sink, + gated attention), continued pre-training on
+                   Shakespeare, 3 seeds, paired; sized for about 2 hours on a 2-core CPU.
+  * `real-gpu`   — the same on one H100 in about 15 minutes: 5 seeds, 8x the tokens, bf16.
   * `paper-0.5b` — Tables 1-2: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
                    directory), `--data` (local FineWeb files) and `--gsm8k DIR` (train/test JSONL), the
                    lm-eval datasets in the local HF cache, and GPUs for sensible run time.
@@ -59,6 +63,9 @@ class ExperimentPreset:
     comparisons: tuple[tuple[str, str], ...] = ()
     lm_eval_tasks: tuple[str, ...] = ()  # lm-evaluation-harness tasks (need their datasets locally)
     needs: tuple[str, ...] = field(default=())  # options the user must supply (paper-0.5b)
+    # The checkpoint every variant is converted from when --init-from is not given: "example" is the
+    # example real model (SmolLM2-135M GGUF, `sinkdlm.example_model`, fetched on first use).
+    default_init_from: str | None = None
 
 
 # The study's questions: every mechanism against the vanilla DLM, and the paper's ablations against the
@@ -168,6 +175,44 @@ PRESETS: dict[str, ExperimentPreset] = {
         eval_mc_num=16,
         analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
         sft=dict(data="arithmetic", max_steps=1000, batch_size=32, seq_len=256, lr=5e-4, eval_every=250, save_every=500),
+    ),
+    # The One-Token comparison from real weights. Sizing (2 CPU cores, measured by
+    # benchmarks/bench_real_train.py): a fwd + bwd step of 4 x 128 tokens on the converted model takes
+    # about 2.3 s, the optimizer step about 0.3 s; evaluation and analysis about 6 min per run.
+    # Dream-style adaptation: the AR head keeps predicting the next token (shift_logits).
+    "real": ExperimentPreset(
+        name="real",
+        description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink vs + gated "
+                     "attention, continued pre-training on shakespeare with the same seeds and data order, paired"),
+        variants=(VANILLA, SINK, GATED),
+        seeds=(0, 1, 2),
+        train=dict(data="shakespeare", max_steps=200, batch_size=4, seq_len=128, lr=5e-5, min_lr=5e-6,
+                   warmup_frac=0.05, eval_every=100, save_every=100, log_every=10, eval_batches=8,
+                   shift_logits=True),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
+        eval_limit=40,
+        eval_mc_num=2,
+        analysis=dict(num_prompts=4, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+        analyse_every_seed=True,
+        comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
+        default_init_from="example",
+    ),
+    "real-gpu": ExperimentPreset(
+        name="real-gpu",
+        description=("the real-initialisation comparison sized for one H100 in about 15 minutes: 5 seeds, "
+                     "8x the tokens of `real`, bf16"),
+        variants=(VANILLA, SINK, GATED),
+        seeds=(0, 1, 2, 3, 4),
+        train=dict(data="shakespeare", max_steps=800, batch_size=16, seq_len=256, lr=5e-5, min_lr=5e-6,
+                   warmup_frac=0.05, eval_every=200, save_every=400, log_every=20, eval_batches=16,
+                   shift_logits=True, bf16=True),
+        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
+        eval_limit=300,
+        eval_mc_num=8,
+        analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
+        analyse_every_seed=True,
+        comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
+        default_init_from="example",
     ),
     "paper-0.5b": ExperimentPreset(
         name="paper-0.5b",

@@ -43,18 +43,18 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
                  gsm8k: str | None = None) -> None:
     """Every user error, before any work."""
     ensure_writable_dir(out)
-    if "init_from" in preset.needs:
-        if not init_from:
-            raise ValueError(
-                f"preset {preset.name!r} starts from an autoregressive checkpoint: pass --init-from DIR, a local "
-                "Hugging Face Qwen2.5-0.5B directory (config.json + *.safetensors); nothing is downloaded here"
-            )
-        cfg = Path(init_from) / "config.json"
-        if not cfg.is_file():
-            raise ValueError(f"--init-from {init_from}: {cfg} is missing; point it at a local HF model directory")
-        model_type = json.loads(cfg.read_text()).get("model_type")
-        if model_type not in ("qwen2", "llama", "sinkdlm"):
-            raise ValueError(f"--init-from {init_from} is a {model_type!r} model; expected qwen2 (or llama)")
+    if "init_from" in preset.needs and not init_from:
+        raise ValueError(
+            f"preset {preset.name!r} starts from an autoregressive checkpoint: pass --init-from PATH, a local "
+            "Hugging Face Qwen2.5-0.5B directory (config.json + *.safetensors) or a .gguf; nothing is downloaded here"
+        )
+    if init_from:
+        from sinkdlm.loading import open_source
+
+        source = open_source(init_from, flag="--init-from")  # a missing or unreadable model: one line, now
+        if not source.is_autoregressive and source.fmt != "sinkdlm":
+            raise ValueError(f"--init-from {init_from} is a {source.fmt!r} diffusion model; expected an "
+                             "autoregressive Qwen2/LLaMA checkpoint (a directory or a .gguf)")
     if "data" in preset.needs:
         if not data:
             raise ValueError(
@@ -116,6 +116,10 @@ def run_experiment(
     """`resume_command`: what an interrupted training stage tells the user to run (the CLI's command)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     out = Path(out)
+    if init_from is None and preset.default_init_from == "example":
+        from sinkdlm.example_model import fetch_example_model
+
+        init_from = str(fetch_example_model())  # cached after the first call; one clear line when offline
     check_inputs(preset, out, init_from, data, gsm8k)
     from sinkdlm.device import check_device
 

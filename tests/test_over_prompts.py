@@ -1,0 +1,54 @@
+"""Intervals over prompts (`sinkdlm.analysis.over_prompts`): the summary is the per-prompt numbers'
+mean with the Student-t interval written out here, paired where it compares, on planted records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats as st
+
+from sinkdlm.analysis.over_prompts import analyze_over_prompts, summarise_prompts
+
+
+def record(mass0, vs, vn, delta):
+    return {"non_sink_fraction": 0.9, "non_sink_fraction_by_epsilon": {"3": 0.9},
+            "sink_mass_per_layer": [mass0, 0.5], "sinks_per_head": [1.0, 2.0],
+            "value_norm_sink": [vs, None], "value_norm_normal": [vn, None],
+            "token_type_shares": {"other": 1.0}, "moving": {"sink_set_change_rate": 0.1},
+            "ablation_score": {"0": -3.0, "1": -3.0 + delta}, "ablation_masked_keys_per_head": {"0": 0.0, "1": 1.0}}
+
+
+def t_interval(xs):
+    n = len(xs)
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = st.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return m, m - h, m + h
+
+
+def test_summary_is_a_t_interval_over_prompts_paired_within_prompt():
+    recs = [record(0.2, 1.0, 3.0, -0.5), record(0.4, 2.0, 3.5, -0.7), record(0.3, 1.5, 2.5, -0.2)]
+    s = summarise_prompts(recs)
+    m, lo, hi = t_interval([0.2, 0.4, 0.3])
+    assert s["sink_mass_per_layer"][0]["mean"] == pytest.approx(m)
+    assert s["sink_mass_per_layer"][0]["low"] == pytest.approx(max(lo, 0.0))
+    assert s["sink_mass_per_layer"][0]["high"] == pytest.approx(hi)
+    d = s["value_norm_per_layer"][0]["difference"]
+    m, lo, hi = t_interval([1.0 - 3.0, 2.0 - 3.5, 1.5 - 2.5])  # paired: per-prompt differences
+    assert (d["mean"], d["low"], d["high"]) == pytest.approx((m, lo, hi))
+    assert s["value_norm_per_layer"][1]["difference"] is None  # a layer without sinks is not tested
+    assert s["value_norm_verdict"]["layers_tested"] == 1
+    assert s["ablation"]["1"]["delta"]["mean"] == pytest.approx(-0.466666, rel=1e-4)
+    assert s["moving"]["sink_set_change_rate"]["degenerate"]  # every prompt 0.1: no variance estimate
+
+
+def test_shares_stay_in_bounds_near_zero():
+    recs = [record(m, 1.0, 2.0, 0.0) for m in (0.0, 0.001, 0.0, 0.002)]
+    iv = summarise_prompts(recs)["sink_mass_per_layer"][0]
+    assert 0.0 <= iv["low"] <= iv["mean"] <= iv["high"] <= 1.0
+
+
+def test_needs_two_prompts(tmp_path):
+    with pytest.raises(ValueError, match="at least 2 prompts"):
+        analyze_over_prompts(None, None, ["one"], tmp_path, gen_length=4)
