@@ -39,5 +39,4 @@ clean:
 
 # Regenerate the README's result tables from the committed results files (a test checks they match).
 readme-results: install
-	$(PY) -c "import json; from sinkdlm.experiment.report import update_readme; \
-	[update_readme('README.md', json.load(open(f'docs/results/{n}/results.json')), n) for n in ('study', 'demo')]"
+	$(PY) tools/readme_results.py

@@ -1,28 +1,29 @@
-"""Every result table in the README is generated from a committed results file by the committed code."""
+"""Every result table in the README (and in docs/results/README.md) is generated from a committed
+results file by the committed code (`tools/readme_results.py`, `make readme-results`)."""
 
-import json
-import re
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from sinkdlm.experiment.report import markdown_summary, readme_block
-
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-BLOCKS = re.findall(r"<!-- results:([\w.-]+) -->", README.read_text())
+_spec = importlib.util.spec_from_file_location("readme_results", ROOT / "tools" / "readme_results.py")
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "README.md"]
+BLOCKS = [(page, name) for page in PAGES if page.is_file() for name in tool.block_names(page)]
 
 
-def test_readme_has_a_generated_results_block():
-    assert "study" in BLOCKS
+def test_readme_has_generated_results_blocks():
+    names = {name for _, name in BLOCKS}
+    assert {"study", "smollm2/ar"} <= names
 
 
-@pytest.mark.parametrize("name", BLOCKS)
-def test_readme_tables_equal_the_committed_results(name):
-    results = ROOT / "docs" / "results" / name / "results.json"
-    block = readme_block(README, name)
-    if not results.is_file():  # not run yet: the README must not show numbers for it
-        assert block.strip() == "", f"README shows results for {name!r} without docs/results/{name}/results.json"
+@pytest.mark.parametrize("page,name", BLOCKS, ids=[f"{p.name}:{n}" for p, n in BLOCKS])
+def test_readme_tables_equal_the_committed_results(page, name):
+    want = tool.generated_block(name)
+    block = tool.readme_block(page, name)
+    if want is None:  # not run yet: the page must not show numbers for it
+        assert block.strip() == "", f"{page.name} shows results for {name!r} without docs/results/{name}/"
         return
-    assert block == markdown_summary(json.loads(results.read_text())), (
-        f"README's {name!r} tables differ from docs/results/{name}/results.json: run `make readme-results`")
+    assert block == want, f"{page.name}'s {name!r} tables differ from docs/results/{name}/: run `make readme-results`"

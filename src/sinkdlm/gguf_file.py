@@ -9,6 +9,7 @@ lives with the other format adapters in `sinkdlm.model.formats`.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +23,16 @@ from sinkdlm.files import CheckpointError
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-# Metadata arrays kept whole (the tokenizer); every other array is only counted.
-_FULL_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+# Rows dequantised at a time: about this many bytes of float32 (the transient of a load).
+_BLOCK_BYTES = 8 << 20
+
+
+def _is_array(field) -> bool:
+    return len(field.types) > 1 or bool(field.types and field.types[0].name == "ARRAY")
 
 
 class GGUFFile:
-    """An opened, checked GGUF file: `metadata` (scalars and the tokenizer arrays), `tensor_names`,
+    """An opened, checked GGUF file: `metadata` (scalars; arrays as their length), `tensor_names`,
     and `tensors()` to dequantise them one by one.
 
     Opening refuses, with one line naming the file: a file that is not GGUF or is truncated (every
@@ -47,6 +52,11 @@ class GGUFFile:
                 f"{self.path} is not a readable GGUF file (truncated or corrupt: {e}); re-download it"
             ) from e
         self.metadata = self._read_metadata()
+        # The reader keeps a numpy view per element of every metadata array (50k tokens, 49k merges:
+        # ~160 MB for SmolLM2). Only their counts are needed here (the tokenizer is built from the
+        # file by `sinkdlm.data.tokenizer.gguf_tokenizer`), so they are dropped before any weight.
+        for name in [n for n, f in self._reader.fields.items() if _is_array(f)]:
+            del self._reader.fields[name]
         arch = self.metadata.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise CheckpointError(
@@ -71,9 +81,8 @@ class GGUFFile:
         for name, field in self._reader.fields.items():
             if name.startswith("GGUF."):
                 continue
-            is_array = len(field.types) > 1 or (field.types and field.types[0].name == "ARRAY")
-            if is_array and name not in _FULL_ARRAYS:
-                out[name] = len(field.data)  # e.g. the chat template's token scores: not needed
+            if _is_array(field):
+                out[name] = len(field.data)  # the number of elements (e.g. tokens), not the elements
                 continue
             try:
                 out[name] = field.contents()
@@ -84,16 +93,34 @@ class GGUFFile:
     def tensor_types(self) -> dict[str, str]:
         return {t.name: t.tensor_type.name for t in self._reader.tensors}
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(llama.cpp name, float32 tensor in PyTorch's [out, in] order), dequantised one at a time."""
+    def tensors(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """(llama.cpp name, tensor in PyTorch's [out, in] order and `dtype`), dequantised one at a time.
+
+        Each tensor is dequantised in blocks of rows straight into its destination, and the file's pages
+        it was read from are handed back to the OS (the file is memory-mapped): the peak stays near the
+        float model plus one block, not the model plus a whole tensor's float32 intermediates."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
+        mapped = getattr(self._reader.data, "_mmap", None)
         for t in self._reader.tensors:
-            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                array = np.array(t.data, dtype=np.float32)  # a copy: the mapped file is read-only
-            else:
-                array = dequantize(t.data, t.tensor_type)
-            # GGUF lists dimensions fastest-first (ggml's ne); PyTorch's shape is the reverse.
-            shape = tuple(int(d) for d in reversed(t.shape))
-            yield t.name, torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32).reshape(shape))
+            shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne fastest-first
+            out = torch.empty(shape, dtype=dtype)
+            flat = out.view(-1, shape[-1]) if out.dim() > 1 else out.view(1, -1)
+            raw = t.data.reshape(flat.shape[0], -1) if t.data.ndim > 1 or flat.shape[0] > 1 else t.data.reshape(1, -1)
+            rows = max(1, _BLOCK_BYTES // max(1, 4 * flat.shape[1]))
+            for r in range(0, flat.shape[0], rows):
+                chunk = raw[r:r + rows]
+                if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                    values = np.asarray(chunk, dtype=np.float32)
+                else:
+                    values = dequantize(chunk, t.tensor_type)
+                flat[r:r + rows] = torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+            if mapped is not None:  # best effort: clean file pages, re-read from disk if touched again
+                start = (t.data_offset // mmap.PAGESIZE) * mmap.PAGESIZE
+                end = t.data_offset + t.n_bytes
+                try:
+                    mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
+                except (OSError, ValueError, AttributeError):
+                    pass
+            yield t.name, out

@@ -99,8 +99,7 @@ def read_tensors(source: ModelSource, dtype: torch.dtype | None = None) -> dict[
     float model plus one tensor."""
     adapter = formats.ADAPTERS[source.fmt](source.config, source.path)
     if source.gguf is not None:
-        target = dtype or torch.float32
-        return adapter.convert((name, t.to(target)) for name, t in source.gguf.tensors())
+        return adapter.convert(source.gguf.tensors(dtype or torch.float32))
     tensors = adapter.convert(read_weights(source.path))
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}

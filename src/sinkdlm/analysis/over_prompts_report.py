@@ -115,3 +115,27 @@ def write_report(result: dict, out_dir: Path) -> None:
     doc.paragraph(f"Per-prompt analyses (figures and analysis.json of each prompt): `prompts/pNN/`. "
                   f"Wall time {result['timing']['seconds'] / 60:.1f} min.")
     doc.write(out_dir)
+
+
+def markdown_headline(result: dict) -> str:
+    """At most five rows for a README: the numbers a reader of Rulli et al. looks for first."""
+    s, setup, model = result["summary"], result["setup"], result["model"]
+    mass = s["sink_mass_per_layer"]
+    top = max(range(len(mass)), key=lambda i: -1 if mass[i] is None else mass[i]["mean"])
+    v = s["value_norm_verdict"]
+    moving = s["moving"].get("content_sink_set_change_rate") or s["moving"].get("sink_set_change_rate")
+    rows = [
+        ("non-sink fraction at ϵ = 3 (%)", _fmt(s["non_sink_fraction"], 100)),
+        (f"attention on detected sinks, layer {top} (the most) (%)", _fmt(mass[top], 100, 1)),
+        ("layers where sinks' value norm is lower / higher than other tokens' (BH over layers)",
+         f"{len(v['sinks_lower'])} / {len(v['sinks_higher'])} of {v['layers_tested']}"),
+        ("sink-set change rate between consecutive decoding steps", _fmt(moving, 1, 4)),
+    ]
+    if s.get("ablation") and "1" in s["ablation"]:
+        metric = "log-prob / token" if model.get("causal") else "ELBO / token"
+        rows.append((f"Δ continuation {metric}, top-1 sink masked in every head",
+                     _fmt(s["ablation"]["1"]["delta"], 1, 3)))
+    lines = [f"{model.get('label', 'model')}: {setup['num_prompts']} Shakespeare prompts, each analysed alone; "
+             "mean over prompts [95 % CI].", "", "| measure | value |", "|---|---|"]
+    lines += [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(lines) + "\n"

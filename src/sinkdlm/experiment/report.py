@@ -705,28 +705,6 @@ def markdown_summary(results: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def update_readme(readme: str | Path, results: dict[str, Any], name: str) -> bool:
-    """Replace the block between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in the README
-    with `markdown_summary(results)`; True if the file changed."""
-    path = Path(readme)
-    text = path.read_text()
-    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
-    if start not in text or end not in text:
-        raise ValueError(f"{path} has no {start} ... {end} block; add the two marker lines where the tables go")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    new = f"{head}{start}\n{markdown_summary(results)}{end}{tail}"
-    if new != text:
-        path.write_text(new)
-    return new != text
-
-
-def readme_block(readme: str | Path, name: str) -> str:
-    text = Path(readme).read_text()
-    start, end = f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
-    return text.split(start, 1)[1].split(end, 1)[0].lstrip("\n")
-
-
 # ----------------------------------------------------------------------------- the report
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from sinkdlm.analysis.figures import plot_score_bars, plot_training_curves

@@ -112,9 +112,22 @@ def run_experiment(
     skip_analysis: bool = False,
     gsm8k: str | None = None,
     resume_command: str | None = None,
+    variants: list[str] | None = None,
 ) -> dict[str, Any]:
-    """`resume_command`: what an interrupted training stage tells the user to run (the CLI's command)."""
+    """`resume_command`: what an interrupted training stage tells the user to run (the CLI's command).
+
+    `variants`: run only these of the preset's variants (by name), e.g. to split an experiment over two
+    processes on the same `out`; a last call without it finds every stage done and writes the report."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
+    if variants:
+        known = {v.name: v for v in preset.variants}
+        unknown = sorted(set(variants) - set(known))
+        if unknown:
+            raise ValueError(f"--variants {','.join(unknown)}: not in preset {preset.name!r}; choose from {sorted(known)}")
+        import dataclasses
+
+        preset = dataclasses.replace(preset, variants=tuple(known[n] for n in variants),
+                                     comparisons=tuple(p for p in preset.comparisons if set(p) <= set(variants)))
     out = Path(out)
     if init_from is None and preset.default_init_from == "example":
         from sinkdlm.example_model import fetch_example_model

@@ -176,7 +176,7 @@ def gguf_config(meta: dict, tensor_names: list[str], path) -> ModelConfig:
         head_dim = hidden // heads
         if get("rope.dimension_count", head_dim) != head_dim or get("attention.key_length", head_dim) != head_dim:
             raise _error(f"{path}: a head_dim other than embedding_length/head_count ({head_dim}) is not supported")
-        vocab = get("vocab_size") or meta.get("tokenizer.ggml.tokens") and len(meta["tokenizer.ggml.tokens"])
+        vocab = get("vocab_size") or meta.get("tokenizer.ggml.tokens")  # the token list's length
         return ModelConfig(
             vocab_size=int(vocab), hidden_size=hidden, num_hidden_layers=int(get("block_count")),
             num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=int(get("feed_forward_length")),
