@@ -151,7 +151,9 @@ def test_paper_preset_validates_its_inputs(tmp_path):
 def _fake_hf(tmp_path: Path) -> Path:
     d = tmp_path / "qwen"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (d / "config.json").write_text(json.dumps({  # a complete config: --init-from is parsed before any work
+        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 48}))
     return d
 
 
