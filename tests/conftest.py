@@ -20,3 +20,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The CLI fuzz test's number of cases per command (test_cli_fuzz.py), for the CI log."""
+    from helpers import fuzz_counts_key
+
+    counts = config.stash.get(fuzz_counts_key(), None)
+    if counts:
+        terminalreporter.write_sep("-", "CLI fuzz cases per command")
+        for name, row in counts.items():
+            outcomes = ", ".join(f"{k} {v}" for k, v in row.items() if k != "cases" and v)
+            terminalreporter.write_line(f"{name:>16}: {row['cases']:3d} cases ({outcomes})")

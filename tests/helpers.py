@@ -47,3 +47,15 @@ def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
 
     return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=timeout,
                           env=subprocess_env(), cwd=cwd)
+
+
+def fuzz_counts_key():
+    """The pytest stash key of the fuzz test's case counts (printed by conftest's terminal summary)."""
+    import pytest
+
+    global _FUZZ_COUNTS
+    try:
+        return _FUZZ_COUNTS
+    except NameError:
+        _FUZZ_COUNTS = pytest.StashKey[dict]()
+        return _FUZZ_COUNTS

@@ -83,7 +83,7 @@ def test_main_prints_one_error_line_and_exits_2(hf_dir, tmp_path, capsys, case):
         (tmp_path / "empty").mkdir()
         args, match = ["--from-hf", str(tmp_path / "empty")], "config.json is missing"
     else:
-        args, match = ["--from-hf", str(src), "--num-sink-tokens", "1", "--sink-position", "middle"], "sink_position"
+        args, match = ["--from-hf", str(src), "--num-sink-tokens", "1", "--sink-position", "middle"], "error: --sink-position must be one of"
     with pytest.raises(SystemExit) as exc:
         main(["convert", *args, "--out", str(tmp_path / "out")])
     assert exc.value.code == 2

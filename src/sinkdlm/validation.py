@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 SCALES = ("sum", "mean")  # received-attention scale, Rulli et al. eq. 3 (column sum or mean)
 
@@ -74,14 +75,67 @@ def check_epsilons(epsilons) -> list[float]:
     return eps
 
 
+def parse_int_list(text: str | None, name: str) -> list[int] | None:
+    """"1,5,10" -> [1, 5, 10] (None stays None); `name` is the flag, for the error."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise ValueError(f"{name} must be comma-separated integers like 1,5,10, got {text!r}") from err
+    if not values:
+        raise ValueError(f"{name} is empty; give comma-separated integers like 1,5,10")
+    return values
+
+
+# ----------------------------------------------------------------------------- input files
+def read_text_file(path, flag: str) -> str:
+    """The UTF-8 text of the file given to `flag` (e.g. "--prompts"), or a ValueError naming the
+    flag and the file: missing, a directory, unreadable, or not UTF-8 (worded as `train --data`'s)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{flag} file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{flag} file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); it must be UTF-8 — "
+            f"convert it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"
+        ) from exc
+    except OSError as exc:  # unreadable (permissions), a FIFO, ...
+        raise ValueError(f"{flag} file {str(path)!r} cannot be read ({exc.strerror or exc})") from exc
+
+
+def check_output_dir(path, flag: str = "--out") -> Path:
+    """Fail before any work when directory `path` cannot be made or written: it is a file, lies
+    under a file, or under an unwritable directory. Creates nothing, so that a refused run leaves
+    no empty `--out` behind (the command creates it when it writes)."""
+    import os
+
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a file; give a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"cannot write {flag} {str(path)!r}: {str(parent)!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {flag} {str(path)!r}: directory {str(parent)!r} is not writable")
+    return path
+
+
 # ----------------------------------------------------------------------------- CLI spelling
 def cli_message(message: str, flags: Iterable[str]) -> str:
     """Rewrite library parameter names in an error message as the running command's flags.
 
     `flags` are the command's long options (e.g. `--seq-len`). A name with an underscore
     (`seq_len`, `text_field`) becomes its flag wherever it stands as a word; a one-word name
-    (`steps`, `limit`) only where it is clearly the argument (`steps=64`, `steps must ...`), so
-    prose such as "denoising steps" is left alone. `got None` becomes `got nothing` (an unset
+    (`steps`, `limit`) only where it is clearly the argument (`steps=64`, `steps must ...`, or
+    opening the message before its value: `dtype 'x' is ...`), so prose such as "denoising steps"
+    is left alone; `unknown [kind] name 'value'` gets the flag after the value. `got None` becomes `got nothing` (an unset
     option): the user never reads the Python spelling.
     """
     known = {f[2:].replace("-", "_"): f for f in flags if f.startswith("--")}
@@ -94,4 +148,9 @@ def cli_message(message: str, flags: Iterable[str]) -> str:
             out = re.sub(lead + re.escape(name) + r"(?![\w(])", flag, out)
         else:
             out = re.sub(lead + re.escape(name) + r"(?= must\b| is required\b)", flag, out)
+            # the value's name opening the message (`dtype 'x' is not ...`)
+            out = re.sub("^" + re.escape(name) + r"(?= ['\"\d-])", flag, out)
+        # `unknown model preset 'x'; ...` -> `unknown model preset 'x' (--preset); ...`
+        out = re.sub(r"^(unknown (?:[\w-]+ )?" + re.escape(name) + r" ('(?:[^'\\]|\\.)*'|\"[^\"]*\"))",
+                     lambda m: f"{m.group(1)} ({flag})", out)
     return out.replace("got None", "got nothing")

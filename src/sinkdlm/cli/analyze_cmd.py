@@ -13,26 +13,14 @@ from typing import Optional
 import typer
 
 from sinkdlm.cli.app import app
-
-
-def parse_int_list(text: str | None, name: str) -> list[int] | None:
-    """"1,5,10" -> [1, 5, 10]."""
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise ValueError(f"{name} must be comma-separated integers like 1,5,10, got {text!r}") from err
-    if not values:
-        raise ValueError(f"{name} is empty; give comma-separated integers like 1,5,10")
-    return values
+from sinkdlm.validation import parse_int_list
 
 
 def read_prompts(path: Path) -> list[str]:
     """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text"."""
-    if not path.is_file():
-        raise ValueError(f"prompts file {str(path)!r} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    from sinkdlm.validation import read_text_file
+
+    lines = read_text_file(path, "--prompts").splitlines()
     if path.suffix != ".jsonl":
         prompts = [line for line in lines if line.strip()]
     else:
@@ -43,13 +31,13 @@ def read_prompts(path: Path) -> list[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i} is not valid JSON: {e}") from e
+                raise ValueError(f"--prompts {path}:{i} is not valid JSON: {e}") from e
             text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{i} needs a string field \"prompt\" or \"text\"")
+                raise ValueError(f"--prompts {path}:{i} needs a string field \"prompt\" or \"text\"")
             prompts.append(text)
     if not prompts:
-        raise ValueError(f"prompts file {str(path)!r} holds no prompt")
+        raise ValueError(f"--prompts file {str(path)!r} holds no prompt")
     return prompts
 
 
@@ -61,7 +49,9 @@ def analyze(
     num_prompts: int = typer.Option(8, "--num-prompts", help="Prompts to use (first N of --prompts; windows of --data)."),
     prompt_length: int = typer.Option(64, "--prompt-length", help="Tokens per prompt taken from --data."),
     gen_length: int = typer.Option(None, "--gen-length", help="Tokens to generate per prompt."),
-    steps: int = typer.Option(None, "--steps", help="Denoising steps."),
+    steps: int = typer.Option(
+        None, "--steps", help="Denoising steps (default: --gen-length, one token per step; an autoregressive model "
+        "always takes one step per token)."),
     block_length: int = typer.Option(None, "--block-length", help="Semi-autoregressive block length (default: one block)."),
     epsilon: float = typer.Option(3.0, "--epsilon", help="Sink threshold ϵ (Rulli et al. eq. 3)."),
     scale: str = typer.Option("sum", "--scale", help="Received-attention scale: sum (default) | mean."),
@@ -81,7 +71,9 @@ def analyze(
 ) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
     from sinkdlm.analysis.report import check_options
+    from sinkdlm.validation import check_output_dir
 
+    check_output_dir(out)
     if compare_dirs is not None:
         if model is not None:
             raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
@@ -92,8 +84,10 @@ def analyze(
         return
     if model is None:
         raise ValueError("--model DIR is required (or --compare DIR_A DIR_B)")
-    if gen_length is None or steps is None:
-        raise ValueError("--gen-length and --steps are required")
+    if gen_length is None:
+        raise ValueError("--gen-length is required")
+    if steps is None:  # an AR model generates one token per step: --steps would mean nothing to it
+        steps = gen_length
     if (prompts is None) == (data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")
     ks = parse_int_list(ablation_k, "--ablation-k")

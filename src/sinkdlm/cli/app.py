@@ -2,7 +2,8 @@
 
 Commands only parse arguments and call library functions. A `ValueError` raised by the library
 (the user's error) is printed as one line `error: ...` with exit code 2, not as a traceback, with
-the library's parameter names re-spelled as the command's flags (`seq_len` -> `--seq-len`).
+the library's parameter names re-spelled as the command's flags (`seq_len` -> `--seq-len`); click's
+usage errors (unknown option, not an integer, ...) get the same one line.
 """
 
 from __future__ import annotations
@@ -33,18 +34,39 @@ def _root() -> None:
 def main(argv: list[str] | None = None) -> None:
     import sinkdlm.cli  # noqa: F401  (registers every command)
 
+    try:  # typer >= 0.2x runs on its own copy of click
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         group = typer.main.get_command(app)
         if "--help" in args:
             _show_config_defaults(group)
-        group.main(args=args, prog_name="sinkdlm", standalone_mode=True)
+        _check_empty_values(args)
+        # Not standalone: click's usage errors come here, to be printed as one line like ours.
+        code = group.main(args=args, prog_name="sinkdlm", standalone_mode=False)
     except ValueError as e:
         from sinkdlm.validation import cli_message
 
         message = cli_message(str(e), _command_flags(args))
         typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
         sys.exit(2)
+    except getattr(click_errors, "NoArgsIsHelpError", ()) as e:  # `sinkdlm tokenizer`: the help is the answer
+        e.show()
+        sys.exit(e.exit_code)
+    except click_errors.UsageError as e:
+        hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        typer.secho(f"error: {e.format_message()}{hint}", err=True, fg=typer.colors.RED)
+        sys.exit(e.exit_code)
+    except click_errors.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)  # typer.Exit(n) comes back as n
 
 
 def _show_config_defaults(group) -> None:
@@ -66,20 +88,47 @@ def _show_config_defaults(group) -> None:
             param.help = f"{param.help or ''}  [default: {value}]".strip()
 
 
-def _command_flags(argv: list[str]) -> list[str]:
-    """Long option names of the command named in `argv` (to re-spell library names in errors)."""
-    import typer.main
-
-    group = typer.main.get_command(app)
-    cmd, flags = group, []
+def _command(argv: list[str]):
+    """The click command named in `argv` (the group itself when none is)."""
+    cmd = typer.main.get_command(app)
     for word in argv:
         sub = getattr(cmd, "commands", {}).get(word) if not word.startswith("-") else None
-        if sub is None:
-            continue
-        cmd = sub
-    for param in getattr(cmd, "params", []):
+        if sub is not None:
+            cmd = sub
+    return cmd
+
+
+def _command_flags(argv: list[str]) -> list[str]:
+    """Long option names of the command named in `argv` (to re-spell library names in errors)."""
+    flags = []
+    for param in getattr(_command(argv), "params", []):
         flags += [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]
     return flags
+
+
+def _is_path_option(param) -> bool:
+    """A `Path`-typed option (click's type; typer >= 0.2x keeps the annotation instead)."""
+    if getattr(getattr(param, "type", None), "name", None) == "path":
+        return True
+    from pathlib import Path
+
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return annotation is Path or Path in getattr(annotation, "__args__", ())
+
+
+def _check_empty_values(argv: list[str]) -> None:
+    """Refuse `--model ""` by its flag: read as `Path("")` (the working directory) it would fail, or
+    write, there with a message about some file in it; an empty value is a slip for every option."""
+    params = [p for p in getattr(_command(argv), "params", []) if not getattr(p, "is_flag", False)]
+    paths = {o for p in params if _is_path_option(p) for o in p.opts}
+    flags = {o for p in params for o in p.opts if o.startswith("--")}
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name not in flags or (not eq and i + 1 >= len(argv)):
+            continue
+        value = value if eq else argv[i + 1]
+        if not (value.strip() if name in paths else value):
+            raise ValueError(f"{name} is empty; give a {'path' if name in paths else 'value'}")
 
 
 def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:

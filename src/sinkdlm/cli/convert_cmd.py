@@ -19,8 +19,13 @@ def convert(
     **switches,
 ) -> None:
     """Copy an autoregressive checkpoint's weights into a bidirectional DLM (+[MASK], + sinks)."""
+    from sinkdlm.config import check_model_switches
     from sinkdlm.model.hf import convert_hf_checkpoint
 
+    from sinkdlm.validation import check_output_dir
+
+    check_model_switches(switches, where="--")  # before reading --from-hf, in the flags' own names
+    check_output_dir(out)
     model = convert_hf_checkpoint(from_hf, out, seed=seed, **switches)
     cfg = model.config
     typer.echo(

@@ -25,7 +25,9 @@ def experiment(
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
 
-    seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+    from sinkdlm.validation import parse_int_list
+
+    seed_list = parse_int_list(seeds, "--seeds")
     try:
         run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
                        gsm8k=gsm8k, resume_command=typed_command(ctx))  # re-running the command resumes

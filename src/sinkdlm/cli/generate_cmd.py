@@ -53,9 +53,9 @@ def generate(
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     if prompt_file is not None:
-        if not prompt_file.is_file():
-            raise ValueError(f"prompt file {str(prompt_file)!r} does not exist")
-        prompt = prompt_file.read_text()
+        from sinkdlm.validation import read_text_file
+
+        prompt = read_text_file(prompt_file, "--prompt-file")
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
     ids = tokenizer(prompt)["input_ids"]
     if not ids:

@@ -78,11 +78,39 @@ def _run(ctx: typer.Context, cfg) -> None:
     from sinkdlm.training import train
     from sinkdlm.training.rundir import TrainingStopped
 
+    from sinkdlm.validation import check_output_dir
+
+    out = check_output_dir(cfg.out) if isinstance(cfg.out, (str, Path)) else None  # else: train() says
+    trace = (not out.exists(), not (out / LOCK_NAME).exists()) if out is not None else None
     try:
         summary = train(cfg, resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
     except TrainingStopped as stopped:
         raise typer.Exit(stopped.exit_code) from None
+    except ValueError:
+        if trace is not None:
+            _undo_lock(out, *trace)
+        raise
     typer.echo(json.dumps(summary))
+
+
+LOCK_NAME = ".train.lock"  # sinkdlm.training.rundir.LOCK_NAME (not imported: torch-free --help)
+
+
+def _undo_lock(out: Path, made_out: bool, made_lock: bool) -> None:
+    """A refused run (an input check inside train(), after --out was locked) leaves --out as it
+    found it: the lock file it created goes, and so does --out itself when it made it and nothing
+    else is in it. Rank 0 only: it alone takes the lock."""
+    import os
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        if made_lock:
+            (out / LOCK_NAME).unlink(missing_ok=True)
+        if made_out:
+            out.rmdir()
+    except OSError:  # not empty (something else is there) or not ours to touch: leave it
+        pass
 
 
 @app.command()
@@ -121,6 +149,8 @@ def tokenizer_train(
 ) -> None:
     """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
     from sinkdlm.data import iter_documents, train_bpe_tokenizer
+    from sinkdlm.validation import check_output_dir
 
+    check_output_dir(out)
     tok = train_bpe_tokenizer(iter_documents(data, "train", text_field), vocab_size, out_dir=out)
     typer.echo(f"wrote {out}: {len(tok)} tokens, mask_token_id {tok.mask_token_id}")

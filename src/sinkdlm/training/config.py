@@ -147,10 +147,10 @@ class TrainConfig(_TrainSwitchFields):
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
+    from sinkdlm.validation import read_text_file
+
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"--config file {str(path)!r} does not exist")
-    text = path.read_text()
+    text = read_text_file(path, "--config")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:

@@ -1,0 +1,386 @@
+"""No traceback, ever (issue 24): a property-based fuzz test over every command, in process.
+
+Each generated case starts from a command's tiny valid argv (`BASELINES`) and changes one or two of
+its options, read from the typer/click command itself (so a new option is fuzzed without a new
+case): a wrong type, a negative, zero, a huge number, NaN/inf, an empty string, garbage, a bad
+file or model directory from `fuzz_world`, a dropped option, a switch. The property, for every case:
+
+* the exit code is 0 or 2 and no traceback is printed;
+* exit 2 prints exactly one `error:` line, and it names an option or a file;
+* nothing is written outside `--out` (and `--cache-dir`): the working directory and the shared
+  files are compared before and after;
+* a refused run (exit 2) writes nothing at all: no half-written `--out`, and a run already
+  there stays byte-identical.
+
+The seed corpus (fuzz_corpus/cases.json) is re-run every time: the issue's cases, and every
+failure the fuzzer ever found. Hypothesis runs derandomized without a database, so CI sees the
+same cases on every run; the counts per command are printed in pytest's terminal summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import traceback
+import typing
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import fuzz_world
+from helpers import fuzz_counts_key, subprocess_env
+
+CORPUS = Path(__file__).parent / "fuzz_corpus" / "cases.json"
+
+# Tiny valid runs: each finishes in about a second on one CPU thread. `{name}` is a fuzz_world path.
+BASELINES: dict[str, list[str]] = {
+    "generate": ["generate", "--model", "{ok}", "--prompt", "to be or not", "--gen-length", "4", "--steps", "2",
+                 "--device", "cpu"],
+    "analyze": ["analyze", "--model", "{ok}", "--prompts", "{prompts.txt}", "--num-prompts", "2", "--gen-length", "4",
+                "--steps", "2", "--batch-size", "2", "--device", "cpu", "--quiet", "--out", "out"],
+    "eval": ["eval", "--model", "{ok}", "--tasks", "arithmetic", "--limit", "2", "--mc-num", "1", "--batch-size", "4",
+             "--device", "cpu", "--no-progress", "--out", "out/scores.json"],
+    "train": ["train", "--preset", "tiny", "--data", "{corpus.txt}", "--tokenizer", "{ok}", "--max-steps", "1",
+              "--batch-size", "2", "--seq-len", "16", "--device", "cpu", "--out", "out"],
+    "sft": ["sft", "--model", "{ok}", "--data", "{sft.jsonl}", "--max-steps", "1", "--batch-size", "2",
+            "--seq-len", "32", "--out", "out"],
+    "tokenizer train": ["tokenizer", "train", "--data", "{corpus.txt}", "--vocab-size", "280", "--out", "out"],
+    "convert": ["convert", "--from-hf", "{hf_qwen2}", "--out", "out"],
+    # A full experiment takes minutes even on `smoke`: fuzz it on top of a refused baseline (an
+    # unknown preset), so no generated case starts one; the corpus holds its checks beyond that.
+    "experiment": ["experiment", "--preset", "no-such-preset", "--max-steps", "1", "--seeds", "0", "--device", "cpu",
+                   "--out", "out"],
+}
+EXAMPLES = {"generate": 25, "analyze": 14, "eval": 14, "train": 12, "sft": 10, "tokenizer train": 10,
+            "convert": 12, "experiment": 10}
+CASE_SECONDS = 20  # a case past this was accepted and is doing real work (a huge --max-steps, say)
+
+INT_VALUES = ["-1", "0", "1", "abc", "1.5", "", "99999999999999999999", "nan", "-99999999999999999999"]
+FLOAT_VALUES = ["nan", "inf", "-inf", "-1", "0", "abc", "", "1e309", "1e-320", "99999999999999999999"]
+TEXT_VALUES = ["", " ", "bogus", "-1", "0", "nan", ",", "0,0", "1,-5", "5,1", "ü€ 中", "hf:", "gsm8k:",
+               "shakespeare_cloze,bogus", "prefix", "dual", "float16", "cuda", "cuda:7", "mean"]
+OUT_VALUES = ["", ".", "a_file.txt", "a_file.txt/sub", "a_dir", "new/deep/out"]
+OUTPUT_FLAGS = ("--out", "--cache-dir")  # where a command may write
+
+
+# ----------------------------------------------------------------------------- the world
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz_world")
+    return fuzz_world.build(root / "w")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """One cache for every case (packed corpora, tokenizers): outside the compared trees."""
+    cache = tmp_path_factory.mktemp("fuzz_cache")
+    old = os.environ.get("SINKDLM_CACHE")
+    os.environ["SINKDLM_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("SINKDLM_CACHE", None)
+    else:
+        os.environ["SINKDLM_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def priors(world, env, tmp_path_factory):
+    """The baseline run of each command that has an `--out`, kept to be copied into a case's `--out`
+    (the "existing run" there). Running them also proves each baseline valid."""
+    runs = {}
+    for name, argv in BASELINES.items():
+        if "--out" not in argv or name == "experiment":
+            continue
+        cwd = tmp_path_factory.mktemp("prior")
+        result = run_main(fill(argv, world), cwd)
+        assert result.code == 0 and result.error is None, (name, result)
+        runs[name] = cwd / "out"
+    return runs
+
+
+def fill(argv: list[str], world: dict[str, str]) -> list[str]:
+    """Each `{name}` in the words replaced by that world path."""
+    return [re.sub(r"\{([^{}]+)\}", lambda m: world.get(m.group(1), m.group(0)), w) for w in argv]
+
+
+# ----------------------------------------------------------------------------- running a case
+class CaseTimeout(BaseException):
+    """Raised by the alarm: the case is still running after CASE_SECONDS."""
+
+
+class Result:
+    def __init__(self, code, out: str, err: str, error: str | None):
+        self.code, self.out, self.err, self.error = code, out, err, error
+
+    def __repr__(self) -> str:
+        return f"Result(code={self.code!r}, err={self.err[-2000:]!r}, error={self.error!r})"
+
+
+def run_main(argv: list[str], cwd: Path, seconds: float = CASE_SECONDS) -> Result:
+    """`sinkdlm ARGV` in this process, in `cwd`, with stdout/stderr captured and a time limit."""
+    from sinkdlm.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code, error = None, None
+    old_cwd = os.getcwd()
+
+    def alarm(signum, frame):
+        raise CaseTimeout
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            main(list(argv))
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code
+    except CaseTimeout:
+        code = "timeout"
+    except BaseException:  # what a user would see as a traceback
+        error = traceback.format_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.chdir(old_cwd)
+    return Result(code, out.getvalue(), err.getvalue(), error)
+
+
+def tree(root: Path, content: bool = True) -> dict[str, object]:
+    """{relative path: file digest (or size+mtime) | 'dir'} of everything under `root`."""
+    state: dict[str, object] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            state[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                state[rel] = "link"
+            elif content:
+                state[rel] = hashlib.sha1(Path(p).read_bytes()).hexdigest()
+            else:
+                st_ = os.stat(p)
+                state[rel] = (st_.st_size, st_.st_mtime_ns)
+    return state
+
+
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, w in enumerate(argv[:-1]) if w == flag]
+
+
+def command_of(argv: list[str]):
+    """The click command an argv runs (None for an unknown command)."""
+    import typer.main
+
+    import sinkdlm.cli  # noqa: F401  (registers the commands)
+    from sinkdlm.cli.app import app
+
+    cmd = typer.main.get_command(app)
+    for word in argv:
+        sub = getattr(cmd, "commands", {}).get(word)
+        if sub is None:
+            break
+        cmd = sub
+    return cmd
+
+
+def output_paths(argv: list[str], cwd: Path) -> list[Path]:
+    """Where the command may write: each OUTPUT_FLAGS value, else the option's default."""
+    cmd = command_of(argv)
+    paths = []
+    for param in getattr(cmd, "params", []):
+        flags = [o for o in param.opts if o in OUTPUT_FLAGS]
+        if not flags:
+            continue
+        given = _flag_values(argv, flags[0])
+        if given:
+            paths.append(given[-1])
+        elif isinstance(param.default, (str, Path)) and param.default:
+            paths.append(str(param.default))
+    return [(cwd / p).resolve() if p else cwd.resolve() for p in paths]
+
+
+def allowed(rel: str, cwd: Path, outs: list[Path]) -> bool:
+    path = (cwd / rel).resolve()
+    return any(path == o or o in path.parents or path in o.parents for o in outs)
+
+
+def check_case(argv: list[str], world: dict[str, str], cwd: Path, world_before: dict) -> Result:
+    """Run one case and assert the property; returns the result (for the caller's notes)."""
+    before = tree(cwd)
+    result = run_main(argv, cwd)
+    shown = f"argv: {argv!r}\n{result!r}"
+    assert result.error is None, f"traceback\n{shown}\n{result.error}"
+    assert "Traceback (most recent call last)" not in result.out + result.err, f"traceback printed\n{shown}"
+    timed_out = result.code == "timeout"
+    assert result.code in (0, 2) or timed_out, f"exit code {result.code!r}\n{shown}"
+    if timed_out:  # accepted and working: only a huge work size may do that in a tiny world
+        assert any(v in argv for v in ("99999999999999999999", "1e309", "inf")), f"ran past {CASE_SECONDS} s\n{shown}"
+    if result.code == 2:
+        lines = [line for line in result.err.splitlines() if line.strip()]
+        errors = [line for line in lines if line.lower().startswith("error")]
+        assert len(errors) == 1 and lines[-1] == errors[0], f"not one error line\n{shown}"
+        assert "Usage:" not in result.err, f"usage block instead of one line\n{shown}"
+        line = errors[0]
+        cmd = command_of(argv)
+        names = [o for p in getattr(cmd, "params", []) for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+        names += [w for w in argv if w.startswith("--")]
+        names += [v for v in argv if os.sep in v] + [Path(v).name for v in argv if os.sep in v and len(Path(v).name) > 2]
+        names += [repr(v) for v in argv if v.strip()]  # a relative path, quoted
+        names += ["sinkdlm --help", "No such command"]
+        assert any(n in line for n in names), f"the error names no option or file\n{shown}"
+    after = tree(cwd)
+    outs = output_paths(argv, cwd)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    if result.code == 2:
+        assert not changed, f"a refused run changed {sorted(changed)}\n{shown}"
+    else:
+        outside = {k for k in changed if not allowed(k, cwd, outs)}
+        assert not outside, f"wrote outside --out: {sorted(outside)}\n{shown}"
+    world_after = tree(Path(world["ok"]).parent, content=False)
+    assert world_after == world_before, f"changed the shared input files\n{shown}"
+    return result
+
+
+def new_cwd(tmp_path_factory, prior: Path | None) -> Path:
+    """A fresh working directory: a file and a directory to misuse, and the prior run as `out`."""
+    import shutil
+
+    cwd = tmp_path_factory.mktemp("case")
+    (cwd / "a_file.txt").write_text("hello\n")
+    (cwd / "a_dir").mkdir()
+    (cwd / "a_dir" / "keep.txt").write_text("keep\n")
+    if prior is not None:
+        if prior.is_dir():
+            shutil.copytree(prior, cwd / "out")
+        else:
+            (cwd / "out").mkdir()
+            shutil.copy(prior, cwd / "out" / prior.name)
+    return cwd
+
+
+# ----------------------------------------------------------------------------- generated cases
+def option_params(name: str) -> list:
+    cmd = command_of(name.split())
+    return [p for p in cmd.params if p.param_type_name == "option" and any(o.startswith("--") for o in p.opts)]
+
+
+def option_kind(param) -> str:
+    """"integer", "float" or "text" (anything else): click's type name, or (typer >= 0.2x, which
+    drops click's types) the annotation typer read."""
+    name = getattr(getattr(param, "type", None), "name", None)
+    if name:
+        return name.lower()
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    annotation = args[0] if len(args) == 1 else annotation
+    return {int: "integer", float: "float"}.get(annotation, "text")
+
+
+def values_for(param, world_names: list[str]):
+    """A strategy of argv words for one option: a list (one word per nargs), or [] for a switch."""
+    kind = option_kind(param)
+    if getattr(param, "is_flag", False):
+        return st.just([])
+    if any(o in OUTPUT_FLAGS for o in param.opts):
+        word = st.sampled_from(OUT_VALUES)
+    elif kind in ("integer", "int"):
+        word = st.sampled_from(INT_VALUES)
+    elif kind in ("float",):
+        word = st.sampled_from(FLOAT_VALUES)
+    else:  # text and paths: garbage, and every file and model directory of the world
+        word = st.sampled_from(TEXT_VALUES + [f"{{{n}}}" for n in world_names])
+    return st.lists(word, min_size=max(param.nargs, 1), max_size=max(param.nargs, 1))
+
+
+def mutate(argv: list[str], param, words: list[str], how: str, flag: str) -> list[str]:
+    """Drop `param` from argv, set it (replacing its occurrences) or add it once more."""
+    names = set(param.opts) | set(param.secondary_opts)
+    if how in ("drop", "set"):
+        out, skip = [], 0
+        for w in argv:
+            if skip:
+                skip -= 1
+            elif w in names:
+                skip = 0 if getattr(param, "is_flag", False) else max(param.nargs, 1)
+            else:
+                out.append(w)
+        argv = out
+    if how == "drop":
+        return argv
+    return [*argv, flag, *words]
+
+
+@st.composite
+def cases(draw, name: str, world_names: list[str]):
+    argv = list(BASELINES[name])
+    params = option_params(name)
+    for _ in range(draw(st.integers(1, 2))):
+        param = draw(st.sampled_from(params))
+        flag = draw(st.sampled_from([o for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]))
+        how = draw(st.sampled_from(["set", "set", "set", "drop", "add"]))
+        argv = mutate(argv, param, draw(values_for(param, world_names)), how, flag)
+    existing = draw(st.booleans())
+    return argv, existing
+
+
+def tally(counts: dict, name: str, result: Result) -> None:
+    """Count a case by its outcome: {name: {"cases": n, "exit 0": a, "exit 2": b, "timeout": c}}."""
+    row = counts.setdefault(name, {"cases": 0, "exit 0": 0, "exit 2": 0, "timeout": 0})
+    row["cases"] += 1
+    row[f"exit {result.code}" if result.code != "timeout" else "timeout"] += 1
+
+
+@pytest.mark.parametrize("name", list(BASELINES))
+def test_fuzz_every_command(name, world, env, priors, tmp_path_factory, request):
+    world_names = sorted(world)
+    world_before = tree(Path(world["ok"]).parent, content=False)
+    counts = request.config.stash.setdefault(fuzz_counts_key(), {})
+
+    @settings(max_examples=EXAMPLES[name], derandomize=True, database=None, deadline=None,
+              phases=[Phase.explicit, Phase.generate], print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases(name, world_names))
+    def run(case):
+        argv, existing = case
+        cwd = new_cwd(tmp_path_factory, priors.get(name) if existing else None)
+        result = check_case(fill(argv, world), world, cwd, world_before)
+        tally(counts, name, result)
+
+    run()
+
+
+# ----------------------------------------------------------------------------- the seed corpus
+def corpus_cases() -> list:
+    cases_ = json.loads(CORPUS.read_text())
+    params = []
+    for i, case in enumerate(cases_):
+        marks = [pytest.mark.xfail(reason=case["xfail"], strict=True)] if case.get("xfail") else []
+        params.append(pytest.param(case, id=f"{i}-{'-'.join(w for w in case['argv'][:2] if not w.startswith('{'))}",
+                                   marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("case", corpus_cases())
+def test_seed_corpus(case, world, env, priors, tmp_path_factory, request):
+    """Every corpus case re-run: the property, plus the words its error must contain (`expect`)."""
+    world_before = tree(Path(world["ok"]).parent, content=False)
+    command = " ".join(case["argv"][:2]) if case["argv"][:2] == ["tokenizer", "train"] else case["argv"][0]
+    cwd = new_cwd(tmp_path_factory, priors.get(command) if case.get("existing") else None)
+    result = check_case(fill(case["argv"], world), world, cwd, world_before)
+    assert result.code == case.get("code", result.code), result
+    for words in case.get("expect", []):
+        assert fill([words], world)[0] in result.err + result.out, (words, result)
+    tally(request.config.stash.setdefault(fuzz_counts_key(), {}), "seed corpus", result)
+
+
