@@ -152,6 +152,9 @@ class ModelConfig(_ModelSwitchFields):
                 f"num_attention_heads={self.num_attention_heads}"
             )
         check_model_switches(self.switches())
+        if self.num_sink_tokens >= self.max_position_embeddings:  # they take positions of their own
+            raise ValueError(f"num_sink_tokens={self.num_sink_tokens} leaves no position for tokens: it must be "
+                             f"below max_position_embeddings={self.max_position_embeddings}")
         for name in ("shift_logits", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")

@@ -34,9 +34,13 @@ def check_optional_int(name: str, value, minimum: int = 1, *, none_means: str) -
     return value
 
 
-def check_seed(value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"seed must be an integer, got {value!r}")
+SEED_MAX = 2**32 - 1  # seeds are mixed into int64 arithmetic (trainer's per-step generators)
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """An int in [0, SEED_MAX]: a larger one overflows torch's int64 seeds deep inside the run."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{name} must be an integer in [0, {SEED_MAX}], got {value!r}")
     return value
 
 
@@ -125,6 +129,17 @@ def check_output_dir(path, flag: str = "--out") -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"cannot write {flag} {str(path)!r}: directory {str(parent)!r} is not writable")
     return path
+
+
+def check_prompt_size(text: str, tokenizer, config, flag: str) -> None:
+    """Refuse a prompt far too long for the model before encoding it (10 MB take a BPE ~20 s): no
+    token covers more characters than the vocabulary's longest, so `text` needs at least
+    len(text) / longest tokens. `config`: the model's (for `max_content_length`)."""
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
+    positions = config.max_content_length
+    if len(text) > longest * positions:
+        raise ValueError(f"{flag} holds {len(text)} characters, at least {len(text) // longest} tokens: more than "
+                         f"the model's {positions} positions; shorten it")
 
 
 # ----------------------------------------------------------------------------- CLI spelling

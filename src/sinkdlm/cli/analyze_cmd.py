@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from sinkdlm.cli.app import app
-from sinkdlm.validation import parse_int_list
+from sinkdlm.validation import check_prompt_size, check_seed, parse_int_list
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -74,6 +74,7 @@ def analyze(
     from sinkdlm.validation import check_output_dir
 
     check_output_dir(out)
+    check_seed(seed, "--seed")
     if compare_dirs is not None:
         if model is not None:
             raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
@@ -107,6 +108,8 @@ def analyze(
     from sinkdlm.reporting import run_label
 
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
+    for text in texts or ():
+        check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {prompts}")
     if texts is None:
         texts = prompts_from_documents(load_documents(data, "validation"), tokenizer, num_prompts, prompt_length, seed)
     result = run(

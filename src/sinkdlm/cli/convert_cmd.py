@@ -22,8 +22,9 @@ def convert(
     from sinkdlm.config import check_model_switches
     from sinkdlm.model.hf import convert_hf_checkpoint
 
-    from sinkdlm.validation import check_output_dir
+    from sinkdlm.validation import check_output_dir, check_seed
 
+    check_seed(seed, "--seed")
     check_model_switches(switches, where="--")  # before reading --from-hf, in the flags' own names
     check_output_dir(out)
     model = convert_hf_checkpoint(from_hf, out, seed=seed, **switches)

@@ -53,6 +53,10 @@ def eval_command(
 
     out = check_output_path(out)
     names = [t.strip() for t in tasks.split(",") if t.strip()]
+    if not names:
+        raise ValueError(f"--tasks {tasks!r} names no task; give comma-separated names, e.g. shakespeare_cloze,arithmetic")
+    if any(n.startswith("gsm8k:") and not n[len("gsm8k:"):].strip() for n in names):
+        raise ValueError("--tasks gsm8k: needs the file after the colon: gsm8k:PATH (a local GSM8K JSONL)")
     scores = evaluate_dir(
         model, names, device=device, limit=limit, seed=seed, mc_num=mc_num, gen_steps=gen_steps,
         batch_size=batch_size, progress=progress, gen_cache=cache, gen_threshold=threshold,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -25,11 +26,31 @@ def experiment(
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
 
-    from sinkdlm.validation import parse_int_list
+    from sinkdlm.validation import check_seed, parse_int_list
 
     seed_list = parse_int_list(seeds, "--seeds")
+    for s in seed_list or ():
+        check_seed(s, "--seeds")
+    new_out = not Path(out).exists()
     try:
         run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
                        gsm8k=gsm8k, resume_command=typed_command(ctx))  # re-running the command resumes
     except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
         raise typer.Exit(stopped.exit_code) from None
+    except ValueError:
+        if new_out:  # the input checks made --out (to prove it writable): a refused run leaves none
+            _remove_empty_tree(Path(out))
+        raise
+
+
+def _remove_empty_tree(path: Path) -> None:
+    """Remove `path` if it holds nothing but empty folders (deepest first); else leave all of it."""
+    import os
+
+    if not path.is_dir() or any(files for _, _, files in os.walk(path)):
+        return
+    try:
+        for dirpath, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
+            Path(dirpath).rmdir()
+    except OSError:  # something appeared meanwhile: keep it
+        pass

@@ -50,13 +50,17 @@ def generate(
     from sinkdlm.diffusion.sampling import generate as sample
     from sinkdlm.loading import load_model_and_tokenizer
 
+    from sinkdlm.validation import check_prompt_size, check_seed
+
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    check_seed(seed, "--seed")
     if prompt_file is not None:
         from sinkdlm.validation import read_text_file
 
         prompt = read_text_file(prompt_file, "--prompt-file")
     net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
+    check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if prompt_file is not None else "--prompt")
     ids = tokenizer(prompt)["input_ids"]
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")

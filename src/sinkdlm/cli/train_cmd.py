@@ -80,37 +80,13 @@ def _run(ctx: typer.Context, cfg) -> None:
 
     from sinkdlm.validation import check_output_dir
 
-    out = check_output_dir(cfg.out) if isinstance(cfg.out, (str, Path)) else None  # else: train() says
-    trace = (not out.exists(), not (out / LOCK_NAME).exists()) if out is not None else None
+    if isinstance(cfg.out, (str, Path)):  # a file there: say so before any work (else train() says)
+        check_output_dir(cfg.out)
     try:
         summary = train(cfg, resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
     except TrainingStopped as stopped:
         raise typer.Exit(stopped.exit_code) from None
-    except ValueError:
-        if trace is not None:
-            _undo_lock(out, *trace)
-        raise
     typer.echo(json.dumps(summary))
-
-
-LOCK_NAME = ".train.lock"  # sinkdlm.training.rundir.LOCK_NAME (not imported: torch-free --help)
-
-
-def _undo_lock(out: Path, made_out: bool, made_lock: bool) -> None:
-    """A refused run (an input check inside train(), after --out was locked) leaves --out as it
-    found it: the lock file it created goes, and so does --out itself when it made it and nothing
-    else is in it. Rank 0 only: it alone takes the lock."""
-    import os
-
-    if os.environ.get("RANK", "0") != "0":
-        return
-    try:
-        if made_lock:
-            (out / LOCK_NAME).unlink(missing_ok=True)
-        if made_out:
-            out.rmdir()
-    except OSError:  # not empty (something else is there) or not ours to touch: leave it
-        pass
 
 
 @app.command()
@@ -137,6 +113,8 @@ def sft(
 
     config_file = flags.pop("config")
     flags["init_from"] = flags.pop("model")
+    if data.startswith("gsm8k:") and not data[len("gsm8k:"):].strip():  # else: SFT file '.' does not exist
+        raise ValueError("--data gsm8k: needs the file after the colon: gsm8k:PATH (a local GSM8K JSONL)")
     _run(ctx, TrainConfig.resolve(config_file, sft=True, **flags))
 
 

@@ -97,8 +97,11 @@ class TrainConfig(_TrainSwitchFields):
         return cfg
 
     def validate(self) -> None:
+        from sinkdlm.validation import check_seed
+
         if self.preset not in PRESETS and self.init_from is None:
             raise ValueError(f"unknown model preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        check_seed(self.seed, "--seed")
         for name in ("max_steps", "batch_size", "grad_accum", "seq_len", "log_every", "eval_every", "save_every", "keep_last"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

@@ -145,6 +145,7 @@ class RunDir:
         self.out, self.env, self.resume, self.overwrite = out, env, resume, overwrite
         self.ckpt_root = out / "checkpoints"
         self.lock = RunLock(out)
+        self._created: list[Path] = []  # what a refused run removes again: the lock file, new folders
 
     @classmethod
     def open(cls, cfg, env) -> "RunDir":
@@ -152,13 +153,19 @@ class RunDir:
         run = cls(Path(cfg.out), env, cfg.resume, cfg.overwrite)
         error = None
         if env.is_main:
+            missing = run.out
+            while not missing.exists() and missing != missing.parent:
+                run._created.append(missing)
+                missing = missing.parent
+            if not run.lock.path.exists():
+                run._created.insert(0, run.lock.path)
             try:
                 ensure_writable_dir(run.out)
                 error = run.lock.acquire() or run._refusal()
             except ValueError as e:
                 error = str(e)
             if error:
-                run.lock.release()
+                run._undo()
             else:
                 run._remove_stale_temporaries()
         _agree_or_raise(env, error)
@@ -167,7 +174,26 @@ class RunDir:
     def __enter__(self) -> "RunDir":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and issubclass(exc_type, ValueError):
+            self._undo()  # an input refused inside train(): leave --out as it was found
+        self.lock.release()
+
+    def _undo(self) -> None:
+        """Release the lock and remove the lock file and the folders this run created, as far as
+        they are still empty: a refused run leaves no half-made `--out` (a run that wrote
+        something keeps it)."""
+        held = self.lock.fd is not None  # never the lock file of a training that refused us
+        for path in self._created:
+            if path == self.lock.path:
+                if held:  # unlinked while still held: no other process can take this inode meanwhile
+                    path.unlink(missing_ok=True)
+                continue
+            self.lock.release()
+            try:
+                path.rmdir()
+            except OSError:  # not empty (another writer, or this run's output), or gone: stop here
+                break
         self.lock.release()
 
     # -------------------------------------------------------------- what is there
