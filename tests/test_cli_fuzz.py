@@ -211,10 +211,15 @@ def output_paths(argv: list[str], cwd: Path) -> list[Path]:
         if not flags:
             continue
         given = _flag_values(argv, flags[0])
+        default = param.default
+        if default is None and param.name == "out":  # train: TrainConfig's, under a --config file
+            from sinkdlm.training import TrainConfig
+
+            default = TrainConfig.out
         if given:
             paths.append(given[-1])
-        elif isinstance(param.default, (str, Path)) and param.default:
-            paths.append(str(param.default))
+        elif isinstance(default, (str, Path)) and default:
+            paths.append(str(default))
     return [(cwd / p).resolve() if p else cwd.resolve() for p in paths]
 
 
@@ -397,3 +402,53 @@ def test_seed_corpus(case, world, env, priors, tmp_path_factory, request):
     tally(request.config.stash.setdefault(fuzz_counts_key(), {}), "seed corpus", result)
 
 
+
+
+# ----------------------------------------------------------------------------- two processes, one --out
+def _start_together(argvs: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """Run `sinkdlm ARGV` for each argv as real processes started at the same moment."""
+    env = {**subprocess_env(), "SINKDLM_CACHE": str(cwd / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-m", "sinkdlm", *argv], cwd=cwd, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for argv in argvs]
+    done = []
+    for argv, proc in zip(argvs, procs):
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+    return done
+
+
+def test_two_analyze_on_one_out_the_second_is_refused(world, tmp_path):
+    """Both start at once; the first to lock --out runs (seconds of generation and figures), the
+    other is refused with one line before loading anything, and D holds the winner's whole result."""
+    base = ["analyze", "--model", world["ok"], "--prompts", world["prompts.txt"], "--num-prompts", "3",
+            "--gen-length", "32", "--steps", "32", "--device", "cpu", "--quiet", "--out", "D"]
+    runs = _start_together([[*base, "--label", "alpha"], [*base, "--label", "beta", "--seed", "1"]], tmp_path)
+    codes = sorted(r.returncode for r in runs)
+    assert codes == [0, 2], [(r.returncode, r.stderr[-2000:]) for r in runs]
+    winner, loser = sorted(runs, key=lambda r: r.returncode)
+    lines = [line for line in loser.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --out D is in use by another `sinkdlm analyze`"), lines
+    label = "alpha" if "alpha" in winner.args else "beta"
+    analysis = json.loads((tmp_path / "D" / "analysis.json").read_text())
+    assert analysis["model"]["label"] == label and label in (tmp_path / "D" / "report.md").read_text()
+    assert all((tmp_path / "D" / Path(f).name).is_file() for f in analysis["figures"].values())
+    assert not [p for p in (tmp_path / "D").iterdir() if p.name.startswith(".")]  # no temp file left
+    # released at exit: a third run on D is not refused
+    again = _start_together([[*base, "--label", "gamma"]], tmp_path)[0]
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((tmp_path / "D" / "analysis.json").read_text())["model"]["label"] == "gamma"
+
+
+def test_two_eval_on_one_out_both_run_and_the_file_stays_whole(world, tmp_path):
+    """eval writes one JSON file, atomically (temp file + rename): both runs finish, and the file
+    holds one of the two results whole (the later one), never a mix or a torn write."""
+    base = ["eval", "--model", world["ok"], "--tasks", "arithmetic,shakespeare_cloze", "--limit", "4", "--mc-num", "2",
+            "--device", "cpu", "--no-progress", "--out", "D/scores.json"]
+    runs = _start_together([[*base, "--seed", "1"], [*base, "--seed", "2"]], tmp_path)
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
+    saved = json.loads((tmp_path / "D" / "scores.json").read_text())
+    from sinkdlm.evaluation import format_table
+
+    mine = next(r for r in runs if r.args[-1] == str(saved["seed"]))
+    assert mine.stdout.startswith(format_table(saved["scores"]))  # exactly that run's scores
+    assert sorted(p.name for p in (tmp_path / "D").iterdir()) == ["scores.json"]  # no temp file left

@@ -98,6 +98,23 @@ def test_cli_message_uses_flag_names():
                    "denoising steps; --text-field 'x'; max_seq_len=3")
 
 
+def test_cli_message_names_the_flag_of_a_value_opening_the_message():
+    flags = ["--dtype", "--preset", "--tasks", "--steps"]
+    assert cli_message("dtype 'x' is not a dtype", flags) == "--dtype 'x' is not a dtype"
+    assert cli_message("unknown model preset 'x'; choose", flags) == "unknown model preset 'x' (--preset); choose"
+    assert cli_message("unknown task '5'; known", flags) == "unknown task '5' (--tasks); known"
+    assert cli_message("denoising steps 'x' here", flags) == "denoising steps 'x' here"  # prose stays
+
+
+def test_seed_range():
+    from sinkdlm.validation import SEED_MAX, check_seed
+
+    assert check_seed(0) == 0 and check_seed(SEED_MAX) == SEED_MAX
+    for bad in (-1, SEED_MAX + 1, 10**20, True, "1"):
+        with pytest.raises(ValueError, match=r"--seed must be an integer in \[0, 4294967295\]"):
+            check_seed(bad, "--seed")
+
+
 # ----------------------------------------------------------------------------- data errors
 @pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
 def test_non_utf8_file_is_named(tmp_path, suffix):

@@ -18,10 +18,12 @@ from pathlib import Path
 SCALES = ("sum", "mean")  # received-attention scale, Rulli et al. eq. 3 (column sum or mean)
 
 
-def check_int(name: str, value, minimum: int = 1) -> int:
-    """`value` is an int (not a bool) >= minimum."""
+def check_int(name: str, value, minimum: int = 1, maximum: int | None = None) -> int:
+    """`value` is an int (not a bool) >= minimum (and <= maximum, when given)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum}, got {value!r}")
     return value
 
 
@@ -165,7 +167,8 @@ def cli_message(message: str, flags: Iterable[str]) -> str:
             out = re.sub(lead + re.escape(name) + r"(?= must\b| is required\b)", flag, out)
             # the value's name opening the message (`dtype 'x' is not ...`)
             out = re.sub("^" + re.escape(name) + r"(?= ['\"\d-])", flag, out)
-        # `unknown model preset 'x'; ...` -> `unknown model preset 'x' (--preset); ...`
-        out = re.sub(r"^(unknown (?:[\w-]+ )?" + re.escape(name) + r" ('(?:[^'\\]|\\.)*'|\"[^\"]*\"))",
+        # `unknown model preset 'x'; ...` -> `unknown model preset 'x' (--preset); ...` (and `unknown task` for --tasks)
+        named = re.escape(name) + ("?" if name.endswith("s") else "")
+        out = re.sub(r"^(unknown (?:[\w-]+ )?" + named + r" ('(?:[^'\\]|\\.)*'|\"[^\"]*\"))",
                      lambda m: f"{m.group(1)} ({flag})", out)
     return out.replace("got None", "got nothing")

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from sinkdlm.cli.app import app
+from sinkdlm.cli.out_lock import exclusive_out
 from sinkdlm.validation import check_prompt_size, check_seed, parse_int_list
 
 
@@ -80,7 +81,8 @@ def analyze(
             raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
         from sinkdlm.analysis.comparison import compare
 
-        result = compare(list(compare_dirs), out)
+        with exclusive_out(out, "analyze"):  # a second analyze on this --out at once is refused
+            result = compare(list(compare_dirs), out)
         typer.echo(f"wrote {out / 'report.html'} comparing {', '.join(result['models'])}")
         return
     if model is None:
@@ -107,17 +109,18 @@ def analyze(
     from sinkdlm.loading import load_model_and_tokenizer
     from sinkdlm.reporting import run_label
 
-    net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
-    for text in texts or ():
-        check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {prompts}")
-    if texts is None:
-        texts = prompts_from_documents(load_documents(data, "validation"), tokenizer, num_prompts, prompt_length, seed)
-    result = run(
-        net, tokenizer, texts, gen_length=gen_length, steps=steps, block_length=block_length, epsilon=epsilon,
-        scale=scale, ablation_k=ks, include_extra_sink=include_extra_sink, out_dir=out, seed=seed,
-        figure_steps=tuple(fig_steps) if fig_steps else None, batch_size=batch_size, mc_num=mc_num,
-        label=label or run_label(model), progress=not quiet,
-    )
+    with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files
+        net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
+        for text in texts or ():
+            check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {prompts}")
+        if texts is None:
+            texts = prompts_from_documents(load_documents(data, "validation"), tokenizer, num_prompts, prompt_length, seed)
+        result = run(
+            net, tokenizer, texts, gen_length=gen_length, steps=steps, block_length=block_length, epsilon=epsilon,
+            scale=scale, ablation_k=ks, include_extra_sink=include_extra_sink, out_dir=out, seed=seed,
+            figure_steps=tuple(fig_steps) if fig_steps else None, batch_size=batch_size, mc_num=mc_num,
+            label=label or run_label(model), progress=not quiet,
+        )
     summary = f"non-sink fraction at ϵ={epsilon:g}: {100 * result['non_sink_fraction']:.2f} %"
     if result["ablation"] is not None:
         scores = ", ".join(f"K={k}: {v:.4g}" for k, v in result["ablation"]["scores"].items())

@@ -127,8 +127,9 @@ def tokenizer_train(
 ) -> None:
     """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
     from sinkdlm.data import iter_documents, train_bpe_tokenizer
-    from sinkdlm.validation import check_output_dir
+    from sinkdlm.validation import check_int, check_output_dir
 
+    check_int("--vocab-size", vocab_size, 1, 2**31 - 1)  # the tokenizers library overflows past its int
     check_output_dir(out)
     tok = train_bpe_tokenizer(iter_documents(data, "train", text_field), vocab_size, out_dir=out)
     typer.echo(f"wrote {out}: {len(tok)} tokens, mask_token_id {tok.mask_token_id}")

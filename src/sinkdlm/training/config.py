@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,8 @@ class TrainConfig(_TrainSwitchFields):
         check_model_switches(switches, where="ModelConfig")
         for name in ("lr", "min_lr"):
             v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+            if v is not None and not (math.isfinite(v) and v >= 0):  # nan passes `v < 0`; torch then says "Invalid learning rate"
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
