@@ -152,8 +152,8 @@ def cli_message(message: str, flags: Iterable[str]) -> str:
     (`seq_len`, `text_field`) becomes its flag wherever it stands as a word; a one-word name
     (`steps`, `limit`) only where it is clearly the argument (`steps=64`, `steps must ...`, or
     opening the message before its value: `dtype 'x' is ...`), so prose such as "denoising steps"
-    is left alone; `unknown [kind] name 'value'` gets the flag after the value. `got None` becomes `got nothing` (an unset
-    option): the user never reads the Python spelling.
+    is left alone; `unknown [kind] name 'value'` gets the flag after the value. `got None` becomes
+    `got nothing` (an unset option): the user never reads the Python spelling.
     """
     known = {f[2:].replace("-", "_"): f for f in flags if f.startswith("--")}
     out = message
