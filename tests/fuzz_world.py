@@ -93,6 +93,8 @@ def build(root: Path) -> dict[str, str]:
         "nofield.jsonl": b'{"question": "a"}\n',
         "list.json": b"[1, 2, 3]\n",
         "big_line.txt": b"x" * (10 * 1024 * 1024),  # one 10 MB line
+        "garbage.gguf": b"GGUF" + bytes(range(256)) * 4,  # a .gguf name, a broken header
+        "empty.gguf": b"",
     }
     for name, body in files.items():
         (root / name).write_bytes(body)

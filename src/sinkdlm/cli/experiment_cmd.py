@@ -25,12 +25,12 @@ def experiment(
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
-
-    from sinkdlm.validation import check_seed, parse_int_list
+    from sinkdlm.validation import check_optional_int, check_seed, parse_int_list
 
     seed_list = parse_int_list(seeds, "--seeds")
     for s in seed_list or ():
         check_seed(s, "--seeds")
+    check_optional_int("--max-steps", max_steps, 1, none_means="the preset's budget")
     new_out = not Path(out).exists()
     try:
         run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
@@ -39,16 +39,19 @@ def experiment(
         raise typer.Exit(stopped.exit_code) from None
     except ValueError:
         if new_out:  # the input checks made --out (to prove it writable): a refused run leaves none
-            _remove_empty_tree(Path(out))
+            _remove_unstarted(Path(out))
         raise
 
 
-def _remove_empty_tree(path: Path) -> None:
-    """Remove `path` if it holds nothing but empty folders (deepest first); else leave all of it."""
+def _remove_unstarted(path: Path) -> None:
+    """Remove `path` if it holds nothing but empty folders and the runner's STARTED.json (a first
+    stage refused its input: nothing ran); else leave all of it."""
     import os
 
-    if not path.is_dir() or any(files for _, _, files in os.walk(path)):
+    files = [Path(d, f) for d, _, names in os.walk(path) for f in names]
+    if not path.is_dir() or any(f != path / "STARTED.json" for f in files):
         return
+    (path / "STARTED.json").unlink(missing_ok=True)
     try:
         for dirpath, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
             Path(dirpath).rmdir()
