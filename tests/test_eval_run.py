@@ -126,7 +126,7 @@ def test_eval_command_prints_a_table_and_writes_json(tiny, tmp_path):
 @pytest.mark.parametrize(
     "case,pattern",
     [
-        ("unknown_task", "unknown task 'nope'; known tasks: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic"),
+        ("unknown_task", "unknown task 'nope' (--tasks); known tasks: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic"),
         ("missing_model", "does not exist"),
         ("out_under_file", "is a file, not a directory"),
         ("out_is_dir", "is a directory"),
