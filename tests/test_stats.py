@@ -253,3 +253,13 @@ def test_equal_differences_with_rounding_noise_are_degenerate():
     iv = paired_difference([0.3, 0.7, 0.2], [0.2, 0.6, 0.1])  # 0.3-0.2 != 0.7-0.6 in the last bits
     assert iv.degenerate
     assert not paired_difference([0.1, 0.1, 0.1 + 1e-9], [0.0, 0.0, 0.0]).degenerate
+
+
+def test_accuracy_interval_stays_in_0_1():
+    """Few seeds and items near 100 % give a t interval past 1; an accuracy's interval is clipped to [0, 1]."""
+    from sinkdlm.stats import accuracy_interval
+
+    hi = accuracy_interval([[1] * 19 + [0], [1] * 20, [1] * 18 + [0, 0]])
+    lo = accuracy_interval([[0] * 19 + [1], [0] * 20, [0] * 18 + [1, 1]])
+    assert 0.0 <= hi.low <= hi.mean <= hi.high <= 1.0 and hi.high == 1.0
+    assert 0.0 == lo.low <= lo.mean <= lo.high <= 1.0

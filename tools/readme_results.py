@@ -23,8 +23,23 @@ def block_names(readme: Path = README) -> list[str]:
     return MARKER.findall(readme.read_text())
 
 
+def _ar_vs_dlm(results_root: Path) -> str | None:
+    ar, dlm = results_root / "smollm2" / "ar" / "intervals.json", results_root / "smollm2" / "dlm" / "results.json"
+    if not (ar.is_file() and dlm.is_file()):
+        return None
+    from sinkdlm.analysis.over_prompts_report import ar_vs_dlm_markdown
+
+    return ar_vs_dlm_markdown(json.loads(ar.read_text()), json.loads(dlm.read_text()))
+
+
+# Blocks built from more than one results folder.
+COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm}
+
+
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:
     """The markdown for block `name`, or None when its results are not committed (yet)."""
+    if name in COMBINED:
+        return COMBINED[name](results_root)
     folder = results_root / name
     if (folder / "results.json").is_file():
         from sinkdlm.experiment.report import markdown_summary

@@ -243,7 +243,12 @@ def accuracy_interval(outcomes, confidence: float = 0.95) -> Interval:
         zeros = {k: [0.0] * len(v) for k, v in outcomes.items()}
     else:
         zeros = np.zeros_like(np.asarray(outcomes, dtype=float))
-    return paired_accuracy_difference(outcomes, zeros, confidence)
+    iv = paired_accuracy_difference(outcomes, zeros, confidence)
+    if iv.degenerate or not (math.isfinite(iv.low) and math.isfinite(iv.high)):
+        return iv
+    # An accuracy lies in [0, 1]: the interval is intersected with it (coverage unchanged, as for shares
+    # in `mean_interval`), so no bound reads 106 % or -5.8 %.
+    return replace(iv, low=min(max(iv.low, 0.0), 1.0), high=max(min(iv.high, 1.0), 0.0))
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95, bounds: tuple[float, float] | None = None) -> Interval:

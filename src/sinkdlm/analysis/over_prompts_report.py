@@ -139,3 +139,42 @@ def markdown_headline(result: dict) -> str:
              "mean over prompts [95 % CI].", "", "| measure | value |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in rows]
     return "\n".join(lines) + "\n"
+
+
+def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
+    """Rulli et al.'s contrast on one set of weights: the AR model (intervals over prompts, from
+    `analyze --per-prompt`) beside the DLMs adapted from it (intervals over seeds, from the experiment's
+    results.json). Different units and models: side by side, not a paired test."""
+    from sinkdlm.stats import mean_interval
+
+    def over_seeds(variant: str, get, bounds=None) -> str:
+        seeds = dlm["variants"][variant]["seeds"]
+        values = [get(rec["analysis"]) for rec in seeds.values() if rec.get("analysis")]
+        values = [v for v in values if v is not None]
+        if len(values) < 2:
+            return "n/a"
+        return _fmt(mean_interval(values, bounds=bounds).to_dict(), 1, 4 if bounds else 3)
+
+    s = ar["summary"]
+    names = [n for n in ("vanilla", "sink1-front") if n in dlm["variants"]]
+    labels = [dlm["variants"][n]["label"] for n in names]
+    rows = []
+    for key, what in (("content_sink_set_change_rate", "sink-set change rate between consecutive steps (content keys)"),
+                      ("largest_sink_change_rate", "largest-sink position change rate")):
+        rows.append([what, _fmt(s["moving"].get(key), 1, 4)]
+                    + [over_seeds(n, lambda a, k=key: (a.get("moving") or {}).get(k), (0.0, 1.0)) for n in names])
+    for k in ("1", "10"):
+        ar_delta = (s.get("ablation") or {}).get(k, {}).get("delta")
+        rows.append([f"Δ score, top-{k} sink(s) masked per head (AR: log-prob / token; DLM: ELBO / token)",
+                     _fmt(ar_delta, 1, 3)]
+                    + [over_seeds(n, lambda a, k=k: ((a.get("ablation") or {}).get("delta") or {}).get(k)) for n in names])
+    rows.append(["share of all attention on the extra sink token", "–"]
+                + [over_seeds(n, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), (0.0, 1.0))
+                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
+    rows.append(["share of heads whose largest sink is the extra sink", "–"]
+                + [over_seeds(n, lambda a: (a.get("moving") or {}).get("extra_sink_share"), (0.0, 1.0))
+                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
+    header = ["measure", f"AR ({ar['setup']['num_prompts']} prompts)"] + [f"{lab} ({len(dlm['seeds'])} seeds)" for lab in labels]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

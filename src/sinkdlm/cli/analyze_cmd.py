@@ -44,7 +44,7 @@ def read_prompts(path: Path) -> list[str]:
 
 @app.command()
 def analyze(
-    model: Path = typer.Option(None, "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."),
+    model: Path = typer.Option(None, "--model", help="Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."),
     prompts: Path = typer.Option(None, "--prompts", help="Prompts file: one per line, or .jsonl with \"prompt\"/\"text\"."),
     data: str = typer.Option(None, "--data", help="Corpus for prompts (validation split), e.g. shakespeare."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Prompts to use (first N of --prompts; windows of --data)."),
@@ -68,6 +68,9 @@ def analyze(
     compare_dirs: Optional[tuple[Path, Path]] = typer.Option(  # noqa: UP007 (typer reads the annotation)
         None, "--compare", help="Two analysis directories (of `analyze --out`) to put side by side."),
     out: Path = typer.Option(..., "--out", help="Output directory."),
+    per_prompt: bool = typer.Option(
+        False, "--per-prompt",
+        help="Analyse each prompt on its own and give every number a 95 % interval over prompts (intervals.json)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
@@ -115,6 +118,20 @@ def analyze(
             check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {prompts}")
         if texts is None:
             texts = prompts_from_documents(load_documents(data, "validation"), tokenizer, num_prompts, prompt_length, seed)
+        if per_prompt:
+            from sinkdlm.analysis.over_prompts import analyze_over_prompts
+
+            if len(texts) < 2:
+                raise ValueError("--per-prompt needs at least 2 prompts (intervals over prompts); raise --num-prompts")
+            res = analyze_over_prompts(
+                net, tokenizer, texts, out, gen_length=gen_length, steps=steps, block_length=block_length,
+                epsilon=epsilon, scale=scale, ablation_k=ks, include_extra_sink=include_extra_sink, seed=seed,
+                figure_steps=tuple(fig_steps) if fig_steps else None, batch_size=1, mc_num=mc_num,
+                label=label or run_label(model), progress=not quiet)
+            nsf = res["summary"]["non_sink_fraction"]
+            typer.echo(f"wrote {out / 'intervals.json'} and {out / 'report.html'}; non-sink fraction at ϵ={epsilon:g}: "
+                       f"{100 * nsf['mean']:.2f} % over {len(texts)} prompts")
+            return
         result = run(
             net, tokenizer, texts, gen_length=gen_length, steps=steps, block_length=block_length, epsilon=epsilon,
             scale=scale, ablation_k=ks, include_extra_sink=include_extra_sink, out_dir=out, seed=seed,

@@ -13,7 +13,7 @@ from sinkdlm.cli.switch_options import with_switch_options
 @app.command()
 @with_switch_options(unset_default=False)  # every model switch, at its registry default
 def convert(
-    from_hf: Path = typer.Option(..., "--from-hf", help="Local HF model directory (Qwen2 or LLaMA, safetensors)."),
+    from_hf: Path = typer.Option(..., "--from-hf", help="Local causal LM to convert: a Qwen2/LLaMA directory (safetensors) or a llama/qwen2 .gguf file."),
     out: Path = typer.Option(..., "--out", help="Output checkpoint directory."),
     seed: int = typer.Option(0, "--seed", help="Seed for the new sink embeddings and sink logits."),
     **switches,

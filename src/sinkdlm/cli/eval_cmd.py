@@ -31,7 +31,7 @@ def check_output_path(out: Path) -> Path:
 @app.command("eval")
 def eval_command(
     model: Path = typer.Option(
-        ..., "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."
+        ..., "--model", help="Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."
     ),
     tasks: str = typer.Option(
         ..., "--tasks", help="Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."

@@ -13,14 +13,16 @@ from sinkdlm.cli.app import app, typed_command
 @app.command()
 def experiment(
     ctx: typer.Context,
-    preset: str = typer.Option("demo", "--preset", help="smoke | demo | study | study-gpu | ablation | paper-0.5b"),
+    preset: str = typer.Option("demo", "--preset", help="smoke | demo | study | study-gpu | real | real-gpu | ablation | paper-0.5b"),
     out: str = typer.Option("runs/demo", "--out", help="Experiment directory (re-run the same command to resume)."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Local HF AR checkpoint (paper-0.5b)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Local AR checkpoint, a directory or a .gguf (paper-0.5b; real: default the example model)."),
     data: Optional[str] = typer.Option(None, "--data", help="Override the preset's corpus."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds (default: the preset's)."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override the training budget."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
     gsm8k: Optional[str] = typer.Option(None, "--gsm8k", help="Folder with GSM8K train.jsonl/test.jsonl (paper-0.5b)."),
+    variants: Optional[str] = typer.Option(
+        None, "--variants", help="Comma-separated variant names to run (a shard; default: all the preset's)."),
 ) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.experiment import run_experiment
@@ -34,7 +36,8 @@ def experiment(
     new_out = not Path(out).exists()
     try:
         run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
-                       gsm8k=gsm8k, resume_command=typed_command(ctx))  # re-running the command resumes
+                       gsm8k=gsm8k, resume_command=typed_command(ctx),
+                       variants=[v.strip() for v in variants.split(",") if v.strip()] if variants else None)  # re-running the command resumes
     except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
         raise typer.Exit(stopped.exit_code) from None
     except ValueError:

@@ -30,7 +30,7 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 
 @app.command()
 def generate(
-    model: Path = typer.Option(..., "--model", help="Model directory: a sinkdlm checkpoint, LLaDA, Dream, or an autoregressive Qwen2/LLaMA."),
+    model: Path = typer.Option(..., "--model", help="Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."),
     prompt: str = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_file: Path = typer.Option(None, "--prompt-file", help="Read the prompt from this file instead."),
     gen_length: int = typer.Option(..., "--gen-length", help="Tokens to generate."),

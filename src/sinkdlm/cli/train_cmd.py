@@ -45,7 +45,7 @@ def train(
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
     text_field: Optional[str] = typer.Option(None, "--text-field"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs; default: the whole corpus)."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA one (converted on load)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA directory or .gguf (converted on load)."),
     shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head); default: the model's own setting."),
     attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
