@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("readme_results", ROOT / "tools" / "readme_results.py")
 tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tool)
-PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "README.md"]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "README.md", ROOT / "docs" / "benchmarks.md"]
 BLOCKS = [(page, name) for page in PAGES if page.is_file() for name in tool.block_names(page)]
 
 

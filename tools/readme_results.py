@@ -32,8 +32,23 @@ def _ar_vs_dlm(results_root: Path) -> str | None:
     return ar_vs_dlm_markdown(json.loads(ar.read_text()), json.loads(dlm.read_text()))
 
 
-# Blocks built from more than one results folder.
-COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm}
+def _bench_real_train(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_real_train.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    b, l = r["batch"]
+    lines = [f"{r['model']}, batch {b} × {l}, fp32, {r['threads']} threads, median of {r['repeats']} round-robin rounds "
+             "(`benchmarks/bench_real_train.py`):", "", "| training step (forward + backward) | median s | speed-up vs transformers |",
+             "|---|---:|---:|"]
+    lines += [f"| {k} | {v:.3f} | {r['speedup_vs_transformers'][k]:.2f}× |" for k, v in r["median_s"].items()]
+    lines += ["", f"The LM head on the masked positions only makes the step {r['masked_head_gain']:.2f}× faster than the head on "
+              "every position."]
+    return "\n".join(lines) + "\n"
+
+
+# Blocks built from other files than one results folder.
+COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:
@@ -80,6 +95,6 @@ def update(readme: Path = README) -> list[str]:  # noqa: D401
 
 
 if __name__ == "__main__":
-    for page in (README, ROOT / "docs" / "results" / "README.md"):
+    for page in (README, ROOT / "docs" / "results" / "README.md", ROOT / "docs" / "benchmarks.md"):
         if page.is_file():
             print(f"{page.relative_to(ROOT)}: updated", ", ".join(update(page)) or "nothing")
