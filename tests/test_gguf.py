@@ -249,3 +249,23 @@ def test_convert_of_a_truncated_gguf_writes_nothing(tmp_path, tok, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "short.gguf" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_train_init_from_a_gguf_opens_it_once(tmp_path, tok, monkeypatch):
+    """`train --init-from x.gguf` converts it on load (+ [MASK], bidirectional) and parses the file's
+    header once: the tokenizer and the model get the same opened source."""
+    import sinkdlm.gguf_file as gf
+    from sinkdlm.training import TrainConfig, train
+
+    path = write_gguf(tmp_path / "m.gguf", hf_model("llama"), tok, "llama", Q.Q8_0)
+    opened = []
+    real_init = gf.GGUFFile.__init__
+    monkeypatch.setattr(gf.GGUFFile, "__init__", lambda self, p: (opened.append(p), real_init(self, p))[1])
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(TEXTS))
+    run = train(TrainConfig.resolve(out=str(tmp_path / "run"), data=str(corpus), init_from=str(path), max_steps=1,
+                                    batch_size=2, seq_len=16, save_every=1, eval_every=1, eval_batches=1,
+                                    tensorboard=False, cache_dir=str(tmp_path / "cache")))
+    model = load_checkpoint(run["checkpoint"])
+    assert not model.config.causal and model.config.mask_token_id is not None
+    assert len(opened) == 1, opened  # the run's one open (the reload above is of a directory)

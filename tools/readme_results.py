@@ -73,7 +73,7 @@ def readme_block(readme: Path, name: str) -> str:
     return text.split(start, 1)[1].split(end, 1)[0].lstrip("\n")
 
 
-def update(readme: Path = README) -> list[str]:  # noqa: D401
+def update(readme: Path = README) -> list[str]:
     """Rewrite every block whose results exist; the names that changed."""
     text = readme.read_text()
     changed = []
@@ -90,7 +90,8 @@ def update(readme: Path = README) -> list[str]:  # noqa: D401
         if new != text:
             changed.append(name)
             text = new
-    readme.write_text(text)
+    if changed:
+        readme.write_text(text)
     return changed
 
 

@@ -107,7 +107,7 @@ class GGUFFile:
             shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne fastest-first
             out = torch.empty(shape, dtype=dtype)
             flat = out.view(-1, shape[-1]) if out.dim() > 1 else out.view(1, -1)
-            raw = t.data.reshape(flat.shape[0], -1) if t.data.ndim > 1 or flat.shape[0] > 1 else t.data.reshape(1, -1)
+            raw = t.data.reshape(flat.shape[0], -1)
             rows = max(1, _BLOCK_BYTES // max(1, 4 * flat.shape[1]))
             for r in range(0, flat.shape[0], rows):
                 chunk = raw[r:r + rows]

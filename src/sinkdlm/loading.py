@@ -21,7 +21,6 @@ import torch
 from sinkdlm.config import ModelConfig
 from sinkdlm.files import (
     CONFIG_NAME,
-    GGUF_SUFFIX,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
@@ -95,8 +94,8 @@ def read_config(path: str | Path) -> ModelConfig:
 def read_tensors(source: ModelSource, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The source's weights in sinkdlm names, cast to `dtype` one tensor at a time.
 
-    A GGUF is dequantised tensor by tensor (float32, then `dtype`), so the peak stays near one
-    float model plus one tensor."""
+    A GGUF is dequantised tensor by tensor, in blocks of rows, straight into `dtype` (float32 by
+    default), so the peak stays near one float model plus one block."""
     adapter = formats.ADAPTERS[source.fmt](source.config, source.path)
     if source.gguf is not None:
         return adapter.convert(source.gguf.tensors(dtype or torch.float32))
@@ -169,11 +168,6 @@ def load_model_and_tokenizer(path: str | Path, device=None, dtype: str | torch.d
     tokenizer = load_tokenizer_for(source)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
     return model, tokenizer
-
-
-def is_model_file(path: str | Path) -> bool:
-    """Whether `path` names a single-file model (a .gguf)."""
-    return Path(path).suffix.lower() == GGUF_SUFFIX
 
 
 def _from_pretrained(cls, path, *args, device=None, dtype=None, **kwargs) -> DiffusionLM:

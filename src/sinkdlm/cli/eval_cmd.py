@@ -4,12 +4,12 @@ table and write the scores as JSON. `sinkdlm lm-eval ARGS`: lm-eval's own comman
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
 
 from sinkdlm.cli.app import app
+from sinkdlm.validation import check_writable_ancestor
 
 
 def check_output_path(out: Path) -> Path:
@@ -18,13 +18,7 @@ def check_output_path(out: Path) -> Path:
     out = Path(out).expanduser()
     if out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a directory; give a file path such as {str(out / 'scores.json')!r}")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"cannot write {str(out)!r}: {str(parent)!r} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot write {str(out)!r}: directory {str(parent)!r} is not writable")
+    check_writable_ancestor(out.parent, repr(str(out)))
     return out
 
 

@@ -35,7 +35,6 @@ from sinkdlm.files import CONFIG_NAME, CheckpointError
 
 # model_type as written in config.json -> our format name (Dream writes "Dream").
 FORMATS = {"sinkdlm": "sinkdlm", "llada": "llada", "dream": "dream", "qwen2": "qwen2", "llama": "llama"}
-AUTOREGRESSIVE = ("qwen2", "llama")
 # The [MASK] ids of the released models, quoted in the error for a config that lacks one.
 RELEASED_MASK_IDS = {"llada": 126336, "dream": 151666}
 

@@ -72,18 +72,16 @@ def _init_new_rows(w: torch.Tensor, new_vocab: int, mask_id: int | None) -> torc
 
 
 def _load_tokenizer(source: ModelSource):
-    if source.gguf is None and not any(
-        (source.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-    ):
-        return None
-    if source.gguf is not None:
+    if source.gguf is not None:  # a .gguf always carries its tokenizer
         return load_tokenizer_for(source)
+    if not any((source.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
 
 
-def tokenizer_with_mask(src: str | Path):
+def tokenizer_with_mask(src: str | Path | ModelSource):
     """(the HF model's tokenizer with a `[MASK]` token added when it has none, whether it was added);
     (None, True) for a directory without tokenizer files. Deterministic: the converter and
     `train --init-from` get the same ids."""
@@ -108,7 +106,7 @@ def convert_hf_checkpoint(
     return model
 
 
-def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
+def convert_hf_model(src: str | Path | ModelSource, *, seed: int = 0, **switches: Any):
     """A local HF Qwen2/LLaMA causal LM as a bidirectional sinkdlm DLM in memory: (model, tokenizer
     with `[MASK]`, or None when the directory has no tokenizer). `train --init-from` uses it.
 
@@ -141,9 +139,9 @@ def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
     tokenizer, mask_is_new = tokenizer_with_mask(source)
     tensors = read_tensors(source)  # the format's adapter: sinkdlm names, a tied head dropped
     if "embed_tokens.weight" not in tensors:
-        raise CheckpointError(f"{src}: no embedding (model.embed_tokens.weight / token_embd.weight) in its weights")
+        raise CheckpointError(f"{source.path}: no embedding (model.embed_tokens.weight / token_embd.weight) in its weights")
     if not causal.tie_word_embeddings and "lm_head.weight" not in tensors:
-        raise CheckpointError(f"{src}: untied model without lm_head.weight in its weights")
+        raise CheckpointError(f"{source.path}: untied model without lm_head.weight in its weights")
 
     vocab = causal.vocab_size
     mask_id = tokenizer.mask_token_id if tokenizer is not None else vocab
@@ -151,7 +149,7 @@ def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
 
     config = dlm.replace(vocab_size=new_vocab, mask_token_id=mask_id)
     source_type = source.raw.get("model_type") if source.gguf is None else f"gguf:{source.gguf.architecture}"
-    config.extra = {"converted_from": str(src), "source_model_type": source_type}
+    config.extra = {"converted_from": str(source.path), "source_model_type": source_type}
     config.validate()
 
     gen = torch.Generator().manual_seed(seed)
@@ -189,7 +187,7 @@ def convert_hf_model(src: str | Path, *, seed: int = 0, **switches: Any):
     if missing or unexpected or wrong:
         shapes = [f"{k}: file {tuple(tensors[k].shape)} vs config {expected[k]}" for k in wrong[:5]]
         raise CheckpointError(
-            f"{src}: weights do not fit its config ({source_type} layout): "
+            f"{source.path}: weights do not fit its config ({source_type} layout): "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatch {shapes}"
         )
     model.load_state_dict(tensors, strict=False, assign=True)

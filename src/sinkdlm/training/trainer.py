@@ -45,7 +45,7 @@ from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
 from sinkdlm.atomic import atomic_write_bytes, atomic_write_json
 from sinkdlm.files import ensure_writable_dir
-from sinkdlm.loading import load_checkpoint, load_tokenizer_for, open_source
+from sinkdlm.loading import ModelSource, load_checkpoint, load_tokenizer_for, open_source
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.training.config import TrainConfig
@@ -82,19 +82,22 @@ def step_generator(seed: int, step: int, device: torch.device) -> torch.Generato
     return torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step * 7919 + 17)
 
 
-def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None):
-    """The run's tokenizer: --tokenizer, the init checkpoint's, or a BPE trained (and cached) on the corpus."""
+def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None, init: ModelSource | None = None):
+    """The run's tokenizer: --tokenizer, the init checkpoint's, or a BPE trained (and cached) on the corpus.
+
+    `init`: the `--init-from` model already opened (`open_source`), so it is not parsed again."""
     if cfg.tokenizer is not None:
         return load_tokenizer(cfg.tokenizer)
     if cfg.init_from is not None:
-        if _init_is_autoregressive(cfg):  # converted on load: its tokenizer gains [MASK] (docs/method.md §5)
+        init = _init_source(cfg, init)
+        if init.is_autoregressive:  # converted on load: its tokenizer gains [MASK] (docs/method.md §5)
             from sinkdlm.model.hf import tokenizer_with_mask
 
-            tok, _ = tokenizer_with_mask(cfg.init_from)
+            tok, _ = tokenizer_with_mask(init)
             if tok is None:
                 raise ValueError(f"--init-from {cfg.init_from} has no tokenizer files; pass --tokenizer DIR")
             return tok
-        return load_tokenizer_for(cfg.init_from)
+        return load_tokenizer_for(init)
     assert vocab_size is not None
     import hashlib
 
@@ -127,22 +130,25 @@ def _take_chars(texts, limit: int):
         total += len(t)
 
 
-def _init_is_autoregressive(cfg: TrainConfig) -> bool:
-    return open_source(cfg.init_from, flag="--init-from").is_autoregressive
+def _init_source(cfg: TrainConfig, init: ModelSource | None) -> ModelSource:
+    """The `--init-from` model, opened here unless the caller already did (a GGUF header takes seconds)."""
+    return init if init is not None else open_source(cfg.init_from, flag="--init-from")
 
 
-def build_model(cfg: TrainConfig, tokenizer) -> DiffusionLM:
+def build_model(cfg: TrainConfig, tokenizer, init: ModelSource | None = None) -> DiffusionLM:
     """The model to train. `--init-from` opens any supported checkpoint (sinkdlm, LLaDA, Dream); a
     Qwen2/LLaMA causal LM is converted to a bidirectional DLM on load with the run's switches, as
     `sinkdlm convert` would. `--shift-logits/--no-shift-logits` set the model's `shift_logits`
-    (stored in its config.json); unset, the checkpoint's own value stands."""
+    (stored in its config.json); unset, the checkpoint's own value stands. `init`: as for
+    `prepare_tokenizer`."""
     switches = cfg.model_switches()
-    if cfg.init_from is not None and _init_is_autoregressive(cfg):
+    init = _init_source(cfg, init) if cfg.init_from is not None else None
+    if init is not None and init.is_autoregressive:
         from sinkdlm.model.hf import convert_hf_model
 
-        model, _ = convert_hf_model(cfg.init_from, seed=cfg.seed, **switches)
-    elif cfg.init_from is not None:
-        model = load_checkpoint(cfg.init_from)
+        model, _ = convert_hf_model(init, seed=cfg.seed, **switches)
+    elif init is not None:
+        model = load_checkpoint(init)
         differ = {k: v for k, v in switches.items() if getattr(model.config, k) != v}
         if differ:
             raise ValueError(
@@ -343,13 +349,14 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         tokenizer, model, (state, opt_state) = resumed[1]
         check_resume_matches(cfg, state.get("config"), model.config)
     else:  # rank 0 trains/caches the BPE first; the others then read the cache
+        # --init-from is opened once here and handed to both: a GGUF's header takes seconds to parse.
+        init = open_source(cfg.init_from, flag="--init-from") if cfg.init_from is not None else None
         if env.is_main:
-            tokenizer = prepare_tokenizer(cfg, preset_vocab)
+            tokenizer = prepare_tokenizer(cfg, preset_vocab, init)
         dist_utils.barrier(env)
         if not env.is_main:
-            tokenizer = prepare_tokenizer(cfg, preset_vocab)
-    if ckpt is None:
-        model = build_model(cfg, tokenizer)
+            tokenizer = prepare_tokenizer(cfg, preset_vocab, init)
+        model = build_model(cfg, tokenizer, init)
     max_len = model.config.max_content_length
     if env.is_main:
         train_set = load_batches(cfg, tokenizer, max_len, "train")
