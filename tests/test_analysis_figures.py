@@ -157,3 +157,19 @@ def test_run_label_names_the_run(tmp_path):
     assert run_label(tmp_path / "base" / "checkpoints" / "step-30") == "base (step 30)"
     assert run_label(tmp_path / "runs" / "vanilla-s0" / "train" / "checkpoints" / "step-3") == "vanilla-s0/train (step 3)"
     assert run_label(tmp_path / "converted") == "converted"
+
+
+def test_score_bars_draw_an_asymmetric_interval_as_given(tmp_path, monkeypatch):
+    """(mean, low, high) draws whiskers to low and high: a clipped accuracy interval [0.5, 1.0] around
+    0.8 must not be drawn as ±0.2 (which would reach 0.6 below, not 0.5); (mean, err) stays ±err."""
+    from matplotlib.axes import Axes
+
+    from sinkdlm.analysis.figures import plot_score_bars
+
+    seen = []
+    real_bar = Axes.bar
+    monkeypatch.setattr(Axes, "bar", lambda self, *a, **k: (seen.append(k["yerr"]), real_bar(self, *a, **k))[1])
+    path = plot_score_bars({"acc": {"m": (0.8, 0.5, 1.0)}, "other": {"m": (0.3, 0.1)}}, tmp_path / "s.png")
+    assert path.is_file()
+    below, above = seen[0]
+    assert list(below) == pytest.approx([0.3, 0.1]) and list(above) == pytest.approx([0.2, 0.1])

@@ -345,7 +345,8 @@ def plot_training_curves(
 def plot_score_bars(
     scores: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "score", title: str | None = None
 ) -> Path:
-    """Grouped bars with error bars: ``metric -> {model -> (mean, err)}`` (one group per metric)."""
+    """Grouped bars with error bars, one group per metric: ``metric -> {model -> (mean, err)}`` for a
+    symmetric ± err, or ``(mean, low, high)`` for an interval that is not (one clipped to [0, 1])."""
     if not scores:
         raise ValueError("scores is empty; pass at least one metric")
     metrics = list(scores)
@@ -354,9 +355,16 @@ def plot_score_bars(
     fig = Figure(figsize=(max(6.4, 1.6 * len(metrics)), 4.0))
     ax = fig.add_subplot()
     x = np.arange(len(metrics))
+    def whiskers(entry):  # (below, above) the mean
+        if len(entry) == 3:
+            mean, low, high = entry
+            return mean - low, high - mean
+        return entry[1], entry[1]
+
     for i, model in enumerate(models):
-        means = [scores[m].get(model, (np.nan, 0.0))[0] for m in metrics]
-        errs = [scores[m].get(model, (np.nan, 0.0))[1] for m in metrics]
+        entries = [scores[m].get(model, (np.nan, 0.0)) for m in metrics]
+        means = [e[0] for e in entries]
+        errs = np.array([whiskers(e) for e in entries]).T  # [2, metrics]: matplotlib's asymmetric yerr
         ax.bar(x + (i - (len(models) - 1) / 2) * width, means, width, yerr=errs, capsize=3, label=model)
     ax.set_xticks(x, metrics, rotation=15, ha="right")
     ax.set_ylabel(ylabel)

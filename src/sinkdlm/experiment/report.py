@@ -759,13 +759,13 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         per = {}
         for v in variants.values():
             s = v["summary"].get(k)
-            if s and s.get("mean") is not None:
-                half = (s["high"] - s["mean"]) if s.get("high") is not None else 0.0
-                per[v["label"]] = (s["mean"], half)
+            if s and s.get("mean") is not None:  # the interval as reported (clipped to [0, 1]: asymmetric)
+                has = s.get("low") is not None and s.get("high") is not None
+                per[v["label"]] = (s["mean"], s["low"], s["high"]) if has else (s["mean"], 0.0)
         if per:
             bars[k] = per
     if bars:
-        doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean and 95 % CI over seeds)")
+        doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean and 95 % CI over seeds and items, clipped to [0, 1])")
 
     _analysis_section(doc, results)
     doc.heading("Files")
