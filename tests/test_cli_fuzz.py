@@ -213,10 +213,9 @@ def output_paths(argv: list[str], cwd: Path) -> list[Path]:
             continue
         given = _flag_values(argv, flags[0])
         default = param.default
-        if default is None and param.name == "out":  # train: TrainConfig's, under a --config file
-            from sinkdlm.training import TrainConfig
-
-            default = TrainConfig.out
+        if default is None and param.name == "out":  # train/sft: layered options show what they resolve to
+            shown = re.search(r"\[default: ([^\]]+)\]", param.help or "")
+            default = shown.group(1) if shown else None
         if given:
             paths.append(given[-1])
         elif isinstance(default, (str, Path)) and default:

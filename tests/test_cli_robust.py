@@ -51,8 +51,9 @@ def test_help_shows_full_option_names():
         assert flag in out, flag
     assert "…" not in out
     # train's options default to None (config-file layering); --help shows what they resolve to
-    assert "Global batch in sequences.  [default: 16]" in out and "[default: --no-resume]" in out
-    assert "[default: 128]" in out.split("--seq-len", 1)[1].split("--", 1)[0]
+    flat = " ".join(out.split())  # every field and default: tests/test_config.py
+    assert "Global batch in sequences per optimizer step. [default: 16]" in flat and "[default: --no-resume]" in flat
+    assert "[default: 128]" in flat.split("--seq-len", 1)[1].split("--", 1)[0]
 
 
 # ----------------------------------------------------------------------------- device

@@ -344,4 +344,4 @@ def test_ctrl_c_in_an_experiment_saves_and_leaves_the_stage_unfinished(tmp_path,
     assert result.exit_code == 130, result.output
     run = out / "runs" / "vanilla-s0" / "train"
     assert [s for s, _ in list_checkpoints(run)] == [2] and not (run / "DONE.json").exists()
-    assert f"resume with: sinkdlm experiment --preset smoke --out {out} --data {corpus} --device cpu" in result.output
+    assert f"resume with: sinkdlm experiment --device cpu --preset smoke --out {out} --data {corpus}" in result.output

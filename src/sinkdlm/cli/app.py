@@ -42,8 +42,6 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         group = typer.main.get_command(app)
-        if "--help" in args:
-            _show_config_defaults(group)
         _check_empty_values(args)
         # Not standalone: click's usage errors come here, to be printed as one line like ours.
         code = group.main(args=args, prog_name="sinkdlm", standalone_mode=False)
@@ -67,25 +65,6 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo("Aborted!", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)  # typer.Exit(n) comes back as n
-
-
-def _show_config_defaults(group) -> None:
-    """`train`/`sft` options default to None (so a `--config` file is only overridden by flags the
-    user typed); show in `--help` the `TrainConfig` default each one resolves to."""
-    import dataclasses
-
-    from sinkdlm.training.config import TrainConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
-    for name in ("train", "sft"):
-        for param in getattr(group, "commands", {}).get(name, group).params:
-            value = defaults.get(param.name)
-            if param.default is not None or value is None or "[default" in (param.help or ""):
-                continue
-            if isinstance(value, bool):  # name the switch, not "True"
-                flags = param.opts if value else param.secondary_opts
-                value = flags[0] if flags else value
-            param.help = f"{param.help or ''}  [default: {value}]".strip()
 
 
 def _command(argv: list[str]):

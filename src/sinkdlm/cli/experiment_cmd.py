@@ -3,40 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from sinkdlm.cli.app import app, typed_command
+from sinkdlm.cli.options import config_options
+from sinkdlm.config.run import ExperimentConfig
 
 
 @app.command()
-def experiment(
-    ctx: typer.Context,
-    preset: str = typer.Option("demo", "--preset", help="smoke | demo | study | study-gpu | real | real-gpu | ablation | paper-0.5b"),
-    out: str = typer.Option("runs/demo", "--out", help="Experiment directory (re-run the same command to resume)."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Local AR checkpoint, a directory or a .gguf (paper-0.5b; real: default the example model)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Override the preset's corpus."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated seeds (default: the preset's)."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override the training budget."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
-    gsm8k: Optional[str] = typer.Option(None, "--gsm8k", help="Folder with GSM8K train.jsonl/test.jsonl (paper-0.5b)."),
-    variants: Optional[str] = typer.Option(
-        None, "--variants", help="Comma-separated variant names to run (a shard; default: all the preset's)."),
-) -> None:
+@config_options(ExperimentConfig)
+def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
     from sinkdlm.validation import check_optional_int, check_seed, parse_int_list
 
-    seed_list = parse_int_list(seeds, "--seeds")
+    out, variants, max_steps = cfg.out, cfg.variants, cfg.max_steps
+    seed_list = parse_int_list(cfg.seeds, "--seeds")
     for s in seed_list or ():
         check_seed(s, "--seeds")
     check_optional_int("--max-steps", max_steps, 1, none_means="the preset's budget")
     new_out = not Path(out).exists()
     try:
-        run_experiment(preset, out, init_from=init_from, data=data, seeds=seed_list, max_steps=max_steps, device=device,
-                       gsm8k=gsm8k, resume_command=typed_command(ctx),
+        run_experiment(cfg.preset, out, init_from=cfg.init_from, data=cfg.data, seeds=seed_list, max_steps=max_steps,
+                       device=cfg.device, gsm8k=cfg.gsm8k, resume_command=typed_command(ctx),
                        variants=[v.strip() for v in variants.split(",") if v.strip()] if variants else None)  # re-running the command resumes
     except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
         raise typer.Exit(stopped.exit_code) from None

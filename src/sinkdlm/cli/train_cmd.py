@@ -1,4 +1,4 @@
-"""`sinkdlm train`, `sinkdlm sft` and `sinkdlm tokenizer train`: flags -> TrainConfig -> train()."""
+"""`sinkdlm train`, `sinkdlm sft` and `sinkdlm tokenizer train`: flags (generated from TrainConfig) -> train()."""
 
 from __future__ import annotations
 
@@ -9,67 +9,30 @@ from typing import Optional
 import typer
 
 from sinkdlm.cli.app import app, typed_command
-from sinkdlm.cli.switch_options import with_switch_options
+from sinkdlm.cli.options import config_options
+from sinkdlm.config.model import MODEL_SWITCHES
+from sinkdlm.config.train import TrainConfig
 
 tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
 
-# Every option defaults to None so that `--config FILE` values are only overridden by flags the
-# user actually typed (TrainConfig.resolve: defaults < config file < flags).
-Preset = typer.Option(None, "--preset", help="Model preset (tiny, small, smdm-85m, qwen2.5-0.5b, ...).")
-Data = typer.Option(None, "--data", help="shakespeare | a .txt/.jsonl/.json/.parquet file or folder | hf:OWNER/NAME[:CONFIG]")
-Out = typer.Option(None, "--out", help="Run directory (config, metrics.jsonl, checkpoints/).")
+ConfigFile = typer.Option(None, "--config", help="YAML/JSON file of TrainConfig fields (flags typed here override it).")
+# SFT continues a model on prompt/response pairs: its architecture and corpus packing are the model's.
+SFT_EXCLUDES = ("preset", "attention_anneal_steps", "tokenizer", "text_field", "max_tokens", "cache_dir",
+                *(s.name for s in MODEL_SWITCHES))
+SFT_REQUIRED = ("init_from", "data")  # the model to fine-tune (--model) and its prompt/response data
+SFT_OPTIONS = dict(exclude=SFT_EXCLUDES, flags={"init_from": "--model"}, required=SFT_REQUIRED,
+                   defaults={"out": "runs/sft"})
 
 
 @app.command()
-@with_switch_options(unset_default=True)  # --num-sink-tokens, --sink-logit/--no-sink-logit, ...
-def train(
-    ctx: typer.Context,
-    preset: Optional[str] = Preset,
-    data: Optional[str] = Data,
-    out: Optional[str] = Out,
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file of training options."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Global batch in sequences."),
-    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per optimizer step."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Peak lr (default: 2e-4 scratch, 1e-4 AR init)."),
-    min_lr: Optional[float] = typer.Option(None, "--min-lr", help="Final lr of the cosine (default: 2e-5 scratch, 1e-5 AR init)."),
-    save_every: Optional[int] = typer.Option(None, "--save-every"),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every"),
-    log_every: Optional[int] = typer.Option(None, "--log-every"),
-    keep_last: Optional[int] = typer.Option(None, "--keep-last", help="Checkpoints to keep."),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    resume: Optional[bool] = typer.Option(None, "--resume/--no-resume", help="Continue from the newest checkpoint in --out."),
-    overwrite: Optional[bool] = typer.Option(None, "--overwrite/--no-overwrite", help="Delete the run already in --out (only the files training writes) and start anew."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="HF tokenizer dir or tokenizer.json (default: train a BPE)."),
-    text_field: Optional[str] = typer.Option(None, "--text-field"),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Cap on corpus tokens packed (quick runs; default: the whole corpus)."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Start from a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA directory or .gguf (converted on load)."),
-    shift_logits: Optional[bool] = typer.Option(None, "--shift-logits/--no-shift-logits", help="Position i predicts token i+1 (AR head); default: the model's own setting."),
-    attention_anneal_steps: Optional[int] = typer.Option(None, "--attention-anneal-steps", help="Causal -> full attention over N steps."),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."),
-    fsdp: Optional[bool] = typer.Option(None, "--fsdp/--no-fsdp", help="FSDP2 sharding instead of DDP (needs torchrun, any --nproc_per_node; sharded checkpoints)."),
-    activation_checkpointing: Optional[bool] = typer.Option(
-        None, "--activation-checkpointing/--no-activation-checkpointing", help="Recompute each block in backward: less memory, ~1/3 more compute."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile every block."),
-    compile_backend: Optional[str] = typer.Option(None, "--compile-backend", help="torch.compile backend for --compile (default: inductor)."),
-    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Cache of trained tokenizers and packed corpora (default: $SINKDLM_CACHE or ~/.cache/sinkdlm)."),
-    **switches,
-) -> None:
+@config_options(TrainConfig, layered=True)  # one option per TrainConfig field, model switches included
+def train(ctx: typer.Context, config: Optional[Path] = ConfigFile, options: dict = None) -> None:
     """Train a masked diffusion LM (from scratch or --init-from a converted AR checkpoint)."""
-    flags = dict(locals())  # first: exactly the options
-    flags.update(flags.pop("switches"))
-    flags.pop("ctx")
-    from sinkdlm.training import TrainConfig
-
-    config_file = flags.pop("config")
-    if flags["init_from"] and flags["preset"]:
-        typer.echo(f"note: --preset {flags['preset']} is ignored: --init-from {flags['init_from']} brings its own "
-                   "architecture (its config.json)", err=True)
-    cfg = TrainConfig.resolve(config_file, **flags)
-    _run(ctx, cfg)
+    if options["init_from"] and options["preset"]:
+        typer.echo(f"note: --preset {options['preset']} is ignored: --init-from {options['init_from']} brings its "
+                   "own architecture (its config.json)", err=True)
+    _run(ctx, TrainConfig.resolve(config, **options))
 
 
 def _run(ctx: typer.Context, cfg) -> None:
@@ -77,7 +40,6 @@ def _run(ctx: typer.Context, cfg) -> None:
     printed by the trainer) exit with the shell's 128 + signal code."""
     from sinkdlm.training import train
     from sinkdlm.training.rundir import TrainingStopped
-
     from sinkdlm.validation import check_output_dir
 
     if isinstance(cfg.out, (str, Path)):  # a file there: say so before any work (else train() says)
@@ -90,32 +52,13 @@ def _run(ctx: typer.Context, cfg) -> None:
 
 
 @app.command()
-def sft(
-    ctx: typer.Context,
-    model: str = typer.Option(..., "--model", help="Model to fine-tune: sinkdlm, LLaDA, Dream, or Qwen2/LLaMA (converted on load)."),
-    data: str = typer.Option(..., "--data", help="arithmetic | FILE.jsonl with prompt/response fields"),
-    out: str = typer.Option("runs/sft", "--out"),
-    config: Optional[Path] = typer.Option(None, "--config"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
-    lr: Optional[float] = typer.Option(None, "--lr"),
-    save_every: Optional[int] = typer.Option(None, "--save-every"),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    resume: Optional[bool] = typer.Option(None, "--resume/--no-resume"),
-    overwrite: Optional[bool] = typer.Option(None, "--overwrite/--no-overwrite", help="Delete the run already in --out and start anew."),
-) -> None:
+@config_options(TrainConfig, layered=True, **SFT_OPTIONS)
+def sft(ctx: typer.Context, config: Optional[Path] = ConfigFile, options: dict = None) -> None:
     """Supervised fine-tuning: the prompt is never masked; the loss is normalised by the response length."""
-    flags = dict(locals())  # first: exactly the options
-    flags.pop("ctx")
-    from sinkdlm.training import TrainConfig
-
-    config_file = flags.pop("config")
-    flags["init_from"] = flags.pop("model")
+    data = options["data"]
     if data.startswith("gsm8k:") and not data[len("gsm8k:"):].strip():  # else: SFT file '.' does not exist
         raise ValueError("--data gsm8k: needs the file after the colon: gsm8k:PATH (a local GSM8K JSONL)")
-    _run(ctx, TrainConfig.resolve(config_file, sft=True, **flags))
+    _run(ctx, TrainConfig.resolve(config, base=SFT_OPTIONS["defaults"], sft=True, **options))
 
 
 @tokenizer_app.command("train")

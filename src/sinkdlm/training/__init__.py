@@ -1,4 +1,4 @@
-"""Training: the config (`config`), the loop with exact resume (`trainer`), atomic training
+"""Training (its config is `sinkdlm.config.TrainConfig`): the loop with exact resume (`trainer`), atomic training
 checkpoints (`checkpointing`), the run directory's lifecycle — lock, no silent overwrite,
 explained resume, clean Ctrl-C (`rundir`) — and data-parallel plumbing (`distributed`).
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {"TrainConfig": "sinkdlm.training.config", "train": "sinkdlm.training.trainer"}
+_LAZY = {"TrainConfig": "sinkdlm.config.train", "train": "sinkdlm.training.trainer"}
 __all__ = ["TrainConfig", "train"]
 
 

@@ -48,7 +48,7 @@ from sinkdlm.files import ensure_writable_dir
 from sinkdlm.loading import ModelSource, load_checkpoint, load_tokenizer_for, open_source
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
-from sinkdlm.training.config import TrainConfig
+from sinkdlm.config.train import TrainConfig
 from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
 from sinkdlm.device import resolve_device

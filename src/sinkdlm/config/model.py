@@ -2,11 +2,11 @@
 
 Field names follow Hugging Face (`hidden_size`, `num_key_value_heads`, ...) so a Qwen2/LLaMA
 `config.json` maps onto it directly. The model switches (sink tokens, gated attention, the
-per-head sink logit, softmax-off-by-one) have ONE home: `MODEL_SWITCHES` below. ModelConfig's
-switch fields, TrainConfig's flags, the `train`/`convert` command options, `convert_hf_checkpoint`
-and the experiment runner are all generated from it, so a new switch is added in one place.
-`config.json` of a checkpoint is this dataclass as JSON plus `model_type: "sinkdlm"` (so
-`transformers.AutoConfig` can route it).
+per-head sink logit, softmax-off-by-one) are the fields declared with `switch(...)`: each is one
+line plus its docstring here, and `MODEL_SWITCHES` (derived below) generates TrainConfig's
+optional copies, the `train`/`convert` options, `convert_hf_checkpoint`'s checks and the
+experiment runner's variants from them. `config.json` of a checkpoint is this dataclass as JSON
+plus `model_type: "sinkdlm"` (so `transformers.AutoConfig` can route it).
 """
 
 from __future__ import annotations
@@ -17,108 +17,66 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sinkdlm.config.fields import field_docs, field_types, switch
+
 MODEL_TYPE = "sinkdlm"
 SINK_POSITIONS = ("front", "end")
 
 
-# ----------------------------------------------------------------------------- model switches
-@dataclass(frozen=True)
-class ModelSwitch:
-    """One architectural switch: its field name, type, default, CLI help and validation."""
-
-    name: str
-    type: type  # int | str | bool
-    default: Any
-    help: str
-    choices: tuple[Any, ...] | None = None  # allowed values (str switches)
-    minimum: int | None = None  # smallest allowed value (int switches)
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def check(self, value: Any, where: str = "ModelConfig") -> None:
-        """Raise ValueError saying what is wrong with `value` and what would be accepted."""
-        label = f"{where}.{self.name}" if where != "--" else self.flag
-        if self.type is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"{label} must be true or false, got {value!r}")
-        elif self.type is int:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{label} must be an integer, got {value!r}")
-        elif not isinstance(value, self.type):
-            raise ValueError(f"{label} must be a {self.type.__name__}, got {value!r}")
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"{label} must be one of {self.choices}, got {value!r}")
-        if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"{label} must be >= {self.minimum} ({self.help}), got {value!r}")
-
-
-MODEL_SWITCHES: tuple[ModelSwitch, ...] = (
-    ModelSwitch("num_sink_tokens", int, 0, "Extra sink tokens (One-Token eq. 5-7); 0 = vanilla DLM.", minimum=0),
-    ModelSwitch("sink_position", str, "front", "Where the sink tokens sit: front | end.", choices=SINK_POSITIONS),
-    ModelSwitch("sink_zero_value", bool, False, "Force the sink tokens' value vectors to zero (One-Token Table 5)."),
-    ModelSwitch("gated_attention", bool, False, "Sigmoid gate on the attention output (One-Token eq. 8-10)."),
-    ModelSwitch(
-        "sink_logit", bool, False,
-        "A learned logit per head: an extra softmax column with a zero value (gpt-oss attention sinks).",
-    ),
-    ModelSwitch(
-        "softmax_one", bool, False,
-        "softmax-off-by-one (Miller's softmax_1): the extra zero-value column with its logit fixed at 0.",
-    ),
-)
-SWITCHES_BY_NAME: dict[str, ModelSwitch] = {s.name: s for s in MODEL_SWITCHES}
-MODEL_SWITCH_DEFAULTS: dict[str, Any] = {s.name: s.default for s in MODEL_SWITCHES}
-
-
-def check_model_switches(values: dict[str, Any], where: str = "ModelConfig") -> None:
-    """Validate a {switch name: value} mapping (unknown names included) before any work starts."""
-    unknown = sorted(set(values) - set(SWITCHES_BY_NAME))
-    if unknown:
-        raise ValueError(f"unknown model switch(es) {unknown}; valid ones: {sorted(SWITCHES_BY_NAME)}")
-    for name, value in values.items():
-        SWITCHES_BY_NAME[name].check(value, where)
-    if values.get("sink_logit") and values.get("softmax_one"):
-        raise ValueError(
-            "sink_logit and softmax_one are two versions of the same extra softmax column (learned logit vs "
-            "logit fixed at 0); choose one"
-        )
-
-
-# The switch fields, generated from the registry so that ModelConfig holds exactly these.
-_ModelSwitchFields = dataclasses.make_dataclass(
-    "_ModelSwitchFields", [(s.name, s.type, field(default=s.default)) for s in MODEL_SWITCHES]
-)
-
-
 @dataclass
-class ModelConfig(_ModelSwitchFields):
-    """Shape fields (Hugging Face names) plus every switch of `MODEL_SWITCHES` (inherited fields)."""
+class ModelConfig:
+    """Shape fields (Hugging Face names), the model switches, and the diffusion/AR head settings."""
 
     vocab_size: int = 2048
+    """Vocabulary size, [MASK] included."""
     hidden_size: int = 128
+    """Width of the residual stream."""
     num_hidden_layers: int = 4
+    """Transformer blocks."""
     num_attention_heads: int = 4
+    """Query heads per layer."""
     num_key_value_heads: int = 2
+    """Key/value heads per layer (grouped-query attention when fewer than the query heads)."""
     intermediate_size: int = 384
+    """Width of the SwiGLU MLP."""
     max_position_embeddings: int = 1024
+    """Positions the model takes, sink tokens included."""
     rope_theta: float = 10000.0
+    """Rotary embedding base."""
     rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
     tie_word_embeddings: bool = True
+    """The LM head shares the embedding matrix."""
     qkv_bias: bool = False
+    """Biases on the q/k/v projections (Qwen2)."""
     initializer_range: float = 0.02
-    # Diffusion: the id of [MASK] inside the vocabulary (docs/method.md §1). Defaults to the last id;
-    # None only for an autoregressive model (`causal`), which has no mask token.
+    """Standard deviation of the initial weights."""
+
+    # ---- the model switches: one line each (docs/method.md §3-4); a new one is added here
+    num_sink_tokens: int = switch(0, minimum=0)
+    """Extra sink tokens (One-Token eq. 5-7); 0 = vanilla DLM."""
+    sink_position: str = switch("front", choices=SINK_POSITIONS)
+    """Where the sink tokens sit: front | end."""
+    sink_zero_value: bool = switch(False)
+    """Force the sink tokens' value vectors to zero (One-Token Table 5)."""
+    gated_attention: bool = switch(False)
+    """Sigmoid gate on the attention output (One-Token eq. 8-10)."""
+    sink_logit: bool = switch(False)
+    """A learned logit per head: an extra softmax column with a zero value (gpt-oss attention sinks)."""
+    softmax_one: bool = switch(False)
+    """softmax-off-by-one (Miller's softmax_1): the extra zero-value column with its logit fixed at 0."""
+
     mask_token_id: int | None = None
-    # The logits of position i predict token i+1 (Dream, models trained with --shift-logits, and every
-    # autoregressive model): samplers, likelihood, loss and analysis read it from here (docs/method.md §10).
+    """The id of [MASK] inside the vocabulary (docs/method.md §1). Default: the last id; None only for
+    an autoregressive model (`causal`), which has no mask token."""
     shift_logits: bool = False
-    # An autoregressive model (a Qwen2/LLaMA causal LM opened as is): causal attention, next-token
-    # head, greedy left-to-right generation; used as the AR contrast of the sink analysis (§10).
+    """The logits of position i predict token i+1 (Dream, models trained with --shift-logits, and every
+    autoregressive model): samplers, likelihood, loss and analysis read it from here (docs/method.md §10)."""
     causal: bool = False
-    # Free-form provenance (e.g. the HF checkpoint it was converted from); not used by the model.
+    """An autoregressive model (a Qwen2/LLaMA causal LM opened as is): causal attention, next-token
+    head, greedy left-to-right generation; the AR contrast of the sink analysis (§10)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form provenance (e.g. the HF checkpoint it was converted from); not used by the model."""
 
     def __post_init__(self) -> None:
         if self.mask_token_id is None and not self.causal:
@@ -233,6 +191,62 @@ class ModelConfig(_ModelSwitchFields):
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+# ----------------------------------------------------------------------------- model switches
+@dataclass(frozen=True)
+class ModelSwitch:
+    """One architectural switch, read off its `ModelConfig` field: name, type, default, help, checks."""
+
+    name: str
+    type: type  # int | str | bool
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None  # allowed values (str switches)
+    minimum: int | None = None  # smallest allowed value (int switches)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any, where: str = "ModelConfig") -> None:
+        """Raise ValueError saying what is wrong with `value` and what would be accepted."""
+        label = f"{where}.{self.name}" if where != "--" else self.flag
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{label} must be true or false, got {value!r}")
+        elif self.type is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{label} must be an integer, got {value!r}")
+        elif not isinstance(value, self.type):
+            raise ValueError(f"{label} must be a {self.type.__name__}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{label} must be one of {self.choices}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{label} must be >= {self.minimum} ({self.help}), got {value!r}")
+
+
+MODEL_SWITCHES: tuple[ModelSwitch, ...] = tuple(
+    ModelSwitch(f.name, field_types(ModelConfig)[f.name], f.default, field_docs(ModelConfig)[f.name],
+                f.metadata["choices"], f.metadata["minimum"])
+    for f in dataclasses.fields(ModelConfig) if f.metadata.get("switch")
+)
+SWITCHES_BY_NAME: dict[str, ModelSwitch] = {s.name: s for s in MODEL_SWITCHES}
+MODEL_SWITCH_DEFAULTS: dict[str, Any] = {s.name: s.default for s in MODEL_SWITCHES}
+
+
+def check_model_switches(values: dict[str, Any], where: str = "ModelConfig") -> None:
+    """Validate a {switch name: value} mapping (unknown names included) before any work starts."""
+    unknown = sorted(set(values) - set(SWITCHES_BY_NAME))
+    if unknown:
+        raise ValueError(f"unknown model switch(es) {unknown}; valid ones: {sorted(SWITCHES_BY_NAME)}")
+    for name, value in values.items():
+        SWITCHES_BY_NAME[name].check(value, where)
+    if values.get("sink_logit") and values.get("softmax_one"):
+        raise ValueError(
+            "sink_logit and softmax_one are two versions of the same extra softmax column (learned logit vs "
+            "logit fixed at 0); choose one"
+        )
 
 
 # Named presets. `tiny` is the CPU preset used by the demo and the tests; the `smdm-*` sizes follow

@@ -1,9 +1,11 @@
 """TrainConfig: everything a training (or SFT) run needs, resolvable from a YAML/JSON file + flags.
 
-Resolution order: dataclass defaults < `--config FILE` < explicit command-line flags. The resolved
-config is written to `OUT/train_config.json`, so every run says exactly what it did.
-Defaults follow Appendix A.1 (AdamW β = (0.9, 0.95), weight decay 0.1, cosine schedule with 1 %
-linear warm-up; peak/min lr 2e-4/2e-5 from scratch, 1e-4/1e-5 from an AR checkpoint).
+Every field is declared once below with its default and a docstring; `sinkdlm train` and `sinkdlm
+sft` generate one option per field from them (`sinkdlm.cli.options`). Resolution order: dataclass
+defaults < `--config FILE` < explicit command-line flags. The resolved config is written to
+`OUT/train_config.json`, so every run says exactly what it did. Defaults follow Appendix A.1 (AdamW
+β = (0.9, 0.95), weight decay 0.1, cosine schedule with 1 % linear warm-up; peak/min lr 2e-4/2e-5
+from scratch, 1e-4/1e-5 from an AR checkpoint).
 """
 
 from __future__ import annotations
@@ -15,77 +17,116 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from sinkdlm.config import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches
+from sinkdlm.config.fields import DeviceOption, option
+from sinkdlm.config.model import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches
 from sinkdlm.device import check_device
 
 SCRATCH_LR = (2e-4, 2e-5)
 AR_INIT_LR = (1e-4, 1e-5)
 
 
-# One optional field per model switch (`sinkdlm.config.MODEL_SWITCHES`); None = the preset's /
-# checkpoint's value. Generated, so a new switch needs no edit here.
+# One optional field per model switch (declared in `ModelConfig`); None = the preset's /
+# checkpoint's value. Generated from the switch fields, so a new switch needs no edit here.
 _TrainSwitchFields = dataclasses.make_dataclass(
-    "_TrainSwitchFields", [(s.name, s.type | None, field(default=None)) for s in MODEL_SWITCHES]
+    "_TrainSwitchFields",
+    [(s.name, s.type | None, field(default=None, metadata={"help": f"{s.help} Default: the preset's or the --init-from model's.", "switch": True}))
+     for s in MODEL_SWITCHES],
 )
 
 
 @dataclass
-class TrainConfig(_TrainSwitchFields):
-    # where
+class TrainConfig(_TrainSwitchFields, DeviceOption):
+    """A training run: data, model, schedule, optimiser, bookkeeping (the model switches and --device inherited)."""
+
+    # ---- where
     out: str = "runs/train"
+    """Run directory (train_config.json, metrics.jsonl, checkpoints/)."""
     data: str = "shakespeare"
+    """shakespeare | a .txt/.jsonl/.json/.parquet file or folder | hf:OWNER/NAME[:CONFIG] (SFT: arithmetic | FILE.jsonl | gsm8k:PATH)."""
     text_field: str = "text"
-    tokenizer: str | None = None  # HF tokenizer dir / tokenizer.json; None: train a BPE on `data`
+    """Field holding the text in .jsonl/.json/.parquet data."""
+    tokenizer: str | None = None
+    """HF tokenizer dir or tokenizer.json (default: train a BPE on --data)."""
     cache_dir: str | None = None
-    # model
+    """Cache of trained tokenizers and packed corpora (default: $SINKDLM_CACHE or ~/.cache/sinkdlm)."""
+    # ---- model
     preset: str = "tiny"
-    init_from: str | None = None  # a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA one (converted on load)
-    # the model switches (num_sink_tokens, ..., sink_logit, softmax_one) are inherited fields
-    model_overrides: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
-    # schedule
+    """Model preset (tiny, small, smdm-85m, qwen2.5-0.5b, ...); ignored with --init-from."""
+    init_from: str | None = None
+    """Start from a sinkdlm, LLaDA or Dream checkpoint, or a Qwen2/LLaMA directory or .gguf (converted on load)."""
+    model_overrides: dict[str, Any] = option(default_factory=dict, cli=False)
+    """Any other ModelConfig field, e.g. {hidden_size: 64} (config file only)."""
+    # ---- schedule
     max_steps: int = 200
-    batch_size: int = 16  # global, in sequences per optimizer step
-    grad_accum: int = 1  # micro-batches per step (batch_size must divide by grad_accum * world)
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Global batch in sequences per optimizer step."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (--batch-size must divide by it times the world size)."""
     seq_len: int = 128
-    lr: float | None = None  # None: Appendix A.1 default for scratch / AR init
+    """Tokens per training sequence."""
+    lr: float | None = None
+    """Peak lr (default: 2e-4 from scratch, 1e-4 from an AR init; Appendix A.1)."""
     min_lr: float | None = None
+    """Final lr of the cosine (default: a tenth of the peak)."""
     warmup_frac: float = 0.01
+    """Fraction of the steps spent in linear warm-up."""
     weight_decay: float = 0.1
+    """AdamW weight decay."""
     beta1: float = 0.9
+    """AdamW β1."""
     beta2: float = 0.95
+    """AdamW β2."""
     grad_clip: float = 1.0
-    eps: float = 1e-3  # t ~ U(eps, 1]
-    # AR init recipes (docs/method.md §5)
-    shift_logits: bool | None = None  # None: the model's own config.shift_logits (True for Dream)
+    """Clip the gradient norm to this value."""
+    eps: float = 1e-3
+    """Smallest masking ratio: t ~ U(eps, 1] (docs/method.md §1)."""
+    # ---- AR init recipes (docs/method.md §5)
+    shift_logits: bool | None = None
+    """Position i predicts token i+1 (AR head); default: the model's own setting (True for Dream)."""
     attention_anneal_steps: int = 0
-    # SFT (set by `sinkdlm sft`)
-    sft: bool = False
-    sft_epochs: float | None = None
-    # bookkeeping
+    """Causal -> full attention over this many steps (AR init recipe)."""
+    # ---- SFT (set by `sinkdlm sft`)
+    sft: bool = option(False, cli=False)
+    """Supervised fine-tuning: prompt never masked, loss normalised by the response length."""
+    # ---- bookkeeping
     seed: int = 0
+    """Random seed (initialisation, data order, masking)."""
     log_every: int = 10
+    """Log every N steps."""
     eval_every: int = 50
+    """Validation loss every N steps."""
     eval_batches: int = 4
+    """Validation batches per evaluation."""
     save_every: int = 100
+    """Checkpoint every N steps."""
     keep_last: int = 3
+    """Checkpoints to keep."""
     resume: bool = False
-    overwrite: bool = False  # delete the run already in `out` (only what the trainer wrote) and start anew
+    """Continue from the newest checkpoint in --out."""
+    overwrite: bool = False
+    """Delete the run already in --out (only the files training writes) and start anew."""
     bf16: bool = False
-    device: str = "auto"
-    max_tokens: int | None = None  # cap on the tokens packed from the corpus (quick runs)
-    fsdp: bool = False  # FSDP2 sharding under torchrun (sharded checkpoints: training/sharded.py)
-    activation_checkpointing: bool = False  # recompute each block in backward (memory for time)
-    compile: bool = False  # torch.compile each block
+    """bf16 autocast."""
+    max_tokens: int | None = None
+    """Cap on corpus tokens packed (quick runs; default: the whole corpus)."""
+    fsdp: bool = False
+    """FSDP2 sharding instead of DDP (needs torchrun, any --nproc_per_node; sharded checkpoints)."""
+    activation_checkpointing: bool = False
+    """Recompute each block in backward: less memory, ~1/3 more compute."""
+    compile: bool = False
+    """torch.compile every block."""
     compile_backend: str = "inductor"
+    """torch.compile backend for --compile."""
     tensorboard: bool = True
+    """Write TensorBoard event files beside metrics.jsonl (when tensorboard is installed)."""
 
     # ------------------------------------------------------------------ resolution
     @classmethod
-    def resolve(cls, config_file: str | Path | None = None, **flags: Any) -> "TrainConfig":
-        """defaults < config file < flags that are not None."""
-        values: dict[str, Any] = {}
+    def resolve(cls, config_file: str | Path | None = None, base: dict[str, Any] | None = None,
+                **flags: Any) -> "TrainConfig":
+        """defaults < `base` (a command's own defaults, e.g. sft's --out) < config file < flags that are not None."""
+        values: dict[str, Any] = dict(base or {})
         if config_file is not None:
             values.update(read_config_file(config_file))
         values.update({k: v for k, v in flags.items() if v is not None})
@@ -151,6 +192,8 @@ class TrainConfig(_TrainSwitchFields):
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
+    import yaml  # only a --config file needs it
+
     from sinkdlm.validation import read_text_file
 
     path = Path(path)

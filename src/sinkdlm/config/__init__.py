@@ -1,0 +1,41 @@
+"""Typed configs, one home for every option (torch-free, so `--help` stays fast).
+
+* `model.py`  — `ModelConfig` (architecture, the model switches, presets of shapes).
+* `train.py`  — `TrainConfig` (a training or SFT run).
+* `run.py`    — `SampleConfig`/`GenerateConfig`, `AnalyzeConfig`, `EvalConfig`, `ConvertConfig`,
+  `ExperimentConfig`: the commands that use a model.
+* `fields.py` — attribute docstrings as help text, field metadata, the shared `--device`.
+
+Each field is declared once with its default and a docstring; the command line
+(`sinkdlm.cli.options`) and the experiment presets are built from these classes.
+"""
+
+from sinkdlm.config.fields import DeviceOption, field_docs, field_types
+from sinkdlm.config.model import (
+    MODEL_SWITCH_DEFAULTS,
+    MODEL_SWITCHES,
+    MODEL_TYPE,
+    PRESETS,
+    SINK_POSITIONS,
+    SWITCHES_BY_NAME,
+    ModelConfig,
+    ModelSwitch,
+    check_model_switches,
+)
+from sinkdlm.config.run import (
+    AnalyzeConfig,
+    ConvertConfig,
+    EvalConfig,
+    ExperimentConfig,
+    GenerateConfig,
+    ModelOptions,
+    SampleConfig,
+)
+from sinkdlm.config.train import TrainConfig
+
+__all__ = [
+    "AnalyzeConfig", "ConvertConfig", "DeviceOption", "EvalConfig", "ExperimentConfig", "GenerateConfig",
+    "MODEL_SWITCHES", "MODEL_SWITCH_DEFAULTS", "MODEL_TYPE", "ModelConfig", "ModelOptions", "ModelSwitch",
+    "PRESETS", "SINK_POSITIONS", "SWITCHES_BY_NAME", "SampleConfig", "TrainConfig", "check_model_switches",
+    "field_docs", "field_types",
+]

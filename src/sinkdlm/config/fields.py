@@ -1,0 +1,79 @@
+"""Field helpers shared by every config class: attribute docstrings as help text, field metadata.
+
+A config field is declared once, with its default and, on the next line, a docstring:
+
+    epsilon: float = 3.0
+    '''Sink threshold ϵ (Rulli et al. eq. 3).'''
+
+Python drops such attribute docstrings at run time, so `field_docs` reads them back from the
+class's source with `ast` (as jsonargparse and tyro do); the command line (`sinkdlm.cli.options`)
+turns them into `--help` text. Nothing here imports torch: `sinkdlm <cmd> --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import typing
+from dataclasses import field
+from typing import Any
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: the docstring under its declaration}, over the class and its dataclass bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # generated classes (make_dataclass) have no source
+            continue
+        body = ast.parse(source).body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    for f in dataclasses.fields(cls):  # generated fields carry their help in metadata
+        if f.name not in docs and f.metadata.get("help"):
+            docs[f.name] = f.metadata["help"]
+    return docs
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """{field name: resolved type} (the modules use `from __future__ import annotations`)."""
+    return typing.get_type_hints(cls)
+
+
+def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, cli: bool = True,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field with command-line metadata: `flag` spells its option differently from its name
+    (`as_json` -> `--json`); `cli=False` keeps it out of the command line (config files only)."""
+    metadata = {"flag": flag, "cli": cli}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def switch(default: Any, *, choices: tuple[Any, ...] | None = None, minimum: int | None = None) -> Any:
+    """A model switch of `ModelConfig` (an architecture choice the experiments compare)."""
+    return field(default=default, metadata={"switch": True, "choices": choices, "minimum": minimum})
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The long option of a field: its metadata's `flag`, else `--field-name`."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DeviceOption:
+    """The one declaration of `--device`, inherited by every config that places a model."""
+
+    device: str = "auto"
+    """auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."""

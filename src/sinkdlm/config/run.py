@@ -1,0 +1,185 @@
+"""The configs of the commands that use a model: sample, analyse, evaluate, convert, experiment.
+
+Each field is declared once with its default and a docstring; the command line generates one
+option per field from them (`sinkdlm.cli.options`), and the experiment presets build the same
+classes (`sinkdlm.experiment.presets`), so ϵ = 3, the ELBO's 16 samples or a batch of 8 have a
+single home. Values are checked by the library before any work starts; these classes only say
+what can be set. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sinkdlm.config.fields import DeviceOption, option
+from sinkdlm.config.model import MODEL_SWITCHES
+
+
+@dataclass(kw_only=True)
+class ModelOptions(DeviceOption):
+    """Which model to open, and where."""
+
+    model: Path | None = None
+    """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."""
+    dtype: str | None = None
+    """float32 | bfloat16 | float16 (default: as stored)."""
+
+    def require_model(self) -> Path:
+        if self.model is None:
+            raise ValueError("--model is required: a model directory or a .gguf file")
+        return self.model
+
+
+@dataclass(kw_only=True)
+class SampleConfig:
+    """How to decode (docs/method.md §2): the settings of `sinkdlm.generate`."""
+
+    gen_length: int
+    """Tokens to generate."""
+    steps: int | None = None
+    """Denoising steps (required unless --threshold)."""
+    block_length: int | None = None
+    """Semi-autoregressive block length (default: one block)."""
+    temperature: float = 0.0
+    """0 = greedy; > 0 samples (Gumbel, float64)."""
+    remasking: str = "low_confidence"
+    """low_confidence | random"""
+    threshold: float | None = None
+    """Confidence-threshold parallel decoding (e.g. 0.9)."""
+    cache: str | None = None
+    """Fast-dLLM KV cache: prefix | dual (dual needs --block-length)."""
+    seed: int = 0
+    """Random seed (used when temperature > 0 or remasking=random)."""
+
+
+@dataclass(kw_only=True)
+class GenerateConfig(ModelOptions, SampleConfig):
+    """`sinkdlm generate`: a prompt, a model and the decoding settings."""
+
+    prompt: str | None = None
+    """Prompt text."""
+    prompt_file: Path | None = None
+    """Read the prompt from this file instead."""
+    as_json: bool = option(False, flag="--json")
+    """Print one JSON object: text, tokens, steps_taken, seconds."""
+    show_steps: bool = False
+    """Print the partially unmasked text after every step."""
+
+
+@dataclass(kw_only=True)
+class AnalyzeConfig(ModelOptions):
+    """`sinkdlm analyze`: the attention-sink analysis (docs/method.md §6), also run by the experiments."""
+
+    prompts: Path | None = None
+    """Prompts file: one per line, or .jsonl with "prompt"/"text"."""
+    data: str | None = None
+    """Corpus for prompts (validation split), e.g. shakespeare."""
+    num_prompts: int = 8
+    """Prompts to use (first N of --prompts; windows of --data)."""
+    prompt_length: int = 64
+    """Tokens per prompt taken from --data."""
+    gen_length: int | None = None
+    """Tokens to generate per prompt."""
+    steps: int | None = None
+    """Denoising steps (default: --gen-length, one token per step; an autoregressive model always takes one step per token)."""
+    block_length: int | None = None
+    """Semi-autoregressive block length (default: one block)."""
+    epsilon: float = 3.0
+    """Sink threshold ϵ (Rulli et al. eq. 3)."""
+    scale: str = "sum"
+    """Received-attention scale: sum | mean."""
+    ablation_k: str | None = None
+    """Sink-masking ablation for these K, e.g. 1,5,10."""
+    include_extra_sink: bool = False
+    """Let the ablation mask the extra sink token."""
+    mc_num: int = 16
+    """Monte-Carlo samples of the ablation's continuation ELBO."""
+    batch_size: int = 8
+    """Prompts per generation batch."""
+    figure_steps: str | None = None
+    """Two steps for the attention-map figure, e.g. 0,31."""
+    seed: int = 0
+    """Random seed (prompt windows, ELBO noise, sampling)."""
+    label: str | None = None
+    """Model name in the report (default: the run name and step, e.g. 'base (step 30)')."""
+    compare_dirs: tuple[Path, Path] | None = option(None, flag="--compare")
+    """Two analysis directories (of `analyze --out`) to put side by side."""
+    out: Path
+    """Output directory."""
+    per_prompt: bool = False
+    """Analyse each prompt on its own and give every number a 95 % interval over prompts (intervals.json)."""
+    quiet: bool = False
+    """No progress bar."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig(ModelOptions):
+    """`sinkdlm eval`: offline tasks scored with the ELBO or by generation (docs/method.md §7)."""
+
+    tasks: str
+    """Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."""
+    out: Path
+    """Write the scores here as JSON."""
+    limit: int | None = None
+    """Items per task (default: all)."""
+    seed: int = 0
+    """Chooses the items and seeds the Monte-Carlo ELBO."""
+    mc_num: int = 16
+    """ELBO samples per candidate (cloze words: at most 4)."""
+    gen_steps: int | None = None
+    """Denoising steps per generation (default: one per token)."""
+    batch_size: int = 64
+    """Model rows per forward."""
+    cache: str | None = None
+    """Fast-dLLM KV cache for generation tasks: prefix | dual."""
+    threshold: float | None = None
+    """Confidence-threshold decoding for generation tasks (e.g. 0.9)."""
+    progress: bool = True
+    """Show progress bars."""
+
+
+# Every model switch at its `ModelConfig` default (generated: a new switch needs no edit here).
+_ConvertSwitchFields = dataclasses.make_dataclass(
+    "_ConvertSwitchFields",
+    [(s.name, s.type, field(default=s.default, metadata={"help": s.help, "switch": True})) for s in MODEL_SWITCHES],
+    kw_only=True,
+)
+
+
+@dataclass(kw_only=True)
+class ConvertConfig(_ConvertSwitchFields):
+    """`sinkdlm convert`: an autoregressive checkpoint -> a bidirectional DLM (+[MASK], + sinks)."""
+
+    from_hf: Path
+    """Local causal LM to convert: a Qwen2/LLaMA directory (safetensors) or a llama/qwen2 .gguf file."""
+    out: Path
+    """Output checkpoint directory."""
+    seed: int = 0
+    """Seed for the new sink embeddings and sink logits."""
+
+    def switches(self) -> dict:
+        return {s.name: getattr(self, s.name) for s in MODEL_SWITCHES}
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig(DeviceOption):
+    """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change."""
+
+    preset: str = "demo"
+    """smoke | demo | study | study-gpu | real | real-gpu | ablation | paper-0.5b"""
+    out: str = "runs/demo"
+    """Experiment directory (re-run the same command to resume)."""
+    init_from: str | None = None
+    """Local AR checkpoint, a directory or a .gguf (paper-0.5b; real: default the example model)."""
+    data: str | None = None
+    """Override the preset's corpus."""
+    seeds: str | None = None
+    """Comma-separated seeds (default: the preset's)."""
+    max_steps: int | None = None
+    """Override the training budget."""
+    gsm8k: str | None = None
+    """Folder with GSM8K train.jsonl/test.jsonl (paper-0.5b)."""
+    variants: str | None = None
+    """Comma-separated variant names to run (a shard; default: all the preset's)."""
