@@ -129,7 +129,7 @@ def test_help_lists_every_field_with_its_default_fast(command):
         doc = " ".join(field_docs(cls)[f.name].split())
         assert doc[:30] in blocks[flag], (flag, blocks[flag])
         shown = "runs/sft" if (command, f.name) == ("sft", "out") else _shown_default(f, flag, how.get("layered", False))
-        if command == "sft" and f.name in SFT_REQUIRED or f.default is dataclasses.MISSING:
+        if command == "sft" and f.name in SFT_REQUIRED or f.default is dataclasses.MISSING or f.metadata.get("required"):
             assert "[required]" in blocks[flag], (flag, blocks[flag])
         elif shown is not None:
             assert f"[default: {shown}]" in blocks[flag], (flag, blocks[flag])

@@ -145,7 +145,7 @@ def test_paper_preset_validates_its_inputs(tmp_path):
                        gsm8k=str(tmp_path / "gsm"))
     preset = get_preset("paper-0.5b")  # the paper's Table 1 tasks through lm-eval, GSM8K after SFT
     assert set(preset.lm_eval_tasks) >= {"arc_easy", "arc_challenge", "hellaswag", "piqa", "race", "siqa"}
-    assert preset.sft["data"] == "gsm8k" and "gsm8k" in preset.eval_tasks
+    assert preset.sft.data == "gsm8k" and "gsm8k" in preset.eval_tasks
 
 
 def _fake_hf(tmp_path: Path) -> Path:

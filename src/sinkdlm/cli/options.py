@@ -65,7 +65,7 @@ def config_parameters(cls: type, *, layered: bool = False, exclude: tuple[str, .
         else:
             default = ...
         help_text = docs.get(f.name, "")
-        if f.name in required:
+        if f.name in required or f.metadata.get("required"):
             default = ...
         if layered and default is not ...:
             if default is not None:

@@ -52,10 +52,12 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, cli: bool = True,
-           default_factory: Any = dataclasses.MISSING) -> Any:
+           required: bool = False, default_factory: Any = dataclasses.MISSING) -> Any:
     """A field with command-line metadata: `flag` spells its option differently from its name
-    (`as_json` -> `--json`); `cli=False` keeps it out of the command line (config files only)."""
-    metadata = {"flag": flag, "cli": cli}
+    (`as_json` -> `--json`); `cli=False` keeps it out of the command line (config files only);
+    `required=True` makes the option required although the field has a default (e.g. an output path
+    that a library caller, such as the experiment runner, sets itself)."""
+    metadata = {"flag": flag, "cli": cli, "required": required}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -64,6 +66,22 @@ def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, cli: 
 def switch(default: Any, *, choices: tuple[Any, ...] | None = None, minimum: int | None = None) -> Any:
     """A model switch of `ModelConfig` (an architecture choice the experiments compare)."""
     return field(default=default, metadata={"switch": True, "choices": choices, "minimum": minimum})
+
+
+def non_default_fields(config: Any) -> dict[str, Any]:
+    """{name: value} of the fields of a config instance that differ from their defaults (what a recipe sets)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(config, f.name)
+        if value != default:
+            out[f.name] = value
+    return out
 
 
 def flag_of(f: dataclasses.Field) -> str:

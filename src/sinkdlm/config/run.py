@@ -106,12 +106,29 @@ class AnalyzeConfig(ModelOptions):
     """Model name in the report (default: the run name and step, e.g. 'base (step 30)')."""
     compare_dirs: tuple[Path, Path] | None = option(None, flag="--compare")
     """Two analysis directories (of `analyze --out`) to put side by side."""
-    out: Path
+    out: Path | None = option(None, required=True)
     """Output directory."""
     per_prompt: bool = False
     """Analyse each prompt on its own and give every number a 95 % interval over prompts (intervals.json)."""
     quiet: bool = False
     """No progress bar."""
+
+    def analyze_kwargs(self) -> dict:
+        """The keyword arguments of `sinkdlm.analysis.analyze` these settings stand for (K lists parsed,
+        --steps defaulting to --gen-length); the experiment runner and the command both call it."""
+        from sinkdlm.validation import parse_int_list
+
+        if self.gen_length is None:
+            raise ValueError("--gen-length is required")
+        figure_steps = parse_int_list(self.figure_steps, "--figure-steps")
+        if figure_steps is not None and len(figure_steps) != 2:
+            raise ValueError(f"--figure-steps takes two steps like 0,31, got {self.figure_steps!r}")
+        return dict(
+            gen_length=self.gen_length, steps=self.gen_length if self.steps is None else self.steps,
+            block_length=self.block_length, epsilon=self.epsilon, scale=self.scale,
+            ablation_k=parse_int_list(self.ablation_k, "--ablation-k"), include_extra_sink=self.include_extra_sink,
+            figure_steps=tuple(figure_steps) if figure_steps else None, batch_size=self.batch_size, mc_num=self.mc_num,
+        )
 
 
 @dataclass(kw_only=True)
@@ -120,7 +137,7 @@ class EvalConfig(ModelOptions):
 
     tasks: str
     """Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."""
-    out: Path
+    out: Path | None = option(None, required=True)
     """Write the scores here as JSON."""
     limit: int | None = None
     """Items per task (default: all)."""

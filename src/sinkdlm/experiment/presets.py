@@ -1,7 +1,9 @@
 """Experiment presets: which variants of the paper's comparison to train, on what, for how long.
 
 Every variant of one experiment shares the training budget, the data and the seeds; only the
-model switches differ (docs/method.md §3-4). Presets:
+model switches differ (docs/method.md §3-4). Each preset is a function (a recipe) returning an
+`ExperimentPreset` built from the typed configs (`TrainConfig`, `EvalConfig`, `AnalyzeConfig`);
+`PRESETS` maps the names `sinkdlm experiment --preset` takes to these functions:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
                    about 10 minutes on a 2-core CPU (`make demo`; results.json records the time).
@@ -21,9 +23,11 @@ model switches differ (docs/method.md §3-4). Presets:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from sinkdlm.config import AnalyzeConfig, EvalConfig, TrainConfig
 from sinkdlm.evaluation.harness import TABLE1_TASKS
 
 
@@ -49,16 +53,16 @@ SOFTMAX_ONE = Variant("softmax1", "DLM + softmax₁", {"softmax_one": True})
 
 @dataclass(frozen=True)
 class ExperimentPreset:
+    """One experiment: its variants and seeds, and the typed configs every variant shares."""
+
     name: str
     description: str
     variants: tuple[Variant, ...]
     seeds: tuple[int, ...]
-    train: dict[str, Any]  # TrainConfig fields shared by every variant
-    eval_tasks: tuple[str, ...]
-    eval_limit: int | None
-    eval_mc_num: int
-    analysis: dict[str, Any]  # keyword arguments of sinkdlm.analysis.analyze
-    sft: dict[str, Any] | None = None  # when set: SFT on `arithmetic` after pre-training, then evaluate it
+    train: TrainConfig  # shared by every variant; the runner sets out, seed, the switches and init_from
+    evaluation: EvalConfig  # tasks, limit, mc_num (the model and --out are the runner's)
+    analysis: AnalyzeConfig  # the sink analysis's settings (prompts are drawn by the runner)
+    sft: TrainConfig | None = None  # when set: SFT after pre-training, then evaluate the SFT model
     analyse_every_seed: bool = False  # analyse every seed's model (intervals over seeds), not only the first
     # (variant, baseline) name pairs to compare; empty: every variant against the first
     comparisons: tuple[tuple[str, str], ...] = ()
@@ -67,6 +71,10 @@ class ExperimentPreset:
     # The checkpoint every variant is converted from when --init-from is not given: "example" is the
     # example real model (SmolLM2-135M GGUF, `sinkdlm.example_model`, fetched on first use).
     default_init_from: str | None = None
+
+    @property
+    def eval_tasks(self) -> list[str]:
+        return [t.strip() for t in self.evaluation.tasks.split(",") if t.strip()]
 
 
 # The study's questions: every mechanism against the vanilla DLM, and the paper's ablations against the
@@ -101,142 +109,161 @@ PAIR_QUESTIONS = {
 }
 
 MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+SHAKESPEARE_TASKS = "shakespeare_cloze,shakespeare_next_line,shakespeare_word_order"
 
-PRESETS: dict[str, ExperimentPreset] = {
-    "smoke": ExperimentPreset(
+
+# ----------------------------------------------------------------------------- the presets (recipes)
+def smoke() -> ExperimentPreset:
+    """The whole experiment path in seconds (micro model, 3 steps): for tests, not for conclusions."""
+    return ExperimentPreset(
         name="smoke",
         description="the whole experiment path in seconds (micro model, 3 steps): for tests, not for conclusions",
         variants=(VANILLA, SINK, GATED),
         seeds=(0, 1),
-        train=dict(preset="tiny", model_overrides=MICRO, data="shakespeare", max_steps=3, batch_size=4, seq_len=32,
-                   max_tokens=20_000, eval_every=3, save_every=3, log_every=1, eval_batches=1, lr=1e-3),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
-        eval_limit=6,
-        eval_mc_num=2,
-        analysis=dict(num_prompts=2, gen_length=8, steps=4, block_length=None, ablation_k=[0, 1]),
+        train=TrainConfig(preset="tiny", model_overrides=MICRO, data="shakespeare", max_steps=3, batch_size=4,
+                          seq_len=32, max_tokens=20_000, eval_every=3, save_every=3, log_every=1, eval_batches=1, lr=1e-3),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=6, mc_num=2),
+        analysis=AnalyzeConfig(num_prompts=2, gen_length=8, steps=4, ablation_k="0,1"),
         analyse_every_seed=True,
         comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
-    ),
-    "demo": ExperimentPreset(
+    )
+
+
+def demo() -> ExperimentPreset:
+    """Vanilla DLM vs + 1 front sink on the tiny preset, 3 seeds: about 10 minutes on 2 CPU cores."""
+    # Tiny masked-diffusion models sit on a unigram plateau before they learn to use context; the
+    # budget buys steps, not batch (at 400 steps of batch 16 the masked-token loss did not depend
+    # on t at all). 600 steps of batch 8 fit 15 minutes: the study's vanilla model already picks
+    # the true word order 75 % of the time at step 500 (chance 50 %), cloze and next line not yet.
+    return ExperimentPreset(
         name="demo",
         description="vanilla DLM vs DLM + 1 front sink; tiny preset on shakespeare, 3 seeds, paired",
         variants=(VANILLA, SINK),
         seeds=(0, 1, 2),
-        # Tiny masked-diffusion models sit on a unigram plateau before they learn to use context; the
-        # budget buys steps, not batch (at 400 steps of batch 16 the masked-token loss did not depend
-        # on t at all). 600 steps of batch 8 fit 15 minutes: the study's vanilla model already picks
-        # the true word order 75 % of the time at step 500 (chance 50 %), cloze and next line not yet.
-        train=dict(preset="tiny", data="shakespeare", max_steps=600, batch_size=8, seq_len=128, lr=5e-3,
-                   min_lr=5e-4, eval_every=200, save_every=300, log_every=50, eval_batches=16),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
-        eval_limit=150,
-        eval_mc_num=8,
-        analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+        train=TrainConfig(preset="tiny", data="shakespeare", max_steps=600, batch_size=8, seq_len=128, lr=5e-3,
+                          min_lr=5e-4, eval_every=200, save_every=300, log_every=50, eval_batches=16),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=150, mc_num=8),
+        analysis=AnalyzeConfig(num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
         analyse_every_seed=True,
-    ),
-    "study": ExperimentPreset(
+    )
+
+
+def study() -> ExperimentPreset:
+    """Every sink mechanism and the paper's ablations on the tiny preset, 5 seeds: about 2 hours on 2 CPU cores."""
+    return ExperimentPreset(
         name="study",
         description=("the paper's comparison: sink position (front/end), count (1/2/4), zero-value sink, gated "
                      "attention, per-head sink logit and softmax-off-by-one; tiny preset on shakespeare, 5 seeds, paired"),
         variants=STUDY_VARIANTS,
         seeds=(0, 1, 2, 3, 4),
-        train=dict(preset="tiny", data="shakespeare", max_steps=1000, batch_size=8, seq_len=128, lr=5e-3,
-                   min_lr=5e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
-        eval_limit=300,
-        eval_mc_num=8,
-        analysis=dict(num_prompts=8, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+        train=TrainConfig(preset="tiny", data="shakespeare", max_steps=1000, batch_size=8, seq_len=128, lr=5e-3,
+                          min_lr=5e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
+        analysis=AnalyzeConfig(num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=STUDY_PAIRS,
-    ),
-    "study-gpu": ExperimentPreset(
+    )
+
+
+def study_gpu() -> ExperimentPreset:
+    """The study sized for one H100 in about 10 minutes: small preset, 4x the tokens, bf16."""
+    return dataclasses.replace(
+        study(),
         name="study-gpu",
         description=("the study's comparison sized for one H100 in about 10 minutes: small preset, 4x the tokens, "
                      "5 seeds, paired"),
-        variants=STUDY_VARIANTS,
-        seeds=(0, 1, 2, 3, 4),
-        train=dict(preset="small", data="shakespeare", max_steps=1500, batch_size=32, seq_len=256, lr=2e-3,
-                   min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
-        eval_limit=500,
-        eval_mc_num=16,
-        analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
-        analyse_every_seed=True,
-        comparisons=STUDY_PAIRS,
-    ),
-    "ablation": ExperimentPreset(
+        train=TrainConfig(preset="small", data="shakespeare", max_steps=1500, batch_size=32, seq_len=256, lr=2e-3,
+                          min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=500, mc_num=16),
+        analysis=AnalyzeConfig(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+    )
+
+
+def ablation() -> ExperimentPreset:
+    """Tables 3-5 on the small preset, 3 seeds, with SFT on arithmetic: more than a day on 2 CPU cores."""
+    return ExperimentPreset(
         name="ablation",
         description="Tables 3-5: sink position (front/end), count (1/2/4), zero-value sink, gated attention",
         variants=(VANILLA, SINK, SINK_END, SINK2, SINK4, SINK_ZERO, GATED),
         seeds=(0, 1, 2),
-        train=dict(preset="small", data="shakespeare", max_steps=3000, batch_size=32, seq_len=256, lr=1e-3,
-                   min_lr=1e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order", "arithmetic"),
-        eval_limit=500,
-        eval_mc_num=16,
-        analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
-        sft=dict(data="arithmetic", max_steps=1000, batch_size=32, seq_len=256, lr=5e-4, eval_every=250, save_every=500),
-    ),
-    # The One-Token comparison from real weights. Sizing on 2 CPU cores (measured): a step of 4 x 128
-    # tokens on the converted model takes about 2.6 s with 2 threads (benchmarks/bench_real_train.py),
-    # about 4.5 s with one; evaluation (40 items x 3 tasks, mc 2) about 2.2 min and the analysis about
-    # 2 min per run. Two variants x 3 seeds x 200 steps then fit 2 hours as two 1-thread shards
-    # (`--variants vanilla` and `--variants sink1-front`); gated attention only in `real-gpu`.
-    # Dream-style adaptation: the AR head keeps predicting the next token (shift_logits).
-    "real": ExperimentPreset(
+        train=TrainConfig(preset="small", data="shakespeare", max_steps=3000, batch_size=32, seq_len=256, lr=1e-3,
+                          min_lr=1e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS + ",arithmetic", limit=500, mc_num=16),
+        analysis=AnalyzeConfig(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+        sft=TrainConfig(data="arithmetic", max_steps=1000, batch_size=32, seq_len=256, lr=5e-4, eval_every=250,
+                        save_every=500),
+    )
+
+
+def real() -> ExperimentPreset:
+    """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF): 2 hours on 2 CPU cores."""
+    # Sizing on 2 CPU cores (measured): a step of 4 x 128 tokens on the converted model takes about
+    # 2.6 s with 2 threads (benchmarks/bench_real_train.py), about 4.5 s with one; evaluation (40 items
+    # x 3 tasks, mc 2) about 2.2 min and the analysis about 2 min per run. Two variants x 3 seeds x 200
+    # steps then fit 2 hours as two 1-thread shards (`--variants vanilla` and `--variants sink1-front`);
+    # gated attention only in `real-gpu`. Dream-style adaptation: the AR head keeps predicting the next
+    # token (shift_logits).
+    return ExperimentPreset(
         name="real",
         description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "
                      "pre-training on shakespeare with the same seeds and data order, paired"),
         variants=(VANILLA, SINK),
         seeds=(0, 1, 2),
-        train=dict(data="shakespeare", max_steps=200, batch_size=4, seq_len=128, lr=5e-5, min_lr=5e-6,
-                   warmup_frac=0.05, eval_every=100, save_every=100, log_every=10, eval_batches=8,
-                   shift_logits=True),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
-        eval_limit=40,
-        eval_mc_num=2,
-        analysis=dict(num_prompts=4, gen_length=32, steps=32, block_length=None, ablation_k=[1, 5, 10]),
+        train=TrainConfig(data="shakespeare", max_steps=200, batch_size=4, seq_len=128, lr=5e-5, min_lr=5e-6,
+                          warmup_frac=0.05, eval_every=100, save_every=100, log_every=10, eval_batches=8,
+                          shift_logits=True),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=40, mc_num=2),
+        analysis=AnalyzeConfig(num_prompts=4, gen_length=32, steps=32, ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=((SINK.name, VANILLA.name),),
         default_init_from="example",
-    ),
-    "real-gpu": ExperimentPreset(
+    )
+
+
+def real_gpu() -> ExperimentPreset:
+    """`real` with gated attention too, on one H100 in about 15 minutes: 5 seeds, 8x the tokens, bf16."""
+    return dataclasses.replace(
+        real(),
         name="real-gpu",
         description=("the real-initialisation comparison sized for one H100 in about 15 minutes: 5 seeds, "
                      "8x the tokens of `real`, bf16"),
         variants=(VANILLA, SINK, GATED),
         seeds=(0, 1, 2, 3, 4),
-        train=dict(data="shakespeare", max_steps=800, batch_size=16, seq_len=256, lr=5e-5, min_lr=5e-6,
-                   warmup_frac=0.05, eval_every=200, save_every=400, log_every=20, eval_batches=16,
-                   shift_logits=True, bf16=True),
-        eval_tasks=("shakespeare_cloze", "shakespeare_next_line", "shakespeare_word_order"),
-        eval_limit=300,
-        eval_mc_num=8,
-        analysis=dict(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k=[1, 5, 10]),
-        analyse_every_seed=True,
+        train=TrainConfig(data="shakespeare", max_steps=800, batch_size=16, seq_len=256, lr=5e-5, min_lr=5e-6,
+                          warmup_frac=0.05, eval_every=200, save_every=400, log_every=20, eval_batches=16,
+                          shift_logits=True, bf16=True),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
+        analysis=AnalyzeConfig(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
         comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
-        default_init_from="example",
-    ),
-    "paper-0.5b": ExperimentPreset(
+    )
+
+
+def paper_0_5b() -> ExperimentPreset:
+    """Tables 1-2: Qwen2.5-0.5B init, FineWeb, lm-eval zero-shot tasks, GSM8K after SFT (GPUs)."""
+    return ExperimentPreset(
         name="paper-0.5b",
         description=("Table 1-2: Qwen2.5-0.5B init, FineWeb, vanilla vs 1 sink vs gated attention; lm-eval zero-shot "
                      "tasks, GSM8K after SFT (GPUs)"),
         variants=(VANILLA, SINK, GATED),
         seeds=(0,),
-        train=dict(max_steps=60_000, batch_size=512, seq_len=1024, lr=1e-4, min_lr=1e-5, eval_every=1000,
-                   save_every=1000, log_every=10, eval_batches=32, bf16=True),
-        eval_tasks=("gsm8k",),
+        train=TrainConfig(max_steps=60_000, batch_size=512, seq_len=1024, lr=1e-4, min_lr=1e-5, eval_every=1000,
+                          save_every=1000, log_every=10, eval_batches=32, bf16=True),
+        evaluation=EvalConfig(tasks="gsm8k", limit=None, mc_num=128),
         lm_eval_tasks=TABLE1_TASKS,
-        eval_limit=None,
-        eval_mc_num=128,
-        analysis=dict(num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k=[1, 5, 10]),
-        sft=dict(data="gsm8k", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500, save_every=1000),
+        analysis=AnalyzeConfig(num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k="1,5,10"),
+        sft=TrainConfig(data="gsm8k", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500,
+                        save_every=1000),
         needs=("init_from", "data", "gsm8k"),
-    ),
+    )
+
+
+PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
+    "smoke": smoke, "demo": demo, "study": study, "study-gpu": study_gpu, "ablation": ablation,
+    "real": real, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b,
 }
 
 
 def get_preset(name: str) -> ExperimentPreset:
     if name not in PRESETS:
         raise ValueError(f"unknown experiment preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name]
+    return PRESETS[name]()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
 from sinkdlm.experiment.report import analysis_record
 from sinkdlm.atomic import atomic_write_json
@@ -138,6 +139,7 @@ def run_experiment(
 
     check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
+    shared_train = non_default_fields(preset.train)  # what the recipe sets; the rest are TrainConfig defaults
     # The real elapsed time of an experiment that is resumed spans several invocations: the first
     # start is kept on disk (docs/method.md §7: a report states what the experiment cost).
     started = out / "STARTED.json"
@@ -151,8 +153,9 @@ def run_experiment(
 
     results: dict[str, Any] = {
         "preset": preset.name, "description": preset.description, "seeds": seeds, "variants": {},
-        "machine": machine_info(), "train": {**preset.train, **({"max_steps": max_steps} if max_steps else {})},
-        "eval_tasks": list(preset.eval_tasks) + list(preset.lm_eval_tasks), "eval_limit": preset.eval_limit, "analysis_settings": preset.analysis,
+        "machine": machine_info(), "train": {**shared_train, **({"max_steps": max_steps} if max_steps else {})},
+        "eval_tasks": preset.eval_tasks + list(preset.lm_eval_tasks), "eval_limit": preset.evaluation.limit,
+        "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **preset.analysis.analyze_kwargs()},
     }
     stage_seconds: dict[str, float] = {"train": 0.0, "sft": 0.0, "eval": 0.0, "analysis": 0.0}
     analysis_dirs: dict[str, Path] = {}
@@ -164,7 +167,7 @@ def run_experiment(
             k += 1
             run = out / "runs" / f"{variant.name}-s{seed}"
             _log(f"({k}/{total}) {variant.label}, seed {seed}: training -> {run / 'train'}")
-            train_kwargs = {**preset.train, **variant.switches, "seed": seed}
+            train_kwargs = {**shared_train, **variant.switches, "seed": seed}
             if max_steps:
                 train_kwargs["max_steps"] = max_steps
             if data:
@@ -192,9 +195,9 @@ def run_experiment(
                 "curve": curve,
             }
             if preset.sft is not None:
-                _log(f"({k}/{total}) {variant.label}, seed {seed}: SFT on {preset.sft['data']}")
+                _log(f"({k}/{total}) {variant.label}, seed {seed}: SFT on {preset.sft.data}")
                 t0 = time.perf_counter()
-                sft_kwargs = {**preset.sft, "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
+                sft_kwargs = {**non_default_fields(preset.sft), "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
                 if sft_kwargs["data"] == "gsm8k":
                     sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
                 sft_summary = train_stage(run / "sft", sft_kwargs, resume_command)
@@ -212,18 +215,19 @@ def run_experiment(
                 lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
                 if lm_tasks:
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
-                    scores.update(evaluate(model, tok, lm_tasks, limit=preset.eval_limit, seed=0, mc_num=preset.eval_mc_num, progress=tty))
+                    scores.update(evaluate(model, tok, lm_tasks, limit=preset.evaluation.limit, seed=0,
+                                           mc_num=preset.evaluation.mc_num, progress=tty))
                 if preset.lm_eval_tasks:
                     from sinkdlm.evaluation.harness import evaluate_harness
 
-                    scores.update(evaluate_harness(ckpt, preset.lm_eval_tasks, limit=preset.eval_limit,
-                                                   mc_num=preset.eval_mc_num, seed=0, device=device))
+                    scores.update(evaluate_harness(ckpt, preset.lm_eval_tasks, limit=preset.evaluation.limit,
+                                                   mc_num=preset.evaluation.mc_num, seed=0, device=device))
                 sft_eval = [t if t != "gsm8k" else f"gsm8k:{Path(gsm8k) / 'test.jsonl'}"
                             for t in preset.eval_tasks if t in sft_tasks]
                 if sft_eval and preset.sft is not None:
                     sft_model, sft_tok = load_model_and_tokenizer(record["sft_checkpoint"], device=device)
-                    scores.update(evaluate(sft_model, sft_tok, sft_eval, limit=preset.eval_limit, seed=0,
-                                           mc_num=preset.eval_mc_num, progress=tty))
+                    scores.update(evaluate(sft_model, sft_tok, sft_eval, limit=preset.evaluation.limit, seed=0,
+                                           mc_num=preset.evaluation.mc_num, progress=tty))
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0
                 run_timing["eval"] = time.perf_counter() - t0
@@ -235,8 +239,8 @@ def run_experiment(
                 if not (adir / "analysis.json").is_file():
                     _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
                     t0 = time.perf_counter()
-                    settings = dict(preset.analysis)
-                    n_prompts = settings.pop("num_prompts")
+                    settings = preset.analysis.analyze_kwargs()
+                    n_prompts = preset.analysis.num_prompts
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
                     analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label, **settings)
