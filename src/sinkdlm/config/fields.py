@@ -16,10 +16,34 @@ import ast
 import dataclasses
 import functools
 import inspect
-import textwrap
+import sys
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Any
+
+
+@functools.cache
+def _class_docs(module_name: str) -> dict[str, dict[str, str]]:
+    """{class name: {field: docstring}} for every class of a module, from one parse of its file
+    (`inspect.getsource` would parse the file again for every class: 0.1 s of `--help`)."""
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    if not path or not path.endswith(".py"):
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    # Our configs are module-level classes: walking the whole tree (for classes inside functions,
+    # as in tests) is kept for other modules.
+    for node in tree.body if module_name.startswith("sinkdlm.config.") else ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs = out.setdefault(node.name, {})
+        for stmt, after in zip(node.body, node.body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    return out
 
 
 @functools.cache
@@ -27,19 +51,9 @@ def field_docs(cls: type) -> dict[str, str]:
     """{field name: the docstring under its declaration}, over the class and its dataclass bases."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):  # generated classes (make_dataclass) have no source
-            continue
-        body = ast.parse(source).body[0].body
-        for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
-                docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
-    for f in dataclasses.fields(cls):  # generated fields carry their help in metadata
+        if dataclasses.is_dataclass(klass):
+            docs.update(_class_docs(klass.__module__).get(klass.__name__, {}))
+    for f in dataclasses.fields(cls):  # generated fields (make_dataclass) carry their help in metadata
         if f.name not in docs and f.metadata.get("help"):
             docs[f.name] = f.metadata["help"]
     return docs
