@@ -74,7 +74,7 @@ def analyze(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
-    from sinkdlm.analysis.report import check_options
+    from sinkdlm.analysis import check_options
     from sinkdlm.validation import check_output_dir
 
     check_output_dir(out)
@@ -107,10 +107,10 @@ def analyze(
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     texts = read_prompts(prompts)[:num_prompts] if prompts is not None else None
 
-    from sinkdlm.analysis.report import analyze as run, prompts_from_documents
+    from sinkdlm.analysis import analyze as run, prompts_from_documents
     from sinkdlm.data import load_documents
     from sinkdlm.loading import load_model_and_tokenizer
-    from sinkdlm.reporting import run_label
+    from sinkdlm.training.checkpointing import run_label
 
     with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files
         net, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype)
