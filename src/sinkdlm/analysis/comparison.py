@@ -67,7 +67,14 @@ def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     analyses = {k: a for k, (a, _) in runs.items()}
     figs = write_comparison_figures(runs, out_dir, scales.pop())
-    write_comparison_report(analyses, figs, out_dir)
+    sink_mass = {k: mean_over_layers(a["sink_attention_mass"]) for k, a in analyses.items()}
+    write_comparison_report(analyses, sink_mass, figs, out_dir)
     result = {"models": list(analyses), "figures": figs, "runs": {k: str(Path(d)) for k, d in dirs.items()}}
     atomic_write_json(out_dir / "compare.json", result)
     return result
+
+
+def mean_over_layers(values) -> float | None:
+    """The unweighted mean of a per-layer list over the layers that have a value (None: none has)."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None

@@ -330,35 +330,38 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
     return figs
 
 
-def write_comparison_report(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path) -> tuple[Path, Path]:
-    """report.md and report.html of `compare` (its figures already written)."""
-    return _compare_doc(analyses, figs, Path(out_dir)).write(out_dir)
+def write_comparison_report(analyses: dict[str, dict], sink_mass: dict[str, float | None], figs: dict[str, str],
+                            out_dir: Path) -> tuple[Path, Path]:
+    """report.md and report.html of `compare` (its figures already written); `sink_mass`: each run's
+    attention on detected sinks, mean over layers."""
+    return _compare_doc(analyses, sink_mass, figs, Path(out_dir)).write(out_dir)
 
 
-def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path) -> Document:
+def _compare_doc(analyses: dict[str, dict], sink_mass: dict[str, float | None], figs: dict[str, str],
+                 out_dir: Path) -> Document:
     labels = list(analyses)
     doc = Document("Attention-sink analysis: " + " vs ".join(labels))
     for label, a in analyses.items():
         doc.paragraph(f"**{label}**: " + _setup_text(a))
     doc.heading("Side by side")
     get = {
-        "model kind": lambda a: a["model"].get("kind", "diffusion (bidirectional)"),
-        "extra sink tokens": lambda a: str(a["model"]["num_sink_tokens"]),
-        "non-sink fraction at ϵ": lambda a: _pct(a["non_sink_fraction"]),
-        "attention on detected sinks (mean over layers)": lambda a: _pct(_mean(a["sink_attention_mass"])),
-        "value norm, sink tokens": lambda a: _num(a["value_norm"]["sink_mean"], 3),
-        "value norm, normal tokens": lambda a: _num(a["value_norm"]["normal_mean"], 3),
-        "largest sink moves": lambda a: _pct(a["moving"]["mean"]["largest_sink_change_rate"]),
-        "sink set changes (content keys)": lambda a: _pct(a["moving"]["mean"].get("content_sink_set_change_rate")),
-        "Jaccard of consecutive sink sets (content keys)": lambda a: _num(a["moving"]["mean"].get("content_sink_set_jaccard"), 3),
-        "sink set changes (every key)": lambda a: _pct(a["moving"]["mean"]["sink_set_change_rate"]),
-        "Jaccard of consecutive sink sets (every key)": lambda a: _num(a["moving"]["mean"]["sink_set_jaccard"], 3),
-        "attention on the extra sink": lambda a: _pct((a["extra_sink"] or {}).get("mean_attention_mass")),
-        "heads whose largest sink is the extra sink": lambda a: _pct(a["moving"]["mean"].get("extra_sink_share")),
-        "attention on the virtual sink column": lambda a: _pct((a.get("virtual_sink") or {}).get("mean_attention_mass")),
-        "sinks on [MASK] tokens": lambda a: _pct(a["sink_token_types"]["shares"].get("mask")),
+        "model kind": lambda k, a: a["model"].get("kind", "diffusion (bidirectional)"),
+        "extra sink tokens": lambda k, a: str(a["model"]["num_sink_tokens"]),
+        "non-sink fraction at ϵ": lambda k, a: _pct(a["non_sink_fraction"]),
+        "attention on detected sinks (mean over layers)": lambda k, a: _pct(sink_mass[k]),
+        "value norm, sink tokens": lambda k, a: _num(a["value_norm"]["sink_mean"], 3),
+        "value norm, normal tokens": lambda k, a: _num(a["value_norm"]["normal_mean"], 3),
+        "largest sink moves": lambda k, a: _pct(a["moving"]["mean"]["largest_sink_change_rate"]),
+        "sink set changes (content keys)": lambda k, a: _pct(a["moving"]["mean"].get("content_sink_set_change_rate")),
+        "Jaccard of consecutive sink sets (content keys)": lambda k, a: _num(a["moving"]["mean"].get("content_sink_set_jaccard"), 3),
+        "sink set changes (every key)": lambda k, a: _pct(a["moving"]["mean"]["sink_set_change_rate"]),
+        "Jaccard of consecutive sink sets (every key)": lambda k, a: _num(a["moving"]["mean"]["sink_set_jaccard"], 3),
+        "attention on the extra sink": lambda k, a: _pct((a["extra_sink"] or {}).get("mean_attention_mass")),
+        "heads whose largest sink is the extra sink": lambda k, a: _pct(a["moving"]["mean"].get("extra_sink_share")),
+        "attention on the virtual sink column": lambda k, a: _pct((a.get("virtual_sink") or {}).get("mean_attention_mass")),
+        "sinks on [MASK] tokens": lambda k, a: _pct(a["sink_token_types"]["shares"].get("mask")),
     }
-    doc.table(["quantity", *labels], [[name, *(f(analyses[k]) for k in labels)] for name, f in get.items()])
+    doc.table(["quantity", *labels], [[name, *(f(k, analyses[k]) for k in labels)] for name, f in get.items()])
     doc.heading("Non-sink fraction vs ϵ")
     eps = list(next(iter(analyses.values()))["non_sink_fraction_by_epsilon"])
     doc.table(["model", *eps], [[k, *(_pct(a["non_sink_fraction_by_epsilon"].get(e)) for e in eps)]
@@ -388,8 +391,3 @@ def _compare_doc(analyses: dict[str, dict], figs: dict[str, str], out_dir: Path)
     for name, file in figs.items():
         doc.image(out_dir / file, captions[name])
     return doc
-
-
-def _mean(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
