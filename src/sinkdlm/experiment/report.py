@@ -3,8 +3,9 @@
 Every number and verdict comes from `sinkdlm.experiment.summary` (`summarise` stores them in
 results.json; the intervals the tables add beside them are computed there on demand); this module
 only formats them. `markdown_summary` renders the tables that the README shows, from a results.json
-alone (a test regenerates the README's tables from the committed file); `regenerate` rebuilds a
-committed experiment's results.json and report from its stored records.
+alone (a test regenerates the README's tables from the committed file), and `ar_vs_dlm_markdown` the
+README's table of an experiment's DLMs beside the autoregressive model they came from (analysed over
+prompts); `regenerate` rebuilds a committed experiment's results.json and report from its stored records.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 from sinkdlm.atomic import atomic_write_json
 from sinkdlm.experiment.summary import (
     ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, SINK_TOKEN_TYPES, analysis_record, epsilon_intervals,
-    experiment_timing, extra_sink_mass, pooled_value_norm_difference, summarise, task_chance, task_metrics,
-    token_type_intervals, training_curves,
+    experiment_timing, extra_sink_mass, pooled_value_norm_difference, seed_interval, summarise, task_chance,
+    task_metrics, token_type_intervals, training_curves,
 )
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
@@ -311,6 +312,41 @@ def markdown_summary(results: dict[str, Any]) -> str:
         if pivot:
             parts += ["", _md_table(*pivot)]
     return "\n".join(parts) + "\n"
+
+
+def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
+    """Rulli et al.'s contrast on one set of weights: the AR model (intervals over prompts, from
+    `analyze --per-prompt`) beside the DLMs adapted from it (intervals over seeds, from the experiment's
+    results.json). Different units and models: side by side, not a paired test."""
+    from sinkdlm.analysis.over_prompts_report import fmt_interval as _fmt
+
+    def over_seeds(variant: str, get, share: bool = False) -> str:
+        iv = seed_interval(dlm["variants"][variant], get, share)
+        return "n/a" if iv is None else _fmt(iv, 1, 4 if share else 3)
+
+    s = ar["summary"]
+    names = [n for n in ("vanilla", "sink1-front") if n in dlm["variants"]]
+    labels = [dlm["variants"][n]["label"] for n in names]
+    rows = []
+    for key, what in (("content_sink_set_change_rate", "sink-set change rate between consecutive steps (content keys)"),
+                      ("largest_sink_change_rate", "largest-sink position change rate")):
+        rows.append([what, _fmt(s["moving"].get(key), 1, 4)]
+                    + [over_seeds(n, lambda a, k=key: (a.get("moving") or {}).get(k), True) for n in names])
+    for k in ("1", "10"):
+        ar_delta = (s.get("ablation") or {}).get(k, {}).get("delta")
+        rows.append([f"Δ score, top-{k} sink(s) masked per head (AR: log-prob / token; DLM: ELBO / token)",
+                     _fmt(ar_delta, 1, 3)]
+                    + [over_seeds(n, lambda a, k=k: ((a.get("ablation") or {}).get("delta") or {}).get(k)) for n in names])
+    rows.append(["share of all attention on the extra sink token", "–"]
+                + [over_seeds(n, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
+                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
+    rows.append(["share of heads whose largest sink is the extra sink", "–"]
+                + [over_seeds(n, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
+                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
+    header = ["measure", f"AR ({ar['setup']['num_prompts']} prompts)"] + [f"{lab} ({len(dlm['seeds'])} seeds)" for lab in labels]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- the report

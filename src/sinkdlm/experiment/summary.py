@@ -411,6 +411,14 @@ def interval_of(values: list, share: bool = False) -> dict | None:
     return mean_interval(vals, bounds=(0.0, 1.0) if share else None).to_dict() if vals else None
 
 
+def seed_interval(variant: dict[str, Any], get, share: bool = False) -> dict | None:
+    """mean [95 % CI] over seeds of `get(analysis record)` (the seeds that have a value; None with fewer
+    than 2): a per-seed analysis number the stored summary does not hold."""
+    values = [get(rec["analysis"]) for rec in variant["seeds"].values() if rec.get("analysis")]
+    values = [v for v in values if v is not None]
+    return interval_of(values, share) if len(values) >= 2 else None
+
+
 def extra_sink_mass(variant: dict[str, Any]) -> dict | None:
     """The share of attention on the extra sink (all layers), mean [95 % CI] over the seeds that recorded it."""
     extra = [rec.get("analysis", {}).get("extra_sink") for rec in variant["seeds"].values()]
