@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sinkdlm.analysis.run import ANALYSIS_KEYS, ARRAYS_NAME
+from sinkdlm.analysis.run import ANALYSIS_KEYS, ARRAYS_NAME, mean_over_layers
 from sinkdlm.analysis.report import write_comparison_figures, write_comparison_report
 from sinkdlm.atomic import atomic_write_json
 
@@ -72,9 +72,3 @@ def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:
     result = {"models": list(analyses), "figures": figs, "runs": {k: str(Path(d)) for k, d in dirs.items()}}
     atomic_write_json(out_dir / "compare.json", result)
     return result
-
-
-def mean_over_layers(values) -> float | None:
-    """The unweighted mean of a per-layer list over the layers that have a value (None: none has)."""
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None

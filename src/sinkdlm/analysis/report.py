@@ -175,19 +175,20 @@ def _setup_text(a: dict) -> str:
             f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (docs/method.md §6).")
 
 
-def write_analysis_report(analysis: dict, out_dir: Path) -> tuple[Path, Path]:
-    """report.md and report.html of one `analyze` run (its figures already written)."""
-    return _analysis_doc(analysis, Path(out_dir)).write(out_dir)
+def write_analysis_report(analysis: dict, out_dir: Path, sinks_per_head: float | None) -> tuple[Path, Path]:
+    """report.md and report.html of one `analyze` run (its figures already written); `sinks_per_head`:
+    the mean over layers."""
+    return _analysis_doc(analysis, sinks_per_head, Path(out_dir)).write(out_dir)
 
 
-def _analysis_doc(a: dict, out_dir: Path) -> Document:
+def _analysis_doc(a: dict, sinks_per_head: float | None, out_dir: Path) -> Document:
     doc = Document(f"Attention-sink analysis: {a['model']['label']}")
     doc.paragraph(_setup_text(a))
     doc.heading("Summary")
     vn = a["value_norm"]
     rows = [
         ["non-sink fraction at ϵ", _pct(a["non_sink_fraction"])],
-        ["sinks per head (mean)", _num(sum(x or 0 for x in a["sinks_per_head"]) / len(a["sinks_per_head"]), 3)],
+        ["sinks per head (mean)", _num(sinks_per_head, 3)],
         ["value norm: sink / normal tokens", f"{_num(vn['sink_mean'], 3)} / {_num(vn['normal_mean'], 3)}"],
         ["largest sink moves (consecutive steps)", _pct(a["moving"]["mean"]["largest_sink_change_rate"])],
         ["sink set changes (consecutive steps), content keys", _pct(a["moving"]["mean"].get("content_sink_set_change_rate"))],

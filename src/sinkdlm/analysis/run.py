@@ -244,8 +244,14 @@ def analyze(
     _save_arrays(out_dir / ARRAYS_NAME, arrays)
     analysis["figures"] = write_figures(out_dir, analysis, arrays)
     atomic_write_json(out_dir / "analysis.json", analysis)
-    write_analysis_report(analysis, out_dir)
+    write_analysis_report(analysis, out_dir, sinks_per_head=mean_over_layers(analysis["sinks_per_head"]))
     return analysis
+
+
+def mean_over_layers(values) -> float | None:
+    """The unweighted mean of a per-layer list over the layers that have a value (None: none has)."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
