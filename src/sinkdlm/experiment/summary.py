@@ -426,11 +426,15 @@ def extra_sink_mass(variant: dict[str, Any]) -> dict | None:
                        share=True)
 
 
+def _recorded(variant: dict[str, Any], key: str) -> list:
+    """`key` of each seed's analysis record, for the seeds that recorded it."""
+    return [rec["analysis"][key] for rec in variant["seeds"].values() if rec.get("analysis") and rec["analysis"].get(key)]
+
+
 def epsilon_intervals(variant: dict[str, Any], keys: list[str] | None = None) -> dict[str, dict | None] | None:
     """Rulli et al. Fig. 10: the non-sink fraction at each ϵ (`keys`, default: the first seed's, ascending),
     mean [95 % CI] over seeds; None when no seed recorded the curve."""
-    curves = [rec["analysis"]["non_sink_fraction_by_epsilon"] for rec in variant["seeds"].values()
-              if rec.get("analysis") and rec["analysis"].get("non_sink_fraction_by_epsilon")]
+    curves = _recorded(variant, "non_sink_fraction_by_epsilon")
     if not curves:
         return None
     keys = keys or sorted(curves[0], key=float)
@@ -439,8 +443,7 @@ def epsilon_intervals(variant: dict[str, Any], keys: list[str] | None = None) ->
 
 def token_type_intervals(variant: dict[str, Any]) -> dict[str, dict | None] | None:
     """Rulli et al. Table 2: the share of sinks on each of `SINK_TOKEN_TYPES`, mean [95 % CI] over seeds."""
-    shares = [rec["analysis"]["sink_token_types"] for rec in variant["seeds"].values()
-              if rec.get("analysis") and rec["analysis"].get("sink_token_types")]
+    shares = _recorded(variant, "sink_token_types")
     if not shares:
         return None
     return {t: interval_of([s.get(t, 0.0) for s in shares], share=True) for t in SINK_TOKEN_TYPES}
