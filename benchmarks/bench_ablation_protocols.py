@@ -27,7 +27,8 @@ import torch
 from sinkdlm.analysis.ablation import PROTOCOLS, SinkMasker
 from sinkdlm.data import encode_texts, load_documents
 from sinkdlm.diffusion.sampling import generate
-from sinkdlm.experiment.runner import analysis_prompts
+from sinkdlm.analysis import prompts_from_documents
+from sinkdlm.experiment.presets import ANALYSIS_PROMPT_TOKENS
 from sinkdlm.loading import load_model_and_tokenizer
 
 
@@ -42,7 +43,9 @@ def main() -> None:
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(args.checkpoint)
     model.eval()
-    prompts = encode_texts(tok, analysis_prompts(load_documents("shakespeare", "validation"), args.prompts))
+    # the experiment's analysis prompts: seeded token windows of held-out text (docs/method.md §6)
+    texts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, args.prompts, ANALYSIS_PROMPT_TOKENS)
+    prompts = encode_texts(tok, texts)
     g = args.gen_length
     base = generate(model, prompts, g, g, block_length=g)[:, -g:]
     rows = []

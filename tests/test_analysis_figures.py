@@ -152,7 +152,7 @@ def test_attention_map_marks_sink_and_prompt(tmp_path, captured):
 
 
 def test_run_label_names_the_run(tmp_path):
-    from sinkdlm.reporting import run_label
+    from sinkdlm.training.checkpointing import run_label
 
     assert run_label(tmp_path / "base" / "checkpoints" / "step-30") == "base (step 30)"
     assert run_label(tmp_path / "runs" / "vanilla-s0" / "train" / "checkpoints" / "step-3") == "vanilla-s0/train (step 3)"

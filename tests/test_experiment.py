@@ -22,6 +22,51 @@ def smoke(tmp_path_factory):
     return out, results
 
 
+def test_smoke_analyses_the_shared_prompt_windows(smoke):
+    """The runner draws its analysis prompts with `prompts_from_documents` (as `analyze --data` does):
+    the analysed prompts' token counts are those of the extractor's windows, re-encoded here."""
+    from sinkdlm.analysis import prompts_from_documents
+    from sinkdlm.data import encode_texts, load_documents
+    from sinkdlm.experiment.presets import ANALYSIS_PROMPT_TOKENS
+    from sinkdlm.loading import load_tokenizer_for
+
+    out, results = smoke
+    n = get_preset("smoke").analysis.num_prompts
+    assert results["analysis_prompts"]["prompt_length"] == ANALYSIS_PROMPT_TOKENS
+    for v in results["variants"].values():
+        first = next(iter(v["seeds"].values()))
+        tok = load_tokenizer_for(first["checkpoint"])
+        windows = prompts_from_documents(load_documents("shakespeare", "validation"), tok, n, ANALYSIS_PROMPT_TOKENS, seed=0)
+        lengths = [len(ids) for ids in encode_texts(tok, windows)]
+        setup = json.loads((Path(first["analysis_dir"]) / "analysis.json").read_text())["setup"]
+        assert setup["num_prompts"] == n
+        assert setup["prompt_tokens"] == {"min": min(lengths), "mean": sum(lengths) / n, "max": max(lengths)}
+        assert abs(setup["prompt_tokens"]["mean"] - ANALYSIS_PROMPT_TOKENS) <= 2  # token windows, not characters
+
+
+def test_regenerate_finds_the_figures_of_a_moved_experiment(smoke, tmp_path):
+    """A moved (or committed) experiment no longer has the directory its runs were started in:
+    regenerate links each variant's analysis figures from the experiment directory itself."""
+    import shutil
+
+    from sinkdlm.experiment.report import regenerate
+
+    out, _ = smoke
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    results = json.loads((moved / "results.json").read_text())
+    for v in results["variants"].values():
+        for rec in v["seeds"].values():
+            rec["analysis_dir"] = str(tmp_path / "gone" / "analysis")  # the path it was run at, now gone
+    (moved / "results.json").write_text(json.dumps(results))
+    regenerate(moved)
+    md = (moved / "report.md").read_text()
+    for name, v in results["variants"].items():
+        seed = next(iter(v["seeds"]))
+        figures = json.loads((moved / "runs" / f"{name}-s{seed}" / "analysis" / "analysis.json").read_text())["figures"]
+        assert figures and all(f"](runs/{name}-s{seed}/analysis/{f})" in md for f in figures.values())
+
+
 def test_smoke_writes_every_file_and_key(smoke):
     out, results = smoke
     preset = get_preset("smoke")

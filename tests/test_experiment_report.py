@@ -1,4 +1,4 @@
-"""sinkdlm.experiment.report on hand-built results: the multiplicity adjustment through the report path
+"""sinkdlm.experiment.summary and .report on hand-built results: the multiplicity adjustment through the report path
 (simulated null), per-layer value norms on a planted two-layer map, missing and constant metrics, and
 the numbers a report prints (no -0.0, shares in [0, 1])."""
 
@@ -14,8 +14,9 @@ import pytest
 from scipy import stats as sps
 
 from sinkdlm.analysis.recorder import SinkRecorder
-from sinkdlm.experiment.report import (
-    analysis_record, compare_variants, extra_sink_layers, markdown_summary, summarise, value_norm_layers,
+from sinkdlm.experiment.report import markdown_summary
+from sinkdlm.experiment.summary import (
+    analysis_record, compare_variants, extra_sink_layers, summarise, value_norm_layers,
 )
 
 TASKS = ("shakespeare_word_order/acc", "shakespeare_next_line/acc_norm")

@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from sinkdlm import DiffusionLM
 from sinkdlm.analysis.comparison import compare
-from sinkdlm.analysis.report import analyze
+from sinkdlm.analysis.run import analyze
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss

@@ -105,24 +105,6 @@ class Document:
 
 def _inline(text: str) -> str:
     """Escape, then render `code` spans and **bold** (the only inline markup reports use)."""
-    import re
-
     s = html.escape(str(text))
     s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
     return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", s)
-
-
-def run_label(checkpoint_dir) -> str:
-    """A readable model label for a checkpoint directory: the run's name, not `step-30`.
-
-    `runs/base/checkpoints/step-30` -> `base (step 30)`; an experiment's
-    `runs/vanilla-s0/train/checkpoints/step-3` -> `vanilla-s0/train (step 3)`; any other
-    directory -> its own name.
-    """
-    path = Path(checkpoint_dir).resolve()
-    m = re.fullmatch(r"step-(\d+)", path.name)
-    if m is None or path.parent.name != "checkpoints":
-        return path.name
-    run = path.parent.parent
-    name = f"{run.parent.name}/{run.name}" if run.name in ("train", "sft") else run.name
-    return f"{name} (step {int(m.group(1))})"

@@ -1,10 +1,12 @@
 """Attention-sink analysis (docs/method.md §6): pure tensor metrics, the generation recorder, the
 sink-masking ablation, and `analyze` / `compare` (analysis.json, figures, report).
 
-The metrics, `SinkRecorder`, the ablation helpers, `analyze` and `compare` are re-exported
-here. The figure functions live in :mod:`sinkdlm.analysis.figures` and are imported from
-there (and by `analyze`/`compare` only when they draw), so that `import sinkdlm.analysis`
-never pulls in matplotlib.
+Computation: `metrics`, `recorder`, `ablation`, `run` (`analyze`, its option checks, the schema and
+the prompt extractor `prompts_from_documents`), `comparison` (`compare`), `over_prompts`.
+Rendering: `report` (figures and documents of `analyze` and `compare`), `over_prompts_report`,
+`figures` (the plot functions). The metrics, `SinkRecorder`, the ablation helpers, `analyze` and
+`compare` are re-exported here. The figure functions are imported from `figures` only when a
+figure is drawn, so that `import sinkdlm.analysis` never pulls in matplotlib.
 """
 
 from sinkdlm.analysis.ablation import (
@@ -37,7 +39,8 @@ from sinkdlm.analysis.metrics import (
 )
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.comparison import compare
-from sinkdlm.analysis.report import ANALYSIS_KEYS, FIGURES, analyze, prompts_from_documents
+from sinkdlm.analysis.report import FIGURES
+from sinkdlm.analysis.run import ANALYSIS_KEYS, analyze, check_options, prompts_from_documents
 
 __all__ = [
     "ANALYSIS_KEYS",
@@ -46,6 +49,7 @@ __all__ = [
     "SinkMasker",
     "SinkRecorder",
     "analyze",
+    "check_options",
     "compare",
     "continuation_elbo",
     "prompts_from_documents",

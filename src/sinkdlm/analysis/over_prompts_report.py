@@ -66,7 +66,7 @@ def plot_epsilon_sweep(summary: dict, path: Path, title: str) -> Path:
     return save_figure(fig, path)
 
 
-def _fmt(iv: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+def fmt_interval(iv: dict | None, scale: float = 1.0, digits: int = 2) -> str:
     if iv is None or iv.get("mean") is None:
         return "n/a (fewer than 2 prompts)"
     if iv.get("degenerate"):
@@ -88,7 +88,7 @@ def write_report(result: dict, out_dir: Path) -> None:
     doc.heading("Where attention goes")
     doc.image(plot_layers(s, figs / "layers.png", label), "Per layer: attention on detected sinks (left) and value norms "
               "of sinks vs other tokens (right); bands are 95 % intervals over prompts.")
-    doc.table(["ϵ", "non-sink fraction %"], [[e, _fmt(iv, 100)] for e, iv in s["non_sink_fraction_by_epsilon"].items()])
+    doc.table(["ϵ", "non-sink fraction %"], [[e, fmt_interval(iv, 100)] for e, iv in s["non_sink_fraction_by_epsilon"].items()])
     doc.image(plot_epsilon_sweep(s, figs / "epsilon_sweep.png", label), "Share of keys that are not sinks, by ϵ.")
     v = s["value_norm_verdict"]
     doc.heading("Value norms: sinks vs other tokens (per layer, paired within prompt)")
@@ -97,21 +97,21 @@ def write_report(result: dict, out_dir: Path) -> None:
         f"and higher in {len(v['sinks_higher'])} after the Benjamini-Hochberg adjustment over {v['family'].split(' (')[0]}; "
         f"the others: no difference detected. Lower: layers {v['sinks_lower'] or '—'}; higher: {v['sinks_higher'] or '—'}.")
     doc.table(["layer", "attention on sinks %", "‖v‖ sinks", "‖v‖ others", "sinks − others", "BH p"],
-              [[e["layer"], _fmt(s["sink_mass_per_layer"][e["layer"]], 100, 1), _fmt(e["sink"]), _fmt(e["normal"]),
-                _fmt(e["difference"]), f"{e['difference']['p_bh']:.2g}" if e["difference"] and "p_bh" in e["difference"]
+              [[e["layer"], fmt_interval(s["sink_mass_per_layer"][e["layer"]], 100, 1), fmt_interval(e["sink"]), fmt_interval(e["normal"]),
+                fmt_interval(e["difference"]), f"{e['difference']['p_bh']:.2g}" if e["difference"] and "p_bh" in e["difference"]
                 else "n/a"] for e in s["value_norm_per_layer"]])
     doc.heading("Moving sinks across decoding steps")
-    doc.table(["metric", "mean over prompts [95 % CI]"], [[k, _fmt(iv, 1, 4)] for k, iv in s["moving"].items()])
+    doc.table(["metric", "mean over prompts [95 % CI]"], [[k, fmt_interval(iv, 1, 4)] for k, iv in s["moving"].items()])
     doc.heading("Sink token types")
-    doc.table(["type", "share of sink occurrences %"], [[k, _fmt(iv, 100, 1)] for k, iv in s["token_type_shares"].items()])
+    doc.table(["type", "share of sink occurrences %"], [[k, fmt_interval(iv, 100, 1)] for k, iv in s["token_type_shares"].items()])
     if s.get("ablation"):
         metric = "continuation log-prob / token" if model.get("causal") else "continuation ELBO / token"
         doc.heading("Masking the top-K sinks (Rulli et al. Table 1)")
         doc.image(plot_masking_curve(s, figs / "masking_curve.png", label, metric),
                   f"Δ {metric} when the top-K sinks of every head are masked, paired over prompts (95 % CI).")
         doc.table(["K", "score", "Δ vs K = 0", "masked keys / head"],
-                  [[k, _fmt(e["score"], 1, 3), _fmt(e["delta"], 1, 3) if e["delta"] else "—",
-                    _fmt(e["masked_keys_per_head"], 1, 2)] for k, e in s["ablation"].items()])
+                  [[k, fmt_interval(e["score"], 1, 3), fmt_interval(e["delta"], 1, 3) if e["delta"] else "—",
+                    fmt_interval(e["masked_keys_per_head"], 1, 2)] for k, e in s["ablation"].items()])
     doc.paragraph(f"Per-prompt analyses (figures and analysis.json of each prompt): `prompts/pNN/`. "
                   f"Wall time {result['timing']['seconds'] / 60:.1f} min.")
     doc.write(out_dir)
@@ -125,56 +125,17 @@ def markdown_headline(result: dict) -> str:
     v = s["value_norm_verdict"]
     moving = s["moving"].get("content_sink_set_change_rate") or s["moving"].get("sink_set_change_rate")
     rows = [
-        ("non-sink fraction at ϵ = 3 (%)", _fmt(s["non_sink_fraction"], 100)),
-        (f"attention on detected sinks, layer {top} (the most) (%)", _fmt(mass[top], 100, 1)),
+        ("non-sink fraction at ϵ = 3 (%)", fmt_interval(s["non_sink_fraction"], 100)),
+        (f"attention on detected sinks, layer {top} (the most) (%)", fmt_interval(mass[top], 100, 1)),
         ("layers where sinks' value norm is lower / higher than other tokens' (BH over layers)",
          f"{len(v['sinks_lower'])} / {len(v['sinks_higher'])} of {v['layers_tested']}"),
-        ("sink-set change rate between consecutive decoding steps", _fmt(moving, 1, 4)),
+        ("sink-set change rate between consecutive decoding steps", fmt_interval(moving, 1, 4)),
     ]
     if s.get("ablation") and "1" in s["ablation"]:
         metric = "log-prob / token" if model.get("causal") else "ELBO / token"
         rows.append((f"Δ continuation {metric}, top-1 sink masked in every head",
-                     _fmt(s["ablation"]["1"]["delta"], 1, 3)))
+                     fmt_interval(s["ablation"]["1"]["delta"], 1, 3)))
     lines = [f"{model.get('label', 'model')}: {setup['num_prompts']} Shakespeare prompts, each analysed alone; "
              "mean over prompts [95 % CI].", "", "| measure | value |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in rows]
-    return "\n".join(lines) + "\n"
-
-
-def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
-    """Rulli et al.'s contrast on one set of weights: the AR model (intervals over prompts, from
-    `analyze --per-prompt`) beside the DLMs adapted from it (intervals over seeds, from the experiment's
-    results.json). Different units and models: side by side, not a paired test."""
-    from sinkdlm.stats import mean_interval
-
-    def over_seeds(variant: str, get, bounds=None) -> str:
-        seeds = dlm["variants"][variant]["seeds"]
-        values = [get(rec["analysis"]) for rec in seeds.values() if rec.get("analysis")]
-        values = [v for v in values if v is not None]
-        if len(values) < 2:
-            return "n/a"
-        return _fmt(mean_interval(values, bounds=bounds).to_dict(), 1, 4 if bounds else 3)
-
-    s = ar["summary"]
-    names = [n for n in ("vanilla", "sink1-front") if n in dlm["variants"]]
-    labels = [dlm["variants"][n]["label"] for n in names]
-    rows = []
-    for key, what in (("content_sink_set_change_rate", "sink-set change rate between consecutive steps (content keys)"),
-                      ("largest_sink_change_rate", "largest-sink position change rate")):
-        rows.append([what, _fmt(s["moving"].get(key), 1, 4)]
-                    + [over_seeds(n, lambda a, k=key: (a.get("moving") or {}).get(k), (0.0, 1.0)) for n in names])
-    for k in ("1", "10"):
-        ar_delta = (s.get("ablation") or {}).get(k, {}).get("delta")
-        rows.append([f"Δ score, top-{k} sink(s) masked per head (AR: log-prob / token; DLM: ELBO / token)",
-                     _fmt(ar_delta, 1, 3)]
-                    + [over_seeds(n, lambda a, k=k: ((a.get("ablation") or {}).get("delta") or {}).get(k)) for n in names])
-    rows.append(["share of all attention on the extra sink token", "–"]
-                + [over_seeds(n, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), (0.0, 1.0))
-                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
-    rows.append(["share of heads whose largest sink is the extra sink", "–"]
-                + [over_seeds(n, lambda a: (a.get("moving") or {}).get("extra_sink_share"), (0.0, 1.0))
-                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
-    header = ["measure", f"AR ({ar['setup']['num_prompts']} prompts)"] + [f"{lab} ({len(dlm['seeds'])} seeds)" for lab in labels]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"

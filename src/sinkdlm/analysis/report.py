@@ -1,33 +1,22 @@
-"""`analyze` and `compare`: run the sink analysis of a model and write analysis.json, figures and a report.
+"""Rendering of the sink analysis: the figures and report.md / report.html of `analyze` and `compare`.
 
-`analyze(model, tokenizer, prompts, ...)` generates from the prompts (batched) with a `SinkRecorder`
-on the sampler callback, optionally runs the sink-masking ablation (`ablation.py`), and writes to
-`out_dir`:
-  analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
-  analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
-  the PNG figures        stable names in `FIGURES`, listed under the `figures` key;
-  report.md, report.html what was measured, on what, and the numbers (HTML: figures inlined).
-`compare({label: dir, ...}, out_dir)` reads several such directories and writes one side-by-side
-report with combined figures. Matplotlib is imported only when a figure is drawn.
+Computation lives in `sinkdlm.analysis.analyze` (one run) and `sinkdlm.analysis.comparison` (several
+runs side by side); this module only draws and writes, from the analysis.json dicts and arrays they
+hand it. The PNG names are stable (`FIGURES`) because analysis.json lists them and `compare` reads
+them back. Matplotlib is imported only when a figure is drawn.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
-from sinkdlm.validation import check_epsilon, check_int, check_scale
-from sinkdlm.analysis.recorder import SinkRecorder
-from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.reporting import Document
 
-SCHEMA_VERSION = 1
+# One file per figure of an `analyze` run; analysis.json lists the ones written under "figures".
 FIGURES = {
     "attention_maps": "attention_maps.png",
     "value_norm_scatter": "value_norm_scatter.png",
@@ -35,228 +24,6 @@ FIGURES = {
     "non_sink_fraction": "non_sink_fraction.png",
     "largest_sink_positions": "largest_sink_positions.png",
 }
-ANALYSIS_KEYS = (
-    "schema_version", "model", "setup", "epsilon", "scale", "non_sink_fraction", "non_sink_fraction_by_epsilon",
-    "non_sink_fraction_per_layer", "sinks_per_head", "sink_attention_mass", "sink_token_types", "value_norm",
-    "moving", "extra_sink", "virtual_sink", "ablation", "figures", "arrays", "samples", "timing",
-)
-ARRAYS_NAME = "analysis_arrays.npz"
-
-
-# ----------------------------------------------------------------------------- input checks
-def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
-                  figure_steps=None, out_dir=None, mc_num=16, batch_size=8) -> list[int] | None:
-    """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
-    check_epsilon(epsilon)
-    check_scale(scale)
-    check_int("gen_length", gen_length, 1)
-    check_int("steps", steps, 1)
-    check_int("mc_num", mc_num, 1)
-    check_int("batch_size", batch_size, 1)
-    if block_length is not None:
-        check_int("block_length", block_length, 1)
-        if gen_length % block_length:
-            raise ValueError(f"block_length={block_length} must divide gen_length={gen_length}")
-    if figure_steps is not None:
-        a, b = figure_steps
-        if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < steps and (b == -1 or a < b < steps)):
-            raise ValueError(f"figure_steps must be (a, b) with 0 <= a < b < steps={steps} (b = -1: last step), "
-                             f"got {figure_steps!r}")
-    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory")
-    return None if ablation_k is None else check_ks(ablation_k)
-
-
-def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int, prompt_length: int,
-                           seed: int = 0) -> list[str]:
-    """`num_prompts` windows of `prompt_length` tokens from the documents (seeded offsets), as text."""
-    check_int("num_prompts", num_prompts, 1)
-    check_int("prompt_length", prompt_length, 2)
-    from sinkdlm.data import encode_texts
-
-    docs = [ids for ids in encode_texts(tokenizer, list(documents)) if len(ids) >= prompt_length]
-    if not docs:
-        raise ValueError(f"no document has {prompt_length} tokens; lower --prompt-length")
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(num_prompts):
-        ids = docs[i % len(docs)]
-        start = int(torch.randint(0, len(ids) - prompt_length + 1, (), generator=gen))
-        out.append(tokenizer.decode(ids[start:start + prompt_length]))
-    return out
-
-
-# ----------------------------------------------------------------------------- analyze
-def analyze(
-    model,
-    tokenizer,
-    prompts: list[str],
-    *,
-    gen_length: int,
-    steps: int,
-    block_length: int | None = None,
-    epsilon: float = 3.0,
-    scale: str = "sum",
-    ablation_k: list[int] | None = None,
-    include_extra_sink: bool = False,
-    ablation_task=None,
-    ablation_protocol: str = "clean",
-    out_dir: str | Path,
-    seed: int = 0,
-    figure_steps: tuple[int, int] | None = None,
-    figure_layer: int | None = None,
-    batch_size: int = 8,
-    mc_num: int = 16,
-    label: str | None = None,
-    generate_kwargs: dict | None = None,
-    progress: bool = True,
-) -> dict:
-    """Sink analysis of `model` generating from `prompts`; writes and returns analysis.json's dict.
-
-    epsilon/scale   sink threshold (Rulli et al. eq. 3) and received-attention scale (docs/method.md §6).
-    ablation_k      run the sink-masking ablation for these K (0 is always added as the baseline):
-                    with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its score, else the
-                    per-token ELBO of held-out continuations (each prompt's last
-                    `min(gen_length, len // 2)` tokens) with `mc_num` samples.
-    ablation_protocol  with `ablation_task`: "clean" (sinks of step t-1 found on its un-ablated
-                    attention, default) or "ablated" (on the masked model's own maps).
-    figure_steps    the two steps of the attention-map figure (default: first and last).
-    batch_size      prompts per `generate` call (attention maps of a step scale with it).
-    generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
-
-    An autoregressive model (`config.causal`: a Qwen2/LLaMA checkpoint opened as is) is analysed the
-    same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
-    scores the exact continuation log-likelihood per token (docs/method.md §10).
-    """
-    from tqdm.auto import tqdm
-
-    from sinkdlm.data import encode_texts
-    from sinkdlm.diffusion.sampling import generate
-
-    ks = check_options(epsilon=epsilon, scale=scale, gen_length=gen_length, steps=steps, block_length=block_length,
-                       ablation_k=ablation_k, figure_steps=figure_steps, out_dir=out_dir, mc_num=mc_num,
-                       batch_size=batch_size)
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError("prompts must be a non-empty list of strings")
-    if not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise ValueError("every prompt must be a non-empty string")
-    if ablation_task is not None and not callable(ablation_task):
-        raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
-    generate_kwargs = dict(generate_kwargs or {})
-    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed",
-                "attention_hook_fn"}
-    if reserved & set(generate_kwargs):
-        raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
-    cfg = model.config
-    ids = encode_texts(tokenizer, list(prompts))
-    if any(not row for row in ids):
-        raise ValueError("a prompt encodes to no tokens; give non-empty prompts")
-    longest = max(len(r) for r in ids)
-    if longest + gen_length > cfg.max_content_length:
-        raise ValueError(f"prompt ({longest} tokens) + gen_length ({gen_length}) is longer than the model's "
-                         f"{cfg.content_length_note()} positions; shorten the prompts or gen_length")
-    pairs = None
-    if ks is not None and ablation_task is None:
-        pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
-        if not pairs:
-            raise ValueError("the ELBO ablation needs prompts of at least 2 tokens (prefix + held-out continuation)")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    decoded: dict[int, str] = {}
-
-    def decode(i: int) -> str:
-        if i not in decoded:
-            decoded[i] = tokenizer.decode([i])
-        return decoded[i]
-
-    recorder = SinkRecorder(cfg, epsilon=epsilon, scale=scale, decode=decode, figure_layer=figure_layer,
-                            figure_steps=figure_steps or (0, -1), seed=seed)
-    chunks = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
-    was_training = model.training
-    model.eval()
-    samples, steps_taken = [], 0
-    start = time.perf_counter()
-    steps_per_chunk = gen_length if cfg.causal else steps  # an AR model takes one step per token
-    last_layer = cfg.num_hidden_layers - 1
-    with tqdm(total=len(chunks) * steps_per_chunk, desc="sink analysis: generation", unit="step",
-              disable=not progress, leave=False) as bar:
-        def step_hook(step, input_ids, attention_mask):
-            # The recorder sees one layer's maps at a time inside the forward (docs/method.md §10):
-            # an 8B model's analysis never holds every layer's [B, H, S, S] at once.
-            record = recorder.step_hook(step, input_ids, attention_mask)
-
-            def hook(layer, attn, values, column=None):
-                record(layer, attn, values, column)
-                if layer == last_layer:
-                    bar.update(1)
-            return hook
-
-        for chunk in chunks:
-            out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
-                           attention_hook_fn=step_hook, return_dict=True, **generate_kwargs)
-            steps_taken = max(steps_taken, out.steps_taken)
-            for row in out.sequences[:, out.prompt_length:].tolist():
-                samples.append(tokenizer.decode(row, skip_special_tokens=True))
-    gen_seconds = time.perf_counter() - start
-
-    ablation, abl_seconds = None, 0.0
-    if ks is not None:
-        start = time.perf_counter()
-        total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else mc_num)
-        with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
-            ablation = run_ablation(
-                model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
-                ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
-                continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
-                seed=seed, shift_logits=generate_kwargs.get("shift_logits"), progress=bar.update,
-                protocol=ablation_protocol,
-            )
-        abl_seconds = time.perf_counter() - start
-    model.train(was_training)
-
-    summary = recorder.summary()
-    arrays = recorder.arrays()
-    lengths = [len(r) for r in ids]
-    analysis = {
-        "schema_version": SCHEMA_VERSION,
-        "model": {
-            "label": label or "model",
-            **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                            "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
-                                            "sink_position", "sink_zero_value", "gated_attention",
-                                            "sink_logit", "softmax_one", "causal", "shift_logits")},
-            "kind": "autoregressive (causal)" if cfg.causal else "diffusion (bidirectional)",
-            "source_format": cfg.extra.get("source_format", "sinkdlm"),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "dtype": str(model.dtype).removeprefix("torch."),
-            "device": str(model.device),
-        },
-        "setup": {
-            "num_prompts": len(prompts), "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths),
-                                                            "max": max(lengths)},
-            "gen_length": gen_length, "steps": steps, "steps_taken": steps_taken,
-            "block_length": block_length or gen_length, "batch_size": batch_size, "seed": seed,
-            "max_sequence_positions": recorder.max_positions,
-            "figure_layer": recorder.figure_layer, "generate_kwargs": generate_kwargs,
-            "figure_prompt_tokens": lengths[recorder.figure_row] if recorder.figure_row < len(lengths) else None,
-        },
-        **{k: v for k, v in summary.items() if k != "counts"},
-        "ablation": ablation,
-        "figures": {},
-        "arrays": ARRAYS_NAME,
-        "samples": samples[:5],
-        "timing": {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds},
-    }
-    _save_arrays(out_dir / ARRAYS_NAME, arrays)
-    analysis["figures"] = _write_figures(out_dir, analysis, arrays)
-    atomic_write_json(out_dir / "analysis.json", analysis)
-    _analysis_doc(analysis, out_dir).write(out_dir)
-    return analysis
-
-
-def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    atomic_write(path, lambda tmp: np.savez_compressed(tmp, **arrays), suffix=".npz")
 
 
 def _floats(values) -> np.ndarray:
@@ -291,7 +58,7 @@ def _map_marks(analysis: dict, size: int) -> tuple[list[int], int | None]:
     return sinks, None if p is None else p + (n if front else 0)
 
 
-def _write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]:
+def write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]:
     from sinkdlm.analysis import figures as F
 
     label = analysis["model"]["label"]
@@ -408,14 +175,20 @@ def _setup_text(a: dict) -> str:
             f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (docs/method.md §6).")
 
 
-def _analysis_doc(a: dict, out_dir: Path) -> Document:
+def write_analysis_report(analysis: dict, out_dir: Path, sinks_per_head: float | None) -> tuple[Path, Path]:
+    """report.md and report.html of one `analyze` run (its figures already written); `sinks_per_head`:
+    the mean over layers."""
+    return _analysis_doc(analysis, sinks_per_head, Path(out_dir)).write(out_dir)
+
+
+def _analysis_doc(a: dict, sinks_per_head: float | None, out_dir: Path) -> Document:
     doc = Document(f"Attention-sink analysis: {a['model']['label']}")
     doc.paragraph(_setup_text(a))
     doc.heading("Summary")
     vn = a["value_norm"]
     rows = [
         ["non-sink fraction at ϵ", _pct(a["non_sink_fraction"])],
-        ["sinks per head (mean)", _num(sum(x or 0 for x in a["sinks_per_head"]) / len(a["sinks_per_head"]), 3)],
+        ["sinks per head (mean)", _num(sinks_per_head, 3)],
         ["value norm: sink / normal tokens", f"{_num(vn['sink_mean'], 3)} / {_num(vn['normal_mean'], 3)}"],
         ["largest sink moves (consecutive steps)", _pct(a["moving"]["mean"]["largest_sink_change_rate"])],
         ["sink set changes (consecutive steps), content keys", _pct(a["moving"]["mean"].get("content_sink_set_change_rate"))],
@@ -485,3 +258,137 @@ def _ablation_section(doc: Document, ablations: Mapping[str, dict]) -> None:
             rows.append([label, k, _num(ab["scores"][str(k)]), _num(ab["delta"][str(k)]), _num(se, 2),
                          _num(ab["masked_keys_per_head"][str(k)], 3)])
     doc.table(header, rows)
+
+
+# ----------------------------------------------------------------------------- compare
+def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | None = None) -> Path:
+    """Δ score vs K, one line per model (with ±1 s.e. bars when the ablation has them)."""
+    from matplotlib.figure import Figure
+
+    from sinkdlm.analysis.figures import save_figure
+
+    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for label, ab in ablations.items():
+        ks = [int(k) for k in ab["k"]]
+        delta = _floats([(ab["delta"] or {}).get(str(k)) for k in ks])
+        se = _floats([((ab.get("delta_stderr") or {}).get(str(k))) for k in ks])
+        ax.errorbar(ks, delta, yerr=np.nan_to_num(se), marker="o", capsize=3, label=f"{label} ({ab['metric']})")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set(xlabel="K (top-K sinks masked per layer and head)", ylabel="Δ score vs K = 0")
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return save_figure(fig, path)
+
+
+def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_dir: Path, scale: str) -> dict[str, str]:
+    """The combined figures of `compare` into `out_dir`: `runs` is {label: (analysis, arrays or None)};
+    the figures that need arrays are drawn only when every run has them. Returns {name: file}."""
+    from sinkdlm.analysis import figures as F
+
+    figs = {}
+    analyses = {k: a for k, (a, _) in runs.items()}
+    versus = " vs ".join(analyses)  # every comparison figure's title names the models
+    curves = {k: {float(e): v for e, v in a["non_sink_fraction_by_epsilon"].items()} for k, a in analyses.items()}
+    F.plot_non_sink_fraction(curves, out_dir / FIGURES["non_sink_fraction"], scale=scale,
+                             mark_epsilon=next(iter(analyses.values()))["epsilon"], title=f"{versus}: non-sink fraction vs ϵ")
+    figs["non_sink_fraction"] = FIGURES["non_sink_fraction"]
+    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png", title=f"{versus}: detected sinks per layer")
+    figs["sink_mass_layers"] = "sink_mass_layers.png"
+    extra = {k: a["extra_sink"] for k, a in analyses.items() if a["extra_sink"] is not None}
+    if extra:
+        F.plot_layer_bars({k: _floats(e["value_norm"]) for k, e in extra.items()},
+                          {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
+                          {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"],
+                          title=f"{versus}: the extra sink token per layer")
+        figs["layer_bars"] = FIGURES["layer_bars"]
+    arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
+    if len(arrays) == len(runs):
+        F.plot_value_norm_scatter({k: v["sink_norm_sample"] for k, v in arrays.items()},
+                                  {k: v["normal_norm_sample"] for k, v in arrays.items()},
+                                  out_dir / FIGURES["value_norm_scatter"],
+                                  title=f"{versus}: value norms, sinks vs normal tokens")
+        figs["value_norm_scatter"] = FIGURES["value_norm_scatter"]
+        F.plot_largest_sink_positions(
+            {k: v["largest_sink_positions"] for k, v in arrays.items()}, out_dir / FIGURES["largest_sink_positions"],
+            num_positions=max(a["setup"]["max_sequence_positions"] for a in analyses.values()),
+            title=f"{versus}: largest sink over denoising steps")
+        figs["largest_sink_positions"] = FIGURES["largest_sink_positions"]
+        if all("attention_maps" in v for v in arrays.values()):
+            maps = [v["attention_maps"] for v in arrays.values()]
+            titles = [[f"L{int(v['attention_map_layer_head'][0])} H{int(v['attention_map_layer_head'][1])} "
+                       f"step {int(s)}" for s in v["attention_map_steps"]] for v in arrays.values()]
+            marks = [_map_marks(analyses[k], v["attention_maps"].shape[-1]) for k, v in arrays.items()]
+            F.plot_attention_maps(maps, titles, out_dir / FIGURES["attention_maps"], row_labels=list(arrays),
+                                  sink_positions=[m[0] for m in marks], prompt_end=[m[1] for m in marks],
+                                  note=HEAD_CHOICE, title=f"{versus}: attention maps")
+            figs["attention_maps"] = FIGURES["attention_maps"]
+    ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
+    if ablations:
+        plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve")
+        figs["ablation_curve"] = "ablation_curve.png"
+    return figs
+
+
+def write_comparison_report(analyses: dict[str, dict], sink_mass: dict[str, float | None], figs: dict[str, str],
+                            out_dir: Path) -> tuple[Path, Path]:
+    """report.md and report.html of `compare` (its figures already written); `sink_mass`: each run's
+    attention on detected sinks, mean over layers."""
+    return _compare_doc(analyses, sink_mass, figs, Path(out_dir)).write(out_dir)
+
+
+def _compare_doc(analyses: dict[str, dict], sink_mass: dict[str, float | None], figs: dict[str, str],
+                 out_dir: Path) -> Document:
+    labels = list(analyses)
+    doc = Document("Attention-sink analysis: " + " vs ".join(labels))
+    for label, a in analyses.items():
+        doc.paragraph(f"**{label}**: " + _setup_text(a))
+    doc.heading("Side by side")
+    get = {
+        "model kind": lambda k, a: a["model"].get("kind", "diffusion (bidirectional)"),
+        "extra sink tokens": lambda k, a: str(a["model"]["num_sink_tokens"]),
+        "non-sink fraction at ϵ": lambda k, a: _pct(a["non_sink_fraction"]),
+        "attention on detected sinks (mean over layers)": lambda k, a: _pct(sink_mass[k]),
+        "value norm, sink tokens": lambda k, a: _num(a["value_norm"]["sink_mean"], 3),
+        "value norm, normal tokens": lambda k, a: _num(a["value_norm"]["normal_mean"], 3),
+        "largest sink moves": lambda k, a: _pct(a["moving"]["mean"]["largest_sink_change_rate"]),
+        "sink set changes (content keys)": lambda k, a: _pct(a["moving"]["mean"].get("content_sink_set_change_rate")),
+        "Jaccard of consecutive sink sets (content keys)": lambda k, a: _num(a["moving"]["mean"].get("content_sink_set_jaccard"), 3),
+        "sink set changes (every key)": lambda k, a: _pct(a["moving"]["mean"]["sink_set_change_rate"]),
+        "Jaccard of consecutive sink sets (every key)": lambda k, a: _num(a["moving"]["mean"]["sink_set_jaccard"], 3),
+        "attention on the extra sink": lambda k, a: _pct((a["extra_sink"] or {}).get("mean_attention_mass")),
+        "heads whose largest sink is the extra sink": lambda k, a: _pct(a["moving"]["mean"].get("extra_sink_share")),
+        "attention on the virtual sink column": lambda k, a: _pct((a.get("virtual_sink") or {}).get("mean_attention_mass")),
+        "sinks on [MASK] tokens": lambda k, a: _pct(a["sink_token_types"]["shares"].get("mask")),
+    }
+    doc.table(["quantity", *labels], [[name, *(f(k, analyses[k]) for k in labels)] for name, f in get.items()])
+    doc.heading("Non-sink fraction vs ϵ")
+    eps = list(next(iter(analyses.values()))["non_sink_fraction_by_epsilon"])
+    doc.table(["model", *eps], [[k, *(_pct(a["non_sink_fraction_by_epsilon"].get(e)) for e in eps)]
+                                for k, a in analyses.items()])
+    doc.heading("Attention on detected sinks per layer")
+    n_layers = max(len(a["sink_attention_mass"]) for a in analyses.values())
+    doc.table(["layer", *labels], [[i, *(_pct(a["sink_attention_mass"][i]) if i < len(a["sink_attention_mass"])
+                                         else "–" for a in analyses.values())] for i in range(n_layers)])
+    ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
+    if ablations:
+        _ablation_section(doc, ablations)
+        ks = sorted({int(k) for ab in ablations.values() for k in ab["k"]} - {0})
+        doc.heading("Masking curve: Δ score vs K")
+        doc.paragraph("Δ = score(K) − score(0) of each model's own metric (per-token continuation ELBO for a "
+                      "diffusion model, exact per-token log-likelihood for an autoregressive one; Rulli et al. "
+                      "Table 1: masking sinks cripples an AR model and barely hurts a DLM).")
+        doc.table(["model", "metric", *(f"K = {k}" for k in ks)],
+                  [[label, ab["metric"], *(_num((ab["delta"] or {}).get(str(k))) for k in ks)]
+                   for label, ab in ablations.items()])
+    doc.heading("Figures")
+    captions = {**FIGURE_CAPTIONS, "sink_mass_layers": "Per layer, every model: value norm of detected sinks vs "
+                "normal tokens, and the share of attention on detected sinks.",
+                "layer_bars": "Models with an extra sink token: its value norm vs the other tokens and its share "
+                "of attention per layer (One-Token Fig. 3).",
+                "ablation_curve": "Sink-masking ablation: change of each model's score when the top-K sinks of "
+                "the previous step are masked in every layer and head (Rulli et al. Table 1)."}
+    for name, file in figs.items():
+        doc.image(out_dir / file, captions[name])
+    return doc

@@ -47,7 +47,7 @@ def read_prompts(path: Path) -> list[str]:
 @config_options(AnalyzeConfig)
 def analyze(cfg: AnalyzeConfig) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
-    from sinkdlm.analysis.report import check_options
+    from sinkdlm.analysis import check_options
     from sinkdlm.validation import check_output_dir
 
     out = cfg.out
@@ -72,10 +72,10 @@ def analyze(cfg: AnalyzeConfig) -> None:
         raise ValueError(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
     texts = read_prompts(cfg.prompts)[:cfg.num_prompts] if cfg.prompts is not None else None
 
-    from sinkdlm.analysis.report import analyze as run, prompts_from_documents
+    from sinkdlm.analysis import analyze as run, prompts_from_documents
     from sinkdlm.data import load_documents
     from sinkdlm.loading import load_model_and_tokenizer
-    from sinkdlm.reporting import run_label
+    from sinkdlm.training.checkpointing import run_label
 
     run_kwargs = dict(seed=cfg.seed, label=cfg.label or run_label(cfg.model), progress=not cfg.quiet)
     with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files

@@ -110,6 +110,11 @@ PAIR_QUESTIONS = {
 
 MICRO = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 SHAKESPEARE_TASKS = "shakespeare_cloze,shakespeare_next_line,shakespeare_word_order"
+# Tokens per analysis prompt: windows of the held-out Shakespeare text drawn by the one prompt
+# extractor, `sinkdlm.analysis.prompts_from_documents` (seed 0), as `analyze --data` draws them.
+# Results committed before this extractor was shared analysed line-aligned 160-character snippets
+# instead (docs/method.md §6).
+ANALYSIS_PROMPT_TOKENS = 32
 
 
 # ----------------------------------------------------------------------------- the presets (recipes)
@@ -123,7 +128,8 @@ def smoke() -> ExperimentPreset:
         train=TrainConfig(preset="tiny", model_overrides=MICRO, data="shakespeare", max_steps=3, batch_size=4,
                           seq_len=32, max_tokens=20_000, eval_every=3, save_every=3, log_every=1, eval_batches=1, lr=1e-3),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=6, mc_num=2),
-        analysis=AnalyzeConfig(num_prompts=2, gen_length=8, steps=4, ablation_k="0,1"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=2, gen_length=8, steps=4, ablation_k="0,1"),
         analyse_every_seed=True,
         comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
     )
@@ -143,7 +149,8 @@ def demo() -> ExperimentPreset:
         train=TrainConfig(preset="tiny", data="shakespeare", max_steps=600, batch_size=8, seq_len=128, lr=5e-3,
                           min_lr=5e-4, eval_every=200, save_every=300, log_every=50, eval_batches=16),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=150, mc_num=8),
-        analysis=AnalyzeConfig(num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
         analyse_every_seed=True,
     )
 
@@ -159,7 +166,8 @@ def study() -> ExperimentPreset:
         train=TrainConfig(preset="tiny", data="shakespeare", max_steps=1000, batch_size=8, seq_len=128, lr=5e-3,
                           min_lr=5e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
-        analysis=AnalyzeConfig(num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=STUDY_PAIRS,
     )
@@ -175,7 +183,8 @@ def study_gpu() -> ExperimentPreset:
         train=TrainConfig(preset="small", data="shakespeare", max_steps=1500, batch_size=32, seq_len=256, lr=2e-3,
                           min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=500, mc_num=16),
-        analysis=AnalyzeConfig(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
     )
 
 
@@ -189,7 +198,8 @@ def ablation() -> ExperimentPreset:
         train=TrainConfig(preset="small", data="shakespeare", max_steps=3000, batch_size=32, seq_len=256, lr=1e-3,
                           min_lr=1e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS + ",arithmetic", limit=500, mc_num=16),
-        analysis=AnalyzeConfig(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
         sft=TrainConfig(data="arithmetic", max_steps=1000, batch_size=32, seq_len=256, lr=5e-4, eval_every=250,
                         save_every=500),
     )
@@ -213,7 +223,8 @@ def real() -> ExperimentPreset:
                           warmup_frac=0.05, eval_every=100, save_every=100, log_every=10, eval_batches=8,
                           shift_logits=True),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=40, mc_num=2),
-        analysis=AnalyzeConfig(num_prompts=4, gen_length=32, steps=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=4, gen_length=32, steps=32, ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=((SINK.name, VANILLA.name),),
         default_init_from="example",
@@ -233,7 +244,8 @@ def real_gpu() -> ExperimentPreset:
                           warmup_frac=0.05, eval_every=200, save_every=400, log_every=20, eval_batches=16,
                           shift_logits=True, bf16=True),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
-        analysis=AnalyzeConfig(num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
         comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
     )
 
@@ -250,7 +262,8 @@ def paper_0_5b() -> ExperimentPreset:
                           save_every=1000, log_every=10, eval_batches=32, bf16=True),
         evaluation=EvalConfig(tasks="gsm8k", limit=None, mc_num=128),
         lm_eval_tasks=TABLE1_TASKS,
-        analysis=AnalyzeConfig(num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k="1,5,10"),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k="1,5,10"),
         sft=TrainConfig(data="gsm8k", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500,
                         save_every=1000),
         needs=("init_from", "data", "gsm8k"),

@@ -1,402 +1,27 @@
-"""Aggregate an experiment over seeds, compare variants with paired intervals, write the report.
+"""The experiment's report: tables, the README's Markdown summary, report.md / report.html, `regenerate`.
 
-results.json -> `summarise` adds, per variant, `summary` (mean and 95 % interval over seeds of
-every metric, and the per-layer value norms of sinks, normal tokens and the extra sink) and, for the
-experiment, `comparisons`: one entry per (pair of variants, metric) with the mean difference, its
-interval, its p-value and the verdict — all from `sinkdlm.stats`:
-
-* `val_loss` and the analysis metrics (one number per seed): paired Student t over seeds;
-* task accuracies: paired over seeds *and* items (`paired_accuracy_difference` on the per-item
-  outcomes that eval.json keeps; the item sets are checked to be the same).
-
-Multiplicity (docs/method.md §7): every paired comparison whose verdict the report prints forms one
-family; Benjamini-Hochberg at q = 1 - confidence adjusts its p-values, and a direction (and bold) is
-stated only for comparisons that survive. Comparisons without a variance estimate (a metric that
-cannot vary, such as a cloze exact match that is 0 for every model, or identical per-seed
-differences) and comparisons with one seed are not tests and stay out of the family.
-
-A per-seed value that is missing (None) marks the metric missing for that pair; it is reported, not
-compared. `markdown_summary` renders the tables that the README shows, from a results.json alone (a
-test regenerates the README's tables from the committed file); `regenerate` rebuilds a committed
-experiment's results.json and report from its stored records.
+Every number and verdict comes from `sinkdlm.experiment.summary` (`summarise` stores them in
+results.json; the intervals the tables add beside them are computed there on demand); this module
+only formats them. `markdown_summary` renders the tables that the README shows, from a results.json
+alone (a test regenerates the README's tables from the committed file), and `ar_vs_dlm_markdown` the
+README's table of an experiment's DLMs beside the autoregressive model they came from (analysed over
+prompts); `regenerate` rebuilds a committed experiment's results.json and report from its stored records.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from pathlib import Path
 from typing import Any
 
-from sinkdlm.reporting import Document
-from sinkdlm.stats import (
-    Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
-    signed, verdict,
+from sinkdlm.atomic import atomic_write_json
+from sinkdlm.experiment.summary import (
+    ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, SINK_TOKEN_TYPES, analysis_record, epsilon_intervals,
+    experiment_timing, extra_sink_mass, pooled_value_norm_difference, seed_interval, summarise, task_chance,
+    task_metrics, token_type_intervals, training_curves,
 )
-
-# Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
-# for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
-LOWER_IS_BETTER = {"val_loss"}
-# Per-seed analysis scalars compared between variants: key -> (path into the analysis summary, label).
-# Moving sinks are compared over the content keys (docs/method.md §6): the extra sink's key is a sink
-# at nearly every step and would count as overlap for sink models only. The all-keys definition is
-# kept under its own name as the alternative.
-ANALYSIS_METRICS = {
-    "non_sink_fraction": (("non_sink_fraction",), "non-sink fraction"),
-    "content_sink_set_change_rate": (("moving", "content_sink_set_change_rate"),
-                                     "sink-set change rate between steps (content keys)"),
-    "content_sink_set_jaccard": (("moving", "content_sink_set_jaccard"), "Jaccard of consecutive sink sets (content keys)"),
-    "sink_set_change_rate": (("moving", "sink_set_change_rate"), "sink-set change rate between steps (every key)"),
-    "sink_set_jaccard": (("moving", "sink_set_jaccard"), "Jaccard of consecutive sink sets (every key)"),
-    "value_norm_sink": (("value_norm", "sink_mean"), "value norm of sinks (pooled over layers)"),
-    "value_norm_normal": (("value_norm", "normal_mean"), "value norm of normal tokens (pooled over layers)"),
-}
-# Without extra sink tokens the content keys are every key: a record from before the content-key
-# metrics existed holds them under the all-keys name.
-CONTENT_FALLBACK = {"content_sink_set_change_rate": "sink_set_change_rate", "content_sink_set_jaccard": "sink_set_jaccard"}
-NEUTRAL = set(ANALYSIS_METRICS)  # descriptive: a difference is reported without "better"/"worse"
-# Alternative definitions, shown for reference beside the compared ones: no verdict, outside the family
-# (the all-keys moving-sink metrics repeat the content-key ones for models without extra sinks; the
-# pooled value norms weight layers by their sink counts, docs/method.md §6).
-ALTERNATIVES = {"sink_set_change_rate", "sink_set_jaccard", "value_norm_sink", "value_norm_normal"}
-# Quantities in [0, 1]: their intervals are kept inside it (stats.mean_interval bounds).
-SHARES = {"non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
-          "sink_set_jaccard"}
-# The method of each kind of interval, as the reports label it.
-METHOD_SEEDS = "Student t over seeds (n − 1 df)"
-METHOD_ITEMS = "seeds × items (two-way random effects, t with n − 1 df)"
-
-
-def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
-    """The per-seed analysis numbers results.json keeps (self-contained: no need to open analysis.json)."""
-    moving = a.get("moving", {}).get("mean", {})
-    vn = a.get("value_norm", {})
-    extra = a.get("extra_sink")
-    abl = a.get("ablation")
-    return {
-        "non_sink_fraction": a.get("non_sink_fraction"),
-        "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
-        "moving": dict(moving),
-        # per layer too: pooling over layers weights each layer by its sink count and can flip the sign
-        "value_norm": {k: vn.get(k) for k in ("sink_mean", "normal_mean", "sink_count", "normal_count", "per_layer")},
-        "extra_sink": None if not extra else {k: extra.get(k) for k in (
-            "mean_attention_mass", "attention_mass", "value_norm", "others_value_norm")},
-        "sink_token_types": (a.get("sink_token_types") or {}).get("shares"),
-        "ablation": None if not abl else {k: abl.get(k) for k in ("metric", "protocol", "scores", "delta", "stderr")},
-    }
-
-
-def _get(d: Any, path: tuple[str, ...]) -> float | None:
-    for key in path:
-        if not isinstance(d, dict) or d.get(key) is None:
-            return None
-        d = d[key]
-    return float(d) if isinstance(d, (int, float)) and math.isfinite(d) else None
-
-
-def _has_extra_sinks(variant: dict[str, Any]) -> bool:
-    return bool(variant.get("switches", {}).get("num_sink_tokens", 0))
-
-
-def _seed_values(variant: dict[str, Any], metric: str) -> dict[str, float | None]:
-    """{seed: value or None (not recorded)} of one per-seed scalar metric, for every seed of the variant."""
-    out: dict[str, float | None] = {}
-    for seed, rec in variant["seeds"].items():
-        if metric == "val_loss":
-            value = rec.get("val_loss")
-            value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-        else:
-            value = _get(rec.get("analysis"), ANALYSIS_METRICS[metric][0])
-            if value is None and metric in CONTENT_FALLBACK and not _has_extra_sinks(variant):
-                value = _get(rec.get("analysis"), ANALYSIS_METRICS[CONTENT_FALLBACK[metric]][0])
-        out[seed] = value
-    return out
-
-
-def _seed_scalars(variant: dict[str, Any], metric: str) -> dict[str, float]:
-    """{seed: value} of the seeds that recorded the metric."""
-    return {k: v for k, v in _seed_values(variant, metric).items() if v is not None}
-
-
-def _task_metrics(results: dict[str, Any]) -> list[str]:
-    names = set()
-    for v in results["variants"].values():
-        for rec in v["seeds"].values():
-            names |= {f"{task}/{m}" for task, ms in rec.get("eval", {}).items() for m in ms}
-    return sorted(names)
-
-
-def task_chance(metric: str) -> float | None:
-    """The accuracy of a uniform random guess for a `task/metric` name (None: not a choice metric)."""
-    from sinkdlm.evaluation.tasks import TASKS
-
-    task, m = metric.split("/", 1)
-    return TASKS[task].chance.get(m) if task in TASKS else None
-
-
-def _per_item(variant: dict[str, Any], metric: str) -> dict[str, dict]:
-    task, m = metric.split("/", 1)
-    return {seed: rec["eval"][task][m] for seed, rec in variant["seeds"].items() if m in rec.get("eval", {}).get(task, {})}
-
-
-def _missing(a: dict[str, Any], b: dict[str, Any], metric: str, seeds: list[str]) -> dict[str, Any]:
-    which = "these runs" if len(seeds) == len(a["seeds"]) else f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
-    return {"variant": a["label"], "baseline": b["label"], "metric": metric, "mean": None, "low": None, "high": None,
-            "n": len(a["seeds"]), "p": None, "degenerate": False, "excludes_zero": False, "missing": seeds,
-            "verdict": f"missing: not recorded for {which}"}
-
-
-def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confidence: float = 0.95) -> dict[str, Any] | None:
-    """Paired comparison of variant `a` against `b` on `metric` (a results.json variant entry each).
-
-    An entry with `missing` (the seeds without a value) when the metric is missing for some seed of
-    either (None for a task metric neither variant was scored on). A ValueError when they were run on different
-    seeds or scored on different items (a paired comparison would be meaningless). The verdict here
-    is the unadjusted one; `summarise` replaces it once the family's p-values are adjusted.
-    """
-    if set(a["seeds"]) != set(b["seeds"]):
-        raise ValueError(f"{a['label']} and {b['label']} were run on different seeds ({sorted(a['seeds'])} vs "
-                         f"{sorted(b['seeds'])}); rerun `sinkdlm experiment` so both have every seed")
-    if "/" in metric:
-        sa, sb = _per_item(a, metric), _per_item(b, metric)
-        if not sa and not sb:
-            return None
-        gone = sorted(set(a["seeds"]) - (set(sa) & set(sb)), key=str)
-        if gone:
-            return _missing(a, b, metric, gone)
-        for seed in sa:
-            if sa[seed].get("items") != sb[seed].get("items") or len(sa[seed].get("per_item", [])) != len(sb[seed].get("per_item", [])):
-                raise ValueError(f"{a['label']} and {b['label']} were scored on different items for {metric} (seed {seed}); "
-                                 "evaluate both with the same task, --limit and evaluation seed")
-        if any("per_item" not in s for s in (*sa.values(), *sb.values())):
-            return None  # an eval.json from before per-item outcomes were kept
-        iv = paired_accuracy_difference({s: sa[s]["per_item"] for s in sa}, {s: sb[s]["per_item"] for s in sa}, confidence)
-        scale, unit, label = 100.0, " points", METHOD_ITEMS
-    else:
-        sa, sb = _seed_values(a, metric), _seed_values(b, metric)
-        gone = sorted((k for k in sa if sa[k] is None or sb[k] is None), key=str)
-        if gone:
-            return _missing(a, b, metric, gone)
-        iv = paired_difference(sa, sb, confidence)
-        scale, unit, label = 1.0, "", METHOD_SEEDS
-    lower = metric in LOWER_IS_BETTER
-    text = verdict(iv, lower_is_better=None if metric in NEUTRAL else lower, scale=scale, unit=unit)
-    entry = {"variant": a["label"], "baseline": b["label"], "metric": metric, **iv.to_dict(), "method_label": label,
-             "scale": scale, "unit": unit, "lower_is_better": None if metric in NEUTRAL else lower, "verdict": text}
-    if metric in ALTERNATIVES:
-        entry.update(in_family=False, verdict="not tested: an alternative definition, shown for reference")
-    return entry
-
-
-def _interval(d: dict[str, Any]) -> Interval:
-    """The Interval back from its `to_dict` form (None bounds: unbounded, or degenerate)."""
-    nan = math.nan if d.get("degenerate") else math.inf
-    return Interval(d["mean"], -nan if d.get("low") is None else d["low"], nan if d.get("high") is None else d["high"],
-                    d["n"], d["confidence"], d["method"], d.get("df"), d.get("items"), d.get("p"), d.get("degenerate", False))
-
-
-def _mean_or_none(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.fmean(vals) if vals else None
-
-
-def _layer_lists(variant: dict[str, Any], path: tuple[str, ...]) -> dict[str, list[float | None]]:
-    """{seed: per-layer list} of the seeds whose analysis record holds `path` (a list per layer)."""
-    out = {}
-    for seed, rec in variant["seeds"].items():
-        d: Any = rec.get("analysis")
-        for key in path:
-            d = d.get(key) if isinstance(d, dict) else None
-        if isinstance(d, list) and d:
-            out[seed] = [float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None for x in d]
-    return out
-
-
-def _paired_lists(a: dict[str, list], b: dict[str, list], from_layer: int = 0) -> dict[str, Any] | None:
-    """Per layer and seed `a - b` (only where both exist), summarised without pooling counts:
-    per layer the paired interval over seeds, and per seed the unweighted mean over its layers from
-    `from_layer` on, with the interval of that over seeds (docs/method.md §6)."""
-    seeds = sorted(set(a) & set(b), key=str)
-    if not seeds:
-        return None
-    n_layers = max(len(a[s]) for s in seeds)
-    diff = {s: [(x - y) if x is not None and y is not None else None
-                for x, y in zip(a[s] + [None] * (n_layers - len(a[s])), b[s] + [None] * (n_layers - len(b[s])))]
-            for s in seeds}
-    layers = []
-    for li in range(n_layers):
-        pairs = {s: (a[s][li], b[s][li]) for s in seeds if li < len(a[s]) and diff[s][li] is not None}
-        iv = paired_difference([x for x, _ in pairs.values()], [y for _, y in pairs.values()]) if pairs else None
-        layers.append({"layer": li, "seeds": len(pairs), "a": _mean_or_none([x for x, _ in pairs.values()]),
-                       "b": _mean_or_none([y for _, y in pairs.values()]), "diff": None if iv is None else iv.to_dict()})
-    per_seed = {s: _mean_or_none(diff[s][from_layer:]) for s in seeds}
-    per_seed = {s: v for s, v in per_seed.items() if v is not None}
-    summary = None
-    if per_seed:
-        iv = mean_interval(list(per_seed.values()))
-        summary = {**iv.to_dict(), "method_label": METHOD_SEEDS,
-                   "verdict": verdict(iv, lower_is_better=None), "seeds": sorted(per_seed, key=str)}
-    shown = [lay for lay in layers[from_layer:] if lay["diff"] is not None]
-    return {"from_layer": from_layer, "seeds": seeds, "layers": layers, "layer_mean": summary,
-            "positive_layers": sum(lay["diff"]["mean"] > 0 for lay in shown),
-            "negative_layers": sum(lay["diff"]["mean"] < 0 for lay in shown), "compared_layers": len(shown)}
-
-
-def value_norm_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
-    """Sinks vs normal tokens per layer, paired within layer and seed (layers without sinks drop out)."""
-    return _paired_lists(_layer_lists(variant, ("value_norm", "per_layer", "sink_mean")),
-                         _layer_lists(variant, ("value_norm", "per_layer", "normal_mean")))
-
-
-def extra_sink_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
-    """The extra sink per layer (One-Token Fig. 3): its share of attention (interval over seeds, in
-    [0, 1]) and its value norm against the other tokens', paired within layer and seed; the claim
-    "below the other tokens from the second layer on" is summarised over layers 1.. per seed."""
-    mass = _layer_lists(variant, ("extra_sink", "attention_mass"))
-    if not mass:
-        return None
-    n_layers = max(len(m) for m in mass.values())
-    per_layer_mass = []
-    for li in range(n_layers):
-        vals = [m[li] for m in mass.values() if li < len(m) and m[li] is not None]
-        per_layer_mass.append(mean_interval(vals, bounds=(0.0, 1.0)).to_dict() if vals else None)
-    out = {"attention_mass": per_layer_mass, "attention_mass_seeds": sorted(mass, key=str)}
-    out["value_norm_vs_others"] = _paired_lists(_layer_lists(variant, ("extra_sink", "value_norm")),
-                                                _layer_lists(variant, ("extra_sink", "others_value_norm")), from_layer=1)
-    return out
-
-
-def constant_metrics(results: dict[str, Any]) -> list[str]:
-    """Metrics that take one value for every variant, seed and item (e.g. a cloze exact match that no
-    model ever gets): they cannot vary, so no comparison of them is a test."""
-    out = []
-    for m in _task_metrics(results):
-        seen = {x for v in results["variants"].values() for s in _per_item(v, m).values() for x in s.get("per_item", [s.get("value")])}
-        if len(seen) == 1:
-            out.append(m)
-    return out
-
-
-def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
-    """Benjamini-Hochberg over the entries that are tests (a p-value: two or more seeds and a variance
-    estimate); sets `p_adjusted`, `survives` and the final `verdict` of every entry in place and
-    returns what the report says about the family."""
-    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True)]
-    for e, q in zip(family, benjamini_hochberg([e["p"] for e in family])):
-        e["p_adjusted"], e["survives"] = q, bool(q < 1 - confidence and e["excludes_zero"])
-    for e in entries:
-        if e.get("missing") or e.get("mean") is None or not e.get("in_family", True):
-            continue
-        e.setdefault("p_adjusted", None)
-        e.setdefault("survives", False)
-        e["verdict"] = verdict(_interval(e), lower_is_better=e.get("lower_is_better"), scale=e.get("scale", 1.0),
-                               unit=e.get("unit", ""), p_adjusted=e["p_adjusted"])
-    return {
-        "method": "Benjamini-Hochberg", "q": round(1 - confidence, 10), "size": len(family),
-        "raw_excluding_zero": sum(bool(e["excludes_zero"]) for e in family),
-        "expected_by_chance": (1 - confidence) * len(family),
-        "survivors": sum(e["survives"] for e in family),
-        "min_p_adjusted": min((e["p_adjusted"] for e in family), default=None),
-        "left_out": {"alternative definitions": sum(not e.get("in_family", True) for e in entries),
-                     "no variance estimate": sum(bool(e.get("degenerate")) and e.get("in_family", True) for e in entries),
-                     "one seed": sum(e.get("n", 0) < 2 and e.get("mean") is not None and e.get("in_family", True)
-                                     for e in entries),
-                     "missing": sum(bool(e.get("missing")) for e in entries)},
-    }
-
-
-def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = None, confidence: float = 0.95) -> None:
-    """Add `summary` to every variant, `comparisons` (each pair in `pairs`, default: every variant
-    against the first) and `multiplicity` (the family's adjustment) to `results`."""
-    variants = results["variants"]
-    names = list(variants)
-    scalar_metrics = ["val_loss"] + [m for m in ANALYSIS_METRICS if any(_seed_scalars(v, m) for v in variants.values())]
-    task_metrics = _task_metrics(results)
-    family: list[dict[str, Any]] = []  # every paired comparison whose verdict the report prints
-    for v in variants.values():
-        summary = {}
-        for m in scalar_metrics:
-            vals = list(_seed_scalars(v, m).values())
-            if vals:
-                iv = mean_interval(vals, confidence, bounds=(0.0, 1.0) if m in SHARES else None)
-                summary[m] = {**iv.to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-                              "method_label": METHOD_SEEDS}
-        for m in task_metrics:
-            scores = _per_item(v, m)
-            vals = [s["value"] for s in scores.values()]
-            if not vals:
-                continue
-            std = statistics.stdev(vals) if len(vals) > 1 else 0.0
-            if all("per_item" in s for s in scores.values()):  # over seeds and items (stats.accuracy_interval)
-                summary[m] = {**accuracy_interval({k: s["per_item"] for k, s in scores.items()}, confidence).to_dict(),
-                              "std": std, "method_label": METHOD_ITEMS}
-            else:  # an eval.json without per-item outcomes: the spread over seeds only
-                summary[m] = {**mean_interval(vals, confidence).to_dict(), "std": std, "method_label": METHOD_SEEDS}
-            chance = task_chance(m)
-            if chance is not None:
-                low = summary[m]["low"]
-                summary[m]["chance"] = chance
-                summary[m]["above_chance"] = low is not None and low > chance
-        # Do sinks carry smaller values than normal tokens (One-Token Fig. 3)? Paired within layer and seed.
-        layers = value_norm_layers(v)
-        if layers:
-            summary["value_norm_layers"] = layers
-            if layers["layer_mean"]:
-                family.append(layers["layer_mean"])
-        # The pooled difference, kept for contrast: it weights each layer by its number of sinks.
-        sink_vn, normal_vn = _seed_scalars(v, "value_norm_sink"), _seed_scalars(v, "value_norm_normal")
-        if sink_vn and set(sink_vn) == set(normal_vn):
-            iv = paired_difference(sink_vn, normal_vn, confidence)
-            summary["value_norm_sink_minus_normal_pooled"] = {**iv.to_dict(), "method_label": METHOD_SEEDS,
-                                                              "verdict": verdict(iv, lower_is_better=None)}
-        extra = extra_sink_layers(v)
-        if extra:
-            summary["extra_sink_layers"] = extra
-            if extra["value_norm_vs_others"] and extra["value_norm_vs_others"]["layer_mean"]:
-                family.append(extra["value_norm_vs_others"]["layer_mean"])
-        v["summary"] = summary
-    pairs = pairs or [(n, names[0]) for n in names[1:]]
-    comparisons = []
-    for a, b in pairs:
-        if a not in variants or b not in variants:
-            continue
-        for m in scalar_metrics + task_metrics:
-            c = compare_variants(variants[a], variants[b], m, confidence)
-            if c is not None:
-                comparisons.append({"pair": [a, b], **c})
-    results["comparisons"] = comparisons
-    results["constant_metrics"] = constant_metrics(results)
-    results["multiplicity"] = {
-        **adjust_family(comparisons + family, confidence),
-        "family": ("every paired comparison the report gives a verdict for: each compared pair of variants × metric "
-                   "(validation loss, accuracies, sink metrics), and per variant the per-layer value norm of sinks − "
-                   "normal tokens and of the extra sink − the other tokens"),
-    }
-
-
-def experiment_timing(results: dict[str, Any]) -> dict[str, Any]:
-    """What the experiment cost, from what results.json holds: the runner's `timing`, or, for a results
-    file from before it was recorded, the per-run training seconds summed (and saying so)."""
-    if results.get("timing"):
-        return results["timing"]
-    recs = [rec for v in results["variants"].values() for rec in v["seeds"].values()]
-    train = [rec["train_seconds"] for rec in recs if isinstance(rec.get("train_seconds"), (int, float))]
-    out = {"compute_s": sum(train), "compute_parts": ["train"], "runs": len(recs), "runs_timed": len(train),
-           "run_train_s": {"min": min(train, default=None), "median": statistics.median(train) if train else None,
-                           "max": max(train, default=None)},
-           "elapsed_s": None, "last_invocation_s": results.get("elapsed_s"),
-           "note": ("this run predates the runner's timing record: compute is the per-run training seconds "
-                    "summed; evaluation and analysis time and the real elapsed time were not recorded (the last "
-                    "invocation only merged finished runs)")}
-    stages = results.get("stage_seconds") or {}
-    if train and math.isclose(stages.get("train", 0.0), sum(train), rel_tol=0.01):
-        # the last invocation trained every run itself: its stage seconds and wall time are the whole experiment's
-        out.update(compute_s=sum(stages.values()), compute_parts=[k for k, v in stages.items() if v],
-                   elapsed_s=results.get("elapsed_s"),
-                   note="this run predates the runner's timing record: one invocation ran every stage, so its stage "
-                        "seconds and wall time are the experiment's")
-    return out
+from sinkdlm.reporting import Document
+from sinkdlm.stats import signed
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -435,7 +60,7 @@ def _is_pct(metric: str) -> bool:
 
 def results_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     variants = results["variants"]
-    metrics = ["val_loss"] + _task_metrics(results)
+    metrics = ["val_loss"] + task_metrics(results)
     def head(m):
         chance = task_chance(m) if _is_pct(m) else None
         return f"`{m}`" + ((" %" + (f" (chance {100 * chance:.0f})" if chance else "")) if _is_pct(m) else " (↓)")
@@ -481,13 +106,11 @@ def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | 
         s = v["summary"]
         if "non_sink_fraction" not in s:
             continue
-        extra = [rec.get("analysis", {}).get("extra_sink") for rec in v["seeds"].values()]
-        masses = [e["mean_attention_mass"] for e in extra if e and e.get("mean_attention_mass") is not None]
         rows.append([
             v["label"], _fmt_interval(s.get("non_sink_fraction"), 100.0, 1),
             _fmt_interval(s.get("content_sink_set_change_rate")), _fmt_interval(s.get("content_sink_set_jaccard")),
             f"{_fmt_interval(s.get('sink_set_change_rate'))} / {_fmt_interval(s.get('sink_set_jaccard'))}",
-            _fmt_interval(_interval_of(masses, share=True), 100.0, 1),
+            _fmt_interval(extra_sink_mass(v), 100.0, 1),
         ])
     if not rows:
         return None
@@ -497,37 +120,25 @@ def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | 
 
 def epsilon_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
     """Rulli et al. Fig. 10: non-sink fraction vs ϵ, mean [95 % CI] over seeds."""
-    eps_keys: list[str] = []
+    eps_keys: list[str] = []  # the first analysed variant's ϵ, every row on the same columns
     rows = []
     for v in results["variants"].values():
-        curves = [rec["analysis"]["non_sink_fraction_by_epsilon"] for rec in v["seeds"].values()
-                  if rec.get("analysis") and rec["analysis"].get("non_sink_fraction_by_epsilon")]
-        if not curves:
+        curve = epsilon_intervals(v, eps_keys)
+        if curve is None:
             continue
-        eps_keys = eps_keys or sorted(curves[0], key=float)
-        rows.append([v["label"]] + [_fmt_interval(_interval_of([c.get(e) for c in curves], share=True), 100.0, 1)
-                                    for e in eps_keys])
+        eps_keys = eps_keys or list(curve)
+        rows.append([v["label"]] + [_fmt_interval(curve[e], 100.0, 1) for e in eps_keys])
     return (["variant"] + [f"ϵ = {e}" for e in eps_keys], rows) if rows else None
 
 
 def token_type_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
     """Rulli et al. Table 2: what tokens the sinks sit on, share mean [95 % CI] over seeds."""
-    types = ("mask", "whitespace", "punctuation", "other", "sink")
     rows = []
     for v in results["variants"].values():
-        shares = [rec["analysis"]["sink_token_types"] for rec in v["seeds"].values()
-                  if rec.get("analysis") and rec["analysis"].get("sink_token_types")]
-        if not shares:
-            continue
-        rows.append([v["label"]] + [_fmt_interval(_interval_of([s.get(t, 0.0) for s in shares], share=True), 100.0, 1)
-                                    for t in types])
-    return (["variant"] + [f"{t} %" for t in types], rows) if rows else None
-
-
-def _interval_of(values: list, share: bool = False) -> dict | None:
-    """mean [95 % CI] over seeds of the finite values (None when there are none); a share's stays in [0, 1]."""
-    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return mean_interval(vals, bounds=(0.0, 1.0) if share else None).to_dict() if vals else None
+        shares = token_type_intervals(v)
+        if shares is not None:
+            rows.append([v["label"]] + [_fmt_interval(shares[t], 100.0, 1) for t in SINK_TOKEN_TYPES])
+    return (["variant"] + [f"{t} %" for t in SINK_TOKEN_TYPES], rows) if rows else None
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -569,9 +180,7 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
         parts = []
         for v, lay in vn:
             label, seeds = v["label"], lay["seeds"]
-            # the pooled difference over the same seeds, for contrast
-            sink_vn, normal_vn = _seed_scalars(v, "value_norm_sink"), _seed_scalars(v, "value_norm_normal")
-            pooled = _mean_or_none([sink_vn[s] - normal_vn[s] for s in seeds if s in sink_vn and s in normal_vn])
+            pooled = pooled_value_norm_difference(v, seeds)  # the same seeds, for contrast
             text = (f"{label}: per layer {_layer_values(lay['layers'], 'a')} vs {_layer_values(lay['layers'], 'b')} "
                     f"(sink above normal in {lay['positive_layers']} of {lay['compared_layers']} layers with sinks")
             if len(seeds) < len(results["seeds"]):
@@ -663,7 +272,7 @@ def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     t = results["train"]
     n = len(results["seeds"])
-    tasks = _task_metrics(results)
+    tasks = task_metrics(results)
     headline = ["val_loss"] + [m for m in tasks if m.endswith(("word_order/acc", "cloze/acc", "next_line/acc_norm", "/exact_match"))
                                and "cloze/exact" not in m]
     parts = [
@@ -705,6 +314,41 @@ def markdown_summary(results: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
+    """Rulli et al.'s contrast on one set of weights: the AR model (intervals over prompts, from
+    `analyze --per-prompt`) beside the DLMs adapted from it (intervals over seeds, from the experiment's
+    results.json). Different units and models: side by side, not a paired test."""
+    from sinkdlm.analysis.over_prompts_report import fmt_interval as _fmt
+
+    def over_seeds(variant: str, get, share: bool = False) -> str:
+        iv = seed_interval(dlm["variants"][variant], get, share)
+        return "n/a" if iv is None else _fmt(iv, 1, 4 if share else 3)
+
+    s = ar["summary"]
+    names = [n for n in ("vanilla", "sink1-front") if n in dlm["variants"]]
+    labels = [dlm["variants"][n]["label"] for n in names]
+    rows = []
+    for key, what in (("content_sink_set_change_rate", "sink-set change rate between consecutive steps (content keys)"),
+                      ("largest_sink_change_rate", "largest-sink position change rate")):
+        rows.append([what, _fmt(s["moving"].get(key), 1, 4)]
+                    + [over_seeds(n, lambda a, k=key: (a.get("moving") or {}).get(k), True) for n in names])
+    for k in ("1", "10"):
+        ar_delta = (s.get("ablation") or {}).get(k, {}).get("delta")
+        rows.append([f"Δ score, top-{k} sink(s) masked per head (AR: log-prob / token; DLM: ELBO / token)",
+                     _fmt(ar_delta, 1, 3)]
+                    + [over_seeds(n, lambda a, k=k: ((a.get("ablation") or {}).get("delta") or {}).get(k)) for n in names])
+    rows.append(["share of all attention on the extra sink token", "–"]
+                + [over_seeds(n, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
+                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
+    rows.append(["share of heads whose largest sink is the extra sink", "–"]
+                + [over_seeds(n, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
+                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
+    header = ["measure", f"AR ({ar['setup']['num_prompts']} prompts)"] + [f"{lab} ({len(dlm['seeds'])} seeds)" for lab in labels]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- the report
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from sinkdlm.analysis.figures import plot_score_bars, plot_training_curves
@@ -742,20 +386,12 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     if note:
         doc.paragraph(note)
 
-    curves = {}
-    for v in variants.values():
-        per_seed = [dict(map(tuple, s["curve"])) for s in v["seeds"].values() if s.get("curve")]
-        steps = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
-        if steps:
-            means = [statistics.fmean(c[s] for c in per_seed) for s in steps]
-            stds = [statistics.stdev([c[s] for c in per_seed]) if len(per_seed) > 1 else 0.0 for s in steps]
-            curves[v["label"]] = (steps, means, stds)
+    curves = training_curves(results)
     if curves:
         doc.heading("Training")
         doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), "Validation loss vs step (mean ± std over seeds)")
-    task_metrics = _task_metrics(results)
     bars = {}
-    for k in task_metrics:
+    for k in task_metrics(results):
         per = {}
         for v in variants.values():
             s = v["summary"].get(k)
@@ -767,7 +403,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     if bars:
         doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean and 95 % CI over seeds and items, clipped to [0, 1])")
 
-    _analysis_section(doc, results)
+    _analysis_section(doc, results, out)
     doc.heading("Files")
     doc.bullets([
         "`results.json`: every number above, per seed (analysis summaries and per-item outcomes included)",
@@ -778,7 +414,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     return doc.write(out)
 
 
-def _analysis_section(doc: Document, results: dict[str, Any]) -> None:
+def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None:
     sinks = sinks_table(results)
     if sinks is None:
         return
@@ -816,15 +452,19 @@ def _analysis_section(doc: Document, results: dict[str, Any]) -> None:
     if abl_rows:
         doc.heading("Sink-masking ablation (first seed)", 3)
         doc.table(["variant", "score (protocol)", "score by K"], abl_rows)
-    for v in results["variants"].values():
-        first = next(iter(v["seeds"].values()))
-        adir = first.get("analysis_dir")
-        if not adir or not (Path(adir) / "analysis.json").is_file():
+    for name, v in results["variants"].items():
+        seed, first = next(iter(v["seeds"].items()))
+        # The experiment's own copy first: the stored `analysis_dir` is the path the run was started
+        # with (relative to its working directory), which a moved or committed experiment no longer has.
+        adir = out / "runs" / f"{name}-s{seed}" / "analysis"
+        if not (adir / "analysis.json").is_file():
+            adir = Path(first.get("analysis_dir") or adir)
+        if not (adir / "analysis.json").is_file():
             continue
-        figures = json.loads((Path(adir) / "analysis.json").read_text()).get("figures", {})
+        figures = json.loads((adir / "analysis.json").read_text()).get("figures", {})
         names = figures.values() if isinstance(figures, dict) else figures
-        for name in names:
-            doc.image(Path(adir) / name, f"{v['label']}: {Path(name).stem.replace('_', ' ')}")
+        for file in names:
+            doc.image(adir / file, f"{v['label']}: {Path(file).stem.replace('_', ' ')}")
 
 
 def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> dict[str, Any]:
@@ -846,8 +486,6 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
     results["regenerated"] = {"analysis_records_refreshed": refreshed,
                               "note": "statistics recomputed from the stored per-seed records; no model was re-run"}
     summarise(results, pairs or [tuple(p) for p in results.get("comparison_pairs", [])] or None)
-    from sinkdlm.atomic import atomic_write_json
-
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     return results

@@ -28,7 +28,7 @@ import torch
 
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
-from sinkdlm.experiment.report import analysis_record
+from sinkdlm.experiment.summary import analysis_record
 from sinkdlm.atomic import atomic_write_json
 from sinkdlm.files import ensure_writable_dir
 from sinkdlm.loading import load_model_and_tokenizer
@@ -147,7 +147,7 @@ def run_experiment(
         atomic_write_json(started, {"time": time.time()})
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
-    from sinkdlm.analysis import analyze, compare
+    from sinkdlm.analysis import analyze, compare, prompts_from_documents
     from sinkdlm.data import load_documents
     from sinkdlm.evaluation import evaluate
 
@@ -156,6 +156,8 @@ def run_experiment(
         "machine": machine_info(), "train": {**shared_train, **({"max_steps": max_steps} if max_steps else {})},
         "eval_tasks": preset.eval_tasks + list(preset.lm_eval_tasks), "eval_limit": preset.evaluation.limit,
         "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **preset.analysis.analyze_kwargs()},
+        "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
+                             "prompt_length": preset.analysis.prompt_length, "seed": 0},
     }
     stage_seconds: dict[str, float] = {"train": 0.0, "sft": 0.0, "eval": 0.0, "analysis": 0.0}
     analysis_dirs: dict[str, Path] = {}
@@ -240,9 +242,10 @@ def run_experiment(
                     _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
                     t0 = time.perf_counter()
                     settings = preset.analysis.analyze_kwargs()
-                    n_prompts = preset.analysis.num_prompts
+                    n_prompts, prompt_length = preset.analysis.num_prompts, preset.analysis.prompt_length
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
-                    prompts = analysis_prompts(load_documents("shakespeare", "validation"), n_prompts)
+                    prompts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, n_prompts,
+                                                     prompt_length, seed=0)
                     analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label, **settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
                     run_timing["analysis"] = time.perf_counter() - t0
@@ -261,7 +264,8 @@ def run_experiment(
         stage_seconds["analysis"] += time.perf_counter() - t0
         results["compare_dir"] = str(out / "compare")
 
-    from sinkdlm.experiment.report import summarise, write_report
+    from sinkdlm.experiment.report import write_report
+    from sinkdlm.experiment.summary import summarise
 
     pairs = [(a, b) for a, b in preset.comparisons] or None
     results["comparison_pairs"] = pairs or [[v.name, preset.variants[0].name] for v in preset.variants[1:]]
@@ -290,20 +294,6 @@ def run_timing_summary(results: dict[str, Any], since_start_s: float) -> dict[st
         "elapsed_s": since_start_s, "last_invocation_s": results["elapsed_s"],
         "note": None if all(secs) else "some runs' stage seconds were not recorded (finished before timing was kept)",
     }
-
-
-def analysis_prompts(documents: list[str], n: int, chars: int = 160) -> list[str]:
-    """`n` deterministic prompt snippets from held-out documents (line-aligned, non-empty)."""
-    prompts: list[str] = []
-    for doc in documents:
-        lines = [line.strip() for line in doc.splitlines() if len(line.strip()) > 20]
-        for i in range(0, len(lines), max(1, len(lines) // max(n, 1))):
-            prompts.append(" ".join(lines[i : i + 3])[:chars])
-            if len(prompts) == n:
-                return prompts
-    if not prompts:
-        raise ValueError("no held-out text to draw analysis prompts from")
-    return prompts
 
 
 def read_val_curve(run_dir: Path) -> list[tuple[int, float]]:

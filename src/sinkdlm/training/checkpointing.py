@@ -66,6 +66,22 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return ckpts[-1][1] if ckpts else None
 
 
+def run_label(checkpoint_dir) -> str:
+    """A readable model label for a checkpoint directory: the run's name, not `step-30`.
+
+    `runs/base/checkpoints/step-30` -> `base (step 30)`; an experiment's
+    `runs/vanilla-s0/train/checkpoints/step-3` -> `vanilla-s0/train (step 3)`; any other
+    directory -> its own name.
+    """
+    path = Path(checkpoint_dir).resolve()
+    m = STEP_DIR.match(path.name)
+    if m is None or path.parent.name != "checkpoints":
+        return path.name
+    run = path.parent.parent
+    name = f"{run.parent.name}/{run.name}" if run.name in ("train", "sft") else run.name
+    return f"{name} (step {int(m.group(1))})"
+
+
 def save_training_checkpoint(
     out_dir: str | Path,
     step: int,

@@ -1,0 +1,259 @@
+"""`analyze`: run the sink analysis of a model and write analysis.json, its arrays, figures and a report.
+
+`analyze(model, tokenizer, prompts, ...)` generates from the prompts (batched) with a `SinkRecorder`
+on the sampler callback, optionally runs the sink-masking ablation (`ablation.py`), and writes to
+`out_dir`:
+  analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
+  analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
+  the PNG figures        stable names in `report.FIGURES`, listed under the `figures` key;
+  report.md, report.html what was measured, on what, and the numbers (HTML: figures inlined).
+This module computes; `sinkdlm.analysis.report` draws the figures and writes the document.
+`prompts_from_documents` is the one prompt extractor: `analyze --data` and the experiment runner
+both draw their prompts with it (seeded token windows, docs/method.md §6).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
+from sinkdlm.analysis.recorder import SinkRecorder
+from sinkdlm.analysis.report import write_analysis_report, write_figures
+from sinkdlm.atomic import atomic_write, atomic_write_json
+from sinkdlm.validation import check_epsilon, check_int, check_scale
+
+SCHEMA_VERSION = 1
+ANALYSIS_KEYS = (
+    "schema_version", "model", "setup", "epsilon", "scale", "non_sink_fraction", "non_sink_fraction_by_epsilon",
+    "non_sink_fraction_per_layer", "sinks_per_head", "sink_attention_mass", "sink_token_types", "value_norm",
+    "moving", "extra_sink", "virtual_sink", "ablation", "figures", "arrays", "samples", "timing",
+)
+ARRAYS_NAME = "analysis_arrays.npz"
+
+
+# ----------------------------------------------------------------------------- input checks
+def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
+                  figure_steps=None, out_dir=None, mc_num=16, batch_size=8) -> list[int] | None:
+    """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
+    check_epsilon(epsilon)
+    check_scale(scale)
+    check_int("gen_length", gen_length, 1)
+    check_int("steps", steps, 1)
+    check_int("mc_num", mc_num, 1)
+    check_int("batch_size", batch_size, 1)
+    if block_length is not None:
+        check_int("block_length", block_length, 1)
+        if gen_length % block_length:
+            raise ValueError(f"block_length={block_length} must divide gen_length={gen_length}")
+    if figure_steps is not None:
+        a, b = figure_steps
+        if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < steps and (b == -1 or a < b < steps)):
+            raise ValueError(f"figure_steps must be (a, b) with 0 <= a < b < steps={steps} (b = -1: last step), "
+                             f"got {figure_steps!r}")
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory")
+    return None if ablation_k is None else check_ks(ablation_k)
+
+
+def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int, prompt_length: int,
+                           seed: int = 0) -> list[str]:
+    """`num_prompts` windows of `prompt_length` tokens from the documents (seeded offsets), as text."""
+    check_int("num_prompts", num_prompts, 1)
+    check_int("prompt_length", prompt_length, 2)
+    from sinkdlm.data import encode_texts
+
+    docs = [ids for ids in encode_texts(tokenizer, list(documents)) if len(ids) >= prompt_length]
+    if not docs:
+        raise ValueError(f"no document has {prompt_length} tokens; lower --prompt-length")
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num_prompts):
+        ids = docs[i % len(docs)]
+        start = int(torch.randint(0, len(ids) - prompt_length + 1, (), generator=gen))
+        out.append(tokenizer.decode(ids[start:start + prompt_length]))
+    return out
+
+
+# ----------------------------------------------------------------------------- analyze
+def analyze(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    gen_length: int,
+    steps: int,
+    block_length: int | None = None,
+    epsilon: float = 3.0,
+    scale: str = "sum",
+    ablation_k: list[int] | None = None,
+    include_extra_sink: bool = False,
+    ablation_task=None,
+    ablation_protocol: str = "clean",
+    out_dir: str | Path,
+    seed: int = 0,
+    figure_steps: tuple[int, int] | None = None,
+    figure_layer: int | None = None,
+    batch_size: int = 8,
+    mc_num: int = 16,
+    label: str | None = None,
+    generate_kwargs: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Sink analysis of `model` generating from `prompts`; writes and returns analysis.json's dict.
+
+    epsilon/scale   sink threshold (Rulli et al. eq. 3) and received-attention scale (docs/method.md §6).
+    ablation_k      run the sink-masking ablation for these K (0 is always added as the baseline):
+                    with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its score, else the
+                    per-token ELBO of held-out continuations (each prompt's last
+                    `min(gen_length, len // 2)` tokens) with `mc_num` samples.
+    ablation_protocol  with `ablation_task`: "clean" (sinks of step t-1 found on its un-ablated
+                    attention, default) or "ablated" (on the masked model's own maps).
+    figure_steps    the two steps of the attention-map figure (default: first and last).
+    batch_size      prompts per `generate` call (attention maps of a step scale with it).
+    generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
+
+    An autoregressive model (`config.causal`: a Qwen2/LLaMA checkpoint opened as is) is analysed the
+    same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
+    scores the exact continuation log-likelihood per token (docs/method.md §10).
+    """
+    from tqdm.auto import tqdm
+
+    from sinkdlm.data import encode_texts
+    from sinkdlm.diffusion.sampling import generate
+
+    ks = check_options(epsilon=epsilon, scale=scale, gen_length=gen_length, steps=steps, block_length=block_length,
+                       ablation_k=ablation_k, figure_steps=figure_steps, out_dir=out_dir, mc_num=mc_num,
+                       batch_size=batch_size)
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    if not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise ValueError("every prompt must be a non-empty string")
+    if ablation_task is not None and not callable(ablation_task):
+        raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
+    generate_kwargs = dict(generate_kwargs or {})
+    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed",
+                "attention_hook_fn"}
+    if reserved & set(generate_kwargs):
+        raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
+    cfg = model.config
+    ids = encode_texts(tokenizer, list(prompts))
+    if any(not row for row in ids):
+        raise ValueError("a prompt encodes to no tokens; give non-empty prompts")
+    longest = max(len(r) for r in ids)
+    if longest + gen_length > cfg.max_content_length:
+        raise ValueError(f"prompt ({longest} tokens) + gen_length ({gen_length}) is longer than the model's "
+                         f"{cfg.content_length_note()} positions; shorten the prompts or gen_length")
+    pairs = None
+    if ks is not None and ablation_task is None:
+        pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
+        if not pairs:
+            raise ValueError("the ELBO ablation needs prompts of at least 2 tokens (prefix + held-out continuation)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    decoded: dict[int, str] = {}
+
+    def decode(i: int) -> str:
+        if i not in decoded:
+            decoded[i] = tokenizer.decode([i])
+        return decoded[i]
+
+    recorder = SinkRecorder(cfg, epsilon=epsilon, scale=scale, decode=decode, figure_layer=figure_layer,
+                            figure_steps=figure_steps or (0, -1), seed=seed)
+    chunks = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
+    was_training = model.training
+    model.eval()
+    samples, steps_taken = [], 0
+    start = time.perf_counter()
+    steps_per_chunk = gen_length if cfg.causal else steps  # an AR model takes one step per token
+    last_layer = cfg.num_hidden_layers - 1
+    with tqdm(total=len(chunks) * steps_per_chunk, desc="sink analysis: generation", unit="step",
+              disable=not progress, leave=False) as bar:
+        def step_hook(step, input_ids, attention_mask):
+            # The recorder sees one layer's maps at a time inside the forward (docs/method.md §10):
+            # an 8B model's analysis never holds every layer's [B, H, S, S] at once.
+            record = recorder.step_hook(step, input_ids, attention_mask)
+
+            def hook(layer, attn, values, column=None):
+                record(layer, attn, values, column)
+                if layer == last_layer:
+                    bar.update(1)
+            return hook
+
+        for chunk in chunks:
+            out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
+                           attention_hook_fn=step_hook, return_dict=True, **generate_kwargs)
+            steps_taken = max(steps_taken, out.steps_taken)
+            for row in out.sequences[:, out.prompt_length:].tolist():
+                samples.append(tokenizer.decode(row, skip_special_tokens=True))
+    gen_seconds = time.perf_counter() - start
+
+    ablation, abl_seconds = None, 0.0
+    if ks is not None:
+        start = time.perf_counter()
+        total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else mc_num)
+        with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
+            ablation = run_ablation(
+                model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
+                ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
+                continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
+                seed=seed, shift_logits=generate_kwargs.get("shift_logits"), progress=bar.update,
+                protocol=ablation_protocol,
+            )
+        abl_seconds = time.perf_counter() - start
+    model.train(was_training)
+
+    summary = recorder.summary()
+    arrays = recorder.arrays()
+    lengths = [len(r) for r in ids]
+    analysis = {
+        "schema_version": SCHEMA_VERSION,
+        "model": {
+            "label": label or "model",
+            **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                            "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
+                                            "sink_position", "sink_zero_value", "gated_attention",
+                                            "sink_logit", "softmax_one", "causal", "shift_logits")},
+            "kind": "autoregressive (causal)" if cfg.causal else "diffusion (bidirectional)",
+            "source_format": cfg.extra.get("source_format", "sinkdlm"),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "device": str(model.device),
+        },
+        "setup": {
+            "num_prompts": len(prompts), "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths),
+                                                            "max": max(lengths)},
+            "gen_length": gen_length, "steps": steps, "steps_taken": steps_taken,
+            "block_length": block_length or gen_length, "batch_size": batch_size, "seed": seed,
+            "max_sequence_positions": recorder.max_positions,
+            "figure_layer": recorder.figure_layer, "generate_kwargs": generate_kwargs,
+            "figure_prompt_tokens": lengths[recorder.figure_row] if recorder.figure_row < len(lengths) else None,
+        },
+        **{k: v for k, v in summary.items() if k != "counts"},
+        "ablation": ablation,
+        "figures": {},
+        "arrays": ARRAYS_NAME,
+        "samples": samples[:5],
+        "timing": {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds},
+    }
+    _save_arrays(out_dir / ARRAYS_NAME, arrays)
+    analysis["figures"] = write_figures(out_dir, analysis, arrays)
+    atomic_write_json(out_dir / "analysis.json", analysis)
+    write_analysis_report(analysis, out_dir, sinks_per_head=mean_over_layers(analysis["sinks_per_head"]))
+    return analysis
+
+
+def mean_over_layers(values) -> float | None:
+    """The unweighted mean of a per-layer list over the layers that have a value (None: none has)."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    atomic_write(path, lambda tmp: np.savez_compressed(tmp, **arrays), suffix=".npz")
+

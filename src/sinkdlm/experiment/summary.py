@@ -1,0 +1,469 @@
+"""Every number and verdict of an experiment: aggregates over seeds, paired comparisons of variants, multiplicity.
+
+results.json -> `summarise` adds, per variant, `summary` (mean and 95 % interval over seeds of
+every metric, and the per-layer value norms of sinks, normal tokens and the extra sink) and, for the
+experiment, `comparisons`: one entry per (pair of variants, metric) with the mean difference, its
+interval, its p-value and the verdict — all from `sinkdlm.stats`:
+
+* `val_loss` and the analysis metrics (one number per seed): paired Student t over seeds;
+* task accuracies: paired over seeds *and* items (`paired_accuracy_difference` on the per-item
+  outcomes that eval.json keeps; the item sets are checked to be the same).
+
+Multiplicity (docs/method.md §7): every paired comparison whose verdict the report prints forms one
+family; Benjamini-Hochberg at q = 1 - confidence adjusts its p-values, and a direction (and bold) is
+stated only for comparisons that survive. Comparisons without a variance estimate (a metric that
+cannot vary, such as a cloze exact match that is 0 for every model, or identical per-seed
+differences) and comparisons with one seed are not tests and stay out of the family.
+
+A per-seed value that is missing (None) marks the metric missing for that pair; it is reported, not
+compared. The intervals that the report's tables show beside the stored summary (extra-sink mass,
+non-sink fraction per ϵ, sink token types, training curves) are computed here too, on demand, so
+`sinkdlm.experiment.report` only formats. Nothing here formats a number for display; the verdicts
+(`stats.verdict`) are stored data, as results.json keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from sinkdlm.stats import (
+    Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
+    verdict,
+)
+
+
+# Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
+# for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
+LOWER_IS_BETTER = {"val_loss"}
+# Per-seed analysis scalars compared between variants: key -> (path into the analysis summary, label).
+# Moving sinks are compared over the content keys (docs/method.md §6): the extra sink's key is a sink
+# at nearly every step and would count as overlap for sink models only. The all-keys definition is
+# kept under its own name as the alternative.
+ANALYSIS_METRICS = {
+    "non_sink_fraction": (("non_sink_fraction",), "non-sink fraction"),
+    "content_sink_set_change_rate": (("moving", "content_sink_set_change_rate"),
+                                     "sink-set change rate between steps (content keys)"),
+    "content_sink_set_jaccard": (("moving", "content_sink_set_jaccard"), "Jaccard of consecutive sink sets (content keys)"),
+    "sink_set_change_rate": (("moving", "sink_set_change_rate"), "sink-set change rate between steps (every key)"),
+    "sink_set_jaccard": (("moving", "sink_set_jaccard"), "Jaccard of consecutive sink sets (every key)"),
+    "value_norm_sink": (("value_norm", "sink_mean"), "value norm of sinks (pooled over layers)"),
+    "value_norm_normal": (("value_norm", "normal_mean"), "value norm of normal tokens (pooled over layers)"),
+}
+# Without extra sink tokens the content keys are every key: a record from before the content-key
+# metrics existed holds them under the all-keys name.
+CONTENT_FALLBACK = {"content_sink_set_change_rate": "sink_set_change_rate", "content_sink_set_jaccard": "sink_set_jaccard"}
+NEUTRAL = set(ANALYSIS_METRICS)  # descriptive: a difference is reported without "better"/"worse"
+# Alternative definitions, shown for reference beside the compared ones: no verdict, outside the family
+# (the all-keys moving-sink metrics repeat the content-key ones for models without extra sinks; the
+# pooled value norms weight layers by their sink counts, docs/method.md §6).
+ALTERNATIVES = {"sink_set_change_rate", "sink_set_jaccard", "value_norm_sink", "value_norm_normal"}
+# Quantities in [0, 1]: their intervals are kept inside it (stats.mean_interval bounds).
+SHARES = {"non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
+          "sink_set_jaccard"}
+# The method of each kind of interval, as the reports label it.
+METHOD_SEEDS = "Student t over seeds (n − 1 df)"
+METHOD_ITEMS = "seeds × items (two-way random effects, t with n − 1 df)"
+
+
+def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed analysis numbers results.json keeps (self-contained: no need to open analysis.json)."""
+    moving = a.get("moving", {}).get("mean", {})
+    vn = a.get("value_norm", {})
+    extra = a.get("extra_sink")
+    abl = a.get("ablation")
+    return {
+        "non_sink_fraction": a.get("non_sink_fraction"),
+        "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
+        "moving": dict(moving),
+        # per layer too: pooling over layers weights each layer by its sink count and can flip the sign
+        "value_norm": {k: vn.get(k) for k in ("sink_mean", "normal_mean", "sink_count", "normal_count", "per_layer")},
+        "extra_sink": None if not extra else {k: extra.get(k) for k in (
+            "mean_attention_mass", "attention_mass", "value_norm", "others_value_norm")},
+        "sink_token_types": (a.get("sink_token_types") or {}).get("shares"),
+        "ablation": None if not abl else {k: abl.get(k) for k in ("metric", "protocol", "scores", "delta", "stderr")},
+    }
+
+
+def _get(d: Any, path: tuple[str, ...]) -> float | None:
+    for key in path:
+        if not isinstance(d, dict) or d.get(key) is None:
+            return None
+        d = d[key]
+    return float(d) if isinstance(d, (int, float)) and math.isfinite(d) else None
+
+
+def _has_extra_sinks(variant: dict[str, Any]) -> bool:
+    return bool(variant.get("switches", {}).get("num_sink_tokens", 0))
+
+
+def _seed_values(variant: dict[str, Any], metric: str) -> dict[str, float | None]:
+    """{seed: value or None (not recorded)} of one per-seed scalar metric, for every seed of the variant."""
+    out: dict[str, float | None] = {}
+    for seed, rec in variant["seeds"].items():
+        if metric == "val_loss":
+            value = rec.get("val_loss")
+            value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        else:
+            value = _get(rec.get("analysis"), ANALYSIS_METRICS[metric][0])
+            if value is None and metric in CONTENT_FALLBACK and not _has_extra_sinks(variant):
+                value = _get(rec.get("analysis"), ANALYSIS_METRICS[CONTENT_FALLBACK[metric]][0])
+        out[seed] = value
+    return out
+
+
+def _seed_scalars(variant: dict[str, Any], metric: str) -> dict[str, float]:
+    """{seed: value} of the seeds that recorded the metric."""
+    return {k: v for k, v in _seed_values(variant, metric).items() if v is not None}
+
+
+def task_metrics(results: dict[str, Any]) -> list[str]:
+    """Every `task/metric` name that some run of the experiment was scored on, sorted."""
+    names = set()
+    for v in results["variants"].values():
+        for rec in v["seeds"].values():
+            names |= {f"{task}/{m}" for task, ms in rec.get("eval", {}).items() for m in ms}
+    return sorted(names)
+
+
+def task_chance(metric: str) -> float | None:
+    """The accuracy of a uniform random guess for a `task/metric` name (None: not a choice metric)."""
+    from sinkdlm.evaluation.tasks import TASKS
+
+    task, m = metric.split("/", 1)
+    return TASKS[task].chance.get(m) if task in TASKS else None
+
+
+def _per_item(variant: dict[str, Any], metric: str) -> dict[str, dict]:
+    task, m = metric.split("/", 1)
+    return {seed: rec["eval"][task][m] for seed, rec in variant["seeds"].items() if m in rec.get("eval", {}).get(task, {})}
+
+
+def _missing(a: dict[str, Any], b: dict[str, Any], metric: str, seeds: list[str]) -> dict[str, Any]:
+    which = "these runs" if len(seeds) == len(a["seeds"]) else f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+    return {"variant": a["label"], "baseline": b["label"], "metric": metric, "mean": None, "low": None, "high": None,
+            "n": len(a["seeds"]), "p": None, "degenerate": False, "excludes_zero": False, "missing": seeds,
+            "verdict": f"missing: not recorded for {which}"}
+
+
+def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confidence: float = 0.95) -> dict[str, Any] | None:
+    """Paired comparison of variant `a` against `b` on `metric` (a results.json variant entry each).
+
+    An entry with `missing` (the seeds without a value) when the metric is missing for some seed of
+    either (None for a task metric neither variant was scored on). A ValueError when they were run on different
+    seeds or scored on different items (a paired comparison would be meaningless). The verdict here
+    is the unadjusted one; `summarise` replaces it once the family's p-values are adjusted.
+    """
+    if set(a["seeds"]) != set(b["seeds"]):
+        raise ValueError(f"{a['label']} and {b['label']} were run on different seeds ({sorted(a['seeds'])} vs "
+                         f"{sorted(b['seeds'])}); rerun `sinkdlm experiment` so both have every seed")
+    if "/" in metric:
+        sa, sb = _per_item(a, metric), _per_item(b, metric)
+        if not sa and not sb:
+            return None
+        gone = sorted(set(a["seeds"]) - (set(sa) & set(sb)), key=str)
+        if gone:
+            return _missing(a, b, metric, gone)
+        for seed in sa:
+            if sa[seed].get("items") != sb[seed].get("items") or len(sa[seed].get("per_item", [])) != len(sb[seed].get("per_item", [])):
+                raise ValueError(f"{a['label']} and {b['label']} were scored on different items for {metric} (seed {seed}); "
+                                 "evaluate both with the same task, --limit and evaluation seed")
+        if any("per_item" not in s for s in (*sa.values(), *sb.values())):
+            return None  # an eval.json from before per-item outcomes were kept
+        iv = paired_accuracy_difference({s: sa[s]["per_item"] for s in sa}, {s: sb[s]["per_item"] for s in sa}, confidence)
+        scale, unit, label = 100.0, " points", METHOD_ITEMS
+    else:
+        sa, sb = _seed_values(a, metric), _seed_values(b, metric)
+        gone = sorted((k for k in sa if sa[k] is None or sb[k] is None), key=str)
+        if gone:
+            return _missing(a, b, metric, gone)
+        iv = paired_difference(sa, sb, confidence)
+        scale, unit, label = 1.0, "", METHOD_SEEDS
+    lower = metric in LOWER_IS_BETTER
+    text = verdict(iv, lower_is_better=None if metric in NEUTRAL else lower, scale=scale, unit=unit)
+    entry = {"variant": a["label"], "baseline": b["label"], "metric": metric, **iv.to_dict(), "method_label": label,
+             "scale": scale, "unit": unit, "lower_is_better": None if metric in NEUTRAL else lower, "verdict": text}
+    if metric in ALTERNATIVES:
+        entry.update(in_family=False, verdict="not tested: an alternative definition, shown for reference")
+    return entry
+
+
+def _interval(d: dict[str, Any]) -> Interval:
+    """The Interval back from its `to_dict` form (None bounds: unbounded, or degenerate)."""
+    nan = math.nan if d.get("degenerate") else math.inf
+    return Interval(d["mean"], -nan if d.get("low") is None else d["low"], nan if d.get("high") is None else d["high"],
+                    d["n"], d["confidence"], d["method"], d.get("df"), d.get("items"), d.get("p"), d.get("degenerate", False))
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _layer_lists(variant: dict[str, Any], path: tuple[str, ...]) -> dict[str, list[float | None]]:
+    """{seed: per-layer list} of the seeds whose analysis record holds `path` (a list per layer)."""
+    out = {}
+    for seed, rec in variant["seeds"].items():
+        d: Any = rec.get("analysis")
+        for key in path:
+            d = d.get(key) if isinstance(d, dict) else None
+        if isinstance(d, list) and d:
+            out[seed] = [float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None for x in d]
+    return out
+
+
+def _paired_lists(a: dict[str, list], b: dict[str, list], from_layer: int = 0) -> dict[str, Any] | None:
+    """Per layer and seed `a - b` (only where both exist), summarised without pooling counts:
+    per layer the paired interval over seeds, and per seed the unweighted mean over its layers from
+    `from_layer` on, with the interval of that over seeds (docs/method.md §6)."""
+    seeds = sorted(set(a) & set(b), key=str)
+    if not seeds:
+        return None
+    n_layers = max(len(a[s]) for s in seeds)
+    diff = {s: [(x - y) if x is not None and y is not None else None
+                for x, y in zip(a[s] + [None] * (n_layers - len(a[s])), b[s] + [None] * (n_layers - len(b[s])))]
+            for s in seeds}
+    layers = []
+    for li in range(n_layers):
+        pairs = {s: (a[s][li], b[s][li]) for s in seeds if li < len(a[s]) and diff[s][li] is not None}
+        iv = paired_difference([x for x, _ in pairs.values()], [y for _, y in pairs.values()]) if pairs else None
+        layers.append({"layer": li, "seeds": len(pairs), "a": _mean_or_none([x for x, _ in pairs.values()]),
+                       "b": _mean_or_none([y for _, y in pairs.values()]), "diff": None if iv is None else iv.to_dict()})
+    per_seed = {s: _mean_or_none(diff[s][from_layer:]) for s in seeds}
+    per_seed = {s: v for s, v in per_seed.items() if v is not None}
+    summary = None
+    if per_seed:
+        iv = mean_interval(list(per_seed.values()))
+        summary = {**iv.to_dict(), "method_label": METHOD_SEEDS,
+                   "verdict": verdict(iv, lower_is_better=None), "seeds": sorted(per_seed, key=str)}
+    shown = [lay for lay in layers[from_layer:] if lay["diff"] is not None]
+    return {"from_layer": from_layer, "seeds": seeds, "layers": layers, "layer_mean": summary,
+            "positive_layers": sum(lay["diff"]["mean"] > 0 for lay in shown),
+            "negative_layers": sum(lay["diff"]["mean"] < 0 for lay in shown), "compared_layers": len(shown)}
+
+
+def value_norm_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
+    """Sinks vs normal tokens per layer, paired within layer and seed (layers without sinks drop out)."""
+    return _paired_lists(_layer_lists(variant, ("value_norm", "per_layer", "sink_mean")),
+                         _layer_lists(variant, ("value_norm", "per_layer", "normal_mean")))
+
+
+def extra_sink_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
+    """The extra sink per layer (One-Token Fig. 3): its share of attention (interval over seeds, in
+    [0, 1]) and its value norm against the other tokens', paired within layer and seed; the claim
+    "below the other tokens from the second layer on" is summarised over layers 1.. per seed."""
+    mass = _layer_lists(variant, ("extra_sink", "attention_mass"))
+    if not mass:
+        return None
+    n_layers = max(len(m) for m in mass.values())
+    per_layer_mass = []
+    for li in range(n_layers):
+        vals = [m[li] for m in mass.values() if li < len(m) and m[li] is not None]
+        per_layer_mass.append(mean_interval(vals, bounds=(0.0, 1.0)).to_dict() if vals else None)
+    out = {"attention_mass": per_layer_mass, "attention_mass_seeds": sorted(mass, key=str)}
+    out["value_norm_vs_others"] = _paired_lists(_layer_lists(variant, ("extra_sink", "value_norm")),
+                                                _layer_lists(variant, ("extra_sink", "others_value_norm")), from_layer=1)
+    return out
+
+
+def constant_metrics(results: dict[str, Any]) -> list[str]:
+    """Metrics that take one value for every variant, seed and item (e.g. a cloze exact match that no
+    model ever gets): they cannot vary, so no comparison of them is a test."""
+    out = []
+    for m in task_metrics(results):
+        seen = {x for v in results["variants"].values() for s in _per_item(v, m).values() for x in s.get("per_item", [s.get("value")])}
+        if len(seen) == 1:
+            out.append(m)
+    return out
+
+
+def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
+    """Benjamini-Hochberg over the entries that are tests (a p-value: two or more seeds and a variance
+    estimate); sets `p_adjusted`, `survives` and the final `verdict` of every entry in place and
+    returns what the report says about the family."""
+    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True)]
+    for e, q in zip(family, benjamini_hochberg([e["p"] for e in family])):
+        e["p_adjusted"], e["survives"] = q, bool(q < 1 - confidence and e["excludes_zero"])
+    for e in entries:
+        if e.get("missing") or e.get("mean") is None or not e.get("in_family", True):
+            continue
+        e.setdefault("p_adjusted", None)
+        e.setdefault("survives", False)
+        e["verdict"] = verdict(_interval(e), lower_is_better=e.get("lower_is_better"), scale=e.get("scale", 1.0),
+                               unit=e.get("unit", ""), p_adjusted=e["p_adjusted"])
+    return {
+        "method": "Benjamini-Hochberg", "q": round(1 - confidence, 10), "size": len(family),
+        "raw_excluding_zero": sum(bool(e["excludes_zero"]) for e in family),
+        "expected_by_chance": (1 - confidence) * len(family),
+        "survivors": sum(e["survives"] for e in family),
+        "min_p_adjusted": min((e["p_adjusted"] for e in family), default=None),
+        "left_out": {"alternative definitions": sum(not e.get("in_family", True) for e in entries),
+                     "no variance estimate": sum(bool(e.get("degenerate")) and e.get("in_family", True) for e in entries),
+                     "one seed": sum(e.get("n", 0) < 2 and e.get("mean") is not None and e.get("in_family", True)
+                                     for e in entries),
+                     "missing": sum(bool(e.get("missing")) for e in entries)},
+    }
+
+
+def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = None, confidence: float = 0.95) -> None:
+    """Add `summary` to every variant, `comparisons` (each pair in `pairs`, default: every variant
+    against the first) and `multiplicity` (the family's adjustment) to `results`."""
+    variants = results["variants"]
+    names = list(variants)
+    scalar_metrics = ["val_loss"] + [m for m in ANALYSIS_METRICS if any(_seed_scalars(v, m) for v in variants.values())]
+    tasks = task_metrics(results)
+    family: list[dict[str, Any]] = []  # every paired comparison whose verdict the report prints
+    for v in variants.values():
+        summary = {}
+        for m in scalar_metrics:
+            vals = list(_seed_scalars(v, m).values())
+            if vals:
+                iv = mean_interval(vals, confidence, bounds=(0.0, 1.0) if m in SHARES else None)
+                summary[m] = {**iv.to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                              "method_label": METHOD_SEEDS}
+        for m in tasks:
+            scores = _per_item(v, m)
+            vals = [s["value"] for s in scores.values()]
+            if not vals:
+                continue
+            std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            if all("per_item" in s for s in scores.values()):  # over seeds and items (stats.accuracy_interval)
+                summary[m] = {**accuracy_interval({k: s["per_item"] for k, s in scores.items()}, confidence).to_dict(),
+                              "std": std, "method_label": METHOD_ITEMS}
+            else:  # an eval.json without per-item outcomes: the spread over seeds only
+                summary[m] = {**mean_interval(vals, confidence).to_dict(), "std": std, "method_label": METHOD_SEEDS}
+            chance = task_chance(m)
+            if chance is not None:
+                low = summary[m]["low"]
+                summary[m]["chance"] = chance
+                summary[m]["above_chance"] = low is not None and low > chance
+        # Do sinks carry smaller values than normal tokens (One-Token Fig. 3)? Paired within layer and seed.
+        layers = value_norm_layers(v)
+        if layers:
+            summary["value_norm_layers"] = layers
+            if layers["layer_mean"]:
+                family.append(layers["layer_mean"])
+        # The pooled difference, kept for contrast: it weights each layer by its number of sinks.
+        sink_vn, normal_vn = _seed_scalars(v, "value_norm_sink"), _seed_scalars(v, "value_norm_normal")
+        if sink_vn and set(sink_vn) == set(normal_vn):
+            iv = paired_difference(sink_vn, normal_vn, confidence)
+            summary["value_norm_sink_minus_normal_pooled"] = {**iv.to_dict(), "method_label": METHOD_SEEDS,
+                                                              "verdict": verdict(iv, lower_is_better=None)}
+        extra = extra_sink_layers(v)
+        if extra:
+            summary["extra_sink_layers"] = extra
+            if extra["value_norm_vs_others"] and extra["value_norm_vs_others"]["layer_mean"]:
+                family.append(extra["value_norm_vs_others"]["layer_mean"])
+        v["summary"] = summary
+    pairs = pairs or [(n, names[0]) for n in names[1:]]
+    comparisons = []
+    for a, b in pairs:
+        if a not in variants or b not in variants:
+            continue
+        for m in scalar_metrics + tasks:
+            c = compare_variants(variants[a], variants[b], m, confidence)
+            if c is not None:
+                comparisons.append({"pair": [a, b], **c})
+    results["comparisons"] = comparisons
+    results["constant_metrics"] = constant_metrics(results)
+    results["multiplicity"] = {
+        **adjust_family(comparisons + family, confidence),
+        "family": ("every paired comparison the report gives a verdict for: each compared pair of variants × metric "
+                   "(validation loss, accuracies, sink metrics), and per variant the per-layer value norm of sinks − "
+                   "normal tokens and of the extra sink − the other tokens"),
+    }
+
+
+def experiment_timing(results: dict[str, Any]) -> dict[str, Any]:
+    """What the experiment cost, from what results.json holds: the runner's `timing`, or, for a results
+    file from before it was recorded, the per-run training seconds summed (and saying so)."""
+    if results.get("timing"):
+        return results["timing"]
+    recs = [rec for v in results["variants"].values() for rec in v["seeds"].values()]
+    train = [rec["train_seconds"] for rec in recs if isinstance(rec.get("train_seconds"), (int, float))]
+    out = {"compute_s": sum(train), "compute_parts": ["train"], "runs": len(recs), "runs_timed": len(train),
+           "run_train_s": {"min": min(train, default=None), "median": statistics.median(train) if train else None,
+                           "max": max(train, default=None)},
+           "elapsed_s": None, "last_invocation_s": results.get("elapsed_s"),
+           "note": ("this run predates the runner's timing record: compute is the per-run training seconds "
+                    "summed; evaluation and analysis time and the real elapsed time were not recorded (the last "
+                    "invocation only merged finished runs)")}
+    stages = results.get("stage_seconds") or {}
+    if train and math.isclose(stages.get("train", 0.0), sum(train), rel_tol=0.01):
+        # the last invocation trained every run itself: its stage seconds and wall time are the whole experiment's
+        out.update(compute_s=sum(stages.values()), compute_parts=[k for k, v in stages.items() if v],
+                   elapsed_s=results.get("elapsed_s"),
+                   note="this run predates the runner's timing record: one invocation ran every stage, so its stage "
+                        "seconds and wall time are the experiment's")
+    return out
+
+
+# ----------------------------------------------------------------------------- intervals the tables show
+# Quantities the report prints beside `summary`: recomputed from the per-seed records on demand (they
+# are not stored in results.json), so a regenerated report shows them for older results too.
+SINK_TOKEN_TYPES = ("mask", "whitespace", "punctuation", "other", "sink")  # Rulli et al. Table 2's columns
+
+
+def interval_of(values: list, share: bool = False) -> dict | None:
+    """mean [95 % CI] over seeds of the finite values (None when there are none); a share's stays in [0, 1]."""
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return mean_interval(vals, bounds=(0.0, 1.0) if share else None).to_dict() if vals else None
+
+
+def seed_interval(variant: dict[str, Any], get, share: bool = False) -> dict | None:
+    """mean [95 % CI] over seeds of `get(analysis record)` (the seeds that have a value; None with fewer
+    than 2): a per-seed analysis number the stored summary does not hold."""
+    values = [get(rec["analysis"]) for rec in variant["seeds"].values() if rec.get("analysis")]
+    values = [v for v in values if v is not None]
+    return interval_of(values, share) if len(values) >= 2 else None
+
+
+def extra_sink_mass(variant: dict[str, Any]) -> dict | None:
+    """The share of attention on the extra sink (all layers), mean [95 % CI] over the seeds that recorded it."""
+    extra = [rec.get("analysis", {}).get("extra_sink") for rec in variant["seeds"].values()]
+    return interval_of([e["mean_attention_mass"] for e in extra if e and e.get("mean_attention_mass") is not None],
+                       share=True)
+
+
+def _recorded(variant: dict[str, Any], key: str) -> list:
+    """`key` of each seed's analysis record, for the seeds that recorded it."""
+    return [rec["analysis"][key] for rec in variant["seeds"].values() if rec.get("analysis") and rec["analysis"].get(key)]
+
+
+def epsilon_intervals(variant: dict[str, Any], keys: list[str] | None = None) -> dict[str, dict | None] | None:
+    """Rulli et al. Fig. 10: the non-sink fraction at each ϵ (`keys`, default: the first seed's, ascending),
+    mean [95 % CI] over seeds; None when no seed recorded the curve."""
+    curves = _recorded(variant, "non_sink_fraction_by_epsilon")
+    if not curves:
+        return None
+    keys = keys or sorted(curves[0], key=float)
+    return {e: interval_of([c.get(e) for c in curves], share=True) for e in keys}
+
+
+def token_type_intervals(variant: dict[str, Any]) -> dict[str, dict | None] | None:
+    """Rulli et al. Table 2: the share of sinks on each of `SINK_TOKEN_TYPES`, mean [95 % CI] over seeds."""
+    shares = _recorded(variant, "sink_token_types")
+    if not shares:
+        return None
+    return {t: interval_of([s.get(t, 0.0) for s in shares], share=True) for t in SINK_TOKEN_TYPES}
+
+
+def pooled_value_norm_difference(variant: dict[str, Any], seeds: list[str]) -> float | None:
+    """Sink − normal value norm pooled over layers (weighted by sink counts), mean over `seeds`: the
+    contrast to the per-layer comparison (docs/method.md §6)."""
+    sink_vn, normal_vn = _seed_scalars(variant, "value_norm_sink"), _seed_scalars(variant, "value_norm_normal")
+    return _mean_or_none([sink_vn[s] - normal_vn[s] for s in seeds if s in sink_vn and s in normal_vn])
+
+
+def training_curves(results: dict[str, Any]) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """{variant label: (steps, mean, std over seeds)} of the validation loss, at the steps every seed logged."""
+    curves = {}
+    for v in results["variants"].values():
+        per_seed = [dict(map(tuple, s["curve"])) for s in v["seeds"].values() if s.get("curve")]
+        steps = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
+        if steps:
+            means = [statistics.fmean(c[s] for c in per_seed) for s in steps]
+            stds = [statistics.stdev([c[s] for c in per_seed]) if len(per_seed) > 1 else 0.0 for s in steps]
+            curves[v["label"]] = (steps, means, stds)
+    return curves
