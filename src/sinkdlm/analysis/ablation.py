@@ -34,6 +34,7 @@ from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw
+from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
 
 
 class AblationTask(Protocol):
@@ -61,7 +62,7 @@ def sink_key_masks(
     attentions: Sequence[torch.Tensor],
     k: int,
     *,
-    epsilon: float = 3.0,
+    epsilon: float = AnalyzeConfig.epsilon,
     scale: str = "sum",
     num_sink_tokens: int = 0,
     sink_position: str = "front",
@@ -130,7 +131,7 @@ class SinkMasker:
     over steps, rows, layers and heads) and `head_slots` ((step, row, layer, head) slots masked).
     """
 
-    def __init__(self, model, k: int, *, epsilon: float = 3.0, scale: str = "sum", include_extra_sink: bool = False,
+    def __init__(self, model, k: int, *, epsilon: float = AnalyzeConfig.epsilon, scale: str = "sum", include_extra_sink: bool = False,
                  protocol: str = "clean"):
         check_epsilon(epsilon)
         check_scale(scale)
@@ -192,8 +193,8 @@ def continuation_elbo(
     continuations: Sequence[Sequence[int]],
     ks: Sequence[int],
     *,
-    mc_num: int = 16,
-    epsilon: float = 3.0,
+    mc_num: int = AnalyzeConfig.mc_num,
+    epsilon: float = AnalyzeConfig.epsilon,
     scale: str = "sum",
     include_extra_sink: bool = False,
     batch_size: int = 16,
@@ -281,13 +282,13 @@ def run_ablation(
     model,
     ks: Sequence[int],
     *,
-    epsilon: float = 3.0,
+    epsilon: float = AnalyzeConfig.epsilon,
     scale: str = "sum",
     include_extra_sink: bool = False,
     ablation_task: AblationTask | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     continuations: Sequence[Sequence[int]] | None = None,
-    mc_num: int = 16,
+    mc_num: int = AnalyzeConfig.mc_num,
     batch_size: int = 16,
     seed: int = 0,
     shift_logits: bool | None = None,

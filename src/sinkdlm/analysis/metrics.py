@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 import torch
 
 from sinkdlm.validation import SCALES, check_epsilon, check_epsilons, check_scale
+from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
 
 DEFAULT_EPSILONS = (0.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0)  # Rulli et al. Fig. 10
 TOKEN_TYPES = ("mask", "whitespace", "punctuation", "other")  # + "sink" when asked
@@ -163,7 +164,7 @@ def exclusive_mean(c: torch.Tensor) -> torch.Tensor:
     return (c.sum(dim=-1, keepdim=True) - c) / (c.shape[-1] - 1)
 
 
-def detect_sinks(attn, epsilon: float = 3.0, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
+def detect_sinks(attn, epsilon: float = AnalyzeConfig.epsilon, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
     """Bool ``[..., S]``: key j is a sink iff ``c_j > mean_{k != j} c_k + ϵ`` (Rulli et al. eq. 3).
 
     Strict inequality: a key exactly at the threshold is not a sink. For row-stochastic

@@ -26,6 +26,7 @@ from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.report import write_analysis_report, write_figures
 from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.validation import check_epsilon, check_int, check_scale
+from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
 
 SCHEMA_VERSION = 1
 ANALYSIS_KEYS = (
@@ -88,7 +89,7 @@ def analyze(
     gen_length: int,
     steps: int,
     block_length: int | None = None,
-    epsilon: float = 3.0,
+    epsilon: float = AnalyzeConfig.epsilon,
     scale: str = "sum",
     ablation_k: list[int] | None = None,
     include_extra_sink: bool = False,
@@ -98,8 +99,8 @@ def analyze(
     seed: int = 0,
     figure_steps: tuple[int, int] | None = None,
     figure_layer: int | None = None,
-    batch_size: int = 8,
-    mc_num: int = 16,
+    batch_size: int = AnalyzeConfig.batch_size,
+    mc_num: int = AnalyzeConfig.mc_num,
     label: str | None = None,
     generate_kwargs: dict | None = None,
     progress: bool = True,

@@ -36,6 +36,7 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.validation import check_int, check_optional_int
+from sinkdlm.config.run import EvalConfig  # the one home of the default (its field docstring)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
 
@@ -113,7 +114,7 @@ class DLMPredictor:
         model,
         tokenizer,
         *,
-        mc_num: int = 16,
+        mc_num: int = EvalConfig.mc_num,
         method: str = "mc_count",
         batch_size: int = 64,
         gen_steps: int | None = None,

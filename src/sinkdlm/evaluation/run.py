@@ -13,6 +13,7 @@ from pathlib import Path
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.evaluation.tasks import resolve_tasks
 from sinkdlm.validation import check_int, check_optional_int, check_seed
+from sinkdlm.config.run import EvalConfig  # the one home of the default (its field docstring)
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -31,7 +32,7 @@ def evaluate(
     *,
     limit: int | None = None,
     seed: int = 0,
-    mc_num: int = 16,
+    mc_num: int = EvalConfig.mc_num,
     gen_steps: int | None = None,
     progress: bool = True,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -90,7 +91,7 @@ def evaluate_dir(
     """
     from sinkdlm.loading import load_model_and_tokenizer, read_config
 
-    _check_options(kwargs.get("limit"), kwargs.get("seed", 0), kwargs.get("mc_num", 16), kwargs.get("gen_steps"))
+    _check_options(kwargs.get("limit"), kwargs.get("seed", 0), kwargs.get("mc_num", EvalConfig.mc_num), kwargs.get("gen_steps"))
     check_decoding_options(kwargs.get("gen_cache"), kwargs.get("gen_threshold"))
     resolve_tasks(tasks)
     model_dir = Path(model_dir)
