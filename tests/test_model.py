@@ -15,6 +15,7 @@ import torch
 
 from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.model import Probe
+from sinkdlm.model.attention import annealed_mask, causal_mask
 
 torch.manual_seed(0)
 
@@ -52,8 +53,11 @@ def eq6_bias(seq_len, n, position):
     return bias, sinks
 
 
-def reference_forward(model: DiffusionLM, ids, causal=False, return_all=False):
-    """Straightforward joined-sequence forward (eq. 5-10). Returns content logits [B, L, V]."""
+def reference_forward(model: DiffusionLM, ids, causal=False, return_all=False, content_mask=None):
+    """Straightforward joined-sequence forward (eq. 5-10). Returns content logits [B, L, V].
+
+    content_mask: `[L, L]` bool, True = content query i may attend to content key j (the sinks stay
+    visible to every content query)."""
     cfg = model.config
     b, l = ids.shape
     n, hd = cfg.num_sink_tokens, cfg.head_dim
@@ -64,6 +68,11 @@ def reference_forward(model: DiffusionLM, ids, causal=False, return_all=False):
     bias, sinks = eq6_bias(l, n, cfg.sink_position)
     if causal:
         bias = bias + torch.full((l + n, l + n), float("-inf")).triu(1)
+    if content_mask is not None:
+        content = torch.tensor([i for i in range(l + n) if i not in sinks])
+        blocked = torch.zeros(l + n, l + n, dtype=torch.bool)
+        blocked[content[:, None], content[None, :]] = ~content_mask
+        bias = bias.masked_fill(blocked, float("-inf"))
     pos = torch.arange(l + n)
     probs_all = []
     for layer in model.layers:
@@ -153,6 +162,17 @@ def test_causal_mode_matches_reference():
     model = DiffusionLM(tiny(num_sink_tokens=1)).eval()
     ids = torch.randint(0, 97, (2, 8))
     torch.testing.assert_close(model(ids, causal=True).logits, reference_forward(model, ids, causal=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["front", "end"])
+def test_4d_attention_mask_is_a_content_mask(position):
+    """Attention annealing passes `[1, 1, L, L]` as attention_mask: a content-to-content mask, sinks visible."""
+    model = DiffusionLM(tiny(num_sink_tokens=2, sink_position=position)).eval()
+    ids = torch.randint(0, 97, (2, 8))
+    mask = annealed_mask(8, 0.4)
+    ref = reference_forward(model, ids, content_mask=mask[0, 0])
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model(ids, attention_mask=causal_mask(8)).logits, model(ids, causal=True).logits)
 
 
 @pytest.mark.parametrize("position", ["front", "end"])

@@ -63,7 +63,8 @@ class ProbePass:
 
     def __init__(self, probe: Probe, config, seq_len: int, batch: int, sinks: sinklib.SinkCache | None):
         self.probe, self.seq_len, self.batch, self.sinks = probe, seq_len, batch, sinks
-        self.n, self.sink_position, self.has_column = config.num_sink_tokens, config.sink_position, config.has_sink_column
+        self.n, self.sink_position = config.num_sink_tokens, config.sink_position
+        self.has_column = config.has_sink_column
         self.attentions, self.values, self.virtual = [], [], []
 
     def maps(self, layer: int, probs: torch.Tensor):
