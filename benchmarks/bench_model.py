@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig
+from sinkdlm.model import Probe
 from sinkdlm.model.attention import apply_rope, rope_cos_sin
 
 RESULTS = Path(__file__).parent / "results" / "bench_model.json"
@@ -183,7 +184,7 @@ def main() -> None:
     check_parity(hf.eval(), vanilla.eval(), sink.eval(), ids)
     with torch.no_grad():  # the fast path computes the column (eager holds it explicitly)
         for m in column.values():
-            a, b = m.eval()(ids[:1, :64]).logits, m(ids[:1, :64], attn_implementation="eager").logits
+            a, b = m.eval()(ids[:1, :64]).logits, m(ids[:1, :64], probe=Probe(backend="eager")).logits
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
             assert not torch.allclose(a, vanilla(ids[:1, :64]).logits, atol=1e-3), "the column should change the output"
     hf.train(), vanilla.train(), sink.train(), [m.train() for m in column.values()]

@@ -8,6 +8,7 @@ import torch
 from helpers import tiny_model
 
 from sinkdlm import generate, loglikelihood
+from sinkdlm.model import Probe
 from sinkdlm.analysis import (
     SinkMasker,
     continuation_elbo,
@@ -64,10 +65,10 @@ def test_masked_sinks_get_exactly_zero_attention(variant):
     ids = torch.randint(0, cfg.mask_token_id, (2, 10), generator=torch.Generator().manual_seed(3))
     ids[:, 4:] = cfg.mask_token_id
     with torch.no_grad():
-        out = model(ids, output_attentions=True)
+        out = model(ids, probe=Probe(attentions=True))
         masks = sink_key_masks(out.attentions, 2, epsilon=0.5, num_sink_tokens=cfg.num_sink_tokens,
                                sink_position=cfg.sink_position)
-        ablated = model(ids, key_masks=masks, output_attentions=True).attentions
+        ablated = model(ids, probe=Probe(key_masks=masks, attentions=True)).attentions
     spared = set(range(cfg.num_sink_tokens)) if cfg.sink_position == "front" else {10, 11}
     for attn, keep, after in zip(out.attentions, masks, ablated):
         assert torch.equal(keep, reference_masks(attn, 2, 0.5, spared, sink_rows=spared))
@@ -212,7 +213,7 @@ def test_clean_protocol_masks_the_unablated_sinks_of_step_t_minus_1_again_and_ag
     hidden = []
     for ids, masks in clean:
         with torch.no_grad():
-            ref = model(ids, output_attentions=True).attentions  # step t-1, un-ablated
+            ref = model(ids, probe=Probe(attentions=True)).attentions  # step t-1, un-ablated
         for attn, keep in zip(ref, masks):
             assert torch.equal(keep, reference_masks(attn, 1, 0.5, {0}, sink_rows={0}))
         hidden.append(torch.stack([~m for m in masks]))  # [L, B, H, S]
@@ -254,8 +255,8 @@ def test_masking_a_causal_models_first_key_keeps_rows_finite_and_leaves_query_0_
     for m in km:
         m[..., 0] = False
     with torch.no_grad():
-        clean = model(x, output_attentions=True)
-        masked = model(x, key_masks=km, attn_implementation="eager", output_attentions=True)
+        clean = model(x, probe=Probe(attentions=True))
+        masked = model(x, probe=Probe(key_masks=km, backend="eager", attentions=True))
     assert torch.isfinite(masked.logits).all()
     for attn in masked.attentions:
         assert torch.allclose(attn[0, :, 0, 0], torch.ones(heads))  # query 0: itself only

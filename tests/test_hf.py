@@ -156,7 +156,8 @@ def test_sink_parity_with_hf_on_joined_sequence(tmp_path, arch, position, n):
         ref = hf_logits(hf, embeds=joined, allowed=eq6_allowed(l, n, position), positions=positions)
         ref = ref[:, n:] if position == "front" else ref[:, :l]
         got = ours(ids).logits[..., :VOCAB]
-        got_nocache = ours(ids, use_sink_cache=False).logits[..., :VOCAB]
+        with ours.sink_cache_mode(False):
+            got_nocache = ours(ids).logits[..., :VOCAB]
     torch.testing.assert_close(got, ref, **TOL)
     torch.testing.assert_close(got_nocache, ref, **TOL)
     # And the sink changes the output: it is not the vanilla bidirectional model.

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from sinkdlm import DiffusionLM, ModelConfig
+from sinkdlm.model import Probe
+from sinkdlm.model.attention import annealed_mask, causal_mask
 
 torch.manual_seed(0)
 
@@ -51,8 +53,11 @@ def eq6_bias(seq_len, n, position):
     return bias, sinks
 
 
-def reference_forward(model: DiffusionLM, ids, causal=False, return_all=False):
-    """Straightforward joined-sequence forward (eq. 5-10). Returns content logits [B, L, V]."""
+def reference_forward(model: DiffusionLM, ids, causal=False, return_all=False, content_mask=None):
+    """Straightforward joined-sequence forward (eq. 5-10). Returns content logits [B, L, V].
+
+    content_mask: `[L, L]` bool, True = content query i may attend to content key j (the sinks stay
+    visible to every content query)."""
     cfg = model.config
     b, l = ids.shape
     n, hd = cfg.num_sink_tokens, cfg.head_dim
@@ -63,6 +68,11 @@ def reference_forward(model: DiffusionLM, ids, causal=False, return_all=False):
     bias, sinks = eq6_bias(l, n, cfg.sink_position)
     if causal:
         bias = bias + torch.full((l + n, l + n), float("-inf")).triu(1)
+    if content_mask is not None:
+        content = torch.tensor([i for i in range(l + n) if i not in sinks])
+        blocked = torch.zeros(l + n, l + n, dtype=torch.bool)
+        blocked[content[:, None], content[None, :]] = ~content_mask
+        bias = bias.masked_fill(blocked, float("-inf"))
     pos = torch.arange(l + n)
     probs_all = []
     for layer in model.layers:
@@ -128,7 +138,7 @@ def test_fast_path_matches_reference_forward_and_grad(variant):
 def test_eager_probabilities_match_reference(variant):
     model = DiffusionLM(tiny(**variant)).eval()
     ids = torch.randint(0, 97, (2, 9))
-    out = model(ids, output_attentions=True, output_values=True)
+    out = model(ids, probe=Probe(attentions=True, values=True))
     ref_logits, _, ref_probs = reference_forward(model, ids, return_all=True)
     torch.testing.assert_close(out.logits, ref_logits, rtol=1e-5, atol=1e-5)
     assert len(out.attentions) == model.config.num_hidden_layers
@@ -142,7 +152,7 @@ def test_no_sinks_is_plain_bidirectional_model():
     """num_sink_tokens=0: every query attends to every key, positions 0..L-1."""
     model = DiffusionLM(tiny()).eval()
     ids = torch.randint(0, 97, (2, 10))
-    probs = model(ids, output_attentions=True).attentions[0]
+    probs = model(ids, probe=Probe(attentions=True)).attentions[0]
     assert probs.shape == (2, 4, 10, 10)
     assert (probs > 0).all()  # nothing masked
     torch.testing.assert_close(model(ids).logits, reference_forward(model, ids), rtol=1e-5, atol=1e-5)
@@ -152,6 +162,17 @@ def test_causal_mode_matches_reference():
     model = DiffusionLM(tiny(num_sink_tokens=1)).eval()
     ids = torch.randint(0, 97, (2, 8))
     torch.testing.assert_close(model(ids, causal=True).logits, reference_forward(model, ids, causal=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["front", "end"])
+def test_4d_attention_mask_is_a_content_mask(position):
+    """Attention annealing passes `[1, 1, L, L]` as attention_mask: a content-to-content mask, sinks visible."""
+    model = DiffusionLM(tiny(num_sink_tokens=2, sink_position=position)).eval()
+    ids = torch.randint(0, 97, (2, 8))
+    mask = annealed_mask(8, 0.4)
+    ref = reference_forward(model, ids, content_mask=mask[0, 0])
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model(ids, attention_mask=causal_mask(8)).logits, model(ids, causal=True).logits)
 
 
 @pytest.mark.parametrize("position", ["front", "end"])
@@ -165,15 +186,15 @@ def test_sink_hidden_states_do_not_depend_on_content(position):
     torch.testing.assert_close(xa[:, sinks], xb[:, sinks])
     assert not torch.allclose(xa, xb)
     # and the model's own values at the sink positions agree too
-    va = model(a, output_values=True).values
-    vb = model(b, output_values=True).values
+    va = model(a, probe=Probe(values=True)).values
+    vb = model(b, probe=Probe(values=True)).values
     for la, lb in zip(va, vb):
         torch.testing.assert_close(la[:, :, sinks], lb[:, :, sinks])
 
 
 def test_zero_value_sink_values_are_zero():
     model = DiffusionLM(tiny(num_sink_tokens=1, sink_zero_value=True)).eval()
-    values = model(torch.randint(0, 97, (1, 5)), output_values=True).values
+    values = model(torch.randint(0, 97, (1, 5)), probe=Probe(values=True)).values
     for v in values:
         assert torch.count_nonzero(v[:, :, 0]) == 0
         assert torch.count_nonzero(v[:, :, 1:]) > 0
@@ -183,8 +204,9 @@ def test_sink_cache_equals_recomputing_and_invalidates():
     model = DiffusionLM(tiny(num_sink_tokens=2)).eval()
     ids = torch.randint(0, 97, (2, 6))
     with torch.no_grad():
-        cached = model(ids, use_sink_cache=True).logits
-        fresh = model(ids, use_sink_cache=False).logits
+        cached = model(ids).logits  # eval(): the sink cache
+        with model.sink_cache_mode(False):
+            fresh = model(ids).logits
     assert torch.equal(cached, fresh)
     first = model.sink_cache()
     assert model.sink_cache() is first  # reused
@@ -192,7 +214,9 @@ def test_sink_cache_equals_recomputing_and_invalidates():
         model.sink_embeddings.add_(0.5)  # an optimiser step would do the same
     assert model.sink_cache() is not first
     with torch.no_grad():
-        assert torch.equal(model(ids, use_sink_cache=True).logits, model(ids, use_sink_cache=False).logits)
+        with model.sink_cache_mode(False):
+            fresh = model(ids).logits
+        assert torch.equal(model(ids).logits, fresh)
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(num_sink_tokens=1), dict(num_sink_tokens=2, sink_position="end")])
@@ -215,7 +239,7 @@ def test_key_masks_send_attention_to_zero():
     ids = torch.randint(0, 97, (1, 6))
     km = torch.ones(1, 4, 7, dtype=torch.bool)
     km[:, 1, 3] = False  # block key 3 for head 1
-    out = model(ids, output_attentions=True, key_masks=[km, None])
+    out = model(ids, probe=Probe(attentions=True, key_masks=[km, None]))
     assert (out.attentions[0][:, 1, 1:, 3] == 0).all()
     assert (out.attentions[0][:, 0, 1:, 3] > 0).all()
     assert (out.attentions[1][:, 1, 1:, 3] > 0).all()

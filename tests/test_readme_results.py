@@ -17,6 +17,8 @@ BLOCKS = [(page, name) for page in PAGES if page.is_file() for name in tool.bloc
 def test_readme_has_generated_results_blocks():
     names = {name for _, name in BLOCKS}
     assert {"study", "smollm2/ar"} <= names
+    # the speed tables of docs/benchmarks.md come from benchmarks/results/*.json
+    assert {"bench/real-train", "bench/model", "bench/cache"} <= set(tool.block_names(ROOT / "docs" / "benchmarks.md"))
 
 
 @pytest.mark.parametrize("page,name", BLOCKS, ids=[f"{p.name}:{n}" for p, n in BLOCKS])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.diffusion.sampling import StepState, add_gumbel_noise, transfer_schedule
+from sinkdlm.model import Probe
 
 VARIANTS = {
     "vanilla": dict(num_sink_tokens=0),
@@ -71,7 +72,8 @@ def reference_generate(model, prompt, gen_length, steps, block_length, threshold
             num_transfer = llada_num_transfer_tokens(x[:, lo:hi] == mask_id, steps_per_block)
         i = 0
         while (x[:, lo:hi] == mask_id).any():
-            logits = model(x, use_sink_cache=False).logits
+            with model.sink_cache_mode(False):
+                logits = model(x).logits
             if shift_logits:
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
             logits[..., mask_id] = float("-inf")
@@ -278,7 +280,7 @@ def test_callback_state_matches_the_model():
         assert s.attentions[0].shape == (2, cfg.num_attention_heads, s_len, s_len)
         assert s.values[0].shape == (2, cfg.num_key_value_heads, s_len, cfg.head_dim)
         # The recorded logits and maps are those of the tokens the model saw at this step.
-        ref = model(s.input_ids, attention_mask=s.attention_mask, output_attentions=True)
+        ref = model(s.input_ids, attention_mask=s.attention_mask, probe=Probe(attentions=True))
         assert torch.allclose(ref.logits, s.logits)
         assert torch.allclose(ref.attentions[1], s.attentions[1])
         assert torch.equal(s.x[s.committed], s.logits.argmax(-1)[s.committed])  # greedy commits
@@ -303,7 +305,7 @@ def test_key_masks_fn_gets_previous_state_and_masks_keys():
     km = no_sink(0, None)
     for s in rec.states:
         assert s.attentions[0][:, :, 1:, 0].abs().max() == 0  # no content query reaches the sink
-        assert torch.allclose(model(s.input_ids, key_masks=km, attn_implementation="eager").logits, s.logits)
+        assert torch.allclose(model(s.input_ids, probe=Probe(key_masks=km, backend="eager")).logits, s.logits)
     allow_all = generate(model, prompt, 8, 4, key_masks_fn=lambda step, prev: None)
     assert torch.equal(allow_all, generate(model, prompt, 8, 4))
 

@@ -18,6 +18,7 @@ from helpers import tiny_model
 from sinkdlm import generate
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.sampling import steps_per_block, transfer_schedule
+from sinkdlm.model import KVCache
 
 VARIANTS = {
     "vanilla": dict(num_sink_tokens=0),
@@ -211,15 +212,16 @@ def test_forward_logits_index_and_cache_consistency(model):
     x = prompts(3, 10, model)
     attn = torch.ones(3, 10, dtype=torch.bool)
     attn[0, :3] = False
-    full = model(x, attention_mask=attn, output_kv=True)
+    recorded = KVCache(record=True)
+    full = model(x, attention_mask=attn, cache=recorded)
     idx = torch.tensor([1, 4, 9])
     torch.testing.assert_close(model(x, attention_mask=attn, logits_index=idx).logits, full.logits[:, idx])
     torch.testing.assert_close(model(x, attention_mask=attn, logits_index=slice(2, 6)).logits, full.logits[:, 2:6])
     # Unchanged tokens: cached keys/values equal fresh ones, so a cached slice gives the full logits.
-    dual = model(x[:, 4:7], attention_mask=attn, past_key_values=list(full.kv), cache_start=4)
+    dual = model(x[:, 4:7], attention_mask=attn, cache=KVCache(recorded.layers, start=4))
     torch.testing.assert_close(dual.logits, full.logits[:, 4:7])
-    prefix = [(k[:, :, :4], v[:, :, :4]) for k, v in full.kv]
-    pre = model(x[:, 4:], attention_mask=attn, past_key_values=prefix, cache_start=4, logits_index=[0, 5])
+    prefix = [(k[:, :, :4], v[:, :, :4]) for k, v in recorded.layers]
+    pre = model(x[:, 4:], attention_mask=attn, cache=KVCache(prefix, start=4), logits_index=[0, 5])
     torch.testing.assert_close(pre.logits, full.logits[:, [4, 9]])
 
 

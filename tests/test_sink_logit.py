@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig
+from sinkdlm.model import Probe
 from sinkdlm.model import attention as attnlib
 from sinkdlm.model import sink as sinklib
 
@@ -138,7 +139,8 @@ def inputs(padded: bool):
 def test_forward_and_gradients_match_reference(case, padded, backend):
     model = make(**case).train()  # train(): the sink stream runs with autograd, no cache
     ids, mask = inputs(padded)
-    out = model(ids, attention_mask=mask, attn_implementation=backend).logits
+    model.attn_implementation = backend
+    out = model(ids, attention_mask=mask).logits
     ref, _ = reference(model, ids, mask)
     rows = mask if mask is not None else torch.ones(ids.shape, dtype=torch.bool)
     # fp64 up to the fp32 rotary angles (as HF computes them): the reference rotates a sink's q and
@@ -165,7 +167,7 @@ def test_forward_and_gradients_match_reference(case, padded, backend):
 def test_eager_exposes_the_virtual_sink_probability(case):
     model = make(**case).eval()
     ids, mask = inputs(padded=True)
-    out = model(ids, attention_mask=mask, output_attentions=True)
+    out = model(ids, attention_mask=mask, probe=Probe(attentions=True))
     _, ref = reference(model, ids, mask)
     assert out.virtual_sink_attentions is not None and len(out.virtual_sink_attentions) == 2
     for got, column, want in zip(out.attentions, out.virtual_sink_attentions, ref):
@@ -176,7 +178,7 @@ def test_eager_exposes_the_virtual_sink_probability(case):
 
 
 def test_no_virtual_column_means_no_virtual_output():
-    out = make(num_sink_tokens=1).eval()(torch.randint(0, V, (1, 5)), output_attentions=True)
+    out = make(num_sink_tokens=1).eval()(torch.randint(0, V, (1, 5)), probe=Probe(attentions=True))
     assert out.virtual_sink_attentions is None
 
 
@@ -193,7 +195,11 @@ def copy_weights(src: DiffusionLM, **switches) -> DiffusionLM:
 def test_limits_minus_inf_zero_and_plus_large(backend, n):
     model = make(sink_logit=True, num_sink_tokens=n).eval()
     ids, mask = inputs(padded=True)
-    run = lambda m: m(ids, attention_mask=mask, attn_implementation=backend).logits  # noqa: E731
+
+    def run(m):
+        m.attn_implementation = backend
+        return m(ids, attention_mask=mask).logits
+
     rows = mask
     with torch.no_grad():
         # -inf: the column takes nothing -> the vanilla model (same weights)
@@ -219,12 +225,15 @@ def test_limits_minus_inf_zero_and_plus_large(backend, n):
 def test_sink_cache_carries_the_sinks_own_column_share():
     model = make(sink_logit=True, num_sink_tokens=2).eval()
     ids = torch.randint(0, V, (2, 7))
-    cached = model(ids, use_sink_cache=True).logits
-    fresh = model(ids, use_sink_cache=False).logits
+    cached = model(ids).logits  # eval(): the sink cache
+    with model.sink_cache_mode(False):
+        fresh = model(ids).logits
     torch.testing.assert_close(cached, fresh, rtol=0, atol=0)
     with torch.no_grad():
         model.layers[1].self_attn.sink_logit.add_(3.0)  # a parameter change invalidates the cache
-    torch.testing.assert_close(model(ids).logits, model(ids, use_sink_cache=False).logits, rtol=0, atol=0)
+    with model.sink_cache_mode(False):
+        fresh = model(ids).logits
+    torch.testing.assert_close(model(ids).logits, fresh, rtol=0, atol=0)
 
 
 def test_parameters_initialisation_and_checkpoint_roundtrip(tmp_path):
@@ -250,5 +259,8 @@ def test_bad_input_is_refused_with_an_explanation(monkeypatch):
     monkeypatch.setitem(attnlib.BACKENDS, "plain", lambda q, k, v, mask=None, need_probs=False: (None, None))
     model = make(sink_logit=True)
     with pytest.raises(ValueError, match="sink_logit.*plain"):
-        model(torch.randint(0, V, (1, 4)), attn_implementation="plain")
-    make()(torch.randint(0, V, (1, 4)), attn_implementation="sdpa")  # vanilla: any backend is fine
+        model.attn_implementation = "plain"
+        model(torch.randint(0, V, (1, 4)))
+    vanilla = make()
+    vanilla.attn_implementation = "sdpa"
+    vanilla(torch.randint(0, V, (1, 4)))  # vanilla: any backend is fine

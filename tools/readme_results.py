@@ -2,7 +2,8 @@
 
 Each block sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and is generated from
 `docs/results/NAME/`: an experiment's `results.json` (`sinkdlm.experiment.report.markdown_summary`)
-or an analysis over prompts' `intervals.json` (`sinkdlm.analysis.over_prompts_report.markdown_headline`).
+or an analysis over prompts' `intervals.json` (`sinkdlm.analysis.over_prompts_report.markdown_headline`);
+the `bench/...` blocks of docs/benchmarks.md from `benchmarks/results/*.json` (`COMBINED`).
 `tests/test_readme_results.py` checks that every block equals what this file generates.
 
     .venv/bin/python tools/readme_results.py          # what `make readme-results` runs
@@ -47,8 +48,63 @@ def _bench_real_train(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("s" if n != 1 else "")
+
+
+# bench_model.json's ratios (time / time) as docs/benchmarks.md names them.
+MODEL_RATIOS = {
+    "sink1_over_vanilla": "1 sink / vanilla",
+    "sink1_over_joined_ref": "1 sink fast path / joined sequence with a boolean eq. 6 mask in SDPA",
+    "hf_over_vanilla": "`transformers` Qwen2 (sdpa, bidirectional) / ours",
+    "sink_logit_over_vanilla": "per-head sink logit (extra zero-value column through SDPA) / vanilla",
+    "softmax_one_over_vanilla": "softmax-off-by-one (the same column, logit 0) / vanilla",
+}
+
+
+def _bench_model(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_model.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    shapes = r["shapes"]
+    passes = list(r["passes"])  # e.g. 2thr_wall, 1thr_cpu
+    clock = {"wall": "wall time", "cpu": "CPU time"}
+    heads = [f"{_threads(r['passes'][p]['threads'])}, {clock.get(r['passes'][p]['clock'], r['passes'][p]['clock'])}"
+             for p in passes]
+    lines = [f"Forward + backward of one training step ({r['description']}), median of {shapes['repeats']} "
+             f"round-robin runs after {shapes['warmup']} warm-up, paired ratios (the median of per-round "
+             "ratios; `benchmarks/bench_model.py`):", "",
+             "| ratio | target | " + " | ".join(heads) + " |", "|---|---|" + "---:|" * len(passes)]
+    for key, ratio in r["ratios"].items():
+        target = ratio["target"].replace("<=", "≤").replace(">=", "≥").replace("none (report)", "report")
+        cells = [f"{ratio[p]['paired_median']:.3f}" + (" (missed)" if ratio[p]["meets_target"] is False else "")
+                 for p in passes]
+        lines.append(f"| {MODEL_RATIOS.get(key, key)} | {target} | " + " | ".join(cells) + " |")
+    load = r["environment"]["load_average"]
+    lines += ["", f"Load average (1 min) {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end."]
+    return "\n".join(lines) + "\n"
+
+
+def _bench_cache(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_cache.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    tokens = r["gen_length"] * r["batch"]
+    lines = [f"{r['prompt_length']}-token prompt, {r['gen_length']} tokens in blocks of {r['block_length']}, one token "
+             f"per step unless a threshold is set; {r['model']}, batch {r['batch']}, {_threads(r['threads'])}, best of "
+             f"{r['repeats']}, all in one process (`benchmarks/bench_cache.py`):", "",
+             "| mode | seconds | forwards | speed-up vs no cache | tokens differing from no cache |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {v['seconds']:.2f} | {v['forwards']} | {v['speedup']:.2f}× | {v['tokens_differing']} of {tokens} |"
+              for name, v in r["variants"].items()]
+    return "\n".join(lines) + "\n"
+
+
 # Blocks built from other files than one results folder.
-COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train}
+COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
+            "bench/cache": _bench_cache}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

@@ -2,7 +2,7 @@
 
 Masks. From an attention map `[B, H, S, S]` of every layer, the sinks at ϵ (eq. 3) per (row, head);
 the K sinks with the largest received attention get key mask False, so their pre-softmax logits
-are -inf at every query of that head (`DiffusionLM.forward(key_masks=...)`). Fewer than K sinks:
+are -inf at every query of that head (`DiffusionLM.forward(probe=Probe(key_masks=...))`). Fewer than K sinks:
 only the sinks are masked (a non-sink key is never masked). The extra sink token(s) are neither
 masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks nothing.
 
@@ -35,6 +35,7 @@ from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw
 from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.model.probe import Probe
 
 
 class AblationTask(Protocol):
@@ -162,10 +163,11 @@ class SinkMasker:
                 include_extra_sink=self.include_extra_sink, attention_mask=prev_state.attention_mask,
             )
 
-        if self.protocol == "clean":  # one layer's maps alive at a time (attention_hook)
+        if self.protocol == "clean":  # one layer's maps alive at a time (Probe.hook)
             masks = []
-            self.model(prev_state.input_ids, attention_mask=prev_state.attention_mask,
-                       logits_index=slice(0, 0), attention_hook=lambda i, attn, v, col: masks.extend(masks_of([attn])))
+            probe = Probe(hook=lambda i, attn, v, col: masks.extend(masks_of([attn])))
+            self.model(prev_state.input_ids, attention_mask=prev_state.attention_mask, logits_index=slice(0, 0),
+                       probe=probe)
         else:
             if prev_state.attentions is None:
                 raise ValueError("the 'ablated' protocol reads the previous step's maps: pass output_attentions=True to generate")
@@ -252,14 +254,14 @@ def continuation_elbo(
                                               num_sink_tokens=cfg.num_sink_tokens, sink_position=cfg.sink_position,
                                               include_extra_sink=include_extra_sink))
 
-            out = model(xb, attention_hook=hook if layer_masks else None)
+            out = model(xb, probe=Probe(hook=hook) if layer_masks else None)
             for k in ks:
                 if k == 0:
                     logits = out.logits
                 else:
                     km = layer_masks[k]
                     masked_keys[k] += int(sum((~m).sum() for m in km))
-                    logits = model(xb, key_masks=km, attn_implementation="eager").logits
+                    logits = model(xb, probe=Probe(key_masks=km, backend="eager")).logits
                 if shift_logits:  # logits[:, i-1] predicts x0[:, i]
                     logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
                 totals[k][r] = -weighted_masked_ce(logits, x0b, mb, tb).double().cpu()

@@ -128,8 +128,8 @@ class _Batcher:
         cols = score.any(0).nonzero().squeeze(-1)  # [K]
         attn = None if real.all() else real
         shift = 1 if self.shift_logits else 0  # logits[:, i-1] predicts x0[:, i]
-        logits = model(xt, attention_mask=attn, use_sink_cache=self.use_sink_cache,
-                       logits_index=cols - shift).logits  # [m, K, V]
+        with model.sink_cache_mode(self.use_sink_cache):
+            logits = model(xt, attention_mask=attn, logits_index=cols - shift).logits  # [m, K, V]
         per_row = -weighted_masked_ce(logits, x0[:, cols], score[:, cols], t).cpu()
         self.num_forward += len(xt)
         start = 0

@@ -48,7 +48,8 @@ def diffusion_loss(
 
     prompt_mask    `[B, L]` True on prompt positions: never masked, and the loss is normalised by
                    the response length (SFT, LLaDA); otherwise by L.
-    attention_mask `[B, L]` True = real token; padding is never masked nor counted.
+    attention_mask `[B, L]` True = real token; padding is never masked nor counted. Or a 4-D
+                   `[B|1, 1, L, L]` content-to-content mask (attention annealing), handed to the model.
     t, u           the noise, when the caller draws it (else from `generator`).
     shift_logits   position i predicts token i+1 (an AR-initialised head, docs/method.md §5): the logits
                    of position i-1 score the token at i; position 0 is then never masked. None
@@ -66,7 +67,7 @@ def diffusion_loss(
     maskable = torch.ones_like(x0, dtype=torch.bool)
     if prompt_mask is not None:
         maskable &= ~prompt_mask.bool()
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dim() == 2:
         maskable &= attention_mask.bool()
     if shift_logits:
         maskable[:, 0] = False

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sinkdlm.model.cache import KVCache
+from sinkdlm.model.probe import Probe
 from sinkdlm.validation import check_int
 
 REMASKING = ("low_confidence", "random")
@@ -81,7 +83,7 @@ class GenerationOutput:
 
 StepCallback = Callable[[StepState], None]
 # `attention_hook_fn(step, input_ids [B, L_in], attention_mask | None)` -> a per-layer hook for that
-# step's forward (`DiffusionLM.forward(attention_hook=...)`): one layer's maps alive at a time.
+# step's forward (`Probe.hook`, model/probe.py): one layer's maps alive at a time.
 AttentionHookFn = Callable[[int, torch.Tensor, "torch.Tensor | None"], Callable]
 KeyMasksFn = Callable[[int, "StepState | None"], "list[torch.Tensor | None] | None"]
 
@@ -247,7 +249,7 @@ def generate(
     generator/seed the randomness (Gumbel noise, random remasking); a fixed seed repeats the output.
     callback       `callback(StepState)` after every step.
     key_masks_fn   `key_masks_fn(step, previous StepState | None)` -> per-layer key masks (see
-                   `DiffusionLM.forward`) for this step, or None.
+                   `Probe.key_masks`) for this step, or None.
     output_attentions / output_values: put the model's per-layer attention probabilities /
                    values into the StepState. Attentions force the eager backend, whose rounding
                    differs from sdpa's: near-tied confidences may then commit differently.
@@ -271,7 +273,7 @@ def generate(
                    the whole sequence) are refused: analyse with cache=None.
 
     attention_hook_fn  `fn(step, input_ids, attention_mask)` -> a per-layer attention hook for that step
-                   (`DiffusionLM.forward(attention_hook=...)`): the analysis consumes one layer's maps at
+                   (`Probe.hook`): the analysis consumes one layer's maps at
                    a time instead of holding every layer's (what lets an 8B model fit one GPU).
 
     Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
@@ -382,7 +384,8 @@ def generate(
     for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
         lo, hi = p + blk * block_length, p + (blk + 1) * block_length
         schedule = transfer_schedule(block_length, block_steps) if threshold is None else None
-        kv = None  # this block's cached content keys/values (refreshed at every block boundary)
+        # this block's cached content keys/values, recorded by its first (full) forward
+        kv = KVCache(record=True) if cache is not None else None
         i = 0
         while masked[:, lo:hi].any():  # zero-commit steps of the schedule come last: skipped here
             if narrow and not full_logits:
@@ -391,20 +394,19 @@ def generate(
                 cols = torch.arange(lo, hi, device=device)  # [n]
             key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
             hook = attention_hook_fn(step, x.masked_fill(masked, mask_id), attn) if attention_hook_fn else None
-            if kv is None:  # a full forward: no cache, or the first step of a cached block
-                q0, ids, past = 0, x, None
+            probe = _step_probe(key_masks, hook, output_attentions, output_values)
+            if kv is None or kv.record:  # a full forward: no cache, or the first step of a cached block
+                q0, ids = 0, x
             else:  # cached: run the block (and, for "prefix", everything after it)
-                q0 = lo - shift
-                ids, past = x[:, q0:(total if cache == "prefix" else hi)], kv
-            out = model(
-                ids, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
-                output_values=output_values, use_sink_cache=use_sink_cache,
-                past_key_values=past, cache_start=q0, output_kv=cache is not None and kv is None,
-                logits_index=None if full_logits else cols - shift - q0, attention_hook=hook,
-            )
-            if out.kv is not None:  # keep what the block's steps will not recompute
-                kv = [(k[:, :, :lo - shift], v[:, :, :lo - shift]) for k, v in out.kv] if cache == "prefix" \
-                    else list(out.kv)
+                q0 = kv.start = lo - shift
+                ids = x[:, q0:(total if cache == "prefix" else hi)]
+            with model.sink_cache_mode(use_sink_cache):
+                out = model(ids, attention_mask=attn, logits_index=None if full_logits else cols - shift - q0,
+                            cache=kv, probe=probe)
+            if kv is not None and kv.record:  # keep what the block's steps will not recompute
+                if cache == "prefix":
+                    kv.crop(lo - shift)
+                kv.record = False
             logits = out.logits  # [B, K, V] at `cols` (or [B, L, V] for a callback without a cache)
             if full_logits:
                 if shift_logits:  # logits[:, i-1] predicts x[:, i]
@@ -460,9 +462,9 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
             key_masks = [None if m is None else torch.cat([m, m.new_ones(*m.shape[:2], width - m.shape[-1])], -1)
                          for m in key_masks]
         hook = attention_hook_fn(step, x, attn) if attention_hook_fn else None
-        out = model(x, attention_mask=attn, key_masks=key_masks, output_attentions=output_attentions,
-                    output_values=output_values, use_sink_cache=use_sink_cache, attention_hook=hook,
-                    logits_index=slice(width - 1, width))
+        probe = _step_probe(key_masks, hook, output_attentions, output_values)
+        with model.sink_cache_mode(use_sink_cache):
+            out = model(x, attention_mask=attn, logits_index=slice(width - 1, width), probe=probe)
         logits = out.logits[:, -1].to(work_dtype)  # [B, V]: the last position predicts the next token
         nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
         x = torch.cat([x, nxt[:, None]], dim=1)
@@ -486,3 +488,10 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
     if return_dict:
         return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
     return x
+
+
+def _step_probe(key_masks, hook, output_attentions: bool, output_values: bool) -> Probe | None:
+    """One step's `Probe` from `generate`'s analysis arguments; None (the fast path) when it asks nothing."""
+    if key_masks is None and hook is None and not output_attentions and not output_values:
+        return None
+    return Probe(key_masks=key_masks, attentions=output_attentions, values=output_values, hook=hook)

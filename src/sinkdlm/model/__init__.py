@@ -1,8 +1,11 @@
 """The model: architecture (`transformer`), attention backends (`attention`), the sink rule (`sink`),
-checkpoint files (`checkpoint`) and Hugging Face integration (`hf`)."""
+the Fast-dLLM key/value cache (`cache`), attention probing (`probe`), checkpoint formats (`formats`)
+and Hugging Face integration (`hf`)."""
 
 from sinkdlm.files import CheckpointError
+from sinkdlm.model.cache import KVCache
+from sinkdlm.model.probe import Probe
 from sinkdlm.model.sink import SinkCache
 from sinkdlm.model.transformer import DiffusionLM, DiffusionLMOutput
 
-__all__ = ["CheckpointError", "DiffusionLM", "DiffusionLMOutput", "SinkCache"]
+__all__ = ["CheckpointError", "DiffusionLM", "DiffusionLMOutput", "KVCache", "Probe", "SinkCache"]

@@ -9,12 +9,14 @@ The forward pass has two streams (see `sink.py` for why this is exact):
      to itself (eq. 6), so its attention output is its own value vector;
   2. the content stream: every content query attends, with no mask, to all content keys plus
      the sinks' keys/values of that layer, joined in layout order.
-Attention backends and masks are chosen by name (`attention.py`); checkpoints live in
-`checkpoint.py`. Parameter names match Hugging Face Qwen2 without the `model.` prefix.
+Attention backends and masks are chosen by name (`attention.py`); the Fast-dLLM key/value cache is
+`cache.KVCache` and everything the analysis asks of a pass (key masks, maps, hooks) is `probe.Probe`;
+checkpoints live in `files.py`. Parameter names match Hugging Face Qwen2 without the `model.` prefix.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -26,19 +28,19 @@ from sinkdlm.model import sink as sinklib
 from sinkdlm.model.attention import (
     SINK_COLUMN_BACKENDS, apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin,
 )
+from sinkdlm.model.cache import KVCache
+from sinkdlm.model.probe import Probe, ProbePass
 
 
 @dataclass
 class DiffusionLMOutput:
     logits: torch.Tensor  # [B, L, V], content positions only
-    # Per layer, over the whole layout sequence S = L + n (only when asked):
+    # Per layer, over the whole layout sequence S = L + n (only when a `Probe` asks):
     attentions: tuple[torch.Tensor, ...] | None = None  # [B, H, S, S], rows = queries
     values: tuple[torch.Tensor, ...] | None = None  # [B, KVH, S, hd]
-    # With sink_logit/softmax_one and output_attentions: per layer, the probability every query
+    # With sink_logit/softmax_one and `Probe(attentions=True)`: per layer, the probability every query
     # row puts on the virtual sink column `[B, H, S]` (rows of `attentions` sum to 1 minus this).
     virtual_sink_attentions: tuple[torch.Tensor, ...] | None = None
-    # Per layer (k rotated, v) of the content over the whole key sequence (only with `output_kv`):
-    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None  # [B, KVH, L_total, hd] each
 
 
 class RMSNorm(nn.Module):
@@ -188,7 +190,10 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # How a pass computes, not what (HF keeps these on the model too): the attention backend, and
+        # whether the sinks' keys/values come from `sink_cache()` (None: when not training).
         self.attn_implementation = "sdpa"
+        self.use_sink_cache: bool | None = None
         self._sink_cache: sinklib.SinkCache | None = None
         self.reset_parameters()
 
@@ -256,80 +261,36 @@ class DiffusionLM(nn.Module):
         *,
         position_ids: torch.Tensor | None = None,
         causal: bool | None = None,
-        content_mask: torch.Tensor | None = None,
-        key_masks: list[torch.Tensor | None] | None = None,
-        output_attentions: bool = False,
-        output_values: bool = False,
-        use_sink_cache: bool | None = None,
-        attn_implementation: str | None = None,
-        past_key_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-        cache_start: int = 0,
-        output_kv: bool = False,
         logits_index: torch.Tensor | slice | None = None,
-        attention_hook=None,
+        cache: KVCache | None = None,
+        probe: Probe | None = None,
     ) -> DiffusionLMOutput:
         """
         input_ids      `[B, L]` token ids (content only; the sinks are added here).
-        attention_mask `[B, L_total]` bool/int, True = real token (padding is never attended to);
-                       L_total = L without a cache, the whole key sequence with one.
+        attention_mask `[B, L_total]` bool/int, True = real token (padding is never attended to; rotary
+                       positions restart at each row's first real token); L_total = L without a
+                       cache, the whole key sequence with one. Or a 4-D `[B|1, 1|H, L, L]` bool
+                       content-to-content mask, True = attend (attention annealing, docs/method.md §5).
         position_ids   `[B, L]` rotary positions of the content (default: see `sink.positions`).
         causal         content attends causally (AR parity and annealing); sinks stay visible.
                        None: the model's own `config.causal` (True for an autoregressive model).
-        content_mask   `[B|1, 1|H, L, L]` bool, a custom content-to-content mask (True = attend).
-        key_masks      per layer `[B, H, S]` bool or None, True = key may be attended to
-                       (sink-masking ablation, Rulli et al. Table 1); S in layout order.
-        output_attentions / output_values: per-layer probabilities / values over the layout
-                       sequence (forces the eager backend for attentions).
-        use_sink_cache reuse the constant sink keys/values (default: when not training).
-        past_key_values per layer content (k after rotation, v) `[B, KVH, Lc, hd]` from an earlier
-                       `output_kv=True` forward (Fast-dLLM KV cache). `input_ids` are then the
-                       columns `cache_start .. cache_start+L` of the sequence: only they are run,
-                       and their fresh keys/values replace the cached ones there; the keys are
-                       `cache[:start] + fresh + cache[start+L:]` (Lc = start: a prefix cache; Lc =
-                       the whole sequence: a dual cache). The sinks stay the exact, global sink cache.
-        output_kv      return the per-layer content (k rotated, v) over all key columns in `.kv`.
         logits_index   run the LM head only on these columns of `input_ids` (a slice or a 1-D
                        index tensor shared by the batch): `.logits` is then `[B, K, V]`; or a bool
                        `[B, L]` mask: `.logits` is `[N, V]` for its N True positions, row-major (the
                        training loss reads only masked positions). The head is the largest matmul
                        for 49k-151k vocabularies; callers that read a few positions skip the rest.
-        attention_hook `hook(layer, attention [B, H, S, S], values [B, KVH, S, hd], virtual [B, H, S] | None)`
-                       called inside the layer loop with that layer's eager maps, which are then
-                       dropped (unless `output_attentions` also keeps them): the analysis of an 8B
-                       model holds one layer's `[B, H, S, S]` at a time, not all of them.
+        cache          a Fast-dLLM `KVCache` (cache.py): with cached keys/values `input_ids` are
+                       the columns `cache.start .. cache.start+L` and only they run; with
+                       `cache.record` the pass stores its keys/values in it.
+        probe          a `Probe` (probe.py): key masks, per-layer maps/values, a per-layer hook.
+        How, not what: the sinks' keys/values come from the sink cache when `self.use_sink_cache`
+        (None: when not training) and the attention runs `self.attn_implementation`.
         """
         cfg = self.config
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-        b, l = input_ids.shape
+        b, l, total, causal = self._check_forward(input_ids, attention_mask, causal, cache, probe)
         n = cfg.num_sink_tokens
-        causal = cfg.causal if causal is None else causal
-        total = l
-        if past_key_values is not None:
-            if causal or content_mask is not None or key_masks is not None or output_attentions:
-                raise ValueError(
-                    "past_key_values cannot be combined with causal, content_mask, key_masks or "
-                    "output_attentions (they need the whole sequence's queries); run without a cache"
-                )
-            if len(past_key_values) != len(self.layers):
-                raise ValueError(f"past_key_values has {len(past_key_values)} layers, the model {len(self.layers)}")
-            cached = past_key_values[0][0].shape[2]
-            if not 0 <= cache_start <= cached:
-                raise ValueError(f"cache_start={cache_start} must lie in [0, cached length {cached}]")
-            total = max(cached, cache_start + l)
-        elif cache_start:
-            raise ValueError("cache_start is only meaningful with past_key_values")
-        if total > cfg.max_content_length:
-            raise ValueError(
-                f"sequence of {total} tokens is longer than the model's {cfg.content_length_note()} "
-                "positions; shorten the input"
-            )
-        if attention_mask is not None and attention_mask.shape[-1] != total:
-            raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} columns, the key sequence {total}")
-        need_maps = output_attentions or attention_hook is not None
-        if past_key_values is not None and attention_hook is not None:
-            raise ValueError("attention_hook needs the whole sequence's queries; run without past_key_values")
-        backend_name = "eager" if need_maps else (attn_implementation or self.attn_implementation)
+        need_maps = probe is not None and probe.needs_maps
+        backend_name = "eager" if need_maps else ((probe and probe.backend) or self.attn_implementation)
         backend = get_backend(backend_name)
         if cfg.has_sink_column and backend_name not in SINK_COLUMN_BACKENDS:
             switch = "sink_logit" if cfg.sink_logit else "softmax_one"
@@ -338,104 +299,104 @@ class DiffusionLM(nn.Module):
                 f"{backend_name!r} attention backend cannot compute; use one of {sorted(SINK_COLUMN_BACKENDS)}"
             )
 
-        pos_content, pos_sink = sinklib.positions(b, total, n, cfg.sink_position, attention_mask, input_ids.device)
-        pos_content = pos_content[:, cache_start:cache_start + l]  # the columns being run
+        padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        start = cache.start if cache is not None else 0
+        pos_content, pos_sink = sinklib.positions(b, total, n, cfg.sink_position, padding, input_ids.device)
+        pos_content = pos_content[:, start:start + l]  # the columns being run
         if position_ids is not None:
             pos_content = position_ids
         h = self.embed_tokens(input_ids)  # [B, L, d]
         cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, h.dtype)
-
-        # Content mask (True = attend); None on the fast path: no padding, no causal, no ablation.
-        mask = None
-        if attention_mask is not None:
-            mask = padding_mask(attention_mask)  # [B, 1, 1, L_total]
-        if causal:
-            mask = causal_mask(l, h.device) if mask is None else mask & causal_mask(l, h.device)
-            if attention_mask is not None:
-                # A left-padding query sees no key at all under a causal mask (its softmax would be NaN,
-                # and 0 x NaN leaks into real rows): let it see itself. Real rows see themselves already.
-                mask = mask | torch.eye(l, dtype=torch.bool, device=h.device)
-        if content_mask is not None:
-            mask = content_mask.bool() if mask is None else mask & content_mask.bool()
+        mask = self._content_mask(attention_mask, causal, l, h.device)  # None on the fast path
 
         sinks = None
         if n > 0:
-            use_cache = (not self.training) if use_sink_cache is None else use_sink_cache
+            use_cache = (not self.training) if self.use_sink_cache is None else self.use_sink_cache
             sinks = self.sink_cache() if use_cache else self.sink_stream()
             cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, h.dtype)
             if mask is not None:  # every content query sees the sinks (eq. 6, second case)
                 mask = mask.expand(b, -1, l, -1)
                 mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
 
-        attentions, values, virtual, kvs = [], [], [], []
+        seen = ProbePass(probe, cfg, l, b, sinks) if probe is not None else None
+        fresh = []  # per layer content (k, v) over all key columns, for cache.record
         for i, layer in enumerate(self.layers):
-            sink_kv = None
-            if sinks is not None:
-                sink_kv = (apply_rope(sinks.k[i], cos_s, sin_s), sinks.v[i])
-            layer_mask = mask
-            if key_masks is not None and key_masks[i] is not None:
-                km = key_masks[i].bool()[:, :, None, :]  # [B, H, 1, S]
-                layer_mask = km if layer_mask is None else layer_mask & km
-                # Masking a causal model's top sink (often token 0) leaves the first queries no key at
-                # all: softmax over nothing is NaN, and 0 x NaN reaches every later row. A query whose
-                # visible keys are all masked keeps its own key — it is then unaffected, as the masked
-                # sink is hidden from the others (docs/method.md §6). Bidirectional rows never get here.
-                empty = ~layer_mask.any(-1, keepdim=True)  # [B, H, L, 1]
-                if bool(empty.any()):
-                    own = torch.arange(l, device=h.device) + (n if cfg.sink_position == "front" else 0)
-                    self_key = torch.zeros(l, layer_mask.shape[-1], dtype=torch.bool, device=h.device)
-                    self_key[torch.arange(l, device=h.device), own] = True
-                    layer_mask = layer_mask | (empty & self_key)
-            past = past_key_values[i] if past_key_values is not None else None
+            sink_kv = None if sinks is None else (apply_rope(sinks.k[i], cos_s, sin_s), sinks.v[i])
+            layer_mask = mask if probe is None else probe.mask(i, mask, l, n, cfg.sink_position)
+            past = cache.get(i) if cache is not None else None
             h, probs, v, kv = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend,
-                                    need_maps, past, cache_start)
-            if need_maps:
-                p_self = sinks.p_self[i] if sinks is not None and sinks.p_self is not None else None
-                column = None
-                if cfg.has_sink_column:
-                    probs, column = probs[..., :-1], probs[..., -1]  # [B, H, L, S], [B, H, L]
-                    if n > 0:  # the sinks' own rows: 1 - p_self on the column
-                        column = sinklib.join((1 - p_self).expand(b, -1, -1), column, cfg.sink_position, dim=2)
-                full = self._full_attention_map(probs, l, p_self)
-                del probs
-                if attention_hook is not None:
-                    attention_hook(i, full, v, column)
-                if output_attentions:
-                    if column is not None:
-                        virtual.append(column)
-                    attentions.append(full)
-                del full
-            if output_values:
-                values.append(v)
-            if output_kv:
-                kvs.append(kv)
+                                    need_maps, past, start)
+            if cache is not None and cache.record:
+                fresh.append(kv)
+            if seen is not None:
+                maps = seen.maps(i, probs) if need_maps else None
+                del probs  # before the hook runs: one layer's maps alive, not two copies
+                seen.layer(i, maps, v)
+                del maps
             # Drop this layer's keys/values now: kept until the next assignment, they would stay alive
             # while the next layer computes its maps (the analysis of an 8B model counts every MiB).
             del v, kv
+        if cache is not None and cache.record:
+            cache.layers = fresh
         if isinstance(logits_index, torch.Tensor) and logits_index.dtype == torch.bool:
             h = h[logits_index]  # [N, d]: the head only where the caller reads it
         elif logits_index is not None:
             h = h[:, logits_index]  # [B, K, d]
         logits = self.lm_head(self.norm(h))
-        return DiffusionLMOutput(
-            logits=logits,
-            attentions=tuple(attentions) if output_attentions else None,
-            values=tuple(values) if output_values else None,
-            virtual_sink_attentions=tuple(virtual) if output_attentions and cfg.has_sink_column else None,
-            kv=tuple(kvs) if output_kv else None,
-        )
+        return DiffusionLMOutput(logits=logits, **(seen.output() if seen is not None else {}))
 
-    def _full_attention_map(self, probs: torch.Tensor, seq_len: int, p_self: torch.Tensor | None = None) -> torch.Tensor:
-        """Content rows `[B, H, L, S]` -> the whole map `[B, H, S, S]`: sink rows are one-hot (eq. 6),
-        or `p_self [1, H, n]` on the diagonal when a virtual sink column takes the rest."""
-        n = self.config.num_sink_tokens
-        if n == 0:
-            return probs
-        b, h, _, s = probs.shape
-        rows = probs.new_zeros(b, h, n, s)
-        for r, j in enumerate(sinklib.sink_indices(seq_len, n, self.config.sink_position)):
-            rows[:, :, r, j] = 1.0 if p_self is None else p_self[:, :, r]
-        return sinklib.join(rows, probs, self.config.sink_position, dim=2)
+    def _check_forward(self, input_ids, attention_mask, causal, cache, probe):
+        """Every user error of `forward` before any work; (B, L, key length, causal)."""
+        cfg = self.config
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+        b, l = input_ids.shape
+        causal = cfg.causal if causal is None else causal
+        if attention_mask is not None and attention_mask.dim() not in (2, 4):
+            raise ValueError(f"attention_mask must be [B, L] or [B, 1, L, L], got shape {tuple(attention_mask.shape)}")
+        total = l
+        if cache is not None:
+            if cache.layers is not None and (causal or (attention_mask is not None and attention_mask.dim() == 4) or (
+                    probe is not None and (probe.key_masks is not None or probe.needs_maps))):
+                raise ValueError(
+                    "a KV cache cannot be combined with causal, a 4-D attention_mask, key masks or attention "
+                    "maps (they need the whole sequence's queries); run without a cache"
+                )
+            total = cache.key_length(len(self.layers), l)
+        if total > cfg.max_content_length:
+            raise ValueError(
+                f"sequence of {total} tokens is longer than the model's {cfg.content_length_note()} "
+                "positions; shorten the input"
+            )
+        if attention_mask is not None and attention_mask.shape[-1] != total:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} columns, the key sequence {total}")
+        return b, l, total, causal
+
+    @staticmethod
+    def _content_mask(attention_mask, causal: bool, l: int, device) -> torch.Tensor | None:
+        """The content queries' mask over the content keys (True = attend); None: attend to all."""
+        mask = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            mask = padding_mask(attention_mask)  # [B, 1, 1, L_total]
+        if causal:
+            mask = causal_mask(l, device) if mask is None else mask & causal_mask(l, device)
+            if attention_mask is not None and attention_mask.dim() == 2:
+                # A left-padding query sees no key at all under a causal mask (its softmax would be NaN,
+                # and 0 x NaN leaks into real rows): let it see itself. Real rows see themselves already.
+                mask = mask | torch.eye(l, dtype=torch.bool, device=device)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            mask = attention_mask.bool() if mask is None else mask & attention_mask.bool()
+        return mask
+
+    @contextmanager
+    def sink_cache_mode(self, use: bool | None):
+        """Within: `use_sink_cache = use` (True reuses the sinks' constant keys/values, False
+        recomputes them every pass, None: reuse when not training); the outputs are the same."""
+        before, self.use_sink_cache = self.use_sink_cache, use
+        try:
+            yield self
+        finally:
+            self.use_sink_cache = before
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory, tokenizer=None) -> None:

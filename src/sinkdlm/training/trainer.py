@@ -424,7 +424,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
                 out_loss = diffusion_loss(
                     wrapped, _to(x0, device), mask_id=model.config.mask_token_id, t=_to(t_all[sl], device),
                     u=_to(u_all[sl], device), prompt_mask=None if pm is None else _to(pm, device),
-                    shift_logits=model.config.shift_logits, content_mask=content_mask,
+                    shift_logits=model.config.shift_logits, attention_mask=content_mask,
                 )
                 (out_loss.loss / cfg.grad_accum).backward()
             loss_sum += out_loss.loss.detach()
