@@ -25,7 +25,7 @@ from sinkdlm.config import (
     field_docs,
 )
 from sinkdlm.cli.options import config_parameters
-from sinkdlm.cli.train_cmd import SFT_OPTIONS, SFT_REQUIRED
+from sinkdlm.cli.train_cmd import SFT_OPTIONS
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 CONFIGS = (ModelConfig, TrainConfig, GenerateConfig, AnalyzeConfig, EvalConfig, ConvertConfig, ExperimentConfig)
@@ -33,9 +33,9 @@ CONFIGS = (ModelConfig, TrainConfig, GenerateConfig, AnalyzeConfig, EvalConfig, 
 COMMANDS = {
     "train": (TrainConfig, {"layered": True}),
     "sft": (TrainConfig, {"layered": True, **SFT_OPTIONS}),
-    "generate": (GenerateConfig, {}),
+    "generate": (GenerateConfig, {"required": ("model",)}),
     "analyze": (AnalyzeConfig, {}),
-    "eval": (EvalConfig, {}),
+    "eval": (EvalConfig, {"required": ("model",)}),
     "convert": (ConvertConfig, {}),
     "experiment": (ExperimentConfig, {}),
 }
@@ -129,7 +129,7 @@ def test_help_lists_every_field_with_its_default_fast(command):
         doc = " ".join(field_docs(cls)[f.name].split())
         assert doc[:30] in blocks[flag], (flag, blocks[flag])
         shown = "runs/sft" if (command, f.name) == ("sft", "out") else _shown_default(f, flag, how.get("layered", False))
-        if command == "sft" and f.name in SFT_REQUIRED or f.default is dataclasses.MISSING or f.metadata.get("required"):
+        if f.name in how.get("required", ()) or f.default is dataclasses.MISSING or f.metadata.get("required"):
             assert "[required]" in blocks[flag], (flag, blocks[flag])
         elif shown is not None:
             assert f"[default: {shown}]" in blocks[flag], (flag, blocks[flag])
@@ -162,3 +162,15 @@ def test_train_flags_reach_the_config(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["sft", "--model", "m", "--data", "arithmetic"])
     assert result.exit_code == 0, result.output
     assert (seen["cfg"].out, seen["cfg"].init_from, seen["cfg"].sft) == ("runs/sft", "m", True)
+
+
+def test_experiment_help_names_every_preset():
+    from sinkdlm.experiment.presets import PRESETS
+
+    doc = field_docs(ExperimentConfig)["preset"]
+    assert sorted(doc.replace(" ", "").split("|")) == sorted(PRESETS)
+    for name, recipe in PRESETS.items():  # recipes return typed configs
+        preset = recipe()
+        assert preset.name == name
+        assert isinstance(preset.train, TrainConfig) and isinstance(preset.evaluation, EvalConfig)
+        assert isinstance(preset.analysis, AnalyzeConfig) and preset.analysis.analyze_kwargs()["gen_length"] > 0

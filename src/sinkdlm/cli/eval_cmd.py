@@ -25,7 +25,7 @@ def check_output_path(out: Path) -> Path:
 
 
 @app.command("eval")
-@config_options(EvalConfig)
+@config_options(EvalConfig, required=("model",))
 def eval_command(cfg: EvalConfig) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""
     from sinkdlm.evaluation import evaluate_dir, format_table

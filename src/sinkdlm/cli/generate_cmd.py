@@ -31,7 +31,7 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 
 
 @app.command()
-@config_options(GenerateConfig)
+@config_options(GenerateConfig, required=("model",))
 def generate(cfg: GenerateConfig) -> None:
     """Generate a continuation of a prompt with a masked diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.diffusion.sampling import generate as sample
