@@ -26,7 +26,7 @@ import torch
 
 from sinkdlm.analysis.ablation import PROTOCOLS, SinkMasker
 from sinkdlm.data import encode_texts, load_documents
-from sinkdlm.diffusion.sampling import generate
+from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.analysis import prompts_from_documents
 from sinkdlm.experiment.presets import ANALYSIS_PROMPT_TOKENS
 from sinkdlm.loading import load_model_and_tokenizer
@@ -61,8 +61,8 @@ def main() -> None:
                 return masks
 
             t0 = time.perf_counter()
-            out = generate(model, prompts, g, g, block_length=g, key_masks_fn=key_masks_fn,
-                           output_attentions=protocol == "ablated")[:, -g:]
+            out = generate(model, prompts, g, g, block_length=g,
+                           probe=StepProbe(key_masks=key_masks_fn, attentions=protocol == "ablated"))[:, -g:]
             seconds = time.perf_counter() - t0
             again = sum(int((a & b).sum()) for a, b in zip(hidden, hidden[1:]))
             total = sum(int(a.sum()) for a in hidden[:-1])

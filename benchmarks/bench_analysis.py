@@ -2,7 +2,7 @@
 
 Measured in this one process, same weights and prompts (CPU, fp32):
   plain      `generate(...)`: no callback, the fast sdpa attention;
-  maps only  `generate(..., output_attentions=True, output_values=True, callback=no-op)`: the price
+  maps only  `generate(..., probe=StepProbe(attentions=True, values=True), callback=no-op)`: the price
              of materialising the attention maps (eager attention), without any statistics;
   recorded   `generate(..., callback=SinkRecorder(...))` with the maps and values: everything
              `sinkdlm analyze` computes per step.
@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
+from sinkdlm.diffusion.sampling import StepProbe
 from sinkdlm.analysis import SinkRecorder
 
 RESULTS = Path(__file__).parent / "results" / "bench_analysis.json"
@@ -64,10 +65,10 @@ def run_variant(model, ids, args, variant: str, steps: int) -> tuple[float, Sink
     recorder = None
     kw = {}
     if variant == "maps":
-        kw = dict(output_attentions=True, output_values=True, callback=lambda state: None)
+        kw = dict(probe=StepProbe(attentions=True, values=True), callback=lambda state: None)
     elif variant == "recorded":
         recorder = SinkRecorder(model.config, epsilon=3.0)
-        kw = dict(output_attentions=True, output_values=True, callback=recorder)
+        kw = dict(probe=StepProbe(attentions=True, values=True), callback=recorder)
     t0 = time.perf_counter()
     generate(model, ids, args.gen_length, steps, **kw)
     seconds = time.perf_counter() - t0

@@ -4,11 +4,11 @@ CPU on random-weight models with LLaDA-8B's *layer shape* and fewer layers, then
 LLaDA-8B: d_model 4096, 32 heads (no GQA), 32 layers, SwiGLU width 12288, 126,464 embedding rows,
 untied head. Each child process builds that shape with `--layers` layers in bf16 (weights drawn in
 bf16 directly, so no fp32 copy inflates the peak) and runs what `analyze` runs per generation:
-  hook   `generate(..., attention_hook_fn=recorder.step_hook)` (the recorder is fed one layer's maps
+  hook   `generate(..., probe=StepProbe(hook=recorder.step_hook))` (the recorder is fed one layer's maps
          at a time, docs/method.md §10), then one sink-masking step (`SinkMasker`, clean protocol,
          K = 1: an un-ablated forward whose per-layer maps become key masks, then the masked forward);
-  all    the earlier path: `generate(..., callback=recorder, output_attentions=True,
-         output_values=True)`, which holds every layer's `[B, H, S, S]` maps of a step at once.
+  all    the earlier path: `generate(..., callback=recorder,
+         probe=StepProbe(attentions=True, values=True))`, which holds every layer's `[B, H, S, S]` maps of a step at once.
 Peak RSS growth over the built model (`/proc/self/clear_refs` reset, VmHWM − VmRSS, glibc mmap
 threshold fixed as in bench_analysis.py) is the transient memory of the analysis; the weights are
 reported separately. Comparing 1 and 2 layers shows whether the transient grows with depth.
@@ -50,6 +50,7 @@ def build(layers: int, dtype: torch.dtype):
 
 def child(args) -> None:
     from sinkdlm import generate
+    from sinkdlm.diffusion.sampling import StepProbe
     from sinkdlm.analysis import SinkRecorder
     from sinkdlm.analysis.ablation import SinkMasker
 
@@ -63,11 +64,11 @@ def child(args) -> None:
     start = time.perf_counter()
     rec = SinkRecorder(model.config)
     if args.mode == "hook":
-        generate(model, prompt, args.gen_length, args.steps, attention_hook_fn=rec.step_hook)
+        generate(model, prompt, args.gen_length, args.steps, probe=StepProbe(hook=rec.step_hook))
         masker = SinkMasker(model, 1)  # the ablation: maps of step t-1 -> per-layer key masks at step t
-        generate(model, prompt, args.gen_length, 2, key_masks_fn=masker)
+        generate(model, prompt, args.gen_length, 2, probe=masker.probe)
     else:
-        generate(model, prompt, args.gen_length, args.steps, callback=rec, output_attentions=True, output_values=True)
+        generate(model, prompt, args.gen_length, args.steps, callback=rec, probe=StepProbe(attentions=True, values=True))
     seconds = time.perf_counter() - start
     peak = _status_kib("VmHWM")
     print(json.dumps({"layers": args.layers, "mode": args.mode, "seq": args.seq, "batch": args.batch,

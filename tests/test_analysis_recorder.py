@@ -10,6 +10,7 @@ import torch
 from helpers import tiny_model
 
 from sinkdlm import generate
+from sinkdlm.diffusion.sampling import StepProbe
 from sinkdlm.analysis import (
     SinkRecorder,
     count_token_types,
@@ -47,7 +48,7 @@ def run(model, prompt, recorder, gen_length=8, steps=6):
         stored.append((state.input_ids.clone(), [a.clone() for a in state.attentions],
                        [v.clone() for v in state.values], state.attention_mask))
 
-    generate(model, prompt, gen_length, steps, callback=callback, output_attentions=True, output_values=True)
+    generate(model, prompt, gen_length, steps, callback=callback, probe=StepProbe(attentions=True, values=True))
     return stored
 
 
@@ -245,5 +246,5 @@ def test_recorder_input_errors():
     rec = SinkRecorder(cfg)
     with pytest.raises(ValueError, match="no step"):
         rec.summary()
-    with pytest.raises(ValueError, match="output_attentions=True"):
+    with pytest.raises(ValueError, match="attentions=True"):
         generate(tiny_model(), [1, 2], 4, 2, callback=rec)

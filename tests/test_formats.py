@@ -28,7 +28,7 @@ from sinkdlm.analysis.run import analyze
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss
-from sinkdlm.diffusion.sampling import generate
+from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.files import CheckpointError
 from sinkdlm.loading import load_model_and_tokenizer
 
@@ -306,7 +306,7 @@ def test_ar_generation_recorder_sees_growing_causal_maps(tmp_path, tok):
             record(layer, attn, values, column)
         return hook
 
-    generate(model, [[5, 6, 7], [8, 9]], gen_length=3, steps=3, attention_hook_fn=hook_fn)
+    generate(model, [[5, 6, 7], [8, 9]], gen_length=3, steps=3, probe=StepProbe(hook=hook_fn))
     assert seen == [3, 3, 4, 4, 5, 5]  # two layers per step, one more key each step
     summary = rec.summary()
     assert summary["counts"]["steps"] == 3 and rec.figure_maps()[0].shape[-1] == 5

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
-from sinkdlm.diffusion.sampling import StepState, add_gumbel_noise, transfer_schedule
+from sinkdlm.diffusion.sampling import StepProbe, StepState, add_gumbel_noise, transfer_schedule
 from sinkdlm.model import Probe
 
 VARIANTS = {
@@ -271,7 +271,7 @@ def test_callback_state_matches_the_model():
     cfg = model.config
     rows = [[1, 2, 3, 4], [5, 6]]
     rec = Recorder()
-    generate(model, rows, 8, 4, block_length=4, callback=rec, output_attentions=True, output_values=True)
+    generate(model, rows, 8, 4, block_length=4, callback=rec, probe=StepProbe(attentions=True, values=True))
     assert len(rec.states) == 4
     s_len = 4 + 8 + 1
     for s in rec.states:
@@ -300,13 +300,13 @@ def test_key_masks_fn_gets_previous_state_and_masks_keys():
 
     rec = Recorder()
     prompt = prompts(2, 4, model)
-    generate(model, prompt, 8, 4, key_masks_fn=no_sink, callback=rec, output_attentions=True)
+    generate(model, prompt, 8, 4, probe=StepProbe(key_masks=no_sink, attentions=True), callback=rec)
     assert seen == [(0, None, False), (1, 0, True), (2, 1, True), (3, 2, True)]
     km = no_sink(0, None)
     for s in rec.states:
         assert s.attentions[0][:, :, 1:, 0].abs().max() == 0  # no content query reaches the sink
         assert torch.allclose(model(s.input_ids, probe=Probe(key_masks=km, backend="eager")).logits, s.logits)
-    allow_all = generate(model, prompt, 8, 4, key_masks_fn=lambda step, prev: None)
+    allow_all = generate(model, prompt, 8, 4, probe=StepProbe(key_masks=lambda step, prev: None))
     assert torch.equal(allow_all, generate(model, prompt, 8, 4))
 
 
@@ -323,7 +323,7 @@ def test_no_per_step_tensors_are_kept():
                 assert all(r() is None for r in old), "an old step's tensors are still alive"
             refs.append([weakref.ref(t) for t in (state.x, state.masked, state.committed, state.logits)])
 
-        generate(model, prompts(1, 4, model), 8, 8, callback=watch, key_masks_fn=fn)
+        generate(model, prompts(1, 4, model), 8, 8, callback=watch, probe=StepProbe(key_masks=fn))
         assert len(refs) == 8
 
 
@@ -371,3 +371,20 @@ def test_right_padding_is_rejected():
     model = tiny_model()
     with pytest.raises(ValueError, match="left-padded"):
         generate(model, torch.tensor([[1, 2, 0]]), 8, 8, attention_mask=torch.tensor([[1, 1, 0]]))
+
+
+def test_step_probe_is_the_one_analysis_argument():
+    """`generate(probe=StepProbe(...))` replaces the four analysis keywords; probes combine with `|`."""
+    masks, hook = (lambda step, prev: None), (lambda step, ids, attn: None)
+    both = StepProbe(key_masks=masks, attentions=True) | StepProbe(hook=hook, values=True)
+    assert (both.key_masks, both.hook, both.attentions, both.values) == (masks, hook, True, True)
+    with pytest.raises(ValueError, match="both probes set key_masks"):
+        StepProbe(key_masks=masks) | StepProbe(key_masks=masks)
+    model = tiny_model()
+    with pytest.raises(ValueError, match="probe must be a StepProbe"):
+        generate(model, [1, 2], 4, 2, probe=Probe(attentions=True))
+    with pytest.raises(TypeError):
+        generate(model, [1, 2], 4, 2, output_attentions=True)
+    states = []
+    generate(model, [1, 2], 4, 2, probe=both, callback=states.append)
+    assert all(s.attentions is not None and s.values is not None for s in states)

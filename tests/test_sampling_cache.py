@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from helpers import tiny_model
 from sinkdlm import generate
 from sinkdlm.diffusion.likelihood import loglikelihood
-from sinkdlm.diffusion.sampling import steps_per_block, transfer_schedule
+from sinkdlm.diffusion.sampling import StepProbe, steps_per_block, transfer_schedule
 from sinkdlm.model import KVCache
 
 VARIANTS = {
@@ -260,8 +260,8 @@ def test_cache_errors():
     with pytest.raises(ValueError, match="single block.*block_length"):
         generate(model, prompt, 8, 8, cache="dual")
     with pytest.raises(ValueError, match="use cache=None"):
-        generate(model, prompt, 8, 8, block_length=4, cache="prefix", output_attentions=True)
+        generate(model, prompt, 8, 8, block_length=4, cache="prefix", probe=StepProbe(attentions=True))
     with pytest.raises(ValueError, match="use cache=None"):
-        generate(model, prompt, 8, 8, block_length=4, cache="dual", key_masks_fn=lambda s, p: None)
+        generate(model, prompt, 8, 8, block_length=4, cache="dual", probe=StepProbe(key_masks=lambda s, p: None))
     # prefix with a single block caches the prompt: allowed
     assert generate(model, prompt, 8, 8, cache="prefix").shape == (1, 12)

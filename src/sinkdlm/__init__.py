@@ -21,6 +21,7 @@ _LAZY = {
     "ModelConfig": "sinkdlm.config",
     "loglikelihood": "sinkdlm.diffusion.likelihood",
     "generate": "sinkdlm.diffusion.sampling",
+    "StepProbe": "sinkdlm.diffusion.sampling",
     "CheckpointError": "sinkdlm.files",
     "DiffusionLM": "sinkdlm.model.transformer",
     "DiffusionLMOutput": "sinkdlm.model.transformer",
@@ -29,8 +30,8 @@ _LAZY = {
 _REGISTERS_HF = {"DiffusionLM", "DiffusionLMOutput", "CheckpointError", "generate", "loglikelihood"}
 
 __all__ = [
-    "PRESETS", "CheckpointError", "DiffusionLM", "DiffusionLMOutput", "ModelConfig", "generate", "loglikelihood",
-    "register_hf",
+    "PRESETS", "CheckpointError", "DiffusionLM", "DiffusionLMOutput", "ModelConfig", "StepProbe", "generate",
+    "loglikelihood", "register_hf",
 ]
 __version__ = "0.1.0"
 

@@ -8,13 +8,14 @@ masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks not
 
 Two ways to score, both paired (the same prompts / noise for every K, K = 0 included):
 
-* generation, exactly as the paper: `SinkMasker` is a `key_masks_fn` for `generate`; at step t it
+* generation, exactly as the paper: `SinkMasker` gives `generate` its key masks (`SinkMasker.probe`, a
+  `StepProbe`); at step t it
   masks the sinks found in the attention of step t-1 (step 0 runs unmasked: there is no t-1).
   A task (e.g. GSM8K accuracy from the evaluation code) runs its generations with the masker.
   The protocol, `AblationTask`: a callable `task(model, generate_kwargs) -> float` (higher =
   better) that calls `sinkdlm.generate(model, prompt, <its own gen_length/steps/...>,
-  **generate_kwargs)` for every generation it scores; `generate_kwargs` holds `key_masks_fn` and
-  `output_attentions=True` (the masker reads the previous step's maps) and must be passed on
+  **generate_kwargs)` for every generation it scores; `generate_kwargs` holds `probe`, the masker's
+  `StepProbe` (with the previous step's maps when its protocol reads them), and must be passed on
   unchanged. An optional `name` attribute names the metric.
 * continuation ELBO when no task is given: for held-out (prefix, continuation) pairs, the
   Monte-Carlo ELBO of docs/method.md §1 (same noise draws as `loglikelihood(method="mc")`), per
@@ -36,6 +37,7 @@ from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw
 from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
 from sinkdlm.model.probe import Probe
+from sinkdlm.diffusion.sampling import StepProbe
 
 
 class AblationTask(Protocol):
@@ -121,13 +123,13 @@ def check_protocol(protocol: str) -> str:
 
 
 class SinkMasker:
-    """`key_masks_fn` for `generate`: at step t hide the top-K sinks of step t-1 (Rulli et al.).
+    """`StepProbe.key_masks` for `generate`: at step t hide the top-K sinks of step t-1 (Rulli et al.).
 
     protocol "clean" (default): the sinks are found on the model's own, un-ablated attention at
     step t-1's input (one extra eager forward per step). A key masked at t-1 receives no attention
     in the ablated maps, so detecting on those ("ablated", the earlier behaviour) unmasks every
     masked sink at the next step and masks the dominant sinks only every other step.
-    With "ablated" the generation must run with `output_attentions=True`; "clean" needs only the
+    With "ablated" the generation must keep the maps (`StepProbe(attentions=True)`); "clean" needs only the
     model (the generation can use the fast backend). Counters: `masked_keys` (keys hidden, summed
     over steps, rows, layers and heads) and `head_slots` ((step, row, layer, head) slots masked).
     """
@@ -148,9 +150,14 @@ class SinkMasker:
         self.masked_keys, self.head_slots = 0, 0
 
     @property
+    def probe(self) -> StepProbe:
+        """What `generate` needs for this masker: its key masks (and, "ablated", the maps they read)."""
+        return StepProbe(key_masks=self, attentions=self.protocol == "ablated")
+
+    @property
     def generate_kwargs(self) -> dict:
-        """What `generate` needs for this masker."""
-        return {"key_masks_fn": self, "output_attentions": self.protocol == "ablated"}
+        """The keyword arguments an `AblationTask` passes on to `generate`."""
+        return {"probe": self.probe}
 
     @torch.no_grad()
     def __call__(self, step: int, prev_state) -> list[torch.Tensor] | None:
@@ -170,7 +177,7 @@ class SinkMasker:
                        probe=probe)
         else:
             if prev_state.attentions is None:
-                raise ValueError("the 'ablated' protocol reads the previous step's maps: pass output_attentions=True to generate")
+                raise ValueError("the 'ablated' protocol reads the previous step's maps: generate with probe=StepProbe(key_masks=masker, attentions=True)")
             masks = masks_of(prev_state.attentions)
         self.masked_keys += int(sum((~m).sum() for m in masks))
         self.head_slots += sum(m.shape[0] * m.shape[1] for m in masks)

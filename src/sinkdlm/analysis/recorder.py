@@ -1,6 +1,6 @@
 """SinkRecorder: running attention-sink statistics of a generation, fed by the sampler's callback.
 
-`generate(..., callback=recorder, output_attentions=True, output_values=True)` hands the recorder
+`generate(..., callback=recorder, probe=StepProbe(attentions=True, values=True))` hands the recorder
 one `StepState` per denoising step; it reduces that step's per-layer attention maps `[B, H, S, S]`
 and values `[B, KVH, S, hd]` to counters at once and keeps none of the maps (docs/method.md §6):
 
@@ -273,7 +273,7 @@ class SinkRecorder:
         if self.virtual_kind is not None and column is None:
             raise ValueError(
                 f"this model has {self.virtual_kind}=True: the recorder needs the virtual sink column's "
-                "probabilities (StepState.virtual_sink_attentions, filled by generate(..., output_attentions=True))"
+                "probabilities (StepState.virtual_sink_attentions, filled by generate(..., probe=StepProbe(attentions=True)))"
             )
         step, tokens, largest = self._step
         for gi, group in enumerate(self._groups):
@@ -283,7 +283,7 @@ class SinkRecorder:
             self._step = None
 
     def step_hook(self, step: int, input_ids: torch.Tensor, attention_mask=None):
-        """`generate(..., attention_hook_fn=recorder.step_hook)`: the per-layer hook of one step, fed one
+        """`generate(..., probe=StepProbe(hook=recorder.step_hook))`: the per-layer hook of one step, fed one
         layer's maps at a time inside the forward (nothing of the maps is kept but the statistics)."""
         self._begin_step(step, input_ids, attention_mask)
 
@@ -298,7 +298,7 @@ class SinkRecorder:
         if state.attentions is None or state.values is None:
             raise ValueError(
                 "SinkRecorder needs the attention maps and values of every step: call "
-                "generate(..., callback=recorder, output_attentions=True, output_values=True)"
+                "generate(..., callback=recorder, probe=StepProbe(attentions=True, values=True))"
             )
         if len(state.attentions) != self.num_layers:
             raise ValueError(f"got {len(state.attentions)} attention layers, the config has {self.num_layers}")

@@ -125,7 +125,7 @@ def analyze(
     from tqdm.auto import tqdm
 
     from sinkdlm.data import encode_texts
-    from sinkdlm.diffusion.sampling import generate
+    from sinkdlm.diffusion.sampling import StepProbe, generate
 
     ks = check_options(epsilon=epsilon, scale=scale, gen_length=gen_length, steps=steps, block_length=block_length,
                        ablation_k=ablation_k, figure_steps=figure_steps, out_dir=out_dir, mc_num=mc_num,
@@ -137,8 +137,7 @@ def analyze(
     if ablation_task is not None and not callable(ablation_task):
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
     generate_kwargs = dict(generate_kwargs or {})
-    reserved = {"callback", "output_attentions", "output_values", "key_masks_fn", "return_dict", "seed",
-                "attention_hook_fn"}
+    reserved = {"callback", "probe", "return_dict", "seed"}
     if reserved & set(generate_kwargs):
         raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
     cfg = model.config
@@ -188,7 +187,7 @@ def analyze(
 
         for chunk in chunks:
             out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
-                           attention_hook_fn=step_hook, return_dict=True, **generate_kwargs)
+                           probe=StepProbe(hook=step_hook), return_dict=True, **generate_kwargs)
             steps_taken = max(steps_taken, out.steps_taken)
             for row in out.sequences[:, out.prompt_length:].tolist():
                 samples.append(tokenizer.decode(row, skip_special_tokens=True))

@@ -82,10 +82,38 @@ class GenerationOutput:
 
 
 StepCallback = Callable[[StepState], None]
-# `attention_hook_fn(step, input_ids [B, L_in], attention_mask | None)` -> a per-layer hook for that
+# `StepProbe.hook(step, input_ids [B, L_in], attention_mask | None)` -> a per-layer hook for that
 # step's forward (`Probe.hook`, model/probe.py): one layer's maps alive at a time.
 AttentionHookFn = Callable[[int, torch.Tensor, "torch.Tensor | None"], Callable]
 KeyMasksFn = Callable[[int, "StepState | None"], "list[torch.Tensor | None] | None"]
+
+
+@dataclass(frozen=True)
+class StepProbe:
+    """Everything an analysis asks of a generation, as the one object it hands to `generate(probe=)`.
+
+    At every step `generate` builds that forward's `Probe` (model/probe.py) from it:
+    key_masks  `fn(step, previous StepState | None)` -> per-layer key masks (`Probe.key_masks`) or
+               None (the sink-masking ablation, Rulli et al. Table 1).
+    hook       `fn(step, input_ids [B, L_in], attention_mask | None)` -> that step's per-layer hook
+               (`Probe.hook`): one layer's maps alive at a time.
+    attentions / values: put the per-layer attention probabilities / values into each StepState (for a
+               callback, or a key_masks fn reading the previous step). Attentions force the eager
+               backend, whose rounding differs from sdpa's: near-tied confidences may commit differently.
+    Combine two with `a | b` (a masker's key masks with a recorder's hook).
+    """
+
+    key_masks: KeyMasksFn | None = None
+    hook: AttentionHookFn | None = None
+    attentions: bool = False
+    values: bool = False
+
+    def __or__(self, other: "StepProbe") -> "StepProbe":
+        for name in ("key_masks", "hook"):
+            if getattr(self, name) is not None and getattr(other, name) is not None:
+                raise ValueError(f"both probes set {name}; combine them into one function first")
+        return StepProbe(key_masks=self.key_masks or other.key_masks, hook=self.hook or other.hook,
+                         attentions=self.attentions or other.attentions, values=self.values or other.values)
 
 
 # ----------------------------------------------------------------------------- schedule & noise
@@ -224,14 +252,11 @@ def generate(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     callback: StepCallback | None = None,
-    key_masks_fn: KeyMasksFn | None = None,
-    output_attentions: bool = False,
-    output_values: bool = False,
+    probe: StepProbe | None = None,
     use_sink_cache: bool = True,
     shift_logits: bool | None = None,
     return_dict: bool = False,
     cache: str | None = None,
-    attention_hook_fn: AttentionHookFn | None = None,
 ) -> torch.Tensor | GenerationOutput:
     """Sample `gen_length` tokens after each prompt (docs/method.md §2). Returns `[B, P + gen_length]` ids.
 
@@ -248,11 +273,8 @@ def generate(
                    confidence exceeds it, at least one per step (low_confidence only).
     generator/seed the randomness (Gumbel noise, random remasking); a fixed seed repeats the output.
     callback       `callback(StepState)` after every step.
-    key_masks_fn   `key_masks_fn(step, previous StepState | None)` -> per-layer key masks (see
-                   `Probe.key_masks`) for this step, or None.
-    output_attentions / output_values: put the model's per-layer attention probabilities /
-                   values into the StepState. Attentions force the eager backend, whose rounding
-                   differs from sdpa's: near-tied confidences may then commit differently.
+    probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
+                   maps and values in the StepState); None is the fast path.
     use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step.
     shift_logits   position i-1 predicts token i (AR-initialised head, docs/method.md §5); None (default):
                    the model's own `config.shift_logits` (True for Dream), a bool overrides it.
@@ -269,12 +291,8 @@ def generate(
                    (it predicts the block's first token). Cached steps see stale keys/values
                    outside the block, so the tokens may differ from `cache=None` (Fast-dLLM's
                    approximation); with one step per block they are identical. Under a cache only
-                   the block's queries run, so per-layer attentions/values/key masks (which cover
-                   the whole sequence) are refused: analyse with cache=None.
-
-    attention_hook_fn  `fn(step, input_ids, attention_mask)` -> a per-layer attention hook for that step
-                   (`Probe.hook`): the analysis consumes one layer's maps at
-                   a time instead of holding every layer's (what lets an 8B model fit one GPU).
+                   the block's queries run, so a `probe` (whose maps and key masks cover the whole
+                   sequence) is refused: analyse with cache=None.
 
     Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
     temperature, sampled) left-to-right decoding, one token per step and `gen_length` steps; `steps`,
@@ -288,6 +306,11 @@ def generate(
     """
     cfg = model.config
     mask_id = cfg.mask_token_id
+    if probe is not None and not isinstance(probe, StepProbe):
+        raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
+    probe = probe or StepProbe()
+    key_masks_fn, attention_hook_fn = probe.key_masks, probe.hook
+    output_attentions, output_values = probe.attentions, probe.values
     # ---- every user error before any work
     check_int("gen_length", gen_length, 1)
     block_length = gen_length if block_length is None else block_length
@@ -329,11 +352,11 @@ def generate(
     if cache is not None:
         if cache not in CACHES:
             raise ValueError(f"cache must be None, 'prefix' or 'dual', got {cache!r}")
-        if output_attentions or output_values or key_masks_fn is not None or attention_hook_fn is not None:
+        if probe != StepProbe():
             raise ValueError(
-                f"cache={cache!r} runs only the current block's queries, but output_attentions, "
-                "output_values, attention_hook_fn and key_masks_fn cover the whole sequence at every step; use cache=None "
-                "for attention analysis and sink ablation"
+                f"cache={cache!r} runs only the current block's queries, but a probe's maps, values, hook and "
+                "key masks cover the whole sequence at every step; use cache=None for attention analysis and "
+                "sink ablation"
             )
         if cache == "dual" and num_blocks == 1:
             raise ValueError(
