@@ -17,6 +17,7 @@ trained checkpoint. Timings are medians of interleaved repeats (the machine may 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -85,13 +86,22 @@ def main() -> None:
           f"CPU, {torch.get_num_threads()} threads, best of {args.repeats} interleaved repeats\n")
     print("| batch | variant | forwards | seconds | tokens/s | vs reference loop |")
     print("|---:|---|---:|---:|---:|---:|")
-    summary = []
+    summary, record = [], {"setup": {"gen_length": GEN, "steps": STEPS, "block_length": BLOCK, "prompt_tokens": PROMPT,
+                                      "model": str(args.checkpoint) if args.checkpoint else "tiny preset + 1 sink, random weights",
+                                      "threads": torch.get_num_threads(), "repeats": args.repeats}, "batches": {}}
     for batch in args.batch:
         prompt = torch.randint(0, model.config.mask_token_id, (batch, PROMPT), generator=g)
         r = measure(model, prompt, args.repeats)
         best, ref = r["best"], r["best"][REF]
         for k, sec in best.items():
             print(f"| {batch} | {k} | {r['forwards'][k]} | {sec:.3f} | {GEN * batch / sec:.1f} | {ref / sec:.2f}x |")
+        record["batches"][str(batch)] = {
+            "best_seconds": best, "forwards": r["forwards"],
+            "generate_vs_reference": ref / best["generate, no sink cache"],
+            "sink_cache_on_vs_off": best["generate, no sink cache"] / best["generate, sink cache"],
+            "threshold_vs_one_per_step": best["generate, sink cache"] / best["generate, threshold 0.9"],
+            "threshold_forwards": r["forwards"]["generate, threshold 0.9"],
+        }
         summary.append(
             f"- batch {batch}: sampler vs reference loop (both without the sink cache) "
             f"{ref / best['generate, no sink cache']:.2f}x, identical tokens; sink cache on vs off "
@@ -120,6 +130,13 @@ def main() -> None:
     generate(model, prompt, gen, gen, block_length=BLOCK, callback=lambda s: rss.append(rss_mib()))
     print(f"- memory over {len(rss)} steps (gen_length {gen}): RSS {rss[8]:.1f} MiB at step 8, "
           f"max {max(rss[8:]):.1f} MiB after it, {rss[-1]:.1f} MiB at the last step")
+    record["threshold"] = {"prompts": args.prompts, "forwards": forwards, "outputs_differing": differ,
+                           "tokens_differing_share": tokens / (args.prompts * GEN)}
+    record["memory"] = {"steps": len(rss), "gen_length": gen, "rss_mib_step8": rss[8], "rss_mib_max_after": max(rss[8:]),
+                        "rss_mib_last": rss[-1]}
+    out = Path(__file__).resolve().parent / "results" / "bench_sampling.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 def _gen(model, prompt, threshold=None, use_sink_cache=True):

@@ -102,9 +102,33 @@ def _bench_cache(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _bench_sampling(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_sampling.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    su, th, mem = r["setup"], r["threshold"], r["memory"]
+    lines = [f"gen_length {su['gen_length']}, steps {su['steps']}, block {su['block_length']}, "
+             f"{su['prompt_tokens']}-token prompts, {su['model']}, {_threads(su['threads'])}, best of {su['repeats']} "
+             "interleaved repeats (`benchmarks/bench_sampling.py`):", "",
+             "| batch | `generate` / reference loop (identical tokens) | sink cache on / off (identical tokens) "
+             "| threshold 0.9 / one token per step |", "|---:|---:|---:|---:|"]
+    lines += [f"| {b} | {v['generate_vs_reference']:.2f}× | {v['sink_cache_on_vs_off']:.2f}× | "
+              f"{v['threshold_vs_one_per_step']:.2f}× ({v['threshold_forwards']} forwards instead of {su['steps']}) |"
+              for b, v in r["batches"].items()]
+    f = th["forwards"]
+    lines += ["", f"With threshold 0.9 on {th['prompts']} prompts, {min(f)}-{max(f)} forwards (mean "
+              f"{sum(f) / len(f):.0f}) replace {su['steps']}, and {th['outputs_differing']}/{th['prompts']} outputs differ "
+              f"from one-token-per-step decoding ({100 * th['tokens_differing_share']:.0f} % of tokens); with random "
+              "weights this says nothing about quality (pass `--checkpoint DIR` for a trained model). Resident "
+              f"memory over {mem['steps']} steps: {mem['rss_mib_step8']:.1f} MiB at step 8, at most "
+              f"{mem['rss_mib_max_after']:.1f} MiB after it, {mem['rss_mib_last']:.1f} MiB at the last step."]
+    return "\n".join(lines) + "\n"
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
-            "bench/cache": _bench_cache}
+            "bench/cache": _bench_cache, "bench/sampling": _bench_sampling}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:
