@@ -39,7 +39,8 @@ ARRAYS_NAME = "analysis_arrays.npz"
 
 # ----------------------------------------------------------------------------- input checks
 def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
-                  figure_steps=None, out_dir=None, mc_num=16, batch_size=8) -> list[int] | None:
+                  figure_steps=None, out_dir=None, mc_num=AnalyzeConfig.mc_num,
+                  batch_size=AnalyzeConfig.batch_size) -> list[int] | None:
     """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
     check_epsilon(epsilon)
     check_scale(scale)

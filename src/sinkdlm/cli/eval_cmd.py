@@ -31,7 +31,7 @@ def eval_command(cfg: EvalConfig) -> None:
     from sinkdlm.evaluation import evaluate_dir, format_table
     from sinkdlm.atomic import atomic_write_json
 
-    model, tasks = cfg.require_model(), cfg.tasks
+    model, tasks = cfg.model, cfg.tasks  # --model: required by the command line
     out = check_output_path(cfg.out)
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if not names:

@@ -39,7 +39,7 @@ def generate(cfg: GenerateConfig) -> None:
     from sinkdlm.validation import check_prompt_size, check_seed
 
     prompt, prompt_file, gen_length, steps, threshold = cfg.prompt, cfg.prompt_file, cfg.gen_length, cfg.steps, cfg.threshold
-    model = cfg.require_model()
+    model = cfg.model  # required by the command line
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     check_seed(cfg.seed, "--seed")

@@ -20,20 +20,20 @@ import dataclasses
 import functools
 import inspect
 import typing
+from pathlib import PurePath
 from typing import Any, Callable, Optional
 
 import typer
 
-from sinkdlm.config.fields import field_docs, field_types, flag_of
+from sinkdlm.config.fields import field_default, field_docs, field_types, flag_of
 
-_CLI_TYPES = (bool, int, float, str)
+_CLI_TYPES = (bool, int, float, str, PurePath)
 
 
 def _cli_type(annotation: Any) -> bool:
     """True for the types an option can hold: scalars, paths, their Optional, tuples of them."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    return all(a in _CLI_TYPES or getattr(a, "__name__", "") in ("Path", "PosixPath")
-               or (typing.get_origin(a) is tuple) for a in args)
+    return all(typing.get_origin(a) is tuple or (isinstance(a, type) and issubclass(a, _CLI_TYPES)) for a in args)
 
 
 def _shown(value: Any, decls: tuple[str, ...]) -> str:
@@ -56,17 +56,10 @@ def config_parameters(cls: type, *, layered: bool = False, exclude: tuple[str, .
         flag = flags.get(f.name) or flag_of(f)
         annotation = types[f.name]
         decls = (f"{flag}/--no-{flag[2:]}",) if annotation is bool or annotation == Optional[bool] else (flag,)
-        if f.name in defaults:
-            default = defaults[f.name]
-        elif f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
+        default = defaults[f.name] if f.name in defaults else field_default(f)
+        if default is dataclasses.MISSING or f.name in required or f.metadata.get("required"):
             default = ...
         help_text = docs.get(f.name, "")
-        if f.name in required or f.metadata.get("required"):
-            default = ...
         if layered and default is not ...:
             if default is not None:
                 help_text = f"{help_text}  [default: {_shown(default, decls)}]"

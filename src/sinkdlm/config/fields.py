@@ -82,20 +82,17 @@ def switch(default: Any, *, choices: tuple[Any, ...] | None = None, minimum: int
     return field(default=default, metadata={"switch": True, "choices": choices, "minimum": minimum})
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """The default of a field (its factory called), or `dataclasses.MISSING` for a required one."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def non_default_fields(config: Any) -> dict[str, Any]:
     """{name: value} of the fields of a config instance that differ from their defaults (what a recipe sets)."""
-    out = {}
-    for f in dataclasses.fields(config):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = dataclasses.MISSING
-        value = getattr(config, f.name)
-        if value != default:
-            out[f.name] = value
-    return out
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if getattr(config, f.name) != field_default(f)}
 
 
 def flag_of(f: dataclasses.Field) -> str:

@@ -142,7 +142,7 @@ class ModelConfig:
 
     def switches(self) -> dict[str, Any]:
         """{switch name: value} for every switch of `MODEL_SWITCHES`."""
-        return {s.name: getattr(self, s.name) for s in MODEL_SWITCHES}
+        return switch_values(self)
 
     @property
     def max_content_length(self) -> int:
@@ -233,6 +233,19 @@ MODEL_SWITCHES: tuple[ModelSwitch, ...] = tuple(
 )
 SWITCHES_BY_NAME: dict[str, ModelSwitch] = {s.name: s for s in MODEL_SWITCHES}
 MODEL_SWITCH_DEFAULTS: dict[str, Any] = {s.name: s.default for s in MODEL_SWITCHES}
+
+
+def switch_values(config: Any) -> dict[str, Any]:
+    """{switch name: value} of any config holding the switch fields (ModelConfig, ConvertConfig)."""
+    return {s.name: getattr(config, s.name) for s in MODEL_SWITCHES}
+
+
+def switch_fields(*, optional: bool, note: str = "") -> list[tuple[str, Any, Any]]:
+    """`make_dataclass` field specs copying every switch into another config: at its `ModelConfig`
+    default, or `optional` (None = keep the preset's / checkpoint's value); `note` ends the help."""
+    return [(s.name, s.type | None if optional else s.type,
+             field(default=None if optional else s.default, metadata={"help": s.help + note, "switch": True}))
+            for s in MODEL_SWITCHES]
 
 
 def check_model_switches(values: dict[str, Any], where: str = "ModelConfig") -> None:

@@ -10,11 +10,11 @@ what can be set. Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sinkdlm.config.fields import DeviceOption, option
-from sinkdlm.config.model import MODEL_SWITCHES
+from sinkdlm.config.model import switch_fields, switch_values
 
 
 @dataclass(kw_only=True)
@@ -25,11 +25,6 @@ class ModelOptions(DeviceOption):
     """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."""
     dtype: str | None = None
     """float32 | bfloat16 | float16 (default: as stored)."""
-
-    def require_model(self) -> Path:
-        if self.model is None:
-            raise ValueError("--model is required: a model directory or a .gguf file")
-        return self.model
 
 
 @dataclass(kw_only=True)
@@ -158,11 +153,7 @@ class EvalConfig(ModelOptions):
 
 
 # Every model switch at its `ModelConfig` default (generated: a new switch needs no edit here).
-_ConvertSwitchFields = dataclasses.make_dataclass(
-    "_ConvertSwitchFields",
-    [(s.name, s.type, field(default=s.default, metadata={"help": s.help, "switch": True})) for s in MODEL_SWITCHES],
-    kw_only=True,
-)
+_ConvertSwitchFields = dataclasses.make_dataclass("_ConvertSwitchFields", switch_fields(optional=False), kw_only=True)
 
 
 @dataclass(kw_only=True)
@@ -177,7 +168,7 @@ class ConvertConfig(_ConvertSwitchFields):
     """Seed for the new sink embeddings and sink logits."""
 
     def switches(self) -> dict:
-        return {s.name: getattr(self, s.name) for s in MODEL_SWITCHES}
+        return switch_values(self)
 
 
 @dataclass(kw_only=True)

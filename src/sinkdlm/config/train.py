@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sinkdlm.config.fields import DeviceOption, option
-from sinkdlm.config.model import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches
+from sinkdlm.config.model import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches, switch_fields
 from sinkdlm.device import check_device
 
 SCRATCH_LR = (2e-4, 2e-5)
@@ -28,9 +28,7 @@ AR_INIT_LR = (1e-4, 1e-5)
 # One optional field per model switch (declared in `ModelConfig`); None = the preset's /
 # checkpoint's value. Generated from the switch fields, so a new switch needs no edit here.
 _TrainSwitchFields = dataclasses.make_dataclass(
-    "_TrainSwitchFields",
-    [(s.name, s.type | None, field(default=None, metadata={"help": f"{s.help} Default: the preset's or the --init-from model's.", "switch": True}))
-     for s in MODEL_SWITCHES],
+    "_TrainSwitchFields", switch_fields(optional=True, note=" Default: the preset's or the --init-from model's."),
 )
 
 

@@ -108,6 +108,12 @@ class StepProbe:
     attentions: bool = False
     values: bool = False
 
+    def forward_probe(self, key_masks, hook) -> Probe | None:
+        """One step's `Probe` (this step's key masks and hook); None, the fast path, when it asks nothing."""
+        if key_masks is None and hook is None and not self.attentions and not self.values:
+            return None
+        return Probe(key_masks=key_masks, attentions=self.attentions, values=self.values, hook=hook)
+
     def __or__(self, other: "StepProbe") -> "StepProbe":
         for name in ("key_masks", "hook"):
             if getattr(self, name) is not None and getattr(other, name) is not None:
@@ -310,7 +316,6 @@ def generate(
         raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     probe = probe or StepProbe()
     key_masks_fn, attention_hook_fn = probe.key_masks, probe.hook
-    output_attentions, output_values = probe.attentions, probe.values
     # ---- every user error before any work
     check_int("gen_length", gen_length, 1)
     block_length = gen_length if block_length is None else block_length
@@ -386,8 +391,7 @@ def generate(
     shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     if cfg.causal:
         return _generate_autoregressive(
-            model, prompt, prompt_mask, gen_length, temperature, generator, callback, key_masks_fn,
-            output_attentions, output_values, use_sink_cache, return_dict, attention_hook_fn,
+            model, prompt, prompt_mask, gen_length, temperature, generator, callback, probe, use_sink_cache, return_dict,
         )
 
     # ---- state
@@ -417,7 +421,7 @@ def generate(
                 cols = torch.arange(lo, hi, device=device)  # [n]
             key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
             hook = attention_hook_fn(step, x.masked_fill(masked, mask_id), attn) if attention_hook_fn else None
-            probe = _step_probe(key_masks, hook, output_attentions, output_values)
+            step_probe = probe.forward_probe(key_masks, hook)
             if kv is None or kv.record:  # a full forward: no cache, or the first step of a cached block
                 q0, ids = 0, x
             else:  # cached: run the block (and, for "prefix", everything after it)
@@ -425,7 +429,7 @@ def generate(
                 ids = x[:, q0:(total if cache == "prefix" else hi)]
             with model.sink_cache_mode(use_sink_cache):
                 out = model(ids, attention_mask=attn, logits_index=None if full_logits else cols - shift - q0,
-                            cache=kv, probe=probe)
+                            cache=kv, probe=step_probe)
             if kv is not None and kv.record:  # keep what the block's steps will not recompute
                 if cache == "prefix":
                     kv.crop(lo - shift)
@@ -469,13 +473,13 @@ def generate(
 
 
 def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature, generator, callback,
-                             key_masks_fn, output_attentions, output_values, use_sink_cache, return_dict,
-                             attention_hook_fn):
+                             probe: StepProbe, use_sink_cache, return_dict):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
     whole prefix, so the analysis sees each step's complete causal maps)."""
     b, p = prompt.shape
     x, attn = prompt, prompt_mask
     work_dtype = torch.promote_types(model.dtype, torch.float32)
+    key_masks_fn = probe.key_masks
     want_state = callback is not None or key_masks_fn is not None
     prev_state = None
     for step in range(gen_length):
@@ -484,10 +488,10 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
         if key_masks is not None:  # masks of step t-1 cover one key fewer: the new token is never masked
             key_masks = [None if m is None else torch.cat([m, m.new_ones(*m.shape[:2], width - m.shape[-1])], -1)
                          for m in key_masks]
-        hook = attention_hook_fn(step, x, attn) if attention_hook_fn else None
-        probe = _step_probe(key_masks, hook, output_attentions, output_values)
+        hook = probe.hook(step, x, attn) if probe.hook else None
         with model.sink_cache_mode(use_sink_cache):
-            out = model(x, attention_mask=attn, logits_index=slice(width - 1, width), probe=probe)
+            out = model(x, attention_mask=attn, logits_index=slice(width - 1, width),
+                        probe=probe.forward_probe(key_masks, hook))
         logits = out.logits[:, -1].to(work_dtype)  # [B, V]: the last position predicts the next token
         nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
         x = torch.cat([x, nxt[:, None]], dim=1)
@@ -511,10 +515,3 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
     if return_dict:
         return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
     return x
-
-
-def _step_probe(key_masks, hook, output_attentions: bool, output_values: bool) -> Probe | None:
-    """One step's `Probe` from `generate`'s analysis arguments; None (the fast path) when it asks nothing."""
-    if key_masks is None and hook is None and not output_attentions and not output_values:
-        return None
-    return Probe(key_masks=key_masks, attentions=output_attentions, values=output_values, hook=hook)

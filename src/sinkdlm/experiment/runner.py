@@ -140,6 +140,7 @@ def run_experiment(
     check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
     shared_train = non_default_fields(preset.train)  # what the recipe sets; the rest are TrainConfig defaults
+    analysis_settings = preset.analysis.analyze_kwargs()  # analyze()'s keyword arguments, for every run
     # The real elapsed time of an experiment that is resumed spans several invocations: the first
     # start is kept on disk (docs/method.md §7: a report states what the experiment cost).
     started = out / "STARTED.json"
@@ -155,7 +156,7 @@ def run_experiment(
         "preset": preset.name, "description": preset.description, "seeds": seeds, "variants": {},
         "machine": machine_info(), "train": {**shared_train, **({"max_steps": max_steps} if max_steps else {})},
         "eval_tasks": preset.eval_tasks + list(preset.lm_eval_tasks), "eval_limit": preset.evaluation.limit,
-        "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **preset.analysis.analyze_kwargs()},
+        "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **analysis_settings},
         "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
                              "prompt_length": preset.analysis.prompt_length, "seed": 0},
     }
@@ -241,12 +242,12 @@ def run_experiment(
                 if not (adir / "analysis.json").is_file():
                     _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
                     t0 = time.perf_counter()
-                    settings = preset.analysis.analyze_kwargs()
                     n_prompts, prompt_length = preset.analysis.num_prompts, preset.analysis.prompt_length
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, n_prompts,
                                                      prompt_length, seed=0)
-                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label, **settings)
+                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label,
+                            **analysis_settings)
                     stage_seconds["analysis"] += time.perf_counter() - t0
                     run_timing["analysis"] = time.perf_counter() - t0
                 if seed == seeds[0]:
