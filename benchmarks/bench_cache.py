@@ -10,6 +10,7 @@ the share of tokens that differ from `cache=None` is reported but says nothing a
 `bench_decoding.py` for accuracy on a trained model. Raw numbers: benchmarks/results/bench_cache.json.
 
     .venv/bin/python benchmarks/bench_cache.py [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16   # on a GPU
 """
 
 from __future__ import annotations
@@ -34,12 +35,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (then times are synchronised CUDA wall times)")
+    ap.add_argument("--preset", default="tiny", help="model size, e.g. qwen2.5-0.5b on a GPU")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--out", type=Path, help="default: results/bench_cache.json on CPU, bench_cache_gpu.json on CUDA")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    out_path = args.out or (OUT if device.type == "cpu" else OUT.with_name("bench_cache_gpu.json"))
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = DiffusionLM(ModelConfig.from_preset("tiny", num_sink_tokens=1, initializer_range=0.5)).eval()
+    model = DiffusionLM(ModelConfig.from_preset(args.preset, num_sink_tokens=1, initializer_range=0.5)).eval()
+    model = model.to(device, getattr(torch, args.dtype))
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, model.config.mask_token_id, (args.batch, PROMPT), generator=g)
+    prompt = torch.randint(0, model.config.mask_token_id, (args.batch, PROMPT), generator=g).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def run(cache=None, threshold=None, full_head=False):
         out = generate(model, prompt, GEN, None if threshold else GEN, block_length=BLOCK, threshold=threshold,
@@ -61,13 +70,16 @@ def main() -> None:
     times = {k: [] for k in variants}
     for _ in range(args.repeats):
         for name, kw in variants.items():
+            sync()
             t0 = time.perf_counter()
             run(**kw)
+            sync()
             times[name].append(time.perf_counter() - t0)
     base = min(times["no cache"])
     rows = {}
-    print(f"prompt {PROMPT}, gen {GEN}, block {BLOCK}, batch {args.batch}, tiny preset + 1 sink (random), "
-          f"CPU, {args.threads} thread(s), best of {args.repeats}\n")
+    where = (f"CPU, {args.threads} thread(s)" if device.type == "cpu" else torch.cuda.get_device_name(device))
+    print(f"prompt {PROMPT}, gen {GEN}, block {BLOCK}, batch {args.batch}, {args.preset} preset + 1 sink (random), "
+          f"{args.dtype}, {where}, best of {args.repeats}\n")
     print("| variant | forwards | seconds | tokens/s | speed-up vs no cache | tokens differing from no cache |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in variants:
@@ -79,12 +91,13 @@ def main() -> None:
     for c in ("prefix", "dual"):
         ok = rows[c]["speedup"] >= 2.0
         print(f"- {c}: {rows[c]['speedup']:.2f}x vs no cache ({'meets' if ok else 'MISSES'} the 2x target)")
-    atomic_write_json(OUT, dict(
+    atomic_write_json(out_path, dict(
         prompt_length=PROMPT, gen_length=GEN, block_length=BLOCK, batch=args.batch, threads=args.threads,
-        repeats=args.repeats, model="tiny preset, 1 sink, random weights (initializer_range 0.5)",
-        device=f"CPU ({platform.processor() or platform.machine()})", torch=torch.__version__, variants=rows,
+        repeats=args.repeats, model=f"{args.preset} preset, 1 sink, random weights (initializer_range 0.5), {args.dtype}",
+        device=(f"CPU ({platform.processor() or platform.machine()})" if device.type == "cpu"
+                else torch.cuda.get_device_name(device)), torch=torch.__version__, variants=rows,
     ))
-    print(f"\nwrote {OUT}")
+    print(f"\nwrote {out_path}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ a warm-up, medians of N runs:
     forward, backward, clipping, AdamW) with 1 sink, plain / `--activation-checkpointing` /
     `--compile`: tokens/s, MFU (model FLOPs as bench_train.py: 6 N tokens + attention), peak memory;
   * forward + backward ratios on the same weights and inputs (bench_model.py's protocol, on the GPU):
-    1 sink / vanilla; 1 sink / a joined sequence with a boolean eq. 6 mask in SDPA; and
-    `transformers` Qwen2ForCausalLM (sdpa, run bidirectionally) / our vanilla model.
+    1 sink / vanilla; 1 sink / a joined sequence with a boolean eq. 6 mask in SDPA; `transformers`
+    Qwen2ForCausalLM (sdpa, run bidirectionally) / our vanilla model; sink_logit and softmax_one / vanilla.
 Writes results/bench_gpu_train.json and prints markdown tables.
 
     .venv/bin/python benchmarks/bench_gpu_train.py [--batch 8] [--seq-len 1024] [--repeats 10]
@@ -99,10 +99,11 @@ def main() -> None:
     base = ModelConfig.from_preset(args.preset)
     b, l = args.batch, args.seq_len
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, base.mask_token_id, (b, l), generator=gen).to(device)
+    ids_host = torch.randint(0, base.mask_token_id, (b, l), generator=gen)
+    ids = ids_host.to(device)
     targets = torch.randint(0, base.vocab_size, (b, l), generator=gen).to(device)
     tcfg = TrainConfig.resolve(batch_size=b, seq_len=l, bf16=True)
-    t, u = (x.to(device) for x in global_noise(tcfg, 0, b, l))
+    t, u = global_noise(tcfg, 0, b, l)  # on the host, as the trainer draws them: the loss plans there
     tokens = b * l
 
     # ---- our full training step, three ways
@@ -121,7 +122,7 @@ def main() -> None:
 
         def step():
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = diffusion_loss(model, ids, t=t, u=u).loss
+                loss = diffusion_loss(model, ids_host, t=t, u=u).loss  # host batch: no host sync in the step
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -141,6 +142,10 @@ def main() -> None:
     vanilla.load_state_dict(sd, strict=False)
     sink = DiffusionLM(cfg1).to(device).train()
     sink.load_state_dict(sd, strict=False)
+    column = {}
+    for switch in ("sink_logit", "softmax_one"):
+        column[switch] = DiffusionLM(base.replace(**{switch: True})).to(device).train()
+        column[switch].load_state_dict(sd, strict=False)
 
     def fwd_bwd(model, forward):
         def run():
@@ -156,6 +161,8 @@ def main() -> None:
         "sink1": fwd_bwd(sink, lambda x: sink(x).logits),
         "sink1_joined_eq6_mask": fwd_bwd(sink, lambda x: reference_joined_forward(sink, x)),
         "hf_qwen2_sdpa_bidirectional": fwd_bwd(hf, lambda x: hf(input_ids=x).logits),
+        "sink_logit": fwd_bwd(column["sink_logit"], lambda x: column["sink_logit"](x).logits),
+        "softmax_one": fwd_bwd(column["softmax_one"], lambda x: column["softmax_one"](x).logits),
     }
     runs = {k: [] for k in timed}
     for r in range(args.repeats):  # round-robin, rotating order
@@ -167,6 +174,8 @@ def main() -> None:
         "1 sink / vanilla": med["sink1"] / med["vanilla"],
         "1 sink / joined sequence with a boolean eq. 6 mask": med["sink1"] / med["sink1_joined_eq6_mask"],
         "transformers Qwen2 (sdpa, bidirectional) / our vanilla": med["hf_qwen2_sdpa_bidirectional"] / med["vanilla"],
+        "sink_logit / vanilla": med["sink_logit"] / med["vanilla"],
+        "softmax_one / vanilla": med["softmax_one"] / med["vanilla"],
     }
 
     print(f"{torch.cuda.get_device_name()}: bf16 matmul rate {peak / 1e12:.0f} TFLOP/s (8192^3 GEMM)")

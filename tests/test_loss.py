@@ -24,7 +24,7 @@ class Recorder(torch.nn.Module):
     def forward(self, xt, attention_mask=None, logits_index=None, **_):
         self.seen = xt.clone()
         out = self.table[: xt.shape[1]][None].expand(xt.shape[0], -1, -1).clone()
-        if logits_index is not None:  # DiffusionLM's contract: a bool [B, L] mask -> [N, V] rows
+        if logits_index is not None:  # DiffusionLM's contract: (rows, cols) -> [N, V] rows
             out = out[logits_index]
         return type("O", (), {"logits": out})()
 

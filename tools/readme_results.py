@@ -86,15 +86,15 @@ def _bench_model(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def _bench_cache(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_cache.json"
+def _bench_cache(results_root: Path, file: str = "bench_cache.json") -> str | None:
+    path = ROOT / "benchmarks" / "results" / file
     if not path.is_file():
         return None
     r = json.loads(path.read_text())
     tokens = r["gen_length"] * r["batch"]
     lines = [f"{r['prompt_length']}-token prompt, {r['gen_length']} tokens in blocks of {r['block_length']}, one token "
              f"per step unless a threshold is set; {r['model']}, batch {r['batch']}, {_threads(r['threads'])}, best of "
-             f"{r['repeats']}, all in one process (`benchmarks/bench_cache.py`):", "",
+             f"{r['repeats']}, {r.get('device', 'CPU')}, all in one process (`benchmarks/bench_cache.py`):", "",
              "| mode | seconds | forwards | speed-up vs no cache | tokens differing from no cache |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {name} | {v['seconds']:.2f} | {v['forwards']} | {v['speedup']:.2f}× | {v['tokens_differing']} of {tokens} |"
@@ -126,9 +126,60 @@ def _bench_sampling(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _bench_ops(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_ops.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    before = r.get("before", {}).get("variants", {})
+    lines = [f"ATen ops dispatched by one forward + backward (`tiny` preset, {r['layers']} layers, batch {r['batch']} × "
+             f"{r['seq_len']}, torch {r['torch']}; exact counts, `benchmarks/bench_ops.py`). Kernels leave out views, "
+             "which launch nothing on a GPU. Host syncs: `nonzero`, boolean indexing and `item` in one training loss "
+             "step" + (" (before: the code of the previous release, counted by the same script)" if before else "")
+             + ":", "",
+             "| variant | ops | / vanilla | kernels | / vanilla | host syncs per loss step |"
+             + (" ops / vanilla before | syncs before |" if before else ""),
+             "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else "")]
+    for name, v in r["variants"].items():
+        row = (f"| {name} | {v['ops']} | {v['ops_ratio']:.2f} | {v['kernels']} | {v['kernels_ratio']:.2f} | "
+               f"{v['loss_step_syncs']} |")
+        if before:
+            b = before.get(name)
+            row += f" {b['ops_ratio']:.2f} | {b['loss_step_syncs']} |" if b else " – | – |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def _bench_cache_gpu(results_root: Path) -> str | None:
+    return _bench_cache(results_root, "bench_cache_gpu.json") or (
+        "Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
+        "(`benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16` writes "
+        "`benchmarks/results/bench_cache_gpu.json`, and this table is generated from it).\n")
+
+
+def _bench_gpu_train(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_gpu_train.json"
+    if not path.is_file():
+        return ("Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
+                "(`benchmarks/bench_gpu_train.py` writes `benchmarks/results/bench_gpu_train.json`, and this table "
+                "is generated from it).\n")
+    r = json.loads(path.read_text())
+    a = r["args"]
+    lines = [f"{r['device']} (bf16 matmul {r['bf16_matmul_tflops']:.0f} TFLOP/s measured), `{a['preset']}` + 1 sink, "
+             f"batch {a['batch']} × {a['seq_len']}, bf16 autocast, median of {a['repeats']} "
+             "(`benchmarks/bench_gpu_train.py`):", "", "| training step | step ms | tokens/s | MFU | peak GiB |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {t['variant']} | {t['step_ms']:.0f} | {t['tokens_per_s']:.0f} | {100 * t['mfu']:.1f} % | "
+              f"{t['peak_gib']:.1f} |" for t in r["train"]]
+    lines += ["", "| forward + backward ratio | value |", "|---|---:|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in r["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
-            "bench/cache": _bench_cache, "bench/sampling": _bench_sampling}
+            "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
+            "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

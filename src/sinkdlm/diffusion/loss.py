@@ -7,7 +7,7 @@ For SFT the prompt is never masked and LLaDA normalises by the response length i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from sinkdlm.diffusion.noise import forward_mask, sample_t
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # scalar, differentiable
-    num_masked: torch.Tensor  # 0-dim int64 on the batch's device: reading it is the caller's host sync
+    num_masked: torch.Tensor  # 0-dim int64 (on the model's device; planned on the host for a host batch)
     t: torch.Tensor  # [B]
 
 
@@ -51,6 +51,8 @@ def diffusion_loss(
     attention_mask `[B, L]` True = real token; padding is never masked nor counted. Or a 4-D
                    `[B|1, 1, L, L]` content-to-content mask (attention annealing), handed to the model.
     t, u           the noise, when the caller draws it (else from `generator`).
+    Host tensors (a data loader's batch) are planned on the host and moved to the model's device, so
+    the device step has no host sync (`MaskPlan`); tensors already on the device are planned there.
     shift_logits   position i predicts token i+1 (an AR-initialised head, docs/method.md §5): the logits
                    of position i-1 score the token at i; position 0 is then never masked. None
                    (default): the model's `config.shift_logits`.
@@ -61,6 +63,53 @@ def diffusion_loss(
     if mask_id is None:
         raise ValueError("this is an autoregressive model (no [MASK] token): the diffusion loss needs a DLM; "
                          "train from it with `--init-from DIR`, which converts it")
+    plan = plan_masks(x0, mask_id=mask_id, eps=eps, t=t, low_discrepancy=low_discrepancy, prompt_mask=prompt_mask,
+                      attention_mask=attention_mask, shift_logits=shift_logits, generator=generator, u=u)
+    device = _device_of(model, x0.device)
+    if device != x0.device:
+        plan = plan.to(device)
+    if attention_mask is not None:
+        attention_mask = to_device(attention_mask, device)
+    return masked_loss(model, plan, attention_mask=attention_mask, **forward_kwargs)
+
+
+@dataclass
+class MaskPlan:
+    """One batch's noise and the positions the loss reads (eq. 3-4), with their shapes known.
+
+    Everything whose size depends on the draw (N masked positions) is built here, where the noise is
+    drawn: on the host when the batch comes from the host, as a data loader's does. The device step
+    (`masked_loss`) then only gathers by these indices: no `nonzero`, no boolean indexing, no `.item()`,
+    so a GPU step never waits for the host to learn N.
+    """
+
+    xt: torch.Tensor  # [B, L] the noised input
+    t: torch.Tensor  # [B]
+    rows: torch.Tensor  # [N] the batch row of each masked position (row-major order)
+    cols: torch.Tensor  # [N] its column
+    head_cols: torch.Tensor  # [N] the column whose logits score it (cols - 1 with shift_logits)
+    target: torch.Tensor  # [N] x0 at the masked positions
+    norm: torch.Tensor  # [B] eq. 4's normaliser: L, or the response length (SFT)
+    num_masked: torch.Tensor  # 0-dim int64
+
+    def to(self, device) -> "MaskPlan":
+        return MaskPlan(**{f.name: to_device(getattr(self, f.name), device) for f in fields(self)})
+
+
+def plan_masks(
+    x0: torch.Tensor,
+    *,
+    mask_id: int,
+    eps: float = 1e-3,
+    t: torch.Tensor | None = None,
+    low_discrepancy: bool = False,
+    prompt_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    shift_logits: bool = False,
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
+) -> MaskPlan:
+    """q(xt | x0) for a batch and the masked positions as index tensors, on `x0`'s device (see `MaskPlan`)."""
     b, l = x0.shape
     if t is None:
         t = sample_t(b, eps, low_discrepancy, generator=generator, device=x0.device)
@@ -69,21 +118,40 @@ def diffusion_loss(
         maskable &= ~prompt_mask.bool()
     if attention_mask is not None and attention_mask.dim() == 2:
         maskable &= attention_mask.bool()
-    if shift_logits:
+    if shift_logits:  # logits[:, i-1] predicts x0[:, i]; position 0 is never masked
         maskable[:, 0] = False
     xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator, u=u)
-    # The LM head runs only where the loss reads it: the masked positions (or, shifted, the positions
-    # just before them). On SmolLM2-135M the 49152 x 576 head is a fifth of the FLOPs; at mask rate t
-    # it now costs t of that (benchmarks/bench_real_train.py).
-    need = torch.zeros_like(masked)
-    if shift_logits:  # logits[:, i-1] predicts x0[:, i]; position 0 is never masked
-        need[:, :-1] = masked[:, 1:]
-    else:
-        need = masked
-    logits = model(xt, attention_mask=attention_mask, logits_index=need, **forward_kwargs).logits  # [N, V]
+    rows, cols = masked.nonzero(as_tuple=True)  # row-major, on the host for a host batch
+    norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full((b,), l, device=x0.device)
+    return MaskPlan(xt=xt, t=t, rows=rows, cols=cols, head_cols=cols - 1 if shift_logits else cols,
+                    target=x0[rows, cols], norm=norm, num_masked=masked.sum())
+
+
+def masked_loss(model, plan: MaskPlan, **forward_kwargs) -> LossOutput:
+    """eq. 4 from a `MaskPlan` on the model's device: the LM head runs only on the N positions the loss
+    reads (on SmolLM2-135M the 49152 x 576 head is a fifth of the FLOPs; at mask rate t it costs t of
+    that, benchmarks/bench_real_train.py), gathered by index, so the step has no host sync."""
+    logits = model(plan.xt, logits_index=(plan.rows, plan.head_cols), **forward_kwargs).logits  # [N, V]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
-    ce = F.cross_entropy(logits, x0[masked], reduction="none")  # row-major, as `need` is
-    rows = masked.nonzero()[:, 0]
-    per_seq = torch.zeros(b, dtype=ce.dtype, device=ce.device).index_add_(0, rows, ce) / t
-    norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full_like(per_seq, l)
-    return LossOutput(loss=(per_seq / norm).mean(), num_masked=masked.sum(), t=t)
+    ce = F.cross_entropy(logits, plan.target, reduction="none")  # [N]
+    b = plan.xt.shape[0]
+    per_seq = torch.zeros(b, dtype=ce.dtype, device=ce.device).index_add_(0, plan.rows, ce) / plan.t
+    return LossOutput(loss=(per_seq / plan.norm).mean(), num_masked=plan.num_masked, t=plan.t)
+
+
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`; to CUDA through pinned memory, asynchronously: a copy from pageable
+    memory would make the host wait for the GPU at every step."""
+    device = torch.device(device)
+    if x.device == device:
+        return x
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
+def _device_of(model, default: torch.device) -> torch.device:
+    """Where the model computes (DDP/FSDP wrappers included); `default` for a parameter-free stand-in."""
+    for p in model.parameters():
+        return p.device
+    return default

@@ -27,47 +27,47 @@ def sdpa_attention(q, k, v, mask=None, need_probs=False, sink_logit=None):
     gqa = k.shape[1] != q.shape[1]
     if sink_logit is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa), None
-    return _sdpa_with_sink_column(q, k, v, mask, sink_logit, gqa), None
+    return _sdpa_with_sink_key(q, k, v, mask, sink_logit, gqa), None
 
 
-def _sdpa_with_sink_column(q, k, v, mask, sink_logit, gqa):
-    """The virtual sink column through SDPA's fused kernel, exact in value and gradient.
+def _sdpa_with_sink_key(q, k, v, mask, sink_logit, gqa):
+    """The virtual sink column as one extra key through SDPA's fused kernel, exact in value and gradient.
 
-    A float mask that requires grad sends SDPA to its slow unfused path, so the mask carries
-    `b.detach()` and b's gradient is added by hand. With out = sum_j p_j v_j over the real keys,
-    d out / d b_h = -p_sink * out (only the denominator depends on b_h), so
-        out - p_sink * zero(b) * out.detach(),   zero(b) = 0 with d zero / d b = 1,
-    has the right value (the added term is 0, even for b = -inf) and the right gradient. p_sink comes from the same
-    kernel call: every real key gets an extra value channel of 1 and the sink a 0, so that channel
-    of the output is sum_j p_j = 1 - p_sink.
+    Every head grows by P channels (hd + P a multiple of 8, as fused GPU kernels want; P >= 1) and
+    the scale stays explicit, 1/sqrt(hd). With c_h = b_h * sqrt(hd):
+        q'_h = [q_h, c_h, 0..],  k'_j = [k_j, 0, 0..] (real keys),  k'_sink = [0.., 1, 0..],  v'_sink = 0,
+    so q'·k'_j / sqrt(hd) = q·k_j / sqrt(hd) and q'·k'_sink / sqrt(hd) = b_h: softmax over the L + 1
+    keys is the column's row, and its zero value drops it from the output (out = p[..., :Lk] v).
+    The per-head logit rides in q (not in the shared key), so GQA needs nothing more; b's gradient
+    flows through that channel by autograd. No float mask and equal q/k/v head dims: the fused kernel.
     """
     b, kvh, lk, hd = k.shape
     h, lq = q.shape[1], q.shape[2]
-    k = torch.cat([k, k.new_zeros(b, kvh, 1, hd)], dim=2)  # [B, KVH, Lk+1, hd]; its score is set by the mask
-    v = torch.cat([v, v.new_ones(b, kvh, lk, 1)], dim=-1)  # [B, KVH, Lk, hd+1]: the "real key" channel
-    v = torch.cat([v, v.new_zeros(b, kvh, 1, hd + 1)], dim=2)  # zero value for the sink column
-    bias = sink_logit.detach().to(q.dtype).view(1, h, 1, 1)
-    if mask is None:
-        float_mask = torch.cat([q.new_zeros(1, h, 1, lk), bias], dim=-1)  # [1, H, 1, Lk+1]
-    else:
-        real = q.new_zeros(mask.shape).masked_fill(~mask, float("-inf"))  # [B|1, H|1, Lq|1, Lk]
-        shape = (real.shape[0], h, real.shape[2])
-        float_mask = torch.cat([real.expand(*shape, lk), bias.expand(*shape, 1)], dim=-1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, enable_gqa=gqa)  # [B, H, Lq, hd+1]
-    y = out[..., :hd]
-    if sink_logit.requires_grad and torch.is_grad_enabled():
-        p_sink = (1.0 - out[..., hd:]).detach()  # [B, H, Lq, 1]
-        zero = _ZeroWithUnitGrad.apply(sink_logit).to(q.dtype).view(1, h, 1, 1)
-        y = y - (p_sink * zero) * y.detach()
-    return y
+    pad = 8 - hd % 8  # >= 1 channel for c_h
+    c = _Finite.apply(sink_logit.to(q.dtype) * hd**0.5).view(1, h, 1, 1).expand(b, h, lq, 1)
+    q = torch.cat([q, c, q.new_zeros(1, 1, 1, 1).expand(b, h, lq, pad - 1)], dim=-1)  # [B, H, Lq, hd+P]
+    unit = k.new_zeros(1, 1, lk + 1, hd + pad)
+    unit[0, 0, lk, hd] = 1.0  # the extra key, a constant (no gradient)
+    k = F.pad(k, (0, pad, 0, 1)) + unit  # [B, KVH, Lk+1, hd+P]
+    v = F.pad(v, (0, pad, 0, 1))  # zero value for the extra key, zero extra channels
+    if mask is not None:  # every query sees the column
+        mask = F.pad(mask, (0, 1), value=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd**-0.5, enable_gqa=gqa)
+    return out[..., :hd]
 
 
-class _ZeroWithUnitGrad(torch.autograd.Function):
-    """Forward: zeros like the input; backward: the incoming gradient unchanged."""
+class _Finite(torch.autograd.Function):
+    """Clamp to ± half the dtype's largest value, gradient passed straight through.
+
+    Finite, so that the real keys' zero in the logit's channel gives 0 (inf x 0 is NaN). A logit of
+    -inf still gives the column exactly 0 (exp underflows); beyond the clamp the column's probability
+    is 0 or 1, where the true gradient is 0, and so is the one passed through (a clamp's own backward
+    would cost five kernels per layer for nothing)."""
 
     @staticmethod
     def forward(ctx, x):
-        return torch.zeros_like(x)
+        big = torch.finfo(x.dtype).max / 2
+        return x.clamp(-big, big)
 
     @staticmethod
     def backward(ctx, grad):

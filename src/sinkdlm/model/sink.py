@@ -9,8 +9,9 @@ follow that the fast path uses:
   * a sink's attention output is exactly its own value vector, so its hidden states at every layer
     are constants of the model — they never depend on the content, the batch or the position
     (rotary phases cancel in q·k of a token with itself). Only their keys carry a position, and the
-    rotation is applied when the content reads them. So the sink stream runs once per forward at
-    batch 1 (`DiffusionLM.sink_stream`), or not at all with a `SinkCache`.
+    rotation is applied when the content reads them. So in training the sinks ride in the batch as
+    extra rows whose attention output is set to their value (`transformer.Block`), and at inference
+    their keys/values are computed once (`DiffusionLM.sink_stream`) and kept in a `SinkCache`.
   * content queries need no mask at all: they attend to all L + n keys.
 """
 

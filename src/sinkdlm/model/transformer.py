@@ -4,11 +4,14 @@ Architecture only: RMSNorm, RoPE, SwiGLU, GQA, optional QKV bias, optional tied 
 gated attention (Appendix A.2, eq. 8-10), `num_sink_tokens` sinks (docs/method.md §3, eq. 5-7) and a
 virtual sink column in every softmax row (`sink_logit`: a learned score per head, as gpt-oss;
 `softmax_one`: the score fixed at 0, Miller's softmax-off-by-one; its value vector is zero).
-The forward pass has two streams (see `sink.py` for why this is exact):
-  1. the sink stream: `n` sink embeddings through every layer at batch 1, each sink attending only
-     to itself (eq. 6), so its attention output is its own value vector;
-  2. the content stream: every content query attends, with no mask, to all content keys plus
-     the sinks' keys/values of that layer, joined in layout order.
+The sinks enter a pass in one of two ways, both through `Block.forward` (see `sink.py` for why
+this is exact):
+  1. riding in the sequence (training, or whenever they are recomputed): `[s; X]` as one batched
+     tensor; every projection, norm and MLP runs on it once, and each sink row's attention output is
+     set to its own value vector (eq. 6) while only the content queries go to SDPA, unmasked;
+  2. as constants (`SinkCache`, the KV cache and the analysis probes): the sinks' keys/values of
+     each layer, computed once by `sink_stream()` (the same block code on the sink rows alone), are
+     joined to the content's keys in layout order.
 Attention backends and masks are chosen by name (`attention.py`); the Fast-dLLM key/value cache is
 `cache.KVCache` and everything the analysis asks of a pass (key masks, maps, hooks) is `probe.Probe`;
 checkpoints live in `files.py`. Parameter names match Hugging Face Qwen2 without the `model.` prefix.
@@ -89,7 +92,10 @@ class Attention(nn.Module):
     def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`y [B, H, L, hd]` -> `O = (Y ⊙ σ(X W_g)) W_O` (eq. 8-10; plain `Y W_O` without the gate)."""
         b, _, l, _ = y.shape
-        y = y.transpose(1, 2).reshape(b, l, -1)
+        return self.project(y.transpose(1, 2).reshape(b, l, -1), x)
+
+    def project(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`y [B, L, H * hd]` (heads merged) -> `O = (Y ⊙ σ(X W_g)) W_O`."""
         if self.g_proj is not None:
             y = y * torch.sigmoid(self.g_proj(x))
         return self.o_proj(y)
@@ -106,6 +112,22 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
+@dataclass
+class SinkRows:
+    """How the sinks enter one pass (docs/method.md §3, eq. 5-7), the same for every layer.
+
+    `rows` sink rows ride in the hidden sequence `h` itself (front or end, in layout order): their
+    keys/values are computed with the content's in one batched projection, and their attention output
+    is set to their own value vector (eq. 6), so no second stream runs. Or `rows = 0` and the sinks'
+    keys/values are constants of the model (`SinkCache`), joined to the content's keys per layer.
+    `keep [1, R, 1, 1]` (zero-value sink, Table 5): 0 on sink rows, 1 on content.
+    """
+
+    rows: int
+    position: str
+    keep: torch.Tensor | None = None
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -114,62 +136,72 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def sink_forward(self, hs: torch.Tensor, zero_value: bool):
-        """The sink stream (eq. 6): each sink attends only to itself, so `Y_s = v_s`.
+    def forward(self, h, rope, sinks: SinkRows, sink_kv, mask, backend, need_probs, past_kv=None, start=0):
+        """h `[B, R, d]`: `sinks.rows` sink rows and L content columns, in layout order.
 
-        With a virtual sink column the sink's row is softmax([s_self, b_h]) over its own key and the
-        column, so `Y_s = sigmoid(s_self - b_h) v_s`, where s_self = q_s k_s / sqrt(d) needs no
-        rotation (RoPE at one position for both q and k leaves their dot product unchanged).
-        hs `[1, n, d]` -> (next hs, k before rotation `[1, KVH, n, hd]`, v `[1, KVH, n, hd]`,
-        p_self `[1, H, n]` | None).
+        rope: (cos, sin) `[B|1, R, hd]` for the keys of all rows and `[B|1, L, hd]` for the content
+        queries, or None: no rotation (the sink cache keeps keys before rotation). sink_kv: the sinks'
+        rotated constant keys/values `[B|1, KVH, n, hd]`, when they do not ride in `h`. past_kv: cached
+        content (k rotated, v) `[B, KVH, Lc, hd]`; the content rows are then the columns
+        `start .. start+L`, which replace those columns of the cache (shorter: a prefix cache).
+        Returns (h, probs `[B, H, L, S]` | None (S + 1 columns with a virtual sink column, last),
+        values `[B, KVH, S, hd]` in layout order, kv, p_self `[B, H, rows]` | None), where kv is the
+        content's (k, v) over all key columns when no sink rides in `h` (what a KV cache records), the
+        sink rows' (k before rotation, v) when `h` holds sinks only (the sink cache), else None.
         """
         attn = self.self_attn
-        x = self.input_layernorm(hs)
-        k, v = attn.kv(x)
-        if zero_value:  # Table 5: the sink's value vector is zero at every layer
-            v = torch.zeros_like(v)
-        groups = attn.num_heads // attn.num_kv_heads
-        y = v.repeat_interleave(groups, dim=1)  # [1, H, n, hd]
-        p_self = None
-        column = attn.sink_column(x)
-        if column is not None:
-            q = attn._heads(attn.q_proj(x), attn.num_heads)  # [1, H, n, hd]
-            s_self = (q * k.repeat_interleave(groups, dim=1)).sum(-1) / attn.head_dim**0.5  # [1, H, n]
-            p_self = torch.sigmoid(s_self - column.to(s_self.dtype)[None, :, None])
-            y = y * p_self[..., None]
-        hs = hs + attn.output(y, x)
-        hs = hs + self.mlp(self.post_attention_layernorm(hs))
-        return hs, k, v, p_self
-
-    def forward(self, h, cos, sin, sink_kv, sink_position, mask, backend, need_probs, past_kv=None, start=0):
-        """Content stream. h `[B, L, d]`; sink_kv: rotated sink keys and values `[B|1, KVH, n, hd]`.
-
-        past_kv: cached content (k rotated, v) `[B, KVH, Lc, hd]`; h then holds the columns
-        `start .. start+L` of the sequence, which replace those columns of the cache (a cache
-        shorter than `start + L` is a prefix cache). Returns (h, probs `[B, H, L, S]` | None,
-        values `[B, KVH, S, hd]` in layout order, content (k, v) over all key columns); with a
-        virtual sink column the probabilities have it last: `[B, H, L, S + 1]`.
-        """
-        attn = self.self_attn
+        hd, nh, nkv = attn.head_dim, attn.num_heads, attn.num_kv_heads
+        groups = nh // nkv
         x = self.input_layernorm(h)
-        q = apply_rope(attn._heads(attn.q_proj(x), attn.num_heads), cos, sin)
-        k, v = attn.kv(x)
-        k = apply_rope(k, cos, sin)
+        b, r, _ = x.shape
+        n, where = sinks.rows, sinks.position
+        q = attn.q_proj(x).view(b, r, nh, hd)
+        k = attn.k_proj(x).view(b, r, nkv, hd)
+        v = attn.v_proj(x).view(b, r, nkv, hd)
+        if sinks.keep is not None:  # Table 5: the sinks' value vectors are zero at every layer
+            v = v * sinks.keep
+        column = attn.sink_column(x)
+        l = r - n
+        y_sink = p_self = None
+        if n:  # eq. 6: a sink attends only to itself, so its output is its own value vector
+            sink_at = 0 if where == "front" else l
+            vs = v.narrow(1, sink_at, n)
+            y_sink = vs[:, :, :, None].expand(b, n, nkv, groups, hd)  # [B, n, KVH, G, hd]
+            if column is not None:  # softmax([s_self, b_h]) over its own key and the column
+                # RoPE at one position for both q and k leaves s_self unchanged: no rotation needed.
+                qs, ks = q.narrow(1, sink_at, n), k.narrow(1, sink_at, n)
+                s_self = (qs.view(b, n, nkv, groups, hd) * ks[:, :, :, None]).sum(-1) / hd**0.5  # [B, n, KVH, G]
+                p_self = torch.sigmoid(s_self - column.to(s_self.dtype).view(nkv, groups))
+                y_sink = y_sink * p_self[..., None]
+                p_self = p_self.flatten(2).transpose(1, 2)  # [B, H, n]
+            q = q.narrow(1, n if where == "front" else 0, l)  # the content queries [B, L, H, hd]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, rows, hd]
+        kv = (k, v) if not l else None  # the sink cache: keys before rotation
+        if rope is not None:
+            cos, sin, cos_q, sin_q = rope
+            q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
         if past_kv is not None:  # keys are cached after rotation, at their absolute positions
             pk, pv = past_kv
-            end = start + h.shape[1]
+            end = start + l
             k = torch.cat([pk[:, :, :start], k, pk[:, :, end:]], dim=2)
             v = torch.cat([pv[:, :, :start], v, pv[:, :, end:]], dim=2)
-        content_kv = (k, v)
+        if not n:
+            kv = (k, v)
         if sink_kv is not None:
             ks, vs = sink_kv
-            b = h.shape[0]
-            k = sinklib.join(ks.expand(b, -1, -1, -1), k, sink_position, dim=2)
-            v = sinklib.join(vs.expand(b, -1, -1, -1), v, sink_position, dim=2)
-        y, probs = backend(q, k, v, mask=mask, need_probs=need_probs, sink_logit=attn.sink_column(q))
-        h = h + attn.output(y, x)
+            k = sinklib.join(ks.expand(b, -1, -1, -1), k, where, dim=2)
+            v = sinklib.join(vs.expand(b, -1, -1, -1), v, where, dim=2)
+        probs = None
+        if l:
+            y, probs = backend(q, k, v, mask=mask, need_probs=need_probs, sink_logit=column)  # [B, H, L, hd]
+            y = y.transpose(1, 2)  # [B, L, H, hd]
+            # with sink rows the join copies once; without, the reshape does (as any attention layer)
+            y = sinklib.join(y_sink, y.view(b, l, nkv, groups, hd), where, dim=1) if n else y.reshape(b, l, nh, hd)
+        else:
+            y = y_sink
+        h = h + attn.project(y.reshape(b, r, nh * hd), x)
         h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, probs, v, content_kv
+        return h, probs, v, kv, p_self
 
 
 class DiffusionLM(nn.Module):
@@ -226,16 +258,28 @@ class DiffusionLM(nn.Module):
 
     # ------------------------------------------------------------------ sink stream
     def sink_stream(self) -> sinklib.SinkCache:
-        """Run the sinks through every layer (batch 1); keys before rotation and values per layer."""
+        """The sinks alone through every layer (batch 1, no content, no rotation): their keys before
+        rotation and values per layer. The same `Block.forward` as every pass, with only sink rows."""
         cfg = self.config
+        n = cfg.num_sink_tokens
         hs = self.sink_embeddings[None]  # [1, n, d]
+        rows = self._sink_rows(n, hs)
         ks, vs, ps = [], [], []
         for layer in self.layers:
-            hs, k, v, p_self = layer.sink_forward(hs, cfg.sink_zero_value)
+            hs, _, _, (k, v), p_self = layer(hs, None, rows, None, None, None, False)
             ks.append(k)
             vs.append(v)
             ps.append(p_self)
         return sinklib.SinkCache(ks, vs, p_self=ps if cfg.has_sink_column else None)
+
+    def _sink_rows(self, rows: int, ref: torch.Tensor) -> SinkRows:
+        """The pass's `SinkRows`: `rows` sink rows in the hidden sequence of `ref [B, R, d]`."""
+        cfg = self.config
+        keep = None
+        if rows and cfg.sink_zero_value:
+            keep = ref.new_ones(1, ref.shape[1], 1, 1)
+            sinklib.split(keep, rows, cfg.sink_position, dim=1)[0].zero_()
+        return SinkRows(rows, cfg.sink_position, keep)
 
     @torch.no_grad()
     def sink_cache(self) -> sinklib.SinkCache:
@@ -261,7 +305,7 @@ class DiffusionLM(nn.Module):
         *,
         position_ids: torch.Tensor | None = None,
         causal: bool | None = None,
-        logits_index: torch.Tensor | slice | None = None,
+        logits_index: torch.Tensor | slice | tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: KVCache | None = None,
         probe: Probe | None = None,
     ) -> DiffusionLMOutput:
@@ -275,9 +319,10 @@ class DiffusionLM(nn.Module):
         causal         content attends causally (AR parity and annealing); sinks stay visible.
                        None: the model's own `config.causal` (True for an autoregressive model).
         logits_index   run the LM head only on these columns of `input_ids` (a slice or a 1-D
-                       index tensor shared by the batch): `.logits` is then `[B, K, V]`; or a bool
-                       `[B, L]` mask: `.logits` is `[N, V]` for its N True positions, row-major (the
-                       training loss reads only masked positions). The head is the largest matmul
+                       index tensor shared by the batch): `.logits` is then `[B, K, V]`; or a pair
+                       `(rows, cols)` of 1-D index tensors: `.logits` is `[N, V]` for those N positions
+                       (the training loss reads only masked positions; indices built on the host keep
+                       the step free of host syncs); or a bool `[B, L]` mask: `[N, V]`, row-major. The head is the largest matmul
                        for 49k-151k vocabularies; callers that read a few positions skip the rest.
         cache          a Fast-dLLM `KVCache` (cache.py): with cached keys/values `input_ids` are
                        the columns `cache.start .. cache.start+L` and only they run; with
@@ -306,26 +351,43 @@ class DiffusionLM(nn.Module):
         if position_ids is not None:
             pos_content = position_ids
         h = self.embed_tokens(input_ids)  # [B, L, d]
-        cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, h.dtype)
+        # RoPE in the dtype the projections compute in (bf16 under autocast), so q, k and v reach
+        # attention in one dtype and autocast copies none of them (angles are still built in fp32).
+        dev = h.device.type
+        act_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
         mask = self._content_mask(attention_mask, causal, l, h.device)  # None on the fast path
 
-        sinks = None
+        sinks, rows = None, 0
         if n > 0:
             use_cache = (not self.training) if self.use_sink_cache is None else self.use_sink_cache
-            sinks = self.sink_cache() if use_cache else self.sink_stream()
-            cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, h.dtype)
+            if use_cache or not self.training or cache is not None or probe is not None:
+                # the sinks' constant keys/values (eq. 6: they depend on the weights only); recomputed
+                # outside training by the same arithmetic as the cache, so the two agree bit for bit
+                sinks = self.sink_cache() if use_cache else self.sink_stream()
+            else:  # training: the sinks ride in the sequence, one batched pass, no second stream
+                rows = n
+                h = sinklib.join(self.sink_embeddings[None].to(h.dtype).expand(b, -1, -1), h, cfg.sink_position, dim=1)
+                pos_content = sinklib.join(pos_sink.expand(pos_content.shape[0], -1), pos_content,
+                                           cfg.sink_position, dim=1)
             if mask is not None:  # every content query sees the sinks (eq. 6, second case)
                 mask = mask.expand(b, -1, l, -1)
                 mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
+        cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, R, hd]
+        rope = (cos, sin, *((t.narrow(1, n if cfg.sink_position == "front" else 0, l) for t in (cos, sin))
+                            if rows else (cos, sin)))  # keys: every row; queries: the content
+        layout = self._sink_rows(rows, h)
+        sink_kv = None
+        if sinks is not None:
+            cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, act_dtype)
 
         seen = ProbePass(probe, cfg, l, b, sinks) if probe is not None else None
         fresh = []  # per layer content (k, v) over all key columns, for cache.record
         for i, layer in enumerate(self.layers):
-            sink_kv = None if sinks is None else (apply_rope(sinks.k[i], cos_s, sin_s), sinks.v[i])
+            if sinks is not None:
+                sink_kv = (apply_rope(sinks.k[i].to(act_dtype), cos_s, sin_s), sinks.v[i].to(act_dtype))
             layer_mask = mask if probe is None else probe.mask(i, mask, l, n, cfg.sink_position)
             past = cache.get(i) if cache is not None else None
-            h, probs, v, kv = layer(h, cos, sin, sink_kv, cfg.sink_position, layer_mask, backend,
-                                    need_maps, past, start)
+            h, probs, v, kv, _ = layer(h, rope, layout, sink_kv, layer_mask, backend, need_maps, past, start)
             if cache is not None and cache.record:
                 fresh.append(kv)
             if seen is not None:
@@ -338,8 +400,13 @@ class DiffusionLM(nn.Module):
             del v, kv
         if cache is not None and cache.record:
             cache.layers = fresh
-        if isinstance(logits_index, torch.Tensor) and logits_index.dtype == torch.bool:
-            h = h[logits_index]  # [N, d]: the head only where the caller reads it
+        if rows:
+            h = h.narrow(1, n if cfg.sink_position == "front" else 0, l)  # the content rows [B, L, d]
+        if isinstance(logits_index, tuple):  # (rows, cols): [N, d], the head only where the caller reads it
+            rows_i, cols_i = logits_index
+            h = h.flatten(0, 1).index_select(0, rows_i * h.shape[1] + cols_i)  # no host sync (cf. a bool mask)
+        elif isinstance(logits_index, torch.Tensor) and logits_index.dtype == torch.bool:
+            h = h[logits_index]  # [N, d]; a bool mask asks the device for N (a host sync on a GPU)
         elif logits_index is not None:
             h = h[:, logits_index]  # [B, K, d]
         logits = self.lm_head(self.norm(h))

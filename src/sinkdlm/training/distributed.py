@@ -113,14 +113,13 @@ def prepare_blocks(model: torch.nn.Module, activation_checkpointing: bool = Fals
 def wrap(model: torch.nn.Module, env: DistEnv, fsdp: bool = False, bf16: bool = False) -> torch.nn.Module:
     """DDP by default; FSDP2 (`fully_shard` per block, then the root) for models that do not fit.
 
-    Under FSDP each block is all-gathered twice per step: once for the sink stream
-    (`Block.sink_forward`, registered as an FSDP forward method so its parameters are gathered and
-    its gradients reduced) and once for the content stream. With `bf16`, FSDP computes in bf16 and
+    Under FSDP each block is all-gathered once per step: the sinks ride in the sequence (transformer.py),
+    so there is no second stream to gather for. With `bf16`, FSDP computes in bf16 and
     reduces gradients in fp32 (`MixedPrecisionPolicy`); the sharded master weights stay fp32.
     """
     if fsdp:
         assert env.fsdp and dist.is_initialized(), "FSDP needs the process group of dist_utils.init(fsdp=True)"
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # Blocks return views (keys/values after a transpose); nothing modifies them in place, which
         # is the case this FSDP warning is about, so it is silenced instead of printed per rank.
@@ -128,7 +127,6 @@ def wrap(model: torch.nn.Module, env: DistEnv, fsdp: bool = False, bf16: bool = 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
         for layer in model.layers:
             fully_shard(layer, mp_policy=mp)
-            register_fsdp_forward_method(layer, "sink_forward")
         fully_shard(model, mp_policy=mp)
         return model
     if env.world_size == 1:

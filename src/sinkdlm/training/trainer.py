@@ -421,9 +421,10 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             x0, pm = train_set.get(indices[sl])
             sync = m == cfg.grad_accum - 1
             with (nullcontext() if sync else dist_utils.no_sync(wrapped)), _autocast(cfg, device):
+                # host tensors: the loss plans the masked positions on the host and moves only what
+                # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
                 out_loss = diffusion_loss(
-                    wrapped, _to(x0, device), mask_id=model.config.mask_token_id, t=_to(t_all[sl], device),
-                    u=_to(u_all[sl], device), prompt_mask=None if pm is None else _to(pm, device),
+                    wrapped, x0, mask_id=model.config.mask_token_id, t=t_all[sl], u=u_all[sl], prompt_mask=pm,
                     shift_logits=model.config.shift_logits, attention_mask=content_mask,
                 )
                 (out_loss.loss / cfg.grad_accum).backward()
