@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from sinkdlm import DiffusionLM
 from sinkdlm.analysis.comparison import compare
-from sinkdlm.analysis.run import analyze
+from sinkdlm.analysis.analyzer import analyze
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss
@@ -393,7 +393,7 @@ def test_cli_generate_and_analyze_an_ar_directory(tmp_path, tok, monkeypatch):
 
 @pytest.mark.parametrize("which", ["dream", "qwen2"])
 def test_eval_and_lm_eval_model_open_them(tmp_path, tok, dream, which):
-    from sinkdlm.evaluation.run import evaluate_dir
+    from sinkdlm.evaluation.evaluator import evaluate_dir
 
     path = dream[1] if which == "dream" else save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
     scores = evaluate_dir(path, ["shakespeare_cloze"], device="cpu", limit=2, mc_num=2, gen_steps=2)

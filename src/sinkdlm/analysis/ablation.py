@@ -35,7 +35,7 @@ from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 from sinkdlm.model.probe import Probe
 from sinkdlm.diffusion.sampling import StepProbe
 

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from sinkdlm.atomic import atomic_write
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 DPI = 120
 

@@ -112,7 +112,7 @@ def analyze_over_prompts(model, tokenizer, prompts: Sequence[str], out_dir: str 
     An autoregressive model takes one step per token: `steps` None means `gen_length` for it."""
     from tqdm.auto import tqdm
 
-    from sinkdlm.analysis.run import analyze
+    from sinkdlm.analysis.analyzer import analyze
 
     if len(prompts) < 2:
         raise ValueError("intervals over prompts need at least 2 prompts; give more (e.g. --num-prompts 16)")

@@ -13,7 +13,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import AnalyzeConfig
+from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.cli.out_lock import exclusive_out
 from sinkdlm.validation import check_prompt_size, check_seed
 

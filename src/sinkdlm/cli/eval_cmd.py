@@ -10,7 +10,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import EvalConfig
+from sinkdlm.config.commands import EvalConfig
 from sinkdlm.validation import check_writable_ancestor
 
 

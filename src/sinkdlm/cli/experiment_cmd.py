@@ -8,7 +8,7 @@ import typer
 
 from sinkdlm.cli.app import app, typed_command
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import ExperimentConfig
+from sinkdlm.config.commands import ExperimentConfig
 
 
 @app.command()

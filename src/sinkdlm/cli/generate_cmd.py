@@ -11,7 +11,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import GenerateConfig
+from sinkdlm.config.commands import GenerateConfig
 
 
 def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str = "_") -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.evaluation.tasks import resolve_tasks
 from sinkdlm.validation import check_int, check_optional_int, check_seed
-from sinkdlm.config.run import EvalConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import EvalConfig  # the one home of the default (its field docstring)
 
 DEFAULT_BATCH_SIZE = 64
 

@@ -26,7 +26,7 @@ from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.report import write_analysis_report, write_figures
 from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.validation import check_epsilon, check_int, check_scale
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 SCHEMA_VERSION = 1
 ANALYSIS_KEYS = (
