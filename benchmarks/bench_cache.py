@@ -42,7 +42,7 @@ def main() -> None:
     prompt = torch.randint(0, model.config.mask_token_id, (args.batch, PROMPT), generator=g)
 
     def run(cache=None, threshold=None, full_head=False):
-        out = generate(model, prompt, GEN, None if threshold else GEN, block_length=BLOCK, threshold=threshold,
+        out = generate(model, prompt, gen_length=GEN, steps=None if threshold else GEN, block_length=BLOCK, threshold=threshold,
                        cache=cache, callback=(lambda s: None) if full_head else None, return_dict=True)
         return out.sequences, out.steps_taken
 

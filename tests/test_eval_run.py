@@ -81,7 +81,7 @@ def test_cloze_generation_samples_as_many_tokens_as_the_true_word(tiny):
 
     ids, target = pred.encode_pair(ctx, " questionable")
     assert len(target) > 1
-    seq = generate(model, ids, len(target), len(target))[0, len(ids):].tolist()
+    seq = generate(model, ids, gen_length=len(target), steps=len(target))[0, len(ids):].tolist()
     assert pred.generate([GenRequest(ctx, length_of=" questionable")]) == [text(seq)]
 
 

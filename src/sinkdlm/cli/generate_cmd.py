@@ -69,11 +69,7 @@ def generate(cfg: GenerateConfig) -> None:
             print(f"[step {state.step:>4} block {state.block}] {text!r}", file=out_stream, flush=True)
 
     start = time.perf_counter()
-    out = sample(
-        net, ids, gen_length, steps, block_length=cfg.block_length, temperature=cfg.temperature,
-        remasking=cfg.remasking, threshold=threshold, seed=cfg.seed, callback=callback, return_dict=True,
-        cache=cfg.cache,
-    )
+    out = sample(net, ids, cfg, callback=callback, return_dict=True)  # a GenerateConfig is a SampleConfig
     seconds = time.perf_counter() - start
     tokens = out.sequences[0, out.prompt_length:].tolist()
     text = tokenizer.decode(tokens, skip_special_tokens=True)

@@ -95,6 +95,25 @@ def non_default_fields(config: Any) -> dict[str, Any]:
             if getattr(config, f.name) != field_default(f)}
 
 
+def with_overrides(cls: type, config: Any, overrides: dict[str, Any], where: str) -> Any:
+    """`config` (an instance of `cls`, or None for the defaults) with `overrides` of its fields
+    replaced: the settings of a library call such as `generate(model, ids, config, steps=8)`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise TypeError(f"{where}() got unknown setting(s) {', '.join(unknown)}; the {cls.__name__} fields are "
+                        f"{', '.join(names)}")
+    if config is None:
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if field_default(f) is dataclasses.MISSING and f.name not in overrides]
+        if missing:
+            raise TypeError(f"{where}() needs {', '.join(missing)} (a keyword, or a {cls.__name__})")
+        return cls(**overrides)
+    if not isinstance(config, cls):
+        raise TypeError(f"{where}() takes a {cls.__name__} as config, got {type(config).__name__}")
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
 def flag_of(f: dataclasses.Field) -> str:
     """The long option of a field: its metadata's `flag`, else `--field-name`."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")

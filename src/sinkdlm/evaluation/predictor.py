@@ -275,7 +275,7 @@ class DLMPredictor:
         for k, start in enumerate(range(0, len(order), self.batch_size)):
             chunk = order[start: start + self.batch_size]
             res = sample(
-                self.model, [rows[i] for i in chunk], padded, None if threshold is not None else steps,
+                self.model, [rows[i] for i in chunk], gen_length=padded, steps=None if threshold is not None else steps,
                 block_length=block_length, temperature=temperature, seed=self.seed + k,
                 shift_logits=self.shift_logits, return_dict=True, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
