@@ -173,4 +173,4 @@ def test_experiment_help_names_every_preset():
         preset = recipe()
         assert preset.name == name
         assert isinstance(preset.train, TrainConfig) and isinstance(preset.evaluation, EvalConfig)
-        assert isinstance(preset.analysis, AnalyzeConfig) and preset.analysis.analyze_kwargs()["gen_length"] > 0
+        assert isinstance(preset.analysis, AnalyzeConfig) and preset.analysis.settings()["gen_length"] > 0

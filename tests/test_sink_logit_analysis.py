@@ -17,6 +17,7 @@ from sinkdlm import generate
 from sinkdlm.diffusion.sampling import StepProbe
 from sinkdlm.analysis import SinkRecorder
 from sinkdlm.model.sink import sink_indices
+from sinkdlm.config import AnalyzeConfig, SampleConfig
 
 EPS = 1.0
 
@@ -119,7 +120,8 @@ def test_analyze_writes_the_virtual_sink_and_labels_the_figure(tmp_path):
 
     model = with_logits(tiny_model(sink_logit=True, mask_token_id=47))
     out = tmp_path / "analysis"
-    analyze(model, Tok(), ["abcde", "fgh"], gen_length=4, steps=2, epsilon=EPS, out_dir=out, label="sink logit")
+    analyze(model, Tok(), ["abcde", "fgh"], AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=2), epsilon=EPS, out=out,
+                                                          label="sink logit"))
     data = json.loads((out / "analysis.json").read_text())
     assert data["model"]["sink_logit"] is True and data["model"]["softmax_one"] is False
     assert data["virtual_sink"]["label"] == "virtual sink (logit)"

@@ -59,6 +59,12 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def nested_config(cls: type, name: str) -> type:
+    """The config class that field `name` of `cls` holds (`SampleConfig | None` -> `SampleConfig`)."""
+    args = [a for a in typing.get_args(field_types(cls)[name]) if a is not type(None)] or [field_types(cls)[name]]
+    return args[0]
+
+
 @functools.cache
 def field_types(cls: type) -> dict[str, Any]:
     """{field name: resolved type} (the modules use `from __future__ import annotations`)."""
@@ -66,12 +72,16 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, cli: bool = True,
-           required: bool = False, default_factory: Any = dataclasses.MISSING) -> Any:
+           required: bool = False, default_factory: Any = dataclasses.MISSING,
+           flatten: dict[str, str | None] | None = None) -> Any:
     """A field with command-line metadata: `flag` spells its option differently from its name
     (`as_json` -> `--json`); `cli=False` keeps it out of the command line (config files only);
     `required=True` makes the option required although the field has a default (e.g. an output path
-    that a library caller, such as the experiment runner, sets itself)."""
-    metadata = {"flag": flag, "cli": cli, "required": required}
+    that a library caller, such as the experiment runner, sets itself). `flatten` (a field holding
+    another config, e.g. `AnalyzeConfig.sample: SampleConfig | None`): {its field: help text, None =
+    its own docstring} become flat options of this command (`--gen-length`, not `--sample.gen-length`),
+    each optional; the held config is built when its required fields are given, else it stays None."""
+    metadata = {"flag": flag, "cli": cli, "required": required, "flatten": flatten}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -142,10 +142,10 @@ class SinkDLMEvalModel(LM):
             seed=_int_arg("seed", seed, minimum=0),
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
             shift_logits=None if shift_logits is None else _bool_arg("shift_logits", shift_logits),
-            gen_cache=None if cache in (None, "", "none", "None") else str(cache),
-            gen_threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
+            cache=None if cache in (None, "", "none", "None") else str(cache),
+            threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
         )
-        check_decoding_options(options["gen_cache"], options["gen_threshold"])
+        check_decoding_options(options["cache"], options["threshold"])
         self.check_greedy = _bool_arg("check_greedy", check_greedy)
         if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)
