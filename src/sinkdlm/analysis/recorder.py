@@ -179,7 +179,7 @@ class SinkRecorder:
         config,
         *,
         epsilon: float = AnalyzeConfig.epsilon,
-        scale: str = "sum",
+        scale: str = AnalyzeConfig.scale,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
         decode: Callable[[int], str] | None = None,
         figure_layer: int | None = None,

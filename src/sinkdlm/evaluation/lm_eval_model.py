@@ -49,8 +49,9 @@ from lm_eval.api.registry import model_registry, register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from sinkdlm.diffusion.likelihood import METHODS
+from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
+from sinkdlm.evaluation.tasks import GEN_BLOCK_LENGTH
 from sinkdlm.device import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -94,14 +95,14 @@ class SinkDLMEvalModel(LM):
     def __init__(
         self,
         pretrained: str | None = None,
-        mc_num: int = 128,
+        mc_num: int = MC_NUM,
         method: str = "mc_count",
         batch_size: int | str | None = 32,
         max_batch_size: int | None = None,
         device: str | None = None,
         dtype: str | None = None,
         gen_steps: int | None = None,
-        block_length: int | None = 32,
+        block_length: int | None = GEN_BLOCK_LENGTH,
         max_length: int | None = None,
         check_greedy: bool = True,
         seed: int = 0,
