@@ -16,6 +16,8 @@ from pathlib import Path
 from sinkdlm.config.fields import DeviceOption, option
 from sinkdlm.config.model import switch_fields, switch_values
 
+ELBO_SAMPLES = 16  # Monte-Carlo samples of an ELBO, the default of `analyze` and `eval` (`--mc-num`)
+
 
 @dataclass(kw_only=True)
 class ModelOptions(DeviceOption):
@@ -92,7 +94,7 @@ class AnalyzeConfig(ModelOptions):
     """Sink-masking ablation for these K, e.g. 1,5,10."""
     include_extra_sink: bool = False
     """Let the ablation mask the extra sink token."""
-    mc_num: int = 16
+    mc_num: int = ELBO_SAMPLES
     """Monte-Carlo samples of the ablation's continuation ELBO."""
     batch_size: int = 8
     """Prompts per generation batch."""
@@ -153,7 +155,7 @@ class EvalConfig(ModelOptions):
     """Items per task (default: all)."""
     seed: int = 0
     """Chooses the items and seeds the Monte-Carlo ELBO."""
-    mc_num: int = 16
+    mc_num: int = ELBO_SAMPLES
     """ELBO samples per candidate (cloze words: at most 4)."""
     gen_steps: int | None = None
     """Denoising steps per generation (default: one per token)."""
