@@ -280,8 +280,8 @@ def generate(
     threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
                    confidence exceeds it, at least one per step (low_confidence only).
     generator/seed the randomness (Gumbel noise, random remasking): a `generator`, else one seeded
-                   with `seed` (SampleConfig's default 0); a fixed seed repeats the output. Passing
-                   both `generator` and a `seed=` keyword is refused.
+                   with `seed` (SampleConfig's default 0; None: torch's global generator); a fixed
+                   seed repeats the output. Passing both `generator` and a `seed=` keyword is refused.
     callback       `callback(StepState)` after every step.
     probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
                    maps and values in the StepState); None is the fast path.
@@ -393,7 +393,7 @@ def generate(
         real = prompt[prompt_mask]
     if real.numel() and (real.min() < 0 or real.max() >= cfg.vocab_size):
         raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size})")
-    if generator is None:
+    if generator is None and settings.seed is not None:  # seed=None: torch's global generator, as before
         generator = torch.Generator(device=device).manual_seed(settings.seed)
     shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     if cfg.causal:
