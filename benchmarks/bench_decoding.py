@@ -89,7 +89,7 @@ def run_mode(model, name: str, prompt: torch.Tensor, gen_length: int):
     else:
         opts = MODES[name]
         steps = None if "threshold" in opts else gen_length
-        res = generate(model, prompt, gen_length, steps, BLOCK, return_dict=True, **opts)
+        res = generate(model, prompt, gen_length=gen_length, steps=steps, block_length=BLOCK, return_dict=True, **opts)
         seq, forwards = res.sequences, res.steps_taken
     return seq[:, prompt.shape[1]:], time.process_time() - c0, forwards
 

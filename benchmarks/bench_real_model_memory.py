@@ -64,11 +64,11 @@ def child(args) -> None:
     start = time.perf_counter()
     rec = SinkRecorder(model.config)
     if args.mode == "hook":
-        generate(model, prompt, args.gen_length, args.steps, probe=StepProbe(hook=rec.step_hook))
+        generate(model, prompt, gen_length=args.gen_length, steps=args.steps, probe=StepProbe(hook=rec.step_hook))
         masker = SinkMasker(model, 1)  # the ablation: maps of step t-1 -> per-layer key masks at step t
-        generate(model, prompt, args.gen_length, 2, probe=masker.probe)
+        generate(model, prompt, gen_length=args.gen_length, steps=2, probe=masker.probe)
     else:
-        generate(model, prompt, args.gen_length, args.steps, callback=rec, probe=StepProbe(attentions=True, values=True))
+        generate(model, prompt, gen_length=args.gen_length, steps=args.steps, callback=rec, probe=StepProbe(attentions=True, values=True))
     seconds = time.perf_counter() - start
     peak = _status_kib("VmHWM")
     print(json.dumps({"layers": args.layers, "mode": args.mode, "seq": args.seq, "batch": args.batch,

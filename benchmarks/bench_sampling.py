@@ -115,8 +115,8 @@ def main() -> None:
     differ, tokens, forwards = 0, 0, []
     for _ in range(args.prompts):
         prompt = torch.randint(0, model.config.mask_token_id, (1, PROMPT), generator=g)
-        one = generate(model, prompt, GEN, STEPS, block_length=BLOCK)
-        thr = generate(model, prompt, GEN, None, block_length=BLOCK, threshold=0.9, return_dict=True)
+        one = generate(model, prompt, gen_length=GEN, steps=STEPS, block_length=BLOCK)
+        thr = generate(model, prompt, gen_length=GEN, steps=None, block_length=BLOCK, threshold=0.9, return_dict=True)
         differ += int(not torch.equal(one, thr.sequences))
         tokens += int((one != thr.sequences).sum())
         forwards.append(thr.steps_taken)
@@ -127,7 +127,7 @@ def main() -> None:
     # Memory across steps: resident set size at every step of a 2x longer run.
     gen = 2 * GEN if 2 * GEN + PROMPT + 1 <= model.config.max_position_embeddings else GEN
     rss: list[float] = []
-    generate(model, prompt, gen, gen, block_length=BLOCK, callback=lambda s: rss.append(rss_mib()))
+    generate(model, prompt, gen_length=gen, steps=gen, block_length=BLOCK, callback=lambda s: rss.append(rss_mib()))
     print(f"- memory over {len(rss)} steps (gen_length {gen}): RSS {rss[8]:.1f} MiB at step 8, "
           f"max {max(rss[8:]):.1f} MiB after it, {rss[-1]:.1f} MiB at the last step")
     record["threshold"] = {"prompts": args.prompts, "forwards": forwards, "outputs_differing": differ,
@@ -140,7 +140,7 @@ def main() -> None:
 
 
 def _gen(model, prompt, threshold=None, use_sink_cache=True):
-    out = generate(model, prompt, GEN, None if threshold else STEPS, block_length=BLOCK, threshold=threshold,
+    out = generate(model, prompt, gen_length=GEN, steps=None if threshold else STEPS, block_length=BLOCK, threshold=threshold,
                    use_sink_cache=use_sink_cache, return_dict=True)
     return out.sequences, out.steps_taken
 

@@ -47,13 +47,13 @@ def reference_masks(attn: torch.Tensor, k: int, eps: float, spared=(), sink_rows
 def test_k0_reproduces_the_unablated_generation_exactly(variant):
     model = tiny_model(**VARIANTS[variant])
     prompt = [[5, 6, 7, 8, 9], [10, 11]]  # padded batch too
-    plain = generate(model, prompt, 12, 6, block_length=6, probe=StepProbe(attentions=True))
+    plain = generate(model, prompt, gen_length=12, steps=6, block_length=6, probe=StepProbe(attentions=True))
     masker = SinkMasker(model, 0, epsilon=0.0)
-    assert torch.equal(generate(model, prompt, 12, 6, block_length=6, probe=StepProbe(key_masks=masker, attentions=True)),
+    assert torch.equal(generate(model, prompt, gen_length=12, steps=6, block_length=6, probe=StepProbe(key_masks=masker, attentions=True)),
                        plain)
     assert masker.masked_keys == 0
     hidden = SinkMasker(model, 3, epsilon=0.0)
-    ablated = generate(model, prompt, 12, 6, block_length=6, probe=StepProbe(key_masks=hidden, attentions=True))
+    ablated = generate(model, prompt, gen_length=12, steps=6, block_length=6, probe=StepProbe(key_masks=hidden, attentions=True))
     assert hidden.masked_keys > 0 and not torch.equal(ablated, plain)  # the ablation does something
 
 
@@ -116,7 +116,7 @@ def test_ablated_protocol_masks_come_from_step_t_minus_1_maps(include):
                 assert torch.equal(keep, reference_masks(attn, 2, 0.0, () if include else {0}, sink_rows={0}))
         return masks
 
-    generate(model, [[3, 4, 5]], 8, 4, probe=StepProbe(key_masks=key_masks_fn, attentions=True),
+    generate(model, [[3, 4, 5]], gen_length=8, steps=4, probe=StepProbe(key_masks=key_masks_fn, attentions=True),
              callback=lambda s: states.append(s))
     assert seen[0][1:] == (None, None) and [p for _, p, _ in seen[1:]] == [0, 1, 2]
     sink_masked = False
@@ -151,7 +151,7 @@ def test_run_ablation_elbo_and_task_protocol():
     assert res["delta"]["0"] == 0.0 and set(res["scores"]) == {"0", "1", "5"}
     assert res["delta"]["5"] == pytest.approx(res["scores"]["5"] - res["scores"]["0"])
 
-    reference = generate(model, [[3, 4, 5]], 8, 4, probe=StepProbe(attentions=True))
+    reference = generate(model, [[3, 4, 5]], gen_length=8, steps=4, probe=StepProbe(attentions=True))
     calls = []
 
     class SameTokens:
@@ -160,7 +160,7 @@ def test_run_ablation_elbo_and_task_protocol():
 
         def __call__(self, model, generate_kwargs):
             calls.append(generate_kwargs)
-            out = generate(model, [[3, 4, 5]], 8, 4, **generate_kwargs)
+            out = generate(model, [[3, 4, 5]], gen_length=8, steps=4, **generate_kwargs)
             return float((out == reference).float().mean())
 
     res = run_ablation(model, [2], epsilon=0.0, ablation_task=SameTokens())
@@ -182,7 +182,7 @@ def test_ablation_input_errors():
     with pytest.raises(ValueError, match="held-out"):
         run_ablation(model, [1])
     with pytest.raises(ValueError, match="attentions=True"):
-        generate(model, [1, 2], 4, 2, probe=StepProbe(key_masks=SinkMasker(model, 1, protocol="ablated")))
+        generate(model, [1, 2], gen_length=4, steps=2, probe=StepProbe(key_masks=SinkMasker(model, 1, protocol="ablated")))
     assert received_attention(torch.eye(3)).tolist() == [1.0, 1.0, 1.0]  # re-exported metric still there
 
 
@@ -205,7 +205,7 @@ def test_clean_protocol_masks_the_unablated_sinks_of_step_t_minus_1_again_and_ag
                 seen.append((prev.input_ids.clone(), masks))
             return masks
 
-        generate(model, prompt, 8, 8, block_length=8,
+        generate(model, prompt, gen_length=8, steps=8, block_length=8,
                  probe=StepProbe(key_masks=key_masks_fn, attentions=protocol == "ablated"))
         return seen
 

@@ -48,7 +48,7 @@ def run(model, prompt, recorder, gen_length=8, steps=6):
         stored.append((state.input_ids.clone(), [a.clone() for a in state.attentions],
                        [v.clone() for v in state.values], state.attention_mask))
 
-    generate(model, prompt, gen_length, steps, callback=callback, probe=StepProbe(attentions=True, values=True))
+    generate(model, prompt, gen_length=gen_length, steps=steps, callback=callback, probe=StepProbe(attentions=True, values=True))
     return stored
 
 
@@ -247,4 +247,4 @@ def test_recorder_input_errors():
     with pytest.raises(ValueError, match="no step"):
         rec.summary()
     with pytest.raises(ValueError, match="attentions=True"):
-        generate(tiny_model(), [1, 2], 4, 2, callback=rec)
+        generate(tiny_model(), [1, 2], gen_length=4, steps=2, callback=rec)

@@ -3,6 +3,7 @@ values, figures, reports, and user errors as one `error:` line before any work."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.analysis import ANALYSIS_KEYS, FIGURES, analyze, compare, non_sink_fraction
 from sinkdlm.cli import app, main
 from sinkdlm.data import train_bpe_tokenizer
+from sinkdlm.config import AnalyzeConfig, SampleConfig
 
 TEXTS = [
     "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
@@ -99,8 +101,8 @@ def test_analyze_library_figures_match_the_recorded_numbers(checkpoints, tmp_pat
 
     dirs, _, _ = checkpoints
     model, tok = DiffusionLM.from_pretrained(dirs["sink"]), load_tokenizer(dirs["sink"])
-    a = analyze(model, tok, TEXTS[:2], gen_length=8, steps=4, epsilon=1.0, out_dir=tmp_path, progress=False,
-                figure_steps=(1, 3), label="tiny+sink")
+    a = analyze(model, tok, TEXTS[:2], AnalyzeConfig(sample=SampleConfig(gen_length=8, steps=4), epsilon=1.0, out=tmp_path,
+                                                     quiet=True, figure_steps="1,3", label="tiny+sink"))
     assert a["model"]["label"] == "tiny+sink" and a["ablation"] is None and a["setup"]["steps_taken"] == 4
     with np.load(tmp_path / "analysis_arrays.npz") as z:
         assert z["attention_map_steps"].tolist() == [1, 3]
@@ -174,16 +176,20 @@ def test_bad_input_is_one_error_line_before_any_work(checkpoints, tmp_path, caps
 def test_library_rejects_bad_input_before_writing(checkpoints, tmp_path):
     dirs, _, tok = checkpoints
     model = DiffusionLM.from_pretrained(dirs["vanilla"])
-    ok = dict(gen_length=8, steps=4, out_dir=tmp_path / "o", progress=False)
+    ok = AnalyzeConfig(sample=SampleConfig(gen_length=8, steps=4), out=tmp_path / "o", quiet=True)
     for prompts, kw, match in [
         ([], {}, "non-empty list"), ("a prompt", {}, "non-empty list"), (["", "x"], {}, "non-empty string"),
         (["x"], {"epsilon": -0.1}, "epsilon"), (["x"], {"scale": "avg"}, "scale"),
-        (["x"], {"ablation_k": [1, -2]}, "ablation_k"), (["x"], {"gen_length": 200}, "max_position_embeddings"),
-        (["x"], {"ablation_task": 3, "ablation_k": [1]}, "callable"),
-        (["x"], {"generate_kwargs": {"seed": 1}}, "may not set"),
+        (["x"], {"ablation_k": [1, -2]}, "ablation_k"),
+        (["x"], {"sample": SampleConfig(gen_length=200)}, "max_position_embeddings"),
+        (["x"], {"sample": None}, "gen-length is required"),
     ]:
         with pytest.raises(ValueError, match=match):
-            analyze(model, tok, prompts, **{**ok, **kw})
+            analyze(model, tok, prompts, dataclasses.replace(ok, **kw))
+    with pytest.raises(ValueError, match="callable"):
+        analyze(model, tok, ["x"], dataclasses.replace(ok, ablation_k="1"), ablation_task=3)
+    with pytest.raises(TypeError, match="AnalyzeConfig"):
+        analyze(model, tok, ["x"], ok.sample)
     assert not (tmp_path / "o").exists()
     with pytest.raises(ValueError, match="at least two"):
         compare([tmp_path], tmp_path / "c")

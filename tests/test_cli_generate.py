@@ -67,7 +67,7 @@ def test_json_output_matches_the_library(checkpoint, extra):
         kw["threshold"] = 0.2
     if "--cache" in extra:
         kw["cache"] = extra[extra.index("--cache") + 1]
-    want = generate(model, ids, 8, 8, return_dict=True, **kw)
+    want = generate(model, ids, gen_length=8, steps=8, return_dict=True, **kw)
     assert out["tokens"] == want.sequences[0, len(ids):].tolist()
     assert out["steps_taken"] == want.steps_taken and out["seconds"] > 0
     assert out["text"] == tok.decode(out["tokens"], skip_special_tokens=True)
@@ -82,7 +82,7 @@ def test_plain_text_and_prompt_file(checkpoint, tmp_path):
     b = run("--model", str(directory), "--prompt", PROMPT, "--gen-length", "8", "--steps", "4")
     assert a.exit_code == b.exit_code == 0
     assert a.stdout == b.stdout
-    want = generate(model, tok(PROMPT)["input_ids"], 8, 4)[0, 4:].tolist()
+    want = generate(model, tok(PROMPT)["input_ids"], gen_length=8, steps=4)[0, 4:].tolist()
     assert a.stdout.strip() == tok.decode(want, skip_special_tokens=True)
 
 

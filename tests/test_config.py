@@ -173,4 +173,21 @@ def test_experiment_help_names_every_preset():
         preset = recipe()
         assert preset.name == name
         assert isinstance(preset.train, TrainConfig) and isinstance(preset.evaluation, EvalConfig)
-        assert isinstance(preset.analysis, AnalyzeConfig) and preset.analysis.analyze_kwargs()["gen_length"] > 0
+        assert isinstance(preset.analysis, AnalyzeConfig) and preset.analysis.settings()["gen_length"] > 0
+
+
+def test_a_held_config_is_flattened_into_flat_flags():
+    """`AnalyzeConfig.sample` (a SampleConfig) is --gen-length/--steps/--block-length on the command line,
+    each documented, and the command receives them gathered into a SampleConfig (None without --gen-length)."""
+    from sinkdlm.cli.options import build_config
+    from sinkdlm.config import SampleConfig
+
+    params = {p.name: p.default for p in config_parameters(AnalyzeConfig)}
+    assert "sample" not in params
+    for name, flag in (("gen_length", "--gen-length"), ("steps", "--steps"), ("block_length", "--block-length")):
+        assert params[name].param_decls[0] == flag and params[name].help and params[name].default is None
+    base = {f.name: f.default for f in dataclasses.fields(AnalyzeConfig)
+            if f.name != "sample" and f.default is not dataclasses.MISSING}
+    built = build_config(AnalyzeConfig, {**base, "gen_length": 8, "steps": None, "block_length": 4})
+    assert built.sample == SampleConfig(gen_length=8, block_length=4)
+    assert build_config(AnalyzeConfig, {**base, "gen_length": None, "steps": 3, "block_length": None}).sample is None

@@ -140,7 +140,7 @@ def test_generate_until_is_the_sampler_cut_at_stop_strings(setup):
     samples = sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])
     for doc, sample in zip(setup["gen"], samples):
         # max_gen_toks=40 with blocks of 32: two blocks (64 tokens, one per step), the first 40 kept.
-        seq = generate(model, enc(tok, doc["prompt"]), 64, 64, block_length=32)
+        seq = generate(model, enc(tok, doc["prompt"]), gen_length=64, steps=64, block_length=32)
         new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
         if tok.eos_token_id in new:
             new = new[: new.index(tok.eos_token_id)]
@@ -156,7 +156,7 @@ def test_generate_until_with_cache_and_threshold_is_the_cached_sampler(setup):
     out = run_harness(setup, ["local_gen"], f"pretrained={setup['ckpt']},cache=dual,threshold=0.5")
     samples = sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])
     for doc, sample in zip(setup["gen"], samples):
-        seq = generate(model, enc(tok, doc["prompt"]), 64, None, block_length=32, cache="dual", threshold=0.5)
+        seq = generate(model, enc(tok, doc["prompt"]), gen_length=64, steps=None, block_length=32, cache="dual", threshold=0.5)
         new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
         if tok.eos_token_id in new:
             new = new[: new.index(tok.eos_token_id)]

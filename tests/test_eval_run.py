@@ -4,6 +4,7 @@ structure, values in [0, 1] with binomial standard errors, determinism, and user
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from sinkdlm import CheckpointError, DiffusionLM, ModelConfig, generate
 from sinkdlm.cli import app
 from sinkdlm.data import load_documents, train_bpe_tokenizer
 from sinkdlm.evaluation import DLMPredictor, GenRequest, evaluate, evaluate_dir, format_table
+from sinkdlm.config import EvalConfig
 
 TASKS = ["shakespeare_cloze", "shakespeare_next_line"]
 
@@ -36,7 +38,7 @@ def tiny(tmp_path_factory):
 
 def test_evaluate_end_to_end_on_both_shakespeare_tasks(tiny):
     model, tok, _ = tiny
-    scores = evaluate(model, tok, TASKS, limit=8, mc_num=4, progress=False)
+    scores = evaluate(model, tok, EvalConfig(tasks=",".join(TASKS), limit=8, mc_num=4, progress=False))
     assert list(scores) == TASKS
     assert set(scores["shakespeare_cloze"]) == {"exact_match", "acc"}
     assert set(scores["shakespeare_next_line"]) == {"acc", "acc_norm"}
@@ -46,14 +48,14 @@ def test_evaluate_end_to_end_on_both_shakespeare_tasks(tiny):
             assert 0.0 <= s["value"] <= 1.0
             assert s["value"] * 8 == pytest.approx(round(s["value"] * 8))  # a count of correct items
             assert s["stderr"] == pytest.approx(math.sqrt(s["value"] * (1 - s["value"]) / 8))
-    assert evaluate(model, tok, TASKS, limit=8, mc_num=4, progress=False) == scores  # seeded: repeatable
+    assert evaluate(model, tok, EvalConfig(tasks=",".join(TASKS), limit=8, mc_num=4, progress=False)) == scores  # seeded: repeatable
     table = format_table(scores)
     assert "shakespeare_next_line  acc_norm" in table and "± " in table
 
 
 def test_evaluate_arithmetic_end_to_end(tiny):
     model, tok, _ = tiny
-    scores = evaluate(model, tok, ["arithmetic"], limit=2, gen_steps=32, progress=False)
+    scores = evaluate(model, tok, EvalConfig(tasks="arithmetic", limit=2, gen_steps=32, progress=False))
     assert list(scores) == ["arithmetic"] and list(scores["arithmetic"]) == ["exact_match"]
     s = scores["arithmetic"]["exact_match"]
     assert s["n"] == 2 and s["value"] in (0.0, 0.5, 1.0)
@@ -81,30 +83,30 @@ def test_cloze_generation_samples_as_many_tokens_as_the_true_word(tiny):
 
     ids, target = pred.encode_pair(ctx, " questionable")
     assert len(target) > 1
-    seq = generate(model, ids, len(target), len(target))[0, len(ids):].tolist()
+    seq = generate(model, ids, gen_length=len(target), steps=len(target))[0, len(ids):].tolist()
     assert pred.generate([GenRequest(ctx, length_of=" questionable")]) == [text(seq)]
 
 
 def test_evaluate_dir_reads_a_checkpoint_and_reports_bad_input_first(tiny, tmp_path):
     model, tok, ckpt = tiny
-    assert evaluate_dir(ckpt, ["shakespeare_next_line"], limit=4, mc_num=2, progress=False, device="cpu") == evaluate(
-        model, tok, ["shakespeare_next_line"], limit=4, mc_num=2, progress=False
-    )
+    config = EvalConfig(tasks="shakespeare_next_line", limit=4, mc_num=2, progress=False)
+    assert evaluate_dir(dataclasses.replace(config, model=ckpt, device="cpu")) == evaluate(model, tok, config)
+    tasks = EvalConfig(tasks=",".join(TASKS))
     with pytest.raises(CheckpointError, match="does not exist"):
-        evaluate_dir(tmp_path / "missing", TASKS)
+        evaluate_dir(dataclasses.replace(tasks, model=tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="config.json is missing"):
-        evaluate_dir(tmp_path / "empty", TASKS)
+        evaluate_dir(dataclasses.replace(tasks, model=tmp_path / "empty"))
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text((ckpt / "config.json").read_text())
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):
-        evaluate_dir(no_weights, TASKS)
+        evaluate_dir(dataclasses.replace(tasks, model=no_weights))
     # The task name is checked before the directory: the message lists the known tasks.
     with pytest.raises(ValueError, match="unknown task 'hellaswag'; known tasks: shakespeare_cloze"):
-        evaluate_dir(tmp_path / "missing", ["hellaswag"])
+        evaluate_dir(EvalConfig(tasks="hellaswag", model=tmp_path / "missing"))
     with pytest.raises(ValueError, match="mc_num"):
-        evaluate(model, tok, TASKS, mc_num=0)
+        evaluate(model, tok, dataclasses.replace(tasks, mc_num=0))
 
 
 def test_eval_command_prints_a_table_and_writes_json(tiny, tmp_path):

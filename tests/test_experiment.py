@@ -12,13 +12,14 @@ from typer.testing import CliRunner
 import sinkdlm.cli  # noqa: F401  (registers the commands)
 from sinkdlm.cli.app import app
 from sinkdlm.experiment import get_preset, run_experiment
+from sinkdlm.config import ExperimentConfig
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("exp") / "smoke"
     os.environ["SINKDLM_CACHE"] = str(out.parent / "cache")
-    results = run_experiment("smoke", out)
+    results = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
     return out, results
 
 
@@ -145,7 +146,7 @@ def test_rerun_resumes_without_retraining(smoke, monkeypatch):
         raise AssertionError("a finished variant was retrained")
 
     monkeypatch.setattr(training, "train", boom)
-    again = run_experiment("smoke", out)
+    again = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
     assert again["variants"].keys() == first["variants"].keys()
     assert again["stage_seconds"]["eval"] == 0.0
 
@@ -154,7 +155,7 @@ def test_interrupted_training_resumes_from_checkpoint(smoke):
     out, _ = smoke
     run = out / "runs" / "vanilla-s0" / "train"
     (run / "DONE.json").unlink()  # as if killed after the last checkpoint but before DONE
-    results = run_experiment("smoke", out)
+    results = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
     assert (run / "DONE.json").is_file()
     assert results["variants"]["vanilla"]["seeds"]["0"]["checkpoint"].endswith("step-3")
 
@@ -178,16 +179,16 @@ def test_bad_input_is_a_clear_error(tmp_path, args, match):
 def test_paper_preset_validates_its_inputs(tmp_path):
     qwen = str(_fake_hf(tmp_path))
     with pytest.raises(ValueError, match="--data"):
-        run_experiment("paper-0.5b", tmp_path / "o", init_from=qwen)
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=qwen))
     with pytest.raises(ValueError, match="config.json"):
-        run_experiment("paper-0.5b", tmp_path / "o", init_from=str(tmp_path), data=str(tmp_path))
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=str(tmp_path), data=str(tmp_path)))
     with pytest.raises(ValueError, match="--gsm8k DIR"):
-        run_experiment("paper-0.5b", tmp_path / "o", init_from=qwen, data=str(tmp_path))
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=qwen, data=str(tmp_path)))
     (tmp_path / "gsm").mkdir()
     (tmp_path / "gsm" / "train.jsonl").write_text("")
     with pytest.raises(ValueError, match="test.jsonl is missing"):
-        run_experiment("paper-0.5b", tmp_path / "o", init_from=str(tmp_path / "qwen"), data=str(tmp_path),
-                       gsm8k=str(tmp_path / "gsm"))
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=str(tmp_path / "qwen"),
+                                        data=str(tmp_path), gsm8k=str(tmp_path / "gsm")))
     preset = get_preset("paper-0.5b")  # the paper's Table 1 tasks through lm-eval, GSM8K after SFT
     assert set(preset.lm_eval_tasks) >= {"arc_easy", "arc_challenge", "hellaswag", "piqa", "race", "siqa"}
     assert preset.sft.data == "gsm8k" and "gsm8k" in preset.eval_tasks

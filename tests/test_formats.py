@@ -24,13 +24,14 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from sinkdlm import DiffusionLM
 from sinkdlm.analysis.comparison import compare
-from sinkdlm.analysis.run import analyze
+from sinkdlm.analysis.analyzer import analyze
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.files import CheckpointError
 from sinkdlm.loading import load_model_and_tokenizer
+from sinkdlm.config import AnalyzeConfig, EvalConfig, SampleConfig
 
 V = 320  # model vocabulary (the BPE below has at most 300 tokens: padded rows, as in real models)
 TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 30,
@@ -271,16 +272,16 @@ def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, dream, tok, monkeyp
     monkeypatch.setattr(figures, "save_figure", lambda fig, path: path.write_bytes(b"") or path)
     prompts = ["the quick brown fox jumps over", "to be or not to be, that is"]
     dlm = DiffusionLM.from_pretrained(llada_dir[0])
-    a = analyze(dlm, tok, prompts, gen_length=4, steps=4, ablation_k=[1, 5], out_dir=tmp_path / "dlm",
-                mc_num=2, progress=False, label="llada")
+    a = analyze(dlm, tok, prompts, AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k=[1, 5],
+                                                 out=tmp_path / "dlm", mc_num=2, quiet=True, label="llada"))
     assert a["model"]["kind"].startswith("diffusion") and a["model"]["source_format"] == "llada"
-    d = analyze(DiffusionLM.from_pretrained(dream[1]), tok, prompts, gen_length=4, steps=4, out_dir=tmp_path / "dream",
-                progress=False)
+    d = analyze(DiffusionLM.from_pretrained(dream[1]), tok, prompts,
+                AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), out=tmp_path / "dream", quiet=True))
     assert d["model"]["shift_logits"] and d["model"]["source_format"] == "dream" and d["setup"]["steps_taken"] == 4
     ar_dir = save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
     ar, _ = load_model_and_tokenizer(ar_dir, device="cpu")
-    b = analyze(ar, tok, prompts, gen_length=4, steps=2, ablation_k=[1, 5], out_dir=tmp_path / "ar",
-                progress=False, label="qwen2")
+    b = analyze(ar, tok, prompts, AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=2), ablation_k=[1, 5],
+                                                out=tmp_path / "ar", quiet=True, label="qwen2"))
     assert b["model"]["causal"] and b["setup"]["steps_taken"] == 4  # one step per generated token
     assert b["ablation"]["metric"] == "continuation_logprob_per_token" and set(b["ablation"]["scores"]) == {"0", "1", "5"}
     assert 0 <= b["non_sink_fraction"] <= 1 and len(b["sink_attention_mass"]) == 2
@@ -393,10 +394,10 @@ def test_cli_generate_and_analyze_an_ar_directory(tmp_path, tok, monkeypatch):
 
 @pytest.mark.parametrize("which", ["dream", "qwen2"])
 def test_eval_and_lm_eval_model_open_them(tmp_path, tok, dream, which):
-    from sinkdlm.evaluation.run import evaluate_dir
+    from sinkdlm.evaluation.evaluator import evaluate_dir
 
     path = dream[1] if which == "dream" else save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
-    scores = evaluate_dir(path, ["shakespeare_cloze"], device="cpu", limit=2, mc_num=2, gen_steps=2)
+    scores = evaluate_dir(EvalConfig(tasks="shakespeare_cloze", model=path, device="cpu", limit=2, mc_num=2, gen_steps=2))
     assert 0 <= scores["shakespeare_cloze"]["acc"]["value"] <= 1
     lm_eval_model = pytest.importorskip("sinkdlm.evaluation.lm_eval_model")
     from lm_eval.api.instance import Instance

@@ -9,6 +9,7 @@ import pytest
 from scipy import stats as st
 
 from sinkdlm.analysis.over_prompts import analyze_over_prompts, summarise_prompts
+from sinkdlm.config import AnalyzeConfig, SampleConfig
 
 
 def record(mass0, vs, vn, delta):
@@ -51,4 +52,4 @@ def test_shares_stay_in_bounds_near_zero():
 
 def test_needs_two_prompts(tmp_path):
     with pytest.raises(ValueError, match="at least 2 prompts"):
-        analyze_over_prompts(None, None, ["one"], tmp_path, gen_length=4)
+        analyze_over_prompts(None, None, ["one"], AnalyzeConfig(sample=SampleConfig(gen_length=4), out=tmp_path))

@@ -88,10 +88,12 @@ def test_tokenizer_is_identical_on_corpus_lines(ours, reference):
 
 def test_analyze_finishes_with_finite_numbers(ours, tmp_path):
     from sinkdlm.analysis import analyze
+    from sinkdlm.config import AnalyzeConfig, SampleConfig
 
     model, tok = ours
-    res = analyze(model, tok, [PROMPT, "Now is the winter of our discontent"], gen_length=8, steps=8,
-                  ablation_k=[1, 5], out_dir=tmp_path, batch_size=2, progress=False)
+    res = analyze(model, tok, [PROMPT, "Now is the winter of our discontent"],
+                  AnalyzeConfig(sample=SampleConfig(gen_length=8, steps=8), ablation_k="1,5", out=tmp_path,
+                                batch_size=2, quiet=True))
 
     def finite(x):
         if isinstance(x, dict):

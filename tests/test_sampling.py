@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
+from sinkdlm.config import SampleConfig
 from sinkdlm.diffusion.sampling import StepProbe, StepState, add_gumbel_noise, transfer_schedule
 from sinkdlm.model import Probe
 
@@ -109,7 +110,7 @@ def reference_generate(model, prompt, gen_length, steps, block_length, threshold
 )
 def test_matches_reference_sampler(model, gen_length, steps, block_length):
     prompt = prompts(2, 5, model)
-    got = generate(model, prompt, gen_length, steps, block_length=block_length, return_dict=True)
+    got = generate(model, prompt, gen_length=gen_length, steps=steps, block_length=block_length, return_dict=True)
     want = reference_generate(model, prompt, gen_length, steps, block_length or gen_length)
     assert torch.equal(got.sequences, want)
     assert got.steps_taken == min(steps, gen_length)  # steps that would commit nothing are not run
@@ -118,7 +119,7 @@ def test_matches_reference_sampler(model, gen_length, steps, block_length):
 @pytest.mark.parametrize("threshold", [0.05, 0.2, 0.6])
 def test_threshold_matches_fast_dllm_reference(model, threshold):
     prompt = prompts(3, 4, model)
-    got = generate(model, prompt, 16, None, block_length=8, threshold=threshold, return_dict=True)
+    got = generate(model, prompt, gen_length=16, steps=None, block_length=8, threshold=threshold, return_dict=True)
     want = reference_generate(model, prompt, 16, None, 8, threshold=threshold)
     assert torch.equal(got.sequences, want)
 
@@ -126,15 +127,15 @@ def test_threshold_matches_fast_dllm_reference(model, threshold):
 def test_shift_logits_matches_reference():
     model = tiny_model(num_sink_tokens=1)
     prompt = prompts(2, 4, model)
-    got = generate(model, prompt, 8, 8, block_length=4, shift_logits=True)
+    got = generate(model, prompt, gen_length=8, steps=8, block_length=4, shift_logits=True)
     assert torch.equal(got, reference_generate(model, prompt, 8, 8, 4, shift_logits=True))
 
 
 def test_threshold_one_is_one_token_per_step(model):
     """Nothing exceeds 1.0, so only the forced most-confident position commits: the k=1 sampler."""
     prompt = prompts(2, 4, model)
-    a = generate(model, prompt, 12, None, block_length=4, threshold=1.0, return_dict=True)
-    b = generate(model, prompt, 12, 12, block_length=4)
+    a = generate(model, prompt, gen_length=12, steps=None, block_length=4, threshold=1.0, return_dict=True)
+    b = generate(model, prompt, gen_length=12, steps=12, block_length=4)
     assert torch.equal(a.sequences, b) and a.steps_taken == 12
 
 
@@ -152,7 +153,7 @@ def test_block_constraint_and_schedule(remasking, temperature):
     model = tiny_model(num_sink_tokens=1)
     p, gen, blk, steps = 3, 12, 4, 9  # 3 blocks x 3 steps
     rec = Recorder()
-    out = generate(model, prompts(2, p, model), gen, steps, block_length=blk, temperature=temperature,
+    out = generate(model, prompts(2, p, model), gen_length=gen, steps=steps, block_length=blk, temperature=temperature,
                    remasking=remasking, seed=0, callback=rec)
     assert [s.step for s in rec.states] == list(range(9))
     assert [s.block for s in rec.states] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -173,7 +174,7 @@ def test_threshold_commits_at_least_one_per_step_and_finishes(threshold):
     model = tiny_model(num_sink_tokens=1)
     p, gen, blk = 3, 16, 8
     rec = Recorder()
-    out = generate(model, prompts(3, p, model), gen, None, block_length=blk, threshold=threshold,
+    out = generate(model, prompts(3, p, model), gen_length=gen, steps=None, block_length=blk, threshold=threshold,
                    callback=rec, return_dict=True)
     assert out.steps_taken == len(rec.states) <= gen
     if threshold == 0.0:
@@ -191,10 +192,10 @@ def test_threshold_commits_at_least_one_per_step_and_finishes(threshold):
 def test_mixed_length_batch_equals_single_rows(model, threshold):
     rows = [prompts(1, n, model, seed=n)[0] for n in (3, 7, 5)]
     steps = None if threshold else 12
-    out = generate(model, rows, 12, steps, block_length=4, threshold=threshold, pad_token_id=0, return_dict=True)
+    out = generate(model, rows, gen_length=12, steps=steps, block_length=4, threshold=threshold, pad_token_id=0, return_dict=True)
     assert out.prompt_length == 7 and out.sequences.shape == (3, 19)
     for i, r in enumerate(rows):
-        alone = generate(model, r, 12, steps, block_length=4, threshold=threshold)
+        alone = generate(model, r, gen_length=12, steps=steps, block_length=4, threshold=threshold)
         assert torch.equal(out.sequences[i, 7 - len(r):], alone[0]), f"row {i}"
         assert (out.sequences[i, : 7 - len(r)] == 0).all()  # padding kept
         assert out.attention_mask[i].sum() == len(r) + 12
@@ -205,8 +206,8 @@ def test_padded_tensor_with_attention_mask_equals_list_input():
     rows = [[5, 6, 7, 8], [9, 10]]
     ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
     am = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    a = generate(model, rows, 8, 8, pad_token_id=0)
-    b = generate(model, ids, 8, 8, attention_mask=am)
+    a = generate(model, rows, gen_length=8, steps=8, pad_token_id=0)
+    b = generate(model, ids, gen_length=8, steps=8, attention_mask=am)
     assert torch.equal(a, b)
 
 
@@ -226,10 +227,10 @@ def test_sink_cache_on_equals_off_and_is_computed_once(monkeypatch):
     outs = {}
     for use in (True, False):
         calls["n"] = 0
-        outs[use] = generate(model, prompt, 16, 16, block_length=8, use_sink_cache=use,
+        outs[use] = generate(model, prompt, gen_length=16, steps=16, block_length=8, use_sink_cache=use,
                              callback=lambda s, use=use: logs[use].append(s.logits))
         if use:  # a second request reuses the same constants
-            generate(model, prompt, 16, 16, block_length=8, use_sink_cache=True)
+            generate(model, prompt, gen_length=16, steps=16, block_length=8, use_sink_cache=True)
         assert calls["n"] == (1 if use else 16)
     assert torch.equal(outs[True], outs[False])
     assert all(torch.equal(a, b) for a, b in zip(logs[True], logs[False]))
@@ -242,15 +243,15 @@ def test_prompt_unchanged_no_mask_left_and_seed_repeats():
     prompt = prompts(2, 6, model)
     prompt[0, 2] = mask_id  # a [MASK] inside the prompt is left alone
     kw = dict(block_length=5, temperature=1.0, remasking="random")
-    a = generate(model, prompt, 10, 10, seed=3, **kw)
-    b = generate(model, prompt, 10, 10, seed=3, **kw)
-    c = generate(model, prompt, 10, 10, seed=4, **kw)
+    a = generate(model, prompt, gen_length=10, steps=10, seed=3, **kw)
+    b = generate(model, prompt, gen_length=10, steps=10, seed=3, **kw)
+    c = generate(model, prompt, gen_length=10, steps=10, seed=4, **kw)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert torch.equal(a[:, :6], prompt)
     assert not (a[:, 6:] == mask_id).any()
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-    assert torch.equal(generate(model, prompt, 10, 5, generator=g1, temperature=0.5),
-                       generate(model, prompt, 10, 5, generator=g2, temperature=0.5))
+    assert torch.equal(generate(model, prompt, gen_length=10, steps=5, generator=g1, temperature=0.5),
+                       generate(model, prompt, gen_length=10, steps=5, generator=g2, temperature=0.5))
 
 
 def test_gumbel_noise_samples_the_tempered_softmax():
@@ -271,7 +272,7 @@ def test_callback_state_matches_the_model():
     cfg = model.config
     rows = [[1, 2, 3, 4], [5, 6]]
     rec = Recorder()
-    generate(model, rows, 8, 4, block_length=4, callback=rec, probe=StepProbe(attentions=True, values=True))
+    generate(model, rows, gen_length=8, steps=4, block_length=4, callback=rec, probe=StepProbe(attentions=True, values=True))
     assert len(rec.states) == 4
     s_len = 4 + 8 + 1
     for s in rec.states:
@@ -300,14 +301,14 @@ def test_key_masks_fn_gets_previous_state_and_masks_keys():
 
     rec = Recorder()
     prompt = prompts(2, 4, model)
-    generate(model, prompt, 8, 4, probe=StepProbe(key_masks=no_sink, attentions=True), callback=rec)
+    generate(model, prompt, gen_length=8, steps=4, probe=StepProbe(key_masks=no_sink, attentions=True), callback=rec)
     assert seen == [(0, None, False), (1, 0, True), (2, 1, True), (3, 2, True)]
     km = no_sink(0, None)
     for s in rec.states:
         assert s.attentions[0][:, :, 1:, 0].abs().max() == 0  # no content query reaches the sink
         assert torch.allclose(model(s.input_ids, probe=Probe(key_masks=km, backend="eager")).logits, s.logits)
-    allow_all = generate(model, prompt, 8, 4, probe=StepProbe(key_masks=lambda step, prev: None))
-    assert torch.equal(allow_all, generate(model, prompt, 8, 4))
+    allow_all = generate(model, prompt, gen_length=8, steps=4, probe=StepProbe(key_masks=lambda step, prev: None))
+    assert torch.equal(allow_all, generate(model, prompt, gen_length=8, steps=4))
 
 
 def test_no_per_step_tensors_are_kept():
@@ -323,7 +324,7 @@ def test_no_per_step_tensors_are_kept():
                 assert all(r() is None for r in old), "an old step's tensors are still alive"
             refs.append([weakref.ref(t) for t in (state.x, state.masked, state.committed, state.logits)])
 
-        generate(model, prompts(1, 4, model), 8, 8, callback=watch, probe=StepProbe(key_masks=fn))
+        generate(model, prompts(1, 4, model), gen_length=8, steps=8, callback=watch, probe=StepProbe(key_masks=fn))
         assert len(refs) == 8
 
 
@@ -364,13 +365,30 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
 def test_bad_prompts_raise_clear_errors(prompt, match):
     model = tiny_model()
     with pytest.raises(ValueError, match=match):
-        generate(model, prompt, 8, 8)
+        generate(model, prompt, gen_length=8, steps=8)
 
 
 def test_right_padding_is_rejected():
     model = tiny_model()
     with pytest.raises(ValueError, match="left-padded"):
-        generate(model, torch.tensor([[1, 2, 0]]), 8, 8, attention_mask=torch.tensor([[1, 1, 0]]))
+        generate(model, torch.tensor([[1, 2, 0]]), gen_length=8, steps=8, attention_mask=torch.tensor([[1, 1, 0]]))
+
+
+def test_sample_config_and_keyword_overrides_agree():
+    """`generate(model, ids, SampleConfig(...), **overrides)` = the same settings as keywords; an unknown
+    keyword is refused with the valid names."""
+    model = tiny_model(num_sink_tokens=1)
+    prompt = prompts(2, 4, model)
+    config = SampleConfig(gen_length=8, steps=8, block_length=4, temperature=0.7, seed=2)
+    want = generate(model, prompt, gen_length=8, steps=8, block_length=4, temperature=0.7, seed=2)
+    assert torch.equal(generate(model, prompt, config), want)
+    other = SampleConfig(gen_length=8, steps=4, block_length=8, temperature=0.7, seed=9)
+    assert torch.equal(generate(model, prompt, other, steps=8, block_length=4, seed=2), want)
+    assert other.steps == 4  # the caller's config is not changed
+    with pytest.raises(TypeError, match="gen_lenght.*gen_length, steps, block_length"):
+        generate(model, prompt, gen_lenght=8, steps=8)
+    with pytest.raises(TypeError, match="needs gen_length"):
+        generate(model, prompt, steps=8)
 
 
 def test_step_probe_is_the_one_analysis_argument():
@@ -382,9 +400,9 @@ def test_step_probe_is_the_one_analysis_argument():
         StepProbe(key_masks=masks) | StepProbe(key_masks=masks)
     model = tiny_model()
     with pytest.raises(ValueError, match="probe must be a StepProbe"):
-        generate(model, [1, 2], 4, 2, probe=Probe(attentions=True))
+        generate(model, [1, 2], gen_length=4, steps=2, probe=Probe(attentions=True))
     with pytest.raises(TypeError):
-        generate(model, [1, 2], 4, 2, output_attentions=True)
+        generate(model, [1, 2], gen_length=4, steps=2, output_attentions=True)
     states = []
-    generate(model, [1, 2], 4, 2, probe=both, callback=states.append)
+    generate(model, [1, 2], gen_length=4, steps=2, probe=both, callback=states.append)
     assert all(s.attentions is not None and s.values is not None for s in states)

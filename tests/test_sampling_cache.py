@@ -143,11 +143,11 @@ def reference_generate(model, prompt, gen_length, steps, block_length, cache, th
 @pytest.mark.parametrize("steps,threshold", [(8, None), (16, None), (None, 0.3)])
 def test_cache_matches_reference(model, cache, steps, threshold):
     prompt = prompts(2, 5, model)
-    got = generate(model, prompt, 16, steps, block_length=4, threshold=threshold, cache=cache)
+    got = generate(model, prompt, gen_length=16, steps=steps, block_length=4, threshold=threshold, cache=cache)
     want = reference_generate(model, prompt, 16, steps, 4, cache, threshold=threshold)
     assert torch.equal(got, want)
     # the reference's uncached path is the plain sampler (checks the reference itself)
-    plain = generate(model, prompt, 16, steps, block_length=4, threshold=threshold)
+    plain = generate(model, prompt, gen_length=16, steps=steps, block_length=4, threshold=threshold)
     assert torch.equal(plain, reference_generate(model, prompt, 16, steps, 4, None, threshold=threshold))
 
 
@@ -156,7 +156,7 @@ def test_cache_shift_logits_and_padding_match_reference(cache):
     model = tiny_model(num_sink_tokens=1, sink_position="end")
     prompt = prompts(2, 5, model)
     attn = torch.tensor([[False, False, True, True, True], [True] * 5])
-    got = generate(model, prompt, 12, 12, block_length=4, shift_logits=True, cache=cache, attention_mask=attn)
+    got = generate(model, prompt, gen_length=12, steps=12, block_length=4, shift_logits=True, cache=cache, attention_mask=attn)
     want = reference_generate(model, prompt, 12, 12, 4, cache, shift=True, attn=attn)
     assert torch.equal(got, want)
 
@@ -165,8 +165,8 @@ def test_cache_shift_logits_and_padding_match_reference(cache):
 def test_one_step_per_block_equals_uncached(model, cache):
     prompt = prompts(2, 5, model)
     for kw in (dict(temperature=0.0), dict(temperature=1.0, seed=3), dict(remasking="random", seed=4)):
-        a = generate(model, prompt, 12, 3, block_length=4, cache=cache, **kw)
-        b = generate(model, prompt, 12, 3, block_length=4, **kw)
+        a = generate(model, prompt, gen_length=12, steps=3, block_length=4, cache=cache, **kw)
+        b = generate(model, prompt, gen_length=12, steps=3, block_length=4, **kw)
         assert torch.equal(a, b), kw
 
 
@@ -175,10 +175,10 @@ def test_one_step_per_block_equals_uncached(model, cache):
 def test_left_padded_batch_equals_rows_alone(model, cache, threshold):
     rows = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13]]
     steps = None if threshold else 8
-    out = generate(model, rows, 8, steps, block_length=4, threshold=threshold, cache=cache, return_dict=True)
+    out = generate(model, rows, gen_length=8, steps=steps, block_length=4, threshold=threshold, cache=cache, return_dict=True)
     width = out.prompt_length
     for r, row in enumerate(rows):
-        alone = generate(model, [row], 8, steps, block_length=4, threshold=threshold, cache=cache)
+        alone = generate(model, [row], gen_length=8, steps=steps, block_length=4, threshold=threshold, cache=cache)
         assert torch.equal(out.sequences[r, width:], alone[0, len(row):]), (r, cache)
 
 
@@ -188,8 +188,8 @@ def test_cache_sampling_runs_and_repeats():
     mask_id = model.config.mask_token_id
     for cache in ("prefix", "dual"):
         for kw in (dict(temperature=0.8), dict(remasking="random")):
-            a = generate(model, prompt, 12, 6, block_length=4, cache=cache, seed=5, **kw)
-            assert torch.equal(a, generate(model, prompt, 12, 6, block_length=4, cache=cache, seed=5, **kw))
+            a = generate(model, prompt, gen_length=12, steps=6, block_length=4, cache=cache, seed=5, **kw)
+            assert torch.equal(a, generate(model, prompt, gen_length=12, steps=6, block_length=4, cache=cache, seed=5, **kw))
             assert torch.equal(a[:, :5], prompt) and not (a == mask_id).any()
 
 
@@ -197,7 +197,7 @@ def test_cache_step_callback_state():
     model = tiny_model(num_sink_tokens=1)
     prompt = prompts(2, 4, model)
     states = []
-    out = generate(model, prompt, 8, 8, block_length=4, cache="dual", callback=states.append)
+    out = generate(model, prompt, gen_length=8, steps=8, block_length=4, cache="dual", callback=states.append)
     assert len(states) == 8
     for s in states:
         assert s.attentions is None and s.logits.shape[:2] == (2, len(s.logit_columns))
@@ -230,9 +230,9 @@ def test_narrow_head_gives_the_full_head_tokens(model):
     prompt = prompts(2, 5, model)
     for kw in (dict(steps=8), dict(steps=None, threshold=0.3)):
         seen = []
-        a = generate(model, prompt, 12, block_length=4, callback=lambda s: seen.append(s.logits.shape[1]), **kw)
+        a = generate(model, prompt, gen_length=12, block_length=4, callback=lambda s: seen.append(s.logits.shape[1]), **kw)
         assert set(seen) == {17}
-        assert torch.equal(a, generate(model, prompt, 12, block_length=4, **kw))
+        assert torch.equal(a, generate(model, prompt, gen_length=12, block_length=4, **kw))
 
 
 def test_likelihood_head_on_masked_continuation_equals_full_head():
@@ -256,12 +256,12 @@ def test_cache_errors():
     model = tiny_model(num_sink_tokens=1)
     prompt = prompts(1, 4, model)
     with pytest.raises(ValueError, match="cache must be None, 'prefix' or 'dual'"):
-        generate(model, prompt, 8, 8, block_length=4, cache="full")
+        generate(model, prompt, gen_length=8, steps=8, block_length=4, cache="full")
     with pytest.raises(ValueError, match="single block.*block_length"):
-        generate(model, prompt, 8, 8, cache="dual")
+        generate(model, prompt, gen_length=8, steps=8, cache="dual")
     with pytest.raises(ValueError, match="use cache=None"):
-        generate(model, prompt, 8, 8, block_length=4, cache="prefix", probe=StepProbe(attentions=True))
+        generate(model, prompt, gen_length=8, steps=8, block_length=4, cache="prefix", probe=StepProbe(attentions=True))
     with pytest.raises(ValueError, match="use cache=None"):
-        generate(model, prompt, 8, 8, block_length=4, cache="dual", probe=StepProbe(key_masks=lambda s, p: None))
+        generate(model, prompt, gen_length=8, steps=8, block_length=4, cache="dual", probe=StepProbe(key_masks=lambda s, p: None))
     # prefix with a single block caches the prompt: allowed
-    assert generate(model, prompt, 8, 8, cache="prefix").shape == (1, 12)
+    assert generate(model, prompt, gen_length=8, steps=8, cache="prefix").shape == (1, 12)

@@ -17,6 +17,7 @@ from sinkdlm import generate
 from sinkdlm.diffusion.sampling import StepProbe
 from sinkdlm.analysis import SinkRecorder
 from sinkdlm.model.sink import sink_indices
+from sinkdlm.config import AnalyzeConfig, SampleConfig
 
 EPS = 1.0
 
@@ -49,7 +50,7 @@ def test_recorder_reports_the_virtual_sink_per_layer(variant):
         stored.append(([a.clone() for a in state.attentions], [c.clone() for c in state.virtual_sink_attentions],
                        state.attention_mask))
 
-    generate(model, [[3, 4, 5, 6, 7, 8], [9, 10]], 6, 4, callback=callback, probe=StepProbe(attentions=True, values=True))
+    generate(model, [[3, 4, 5, 6, 7, 8], [9, 10]], gen_length=6, steps=4, callback=callback, probe=StepProbe(attentions=True, values=True))
     s = rec.summary()["virtual_sink"]
     assert s["kind"] == ("sink_logit" if cfg.sink_logit else "softmax_one")
     assert s["label"] == ("virtual sink (logit)" if cfg.sink_logit else "softmax₁")
@@ -93,13 +94,13 @@ def test_recorder_refuses_states_without_the_column():
         rec(state)
 
     with pytest.raises(ValueError, match="sink_logit=True.*virtual"):
-        generate(model, [1, 2], 4, 2, callback=callback, probe=StepProbe(attentions=True, values=True))
+        generate(model, [1, 2], gen_length=4, steps=2, callback=callback, probe=StepProbe(attentions=True, values=True))
 
 
 def test_vanilla_model_has_no_virtual_sink_entry():
     model = tiny_model()
     rec = SinkRecorder(model.config, epsilon=EPS)
-    generate(model, [1, 2, 3], 4, 2, callback=rec, probe=StepProbe(attentions=True, values=True))
+    generate(model, [1, 2, 3], gen_length=4, steps=2, callback=rec, probe=StepProbe(attentions=True, values=True))
     assert rec.summary()["virtual_sink"] is None
 
 
@@ -119,7 +120,8 @@ def test_analyze_writes_the_virtual_sink_and_labels_the_figure(tmp_path):
 
     model = with_logits(tiny_model(sink_logit=True, mask_token_id=47))
     out = tmp_path / "analysis"
-    analyze(model, Tok(), ["abcde", "fgh"], gen_length=4, steps=2, epsilon=EPS, out_dir=out, label="sink logit")
+    analyze(model, Tok(), ["abcde", "fgh"], AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=2), epsilon=EPS, out=out,
+                                                          label="sink logit"))
     data = json.loads((out / "analysis.json").read_text())
     assert data["model"]["sink_logit"] is True and data["model"]["softmax_one"] is False
     assert data["virtual_sink"]["label"] == "virtual sink (logit)"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 DEVICE_CHOICES = "auto | cpu | cuda | cuda:N"
-DEVICE_HELP = "auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."
 _PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 

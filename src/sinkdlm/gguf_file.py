@@ -90,9 +90,6 @@ class GGUFFile:
                 raise CheckpointError(f"{self.path}: metadata {name!r} cannot be read ({e})") from e
         return out
 
-    def tensor_types(self) -> dict[str, str]:
-        return {t.name: t.tensor_type.name for t in self._reader.tensors}
-
     def tensors(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
         """(llama.cpp name, tensor in PyTorch's [out, in] order and `dtype`), dequantised one at a time.
 

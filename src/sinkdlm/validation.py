@@ -46,13 +46,6 @@ def check_seed(value, name: str = "seed") -> int:
     return value
 
 
-def check_choice(name: str, value, choices: Iterable[str]) -> str:
-    choices = tuple(choices)
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, choices))}")
-    return value
-
-
 def check_scale(scale) -> str:
     """Scale of received attention (Rulli et al. eq. 3): column 'sum' (default) or 'mean'."""
     if scale not in SCALES:

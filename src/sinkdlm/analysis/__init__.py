@@ -40,7 +40,7 @@ from sinkdlm.analysis.metrics import (
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.comparison import compare
 from sinkdlm.analysis.report import FIGURES
-from sinkdlm.analysis.run import ANALYSIS_KEYS, analyze, check_options, prompts_from_documents
+from sinkdlm.analysis.analyzer import ANALYSIS_KEYS, analyze, check_options, prompts_from_documents
 
 __all__ = [
     "ANALYSIS_KEYS",

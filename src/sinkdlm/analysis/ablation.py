@@ -35,7 +35,8 @@ from sinkdlm.validation import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.train import TrainConfig  # the one home of eps
 from sinkdlm.model.probe import Probe
 from sinkdlm.diffusion.sampling import StepProbe
 
@@ -66,7 +67,7 @@ def sink_key_masks(
     k: int,
     *,
     epsilon: float = AnalyzeConfig.epsilon,
-    scale: str = "sum",
+    scale: str = AnalyzeConfig.scale,
     num_sink_tokens: int = 0,
     sink_position: str = "front",
     include_extra_sink: bool = False,
@@ -134,7 +135,7 @@ class SinkMasker:
     over steps, rows, layers and heads) and `head_slots` ((step, row, layer, head) slots masked).
     """
 
-    def __init__(self, model, k: int, *, epsilon: float = AnalyzeConfig.epsilon, scale: str = "sum", include_extra_sink: bool = False,
+    def __init__(self, model, k: int, *, epsilon: float = AnalyzeConfig.epsilon, scale: str = AnalyzeConfig.scale, include_extra_sink: bool = False,
                  protocol: str = "clean"):
         check_epsilon(epsilon)
         check_scale(scale)
@@ -204,10 +205,10 @@ def continuation_elbo(
     *,
     mc_num: int = AnalyzeConfig.mc_num,
     epsilon: float = AnalyzeConfig.epsilon,
-    scale: str = "sum",
+    scale: str = AnalyzeConfig.scale,
     include_extra_sink: bool = False,
     batch_size: int = 16,
-    eps: float = 1e-3,
+    eps: float = TrainConfig.eps,
     seed: int = 0,
     shift_logits: bool | None = None,
     progress: Callable[[int], None] | None = None,
@@ -292,7 +293,7 @@ def run_ablation(
     ks: Sequence[int],
     *,
     epsilon: float = AnalyzeConfig.epsilon,
-    scale: str = "sum",
+    scale: str = AnalyzeConfig.scale,
     include_extra_sink: bool = False,
     ablation_task: AblationTask | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,

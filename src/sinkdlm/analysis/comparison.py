@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sinkdlm.analysis.run import ANALYSIS_KEYS, ARRAYS_NAME, mean_over_layers
+from sinkdlm.analysis.analyzer import ANALYSIS_KEYS, ARRAYS_NAME, mean_over_layers
 from sinkdlm.analysis.report import write_comparison_figures, write_comparison_report
 from sinkdlm.atomic import atomic_write_json
 

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from sinkdlm.atomic import atomic_write
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 DPI = 120
 
@@ -224,7 +224,7 @@ def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path, *, title: str
 
 
 def plot_non_sink_fraction(
-    curves: Mapping[str, Mapping[float, float]], path, *, scale: str = "sum", mark_epsilon: float | None = AnalyzeConfig.epsilon,
+    curves: Mapping[str, Mapping[float, float]], path, *, scale: str = AnalyzeConfig.scale, mark_epsilon: float | None = AnalyzeConfig.epsilon,
     title: str | None = None,
 ) -> Path:
     """Non-sink fraction vs ϵ, one line per model (Rulli et al. Fig. 10).

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 import torch
 
 from sinkdlm.validation import SCALES, check_epsilon, check_epsilons, check_scale
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 DEFAULT_EPSILONS = (0.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0)  # Rulli et al. Fig. 10
 TOKEN_TYPES = ("mask", "whitespace", "punctuation", "other")  # + "sink" when asked
@@ -125,7 +125,7 @@ def _query_rows(attn: torch.Tensor, query_mask) -> torch.Tensor:
     return attn[..., rows, :]
 
 
-def received_attention(attn, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
+def received_attention(attn, scale: str = AnalyzeConfig.scale, *, query_mask=None) -> torch.Tensor:
     """Attention received by every key: ``attn [..., S, S]`` -> ``c [..., S]``.
 
     ``"sum"``: ``c_j = sum_{i in Q} A[i, j]``; ``"mean"``: ``c_j = (1/|Q|) sum_{i in Q} A[i, j]``
@@ -140,7 +140,7 @@ def received_attention(attn, scale: str = "sum", *, query_mask=None) -> torch.Te
     return c / attn.shape[-2] if scale == "mean" else c
 
 
-def virtual_sink_received(column, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
+def virtual_sink_received(column, scale: str = AnalyzeConfig.scale, *, query_mask=None) -> torch.Tensor:
     """Attention received by the virtual sink column (sink_logit / softmax_one models).
 
     ``column [..., S]``: the probability each query row puts on the virtual column (the model's
@@ -164,7 +164,7 @@ def exclusive_mean(c: torch.Tensor) -> torch.Tensor:
     return (c.sum(dim=-1, keepdim=True) - c) / (c.shape[-1] - 1)
 
 
-def detect_sinks(attn, epsilon: float = AnalyzeConfig.epsilon, scale: str = "sum", *, query_mask=None) -> torch.Tensor:
+def detect_sinks(attn, epsilon: float = AnalyzeConfig.epsilon, scale: str = AnalyzeConfig.scale, *, query_mask=None) -> torch.Tensor:
     """Bool ``[..., S]``: key j is a sink iff ``c_j > mean_{k != j} c_k + ϵ`` (Rulli et al. eq. 3).
 
     Strict inequality: a key exactly at the threshold is not a sink. For row-stochastic
@@ -176,7 +176,7 @@ def detect_sinks(attn, epsilon: float = AnalyzeConfig.epsilon, scale: str = "sum
     return c > exclusive_mean(c) + eps
 
 
-def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_mask=None) -> dict[float, tuple[int, int]]:
+def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = AnalyzeConfig.scale, *, query_mask=None) -> dict[float, tuple[int, int]]:
     """ϵ -> ``(non_sink, total)`` over all leading dims x keys of ``attn [..., S, S]``.
 
     Counts rather than a fraction so that a recorder can add them up over steps and
@@ -189,7 +189,7 @@ def sink_counts(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_ma
     return {e: (total - int((c > threshold + e).sum()), total) for e in eps_list}
 
 
-def non_sink_fraction(attn, epsilons=DEFAULT_EPSILONS, scale: str = "sum", *, query_mask=None) -> dict[float, float]:
+def non_sink_fraction(attn, epsilons=DEFAULT_EPSILONS, scale: str = AnalyzeConfig.scale, *, query_mask=None) -> dict[float, float]:
     """ϵ -> share of (leading dims x keys) that are *not* sinks (Rulli et al. Fig. 10)."""
     return {e: non / total for e, (non, total) in sink_counts(attn, epsilons, scale, query_mask=query_mask).items()}
 
@@ -239,7 +239,7 @@ def value_norms(values) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-def largest_sink(attn, *, epsilon: float | None = None, scale: str = "sum", query_mask=None) -> torch.Tensor:
+def largest_sink(attn, *, epsilon: float | None = None, scale: str = AnalyzeConfig.scale, query_mask=None) -> torch.Tensor:
     """Position of the key with the largest received attention, long ``[...]``.
 
     Ties go to the first position. With ``epsilon`` given, entries where no key is a
@@ -255,7 +255,7 @@ def largest_sink(attn, *, epsilon: float | None = None, scale: str = "sum", quer
     return torch.where(is_sink, pos, torch.full_like(pos, -1))
 
 
-def largest_sink_positions(attn_steps, *, epsilon: float | None = None, scale: str = "sum") -> torch.Tensor:
+def largest_sink_positions(attn_steps, *, epsilon: float | None = None, scale: str = AnalyzeConfig.scale) -> torch.Tensor:
     """Largest-sink position per step: ``[T, ..., S, S]`` or a list of T ``[..., S, S]`` -> ``[T, ...]``.
 
     A list is reduced step by step, so the T maps never need to be stacked.

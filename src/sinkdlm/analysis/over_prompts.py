@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sinkdlm.atomic import atomic_write_json
+from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.stats import benjamini_hochberg, mean_interval, paired_difference
 
 SHARE = (0.0, 1.0)
@@ -104,29 +105,26 @@ def summarise_prompts(records: Sequence[dict]) -> dict:
     return out
 
 
-def analyze_over_prompts(model, tokenizer, prompts: Sequence[str], out_dir: str | Path, *, gen_length: int,
-                         steps: int | None = None, label: str = "model", progress: bool = True,
-                         **analyze_kwargs) -> dict:
-    """Analyse every prompt on its own (`analyze`, the same keyword arguments) and summarise over prompts.
+def analyze_over_prompts(model, tokenizer, prompts: Sequence[str], config: AnalyzeConfig) -> dict:
+    """Analyse every prompt on its own (`analyze`, the same `AnalyzeConfig`, each prompt's files under
+    `config.out/prompts/pNN`) and summarise over prompts in `config.out`."""
+    import dataclasses
 
-    An autoregressive model takes one step per token: `steps` None means `gen_length` for it."""
     from tqdm.auto import tqdm
 
-    from sinkdlm.analysis.run import analyze
+    from sinkdlm.analysis.analyzer import analyze
 
     if len(prompts) < 2:
         raise ValueError("intervals over prompts need at least 2 prompts; give more (e.g. --num-prompts 16)")
-    steps = gen_length if steps is None else steps
-    out_dir = Path(out_dir)
+    out_dir = Path(config.out)
     start = time.perf_counter()
     records = []
-    for i, prompt in enumerate(tqdm(prompts, desc="sink analysis per prompt", disable=not progress)):
+    for i, prompt in enumerate(tqdm(prompts, desc="sink analysis per prompt", disable=config.quiet)):
         pdir = out_dir / "prompts" / f"p{i:02d}"
         if (pdir / "analysis.json").is_file():  # resumable: a finished prompt is not run again
             analysis = json.loads((pdir / "analysis.json").read_text())
         else:
-            analysis = analyze(model, tokenizer, [prompt], gen_length=gen_length, steps=steps, out_dir=pdir,
-                               label=label, progress=False, **analyze_kwargs)
+            analysis = analyze(model, tokenizer, [prompt], dataclasses.replace(config, out=pdir, quiet=True))
         records.append(per_prompt_record(analysis))
     first = json.loads((out_dir / "prompts" / "p00" / "analysis.json").read_text())
     result = {

@@ -50,7 +50,7 @@ from sinkdlm.analysis.metrics import (
 )
 from sinkdlm.model.sink import sink_indices
 from sinkdlm.validation import check_epsilon, check_epsilons, check_scale
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 EXTRA_SINK_ID = -1  # token id used for the extra sink token(s) in token-type counts
 # How figures and reports name the virtual sink column of each switch.
@@ -179,7 +179,7 @@ class SinkRecorder:
         config,
         *,
         epsilon: float = AnalyzeConfig.epsilon,
-        scale: str = "sum",
+        scale: str = AnalyzeConfig.scale,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
         decode: Callable[[int], str] | None = None,
         figure_layer: int | None = None,

@@ -6,6 +6,7 @@ library also checks runs before the model is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import AnalyzeConfig
+from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.cli.out_lock import exclusive_out
 from sinkdlm.validation import check_prompt_size, check_seed
 
@@ -64,10 +65,10 @@ def analyze(cfg: AnalyzeConfig) -> None:
         return
     if cfg.model is None:
         raise ValueError("--model DIR is required (or --compare DIR_A DIR_B)")
-    settings = cfg.analyze_kwargs()  # --gen-length required, --steps defaults to it, K lists parsed
+    cfg.settings()  # --gen-length required (the held SampleConfig), K lists parsed
     if (cfg.prompts is None) == (cfg.data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")
-    check_options(**{k: v for k, v in settings.items() if k != "include_extra_sink"}, out_dir=out)
+    check_options(cfg)
     if cfg.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
     texts = read_prompts(cfg.prompts)[:cfg.num_prompts] if cfg.prompts is not None else None
@@ -77,7 +78,7 @@ def analyze(cfg: AnalyzeConfig) -> None:
     from sinkdlm.loading import load_model_and_tokenizer
     from sinkdlm.training.checkpointing import run_label
 
-    run_kwargs = dict(seed=cfg.seed, label=cfg.label or run_label(cfg.model), progress=not cfg.quiet)
+    cfg = dataclasses.replace(cfg, label=cfg.label or run_label(cfg.model))
     with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files
         net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
         for text in texts or ():
@@ -90,12 +91,12 @@ def analyze(cfg: AnalyzeConfig) -> None:
 
             if len(texts) < 2:
                 raise ValueError("--per-prompt needs at least 2 prompts (intervals over prompts); raise --num-prompts")
-            res = analyze_over_prompts(net, tokenizer, texts, out, **{**settings, "batch_size": 1}, **run_kwargs)
+            res = analyze_over_prompts(net, tokenizer, texts, dataclasses.replace(cfg, batch_size=1))
             nsf = res["summary"]["non_sink_fraction"]
             typer.echo(f"wrote {out / 'intervals.json'} and {out / 'report.html'}; non-sink fraction at "
                        f"ϵ={cfg.epsilon:g}: {100 * nsf['mean']:.2f} % over {len(texts)} prompts")
             return
-        result = run(net, tokenizer, texts, out_dir=out, **settings, **run_kwargs)
+        result = run(net, tokenizer, texts, cfg)
     summary = f"non-sink fraction at ϵ={cfg.epsilon:g}: {100 * result['non_sink_fraction']:.2f} %"
     if result["ablation"] is not None:
         scores = ", ".join(f"K={k}: {v:.4g}" for k, v in result["ablation"]["scores"].items())

@@ -6,7 +6,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import ConvertConfig
+from sinkdlm.config.commands import ConvertConfig
 
 
 @app.command()

@@ -10,7 +10,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import EvalConfig
+from sinkdlm.config.commands import EvalConfig
 from sinkdlm.validation import check_writable_ancestor
 
 
@@ -29,24 +29,16 @@ def check_output_path(out: Path) -> Path:
 def eval_command(cfg: EvalConfig) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""
     from sinkdlm.evaluation import evaluate_dir, format_table
+    from sinkdlm.evaluation.evaluator import task_names
     from sinkdlm.atomic import atomic_write_json
 
-    model, tasks = cfg.model, cfg.tasks  # --model: required by the command line
     out = check_output_path(cfg.out)
-    names = [t.strip() for t in tasks.split(",") if t.strip()]
-    if not names:
-        raise ValueError(f"--tasks {tasks!r} names no task; give comma-separated names, e.g. shakespeare_cloze,arithmetic")
-    if any(n.startswith("gsm8k:") and not n[len("gsm8k:"):].strip() for n in names):
-        raise ValueError("--tasks gsm8k: needs the file after the colon: gsm8k:PATH (a local GSM8K JSONL)")
-    scores = evaluate_dir(
-        model, names, device=cfg.device, dtype=cfg.dtype, limit=cfg.limit, seed=cfg.seed, mc_num=cfg.mc_num,
-        gen_steps=cfg.gen_steps, batch_size=cfg.batch_size, progress=cfg.progress, gen_cache=cfg.cache,
-        gen_threshold=cfg.threshold,
-    )
+    names = task_names(cfg.tasks)
+    scores = evaluate_dir(cfg)  # --model: required by the command line
     typer.echo(format_table(scores))
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, {
-        "model": str(model), "tasks": names, "limit": cfg.limit, "seed": cfg.seed, "mc_num": cfg.mc_num,
+        "model": str(cfg.model), "tasks": names, "limit": cfg.limit, "seed": cfg.seed, "mc_num": cfg.mc_num,
         "gen_steps": cfg.gen_steps, "cache": cfg.cache, "threshold": cfg.threshold, "scores": scores,
     })
     typer.echo(f"wrote {out}")

@@ -8,7 +8,7 @@ import typer
 
 from sinkdlm.cli.app import app, typed_command
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import ExperimentConfig
+from sinkdlm.config.commands import ExperimentConfig
 
 
 @app.command()
@@ -17,23 +17,15 @@ def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
-    from sinkdlm.validation import check_optional_int, check_seed, parse_int_list
 
-    out, variants, max_steps = cfg.out, cfg.variants, cfg.max_steps
-    seed_list = parse_int_list(cfg.seeds, "--seeds")
-    for s in seed_list or ():
-        check_seed(s, "--seeds")
-    check_optional_int("--max-steps", max_steps, 1, none_means="the preset's budget")
-    new_out = not Path(out).exists()
-    try:
-        run_experiment(cfg.preset, out, init_from=cfg.init_from, data=cfg.data, seeds=seed_list, max_steps=max_steps,
-                       device=cfg.device, gsm8k=cfg.gsm8k, resume_command=typed_command(ctx),
-                       variants=[v.strip() for v in variants.split(",") if v.strip()] if variants else None)  # re-running the command resumes
+    new_out = not Path(cfg.out).exists()
+    try:  # re-running the command resumes
+        run_experiment(cfg, resume_command=typed_command(ctx))
     except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
         raise typer.Exit(stopped.exit_code) from None
     except ValueError:
         if new_out:  # the input checks made --out (to prove it writable): a refused run leaves none
-            _remove_unstarted(Path(out))
+            _remove_unstarted(Path(cfg.out))
         raise
 
 

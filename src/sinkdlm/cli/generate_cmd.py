@@ -11,7 +11,7 @@ import typer
 
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
-from sinkdlm.config.run import GenerateConfig
+from sinkdlm.config.commands import GenerateConfig
 
 
 def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str = "_") -> str:
@@ -69,11 +69,7 @@ def generate(cfg: GenerateConfig) -> None:
             print(f"[step {state.step:>4} block {state.block}] {text!r}", file=out_stream, flush=True)
 
     start = time.perf_counter()
-    out = sample(
-        net, ids, gen_length, steps, block_length=cfg.block_length, temperature=cfg.temperature,
-        remasking=cfg.remasking, threshold=threshold, seed=cfg.seed, callback=callback, return_dict=True,
-        cache=cfg.cache,
-    )
+    out = sample(net, ids, cfg, callback=callback, return_dict=True)  # a GenerateConfig is a SampleConfig
     seconds = time.perf_counter() - start
     tokens = out.sequences[0, out.prompt_length:].tolist()
     text = tokenizer.decode(tokens, skip_special_tokens=True)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from sinkdlm.config.fields import field_default, field_docs, field_types, flag_of
+from sinkdlm.config.fields import field_default, field_docs, field_types, flag_of, nested_config
 
 _CLI_TYPES = (bool, int, float, str, PurePath)
 
@@ -51,6 +51,9 @@ def config_parameters(cls: type, *, layered: bool = False, exclude: tuple[str, .
     docs, types = field_docs(cls), field_types(cls)
     params = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get("flatten") and f.name not in exclude:  # a held config: its chosen fields, flat
+            params += _flattened_parameters(cls, f)
+            continue
         if f.name in exclude or not f.metadata.get("cli", True) or not _cli_type(types[f.name]):
             continue
         flag = flags.get(f.name) or flag_of(f)
@@ -67,6 +70,33 @@ def config_parameters(cls: type, *, layered: bool = False, exclude: tuple[str, .
         option = typer.Option(default, *decls, help=help_text, show_default=not layered)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return params
+
+
+def _flattened_parameters(cls: type, holder: dataclasses.Field) -> list[inspect.Parameter]:
+    """One optional flat option per chosen field of the config that `holder` holds (`option(flatten=)`)."""
+    nested = nested_config(cls, holder.name)
+    params = []
+    for name, help_text in holder.metadata["flatten"].items():
+        f = next(x for x in dataclasses.fields(nested) if x.name == name)
+        annotation = Optional[field_types(nested)[name]]
+        option = typer.Option(None, flag_of(f), help=help_text or field_docs(nested)[name], show_default=False)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
+    return params
+
+
+def build_config(cls: type, values: dict[str, Any]) -> Any:
+    """`cls(**values)`, the flat options of a held config (`option(flatten=)`) gathered into it: built
+    when its required fields are given (their defaults filling the rest), else None."""
+    values = dict(values)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("flatten"):
+            continue
+        nested = nested_config(cls, f.name)
+        given = {k: values.pop(k) for k in f.metadata["flatten"] if k in values}
+        given = {k: v for k, v in given.items() if v is not None}
+        required = [x.name for x in dataclasses.fields(nested) if field_default(x) is dataclasses.MISSING]
+        values[f.name] = nested(**given) if all(k in given for k in required) else None
+    return cls(**values)
 
 
 def config_options(cls: type, *, layered: bool = False, **kwargs: Any) -> Callable[[Callable], Callable]:
@@ -88,7 +118,7 @@ def config_options(cls: type, *, layered: bool = False, **kwargs: Any) -> Callab
             passed = {p.name: values.pop(p.name) for p in own}
             if layered:
                 return func(**passed, options=values)
-            return func(**passed, cfg=cls(**values))
+            return func(**passed, cfg=build_config(cls, values))
 
         params = own + generated
         command.__signature__ = inspect.Signature(params)

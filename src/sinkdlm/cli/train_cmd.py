@@ -66,7 +66,7 @@ def tokenizer_train(
     data: str = typer.Option(..., "--data", help="Corpus spec, as for `sinkdlm train --data`."),
     vocab_size: int = typer.Option(..., "--vocab-size"),
     out: Path = typer.Option(..., "--out"),
-    text_field: str = typer.Option("text", "--text-field"),
+    text_field: str = typer.Option(TrainConfig.text_field, "--text-field"),
 ) -> None:
     """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
     from sinkdlm.data import iter_documents, train_bpe_tokenizer

@@ -2,7 +2,7 @@
 
 * `model.py`  — `ModelConfig` (architecture, the model switches, presets of shapes).
 * `train.py`  — `TrainConfig` (a training or SFT run).
-* `run.py`    — `SampleConfig`/`GenerateConfig`, `AnalyzeConfig`, `EvalConfig`, `ConvertConfig`,
+* `commands.py` — `SampleConfig`/`GenerateConfig`, `AnalyzeConfig`, `EvalConfig`, `ConvertConfig`,
   `ExperimentConfig`: the commands that use a model.
 * `fields.py` — attribute docstrings as help text, field metadata, the shared `--device`.
 
@@ -22,7 +22,7 @@ from sinkdlm.config.model import (
     ModelSwitch,
     check_model_switches,
 )
-from sinkdlm.config.run import (
+from sinkdlm.config.commands import (
     AnalyzeConfig,
     ConvertConfig,
     EvalConfig,

@@ -59,6 +59,12 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def nested_config(cls: type, name: str) -> type:
+    """The config class that field `name` of `cls` holds (`SampleConfig | None` -> `SampleConfig`)."""
+    args = [a for a in typing.get_args(field_types(cls)[name]) if a is not type(None)] or [field_types(cls)[name]]
+    return args[0]
+
+
 @functools.cache
 def field_types(cls: type) -> dict[str, Any]:
     """{field name: resolved type} (the modules use `from __future__ import annotations`)."""
@@ -66,12 +72,16 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, cli: bool = True,
-           required: bool = False, default_factory: Any = dataclasses.MISSING) -> Any:
+           required: bool = False, default_factory: Any = dataclasses.MISSING,
+           flatten: dict[str, str | None] | None = None) -> Any:
     """A field with command-line metadata: `flag` spells its option differently from its name
     (`as_json` -> `--json`); `cli=False` keeps it out of the command line (config files only);
     `required=True` makes the option required although the field has a default (e.g. an output path
-    that a library caller, such as the experiment runner, sets itself)."""
-    metadata = {"flag": flag, "cli": cli, "required": required}
+    that a library caller, such as the experiment runner, sets itself). `flatten` (a field holding
+    another config, e.g. `AnalyzeConfig.sample: SampleConfig | None`): {its field: help text, None =
+    its own docstring} become flat options of this command (`--gen-length`, not `--sample.gen-length`),
+    each optional; the held config is built when its required fields are given, else it stays None."""
+    metadata = {"flag": flag, "cli": cli, "required": required, "flatten": flatten}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -93,6 +103,25 @@ def non_default_fields(config: Any) -> dict[str, Any]:
     """{name: value} of the fields of a config instance that differ from their defaults (what a recipe sets)."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
             if getattr(config, f.name) != field_default(f)}
+
+
+def with_overrides(cls: type, config: Any, overrides: dict[str, Any], where: str) -> Any:
+    """`config` (an instance of `cls`, or None for the defaults) with `overrides` of its fields
+    replaced: the settings of a library call such as `generate(model, ids, config, steps=8)`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise TypeError(f"{where}() got unknown setting(s) {', '.join(unknown)}; the {cls.__name__} fields are "
+                        f"{', '.join(names)}")
+    if config is None:
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if field_default(f) is dataclasses.MISSING and f.name not in overrides]
+        if missing:
+            raise TypeError(f"{where}() needs {', '.join(missing)} (a keyword, or a {cls.__name__})")
+        return cls(**overrides)
+    if not isinstance(config, cls):
+        raise TypeError(f"{where}() takes a {cls.__name__} as config, got {type(config).__name__}")
+    return dataclasses.replace(config, **overrides) if overrides else config
 
 
 def flag_of(f: dataclasses.Field) -> str:

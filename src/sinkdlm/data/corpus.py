@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from sinkdlm.config.train import TrainConfig  # the one home of text_field
+
 SPLITS = ("train", "validation")
 SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 SHAKESPEARE = "shakespeare"
@@ -304,7 +306,7 @@ def corpus_files(spec: str) -> list[Path]:
     return local_files(spec)
 
 
-def corpus_fingerprint(spec: str, text_field: str = "text") -> str:
+def corpus_fingerprint(spec: str, text_field: str = TrainConfig.text_field) -> str:
     """What identifies the corpus contents without reading them: spec + file sizes/mtimes.
 
     For ``hf:`` specs only the name is known (no revision), so a changed upstream dataset
@@ -314,7 +316,7 @@ def corpus_fingerprint(spec: str, text_field: str = "text") -> str:
     return json.dumps({"spec": spec, "text_field": text_field, "files": files})
 
 
-def iter_documents(spec: str, split: str = "train", text_field: str = "text") -> Iterator[str]:
+def iter_documents(spec: str, split: str = "train", text_field: str = TrainConfig.text_field) -> Iterator[str]:
     """Documents of one split, lazily for ``hf:`` specs (use with `itertools.islice`)."""
     check_split(split)
     if spec.startswith(HF_PREFIX):
@@ -323,7 +325,7 @@ def iter_documents(spec: str, split: str = "train", text_field: str = "text") ->
     return iter(load_documents(spec, split, text_field))
 
 
-def load_documents(spec: str, split: str = "train", text_field: str = "text") -> list[str]:
+def load_documents(spec: str, split: str = "train", text_field: str = TrainConfig.text_field) -> list[str]:
     """All documents of one split as a list. For ``hf:`` this reads the whole stream."""
     check_split(split)
     if spec.startswith(HF_PREFIX):

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from sinkdlm.config.train import TrainConfig  # the one home of text_field
 from .corpus import check_split, corpus_fingerprint, iter_documents
 from .tokenizer import encode_texts, tokenizer_fingerprint
 from sinkdlm.files import default_cache_dir  # noqa: F401  (re-exported: sinkdlm.data.default_cache_dir)
@@ -126,7 +127,7 @@ def pack_documents(
 
 
 def cache_key(
-    spec: str, tokenizer, seq_len: int, split: str, text_field: str = "text", max_tokens: int | None = None
+    spec: str, tokenizer, seq_len: int, split: str, text_field: str = TrainConfig.text_field, max_tokens: int | None = None
 ) -> str:
     """Hash of what decides the packed contents; validates the spec (paths, extensions)."""
     parts = {
@@ -146,7 +147,7 @@ def pack_corpus(
     seq_len: int,
     split: str = "train",
     *,
-    text_field: str = "text",
+    text_field: str = TrainConfig.text_field,
     cache_dir: str | Path | None = None,
     max_seq_len: int | None = None,
     max_tokens: int | None = None,

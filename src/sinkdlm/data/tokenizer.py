@@ -36,9 +36,10 @@ def _wrap(tok: Tokenizer, **special: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+def load_tokenizer(path: str | Path, *, sinkdlm_checkpoint: bool = False) -> PreTrainedTokenizerFast:
     """Load a Hugging Face tokenizer directory, a single `tokenizer.json` or a `.gguf` file's tokenizer,
-    local files only."""
+    local files only. `sinkdlm_checkpoint=True`: the caller has parsed the directory's config.json
+    already (`sinkdlm.loading`), so it is not read again."""
     path = Path(path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return gguf_tokenizer(path)
@@ -66,7 +67,9 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             "point to a directory written by save_pretrained (or a checkpoint directory with tokenizer files)"
         )
     loader = AutoTokenizer
-    if (path / CONFIG_NAME).is_file():  # a checkpoint directory
+    if sinkdlm_checkpoint:
+        loader = PreTrainedTokenizerFast  # see below
+    elif (path / CONFIG_NAME).is_file():  # a checkpoint directory
         raw = read_json(path / CONFIG_NAME)
         if raw.get("model_type", "sinkdlm") != "sinkdlm":  # LLaDA / Dream / Qwen2 / LLaMA: no remote code
             return load_pretrained_tokenizer(path, raw.get("mask_token_id"))

@@ -26,9 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
+from sinkdlm.config.train import TrainConfig  # the one home of eps
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
 from sinkdlm.validation import check_int
+
+MC_NUM = 128  # Monte-Carlo samples per request: LLaDA's setting, the default of loglikelihood and lm-eval
 
 METHODS = ("mc", "mc_count", "chain")
 
@@ -160,11 +163,11 @@ def loglikelihood(
     model,
     prefix_ids,
     continuation_ids,
-    mc_num: int = 128,
+    mc_num: int = MC_NUM,
     *,
     method: str = "mc",
     batch_size: int = 32,
-    eps: float = 1e-3,
+    eps: float = TrainConfig.eps,
     generator: torch.Generator | None = None,
     seed: int | None = None,
     shift_logits: bool | None = None,

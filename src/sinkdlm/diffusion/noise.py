@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from sinkdlm.config.train import TrainConfig  # the one home of eps
+
 
 def sample_t(
     batch: int,
-    eps: float = 1e-3,
+    eps: float = TrainConfig.eps,
     low_discrepancy: bool = False,
     generator: torch.Generator | None = None,
     device=None,

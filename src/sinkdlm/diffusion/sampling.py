@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sinkdlm.config.commands import SampleConfig
+from sinkdlm.config.fields import with_overrides
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.probe import Probe
 from sinkdlm.validation import check_int
@@ -246,29 +248,29 @@ def prepare_prompts(
 def generate(
     model,
     prompt_ids,
-    gen_length: int,
-    steps: int | None,
-    block_length: int | None = None,
-    temperature: float = 0.0,
-    remasking: str = "low_confidence",
-    threshold: float | None = None,
+    config: SampleConfig | None = None,
     *,
+    probe: StepProbe | None = None,
+    callback: StepCallback | None = None,
+    generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     pad_token_id: int | None = None,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-    callback: StepCallback | None = None,
-    probe: StepProbe | None = None,
     use_sink_cache: bool = True,
     shift_logits: bool | None = None,
     return_dict: bool = False,
-    cache: str | None = None,
+    **overrides,
 ) -> torch.Tensor | GenerationOutput:
     """Sample `gen_length` tokens after each prompt (docs/method.md §2). Returns `[B, P + gen_length]` ids.
+
+    The decoding settings are a `SampleConfig` (`sinkdlm.config`, the one home of their defaults),
+    given whole as `config`, as keyword overrides of its fields (`generate(model, ids, gen_length=32,
+    steps=32)`), or both (the overrides replace the config's values), as transformers'
+    `generate(generation_config=..., **kwargs)`. An unknown keyword is a TypeError naming the fields.
 
     prompt_ids     `[P]`/`[B, P]` tensor, a list of ints, or a list of prompts of different lengths
                    (left-padded with `pad_token_id`, default the mask id; see `attention_mask`
                    of the `return_dict` output).
+    gen_length     tokens to generate (required).
     steps          denoising steps in all, split evenly over the blocks (>= number of blocks);
                    not used with `threshold` (then the step count adapts, at most gen_length).
     block_length   semi-autoregressive blocks (default: one block); each is finished before the
@@ -277,7 +279,9 @@ def generate(
     remasking      "low_confidence" | "random".
     threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
                    confidence exceeds it, at least one per step (low_confidence only).
-    generator/seed the randomness (Gumbel noise, random remasking); a fixed seed repeats the output.
+    generator/seed the randomness (Gumbel noise, random remasking): a `generator`, else one seeded
+                   with `seed` (SampleConfig's default 0; None: torch's global generator); a fixed
+                   seed repeats the output. Passing both `generator` and a `seed=` keyword is refused.
     callback       `callback(StepState)` after every step.
     probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
                    maps and values in the StepState); None is the fast path.
@@ -310,6 +314,11 @@ def generate(
     (so the seeded noise draws keep their `[B, block_length, V]` shape). A callback without a cache
     receives every column's logits, as the analysis expects.
     """
+    if generator is not None and "seed" in overrides:
+        raise ValueError("pass either generator or seed, not both")
+    settings = with_overrides(SampleConfig, config, overrides, "generate")
+    gen_length, steps, block_length = settings.gen_length, settings.steps, settings.block_length
+    temperature, remasking, threshold, cache = settings.temperature, settings.remasking, settings.threshold, settings.cache
     cfg = model.config
     mask_id = cfg.mask_token_id
     if probe is not None and not isinstance(probe, StepProbe):
@@ -347,8 +356,6 @@ def generate(
         raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if generator is not None and seed is not None:
-        raise ValueError("pass either generator or seed, not both")
     if cfg.causal and (cache is not None or threshold is not None):
         raise ValueError(
             "this is an autoregressive model (config.causal): it decodes one token per step left to right, "
@@ -386,8 +393,8 @@ def generate(
         real = prompt[prompt_mask]
     if real.numel() and (real.min() < 0 or real.max() >= cfg.vocab_size):
         raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size})")
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    if generator is None and settings.seed is not None:  # seed=None: torch's global generator, as before
+        generator = torch.Generator(device=device).manual_seed(settings.seed)
     shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     if cfg.causal:
         return _generate_autoregressive(

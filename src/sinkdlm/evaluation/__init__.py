@@ -7,7 +7,7 @@ demand (lm-eval is an optional dependency): `import sinkdlm.evaluation.lm_eval_m
 """
 
 from sinkdlm.evaluation.predictor import DLMPredictor, GenRequest, Predictor
-from sinkdlm.evaluation.run import evaluate, evaluate_dir, format_table
+from sinkdlm.evaluation.evaluator import evaluate, evaluate_dir, format_table
 from sinkdlm.evaluation.scoring import answer_matches, binomial_stderr, extract_answer, score
 from sinkdlm.evaluation.tasks import TASKS, AnswerItem, ChoiceItem, Task, get_task, resolve_tasks
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sinkdlm.diffusion.likelihood import MC_NUM
 from sinkdlm.evaluation.scoring import binomial_stderr, items_digest
 
 # The One-Token paper's Table 1 (zero-shot, lm-eval task names).
@@ -24,7 +25,7 @@ def evaluate_harness(
     tasks: list[str] | tuple[str, ...],
     *,
     limit: int | None = None,
-    mc_num: int = 128,
+    mc_num: int = MC_NUM,
     seed: int = 0,
     device: str | None = None,
     include_path: str | Path | None = None,

@@ -49,8 +49,9 @@ from lm_eval.api.registry import model_registry, register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from sinkdlm.diffusion.likelihood import METHODS
+from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
+from sinkdlm.evaluation.tasks import GEN_BLOCK_LENGTH
 from sinkdlm.device import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -94,14 +95,14 @@ class SinkDLMEvalModel(LM):
     def __init__(
         self,
         pretrained: str | None = None,
-        mc_num: int = 128,
+        mc_num: int = MC_NUM,
         method: str = "mc_count",
         batch_size: int | str | None = 32,
         max_batch_size: int | None = None,
         device: str | None = None,
         dtype: str | None = None,
         gen_steps: int | None = None,
-        block_length: int | None = 32,
+        block_length: int | None = GEN_BLOCK_LENGTH,
         max_length: int | None = None,
         check_greedy: bool = True,
         seed: int = 0,
@@ -142,10 +143,10 @@ class SinkDLMEvalModel(LM):
             seed=_int_arg("seed", seed, minimum=0),
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
             shift_logits=None if shift_logits is None else _bool_arg("shift_logits", shift_logits),
-            gen_cache=None if cache in (None, "", "none", "None") else str(cache),
-            gen_threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
+            cache=None if cache in (None, "", "none", "None") else str(cache),
+            threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
         )
-        check_decoding_options(options["gen_cache"], options["gen_threshold"])
+        check_decoding_options(options["cache"], options["threshold"])
         self.check_greedy = _bool_arg("check_greedy", check_greedy)
         if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)

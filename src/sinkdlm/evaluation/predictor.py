@@ -36,7 +36,7 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.validation import check_int, check_optional_int
-from sinkdlm.config.run import EvalConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import EvalConfig  # the one home of the default (its field docstring)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
 
@@ -101,11 +101,11 @@ class DLMPredictor:
     seed         seeds the ELBO's masks and times: the same requests (and batch_size) give the same
                  numbers, and two models asked the same requests see the same draws (paired comparison).
     max_length   content tokens per row; default the model's positions minus its sink tokens.
-    gen_cache    Fast-dLLM KV cache for generation: None, "prefix" or "dual" (`generate(cache=...)`);
+    cache        Fast-dLLM KV cache for generation: None, "prefix" or "dual" (`generate(cache=...)`);
                  a request of a single block has nothing after its block, so "dual" runs it as
                  "prefix" (the same computation). The greedy check of `greedy_matches` is exact
                  decoding and uses neither the cache nor the threshold.
-    gen_threshold Fast-dLLM confidence-threshold decoding for generation (e.g. 0.9); the step count
+    threshold    Fast-dLLM confidence-threshold decoding for generation (e.g. 0.9); the step count
                  then adapts and `gen_steps` is a no-op.
     """
 
@@ -116,17 +116,17 @@ class DLMPredictor:
         *,
         mc_num: int = EvalConfig.mc_num,
         method: str = "mc_count",
-        batch_size: int = 64,
+        batch_size: int = EvalConfig.batch_size,
         gen_steps: int | None = None,
         seed: int = 0,
         progress: bool = False,
         max_length: int | None = None,
         shift_logits: bool | None = None,
-        gen_cache: str | None = None,
-        gen_threshold: float | None = None,
+        cache: str | None = None,
+        threshold: float | None = None,
     ):
         cfg = model.config
-        check_decoding_options(gen_cache, gen_threshold)
+        check_decoding_options(cache, threshold)
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -141,7 +141,7 @@ class DLMPredictor:
         self.mc_num, self.method, self.batch_size = mc_num, method, batch_size
         self.gen_steps, self.seed, self.progress = gen_steps, seed, progress
         self.max_length, self.shift_logits = limit, shift_logits
-        self.gen_cache, self.gen_threshold = gen_cache, gen_threshold
+        self.cache, self.threshold = cache, threshold
         self.eos_id = tokenizer.eos_token_id
         self._warned_truncation = False
 
@@ -249,7 +249,7 @@ class DLMPredictor:
 
         The length is rounded up to a whole number of blocks and the extra tokens dropped; prompts are
         cut from the left to leave room; `steps` defaults to `gen_steps`, else one token per step.
-        `fast=True` applies the predictor's `gen_cache` and `gen_threshold` (the greedy check does not).
+        `fast=True` applies the predictor's `cache` and `threshold` (the greedy check does not).
         """
         padded = gen_length
         if block_length is not None and block_length < gen_length:
@@ -263,7 +263,7 @@ class DLMPredictor:
                 "no room is left for the prompt; ask for fewer tokens"
             )
         n_blocks = padded // block_length if block_length else 1
-        cache, threshold = (self.gen_cache, self.gen_threshold) if fast else (None, None)
+        cache, threshold = (self.cache, self.threshold) if fast else (None, None)
         steps = steps or self.gen_steps or padded
         steps = max(n_blocks, min(steps, padded))
         rows = [(list(p)[-room:] if p else self.prefix_token) for p in prompts]
@@ -275,7 +275,7 @@ class DLMPredictor:
         for k, start in enumerate(range(0, len(order), self.batch_size)):
             chunk = order[start: start + self.batch_size]
             res = sample(
-                self.model, [rows[i] for i in chunk], padded, None if threshold is not None else steps,
+                self.model, [rows[i] for i in chunk], gen_length=padded, steps=None if threshold is not None else steps,
                 block_length=block_length, temperature=temperature, seed=self.seed + k,
                 shift_logits=self.shift_logits, return_dict=True, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,

@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sinkdlm.config import AnalyzeConfig, EvalConfig, TrainConfig
+from sinkdlm.config import AnalyzeConfig, EvalConfig, SampleConfig, TrainConfig
 from sinkdlm.evaluation.harness import TABLE1_TASKS
 
 
@@ -129,7 +129,7 @@ def smoke() -> ExperimentPreset:
                           seq_len=32, max_tokens=20_000, eval_every=3, save_every=3, log_every=1, eval_batches=1, lr=1e-3),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=6, mc_num=2),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=2, gen_length=8, steps=4, ablation_k="0,1"),
+                               num_prompts=2, sample=SampleConfig(gen_length=8, steps=4), ablation_k="0,1"),
         analyse_every_seed=True,
         comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
     )
@@ -150,7 +150,7 @@ def demo() -> ExperimentPreset:
                           min_lr=5e-4, eval_every=200, save_every=300, log_every=50, eval_batches=16),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=150, mc_num=8),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
+                               num_prompts=8, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
         analyse_every_seed=True,
     )
 
@@ -167,7 +167,7 @@ def study() -> ExperimentPreset:
                           min_lr=5e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=8, gen_length=32, steps=32, ablation_k="1,5,10"),
+                               num_prompts=8, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=STUDY_PAIRS,
     )
@@ -184,7 +184,7 @@ def study_gpu() -> ExperimentPreset:
                           min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=500, mc_num=16),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+                               num_prompts=16, sample=SampleConfig(gen_length=64, steps=64, block_length=32), ablation_k="1,5,10"),
     )
 
 
@@ -199,7 +199,7 @@ def ablation() -> ExperimentPreset:
                           min_lr=1e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS + ",arithmetic", limit=500, mc_num=16),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+                               num_prompts=16, sample=SampleConfig(gen_length=64, steps=64, block_length=32), ablation_k="1,5,10"),
         sft=TrainConfig(data="arithmetic", max_steps=1000, batch_size=32, seq_len=256, lr=5e-4, eval_every=250,
                         save_every=500),
     )
@@ -224,7 +224,7 @@ def real() -> ExperimentPreset:
                           shift_logits=True),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=40, mc_num=2),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=4, gen_length=32, steps=32, ablation_k="1,5,10"),
+                               num_prompts=4, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=((SINK.name, VANILLA.name),),
         default_init_from="example",
@@ -245,7 +245,7 @@ def real_gpu() -> ExperimentPreset:
                           shift_logits=True, bf16=True),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=16, gen_length=64, steps=64, block_length=32, ablation_k="1,5,10"),
+                               num_prompts=16, sample=SampleConfig(gen_length=64, steps=64, block_length=32), ablation_k="1,5,10"),
         comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
     )
 
@@ -263,7 +263,7 @@ def paper_0_5b() -> ExperimentPreset:
         evaluation=EvalConfig(tasks="gsm8k", limit=None, mc_num=128),
         lm_eval_tasks=TABLE1_TASKS,
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
-                               num_prompts=64, gen_length=256, steps=256, block_length=32, ablation_k="1,5,10"),
+                               num_prompts=64, sample=SampleConfig(gen_length=256, steps=256, block_length=32), ablation_k="1,5,10"),
         sft=TrainConfig(data="gsm8k", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500,
                         save_every=1000),
         needs=("init_from", "data", "gsm8k"),

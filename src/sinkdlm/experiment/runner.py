@@ -15,6 +15,7 @@ and an interrupted training run continues from its newest checkpoint (exact resu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from sinkdlm.config.commands import ExperimentConfig
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
@@ -101,32 +103,29 @@ def _convert_for_variant(init_from: str, variant: Variant, out: Path) -> str:
     return str(target)
 
 
-def run_experiment(
-    preset: str | ExperimentPreset,
-    out: str | Path,
-    *,
-    init_from: str | None = None,
-    data: str | None = None,
-    seeds: list[int] | None = None,
-    max_steps: int | None = None,
-    device: str | None = None,
-    skip_analysis: bool = False,
-    gsm8k: str | None = None,
-    resume_command: str | None = None,
-    variants: list[str] | None = None,
-) -> dict[str, Any]:
-    """`resume_command`: what an interrupted training stage tells the user to run (the CLI's command).
+def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
+                   resume_command: str | None = None) -> dict[str, Any]:
+    """Run the experiment an `ExperimentConfig` describes (its preset, out, seeds, ...: the settings of
+    `sinkdlm experiment`); re-running the same config resumes.
 
-    `variants`: run only these of the preset's variants (by name), e.g. to split an experiment over two
-    processes on the same `out`; a last call without it finds every stage done and writes the report."""
+    `resume_command`: what an interrupted training stage tells the user to run (the CLI's command).
+    `config.variants`: run only these of the preset's variants (by name), e.g. to split an experiment over
+    two processes on the same `out`; a last call without it finds every stage done and writes the report."""
+    from sinkdlm.validation import check_optional_int, check_seed, parse_int_list
+
+    seeds = parse_int_list(config.seeds, "--seeds")
+    for s in seeds or ():
+        check_seed(s, "--seeds")
+    check_optional_int("--max-steps", config.max_steps, 1, none_means="the preset's budget")
+    preset, out, init_from, data = config.preset, config.out, config.init_from, config.data
+    max_steps, device, gsm8k = config.max_steps, config.device, config.gsm8k
+    variants = [v.strip() for v in config.variants.split(",") if v.strip()] if config.variants else None
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if variants:
         known = {v.name: v for v in preset.variants}
         unknown = sorted(set(variants) - set(known))
         if unknown:
             raise ValueError(f"--variants {','.join(unknown)}: not in preset {preset.name!r}; choose from {sorted(known)}")
-        import dataclasses
-
         preset = dataclasses.replace(preset, variants=tuple(known[n] for n in variants),
                                      comparisons=tuple(p for p in preset.comparisons if set(p) <= set(variants)))
     out = Path(out)
@@ -140,7 +139,7 @@ def run_experiment(
     check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
     shared_train = non_default_fields(preset.train)  # what the recipe sets; the rest are TrainConfig defaults
-    analysis_settings = preset.analysis.analyze_kwargs()  # analyze()'s keyword arguments, for every run
+    analysis_settings = preset.analysis.settings()  # the resolved analysis settings, recorded for every run
     # The real elapsed time of an experiment that is resumed spans several invocations: the first
     # start is kept on disk (docs/method.md §7: a report states what the experiment cost).
     started = out / "STARTED.json"
@@ -151,6 +150,10 @@ def run_experiment(
     from sinkdlm.analysis import analyze, compare, prompts_from_documents
     from sinkdlm.data import load_documents
     from sinkdlm.evaluation import evaluate
+
+
+    def eval_config(tasks: list[str]):  # the preset's evaluation settings on these tasks, seed 0
+        return dataclasses.replace(preset.evaluation, tasks=",".join(tasks), seed=0, progress=tty)
 
     results: dict[str, Any] = {
         "preset": preset.name, "description": preset.description, "seeds": seeds, "variants": {},
@@ -218,8 +221,7 @@ def run_experiment(
                 lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
                 if lm_tasks:
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
-                    scores.update(evaluate(model, tok, lm_tasks, limit=preset.evaluation.limit, seed=0,
-                                           mc_num=preset.evaluation.mc_num, progress=tty))
+                    scores.update(evaluate(model, tok, eval_config(lm_tasks)))
                 if preset.lm_eval_tasks:
                     from sinkdlm.evaluation.harness import evaluate_harness
 
@@ -229,8 +231,7 @@ def run_experiment(
                             for t in preset.eval_tasks if t in sft_tasks]
                 if sft_eval and preset.sft is not None:
                     sft_model, sft_tok = load_model_and_tokenizer(record["sft_checkpoint"], device=device)
-                    scores.update(evaluate(sft_model, sft_tok, sft_eval, limit=preset.evaluation.limit, seed=0,
-                                           mc_num=preset.evaluation.mc_num, progress=tty))
+                    scores.update(evaluate(sft_model, sft_tok, eval_config(sft_eval)))
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0
                 run_timing["eval"] = time.perf_counter() - t0
@@ -246,8 +247,8 @@ def run_experiment(
                     model, tok = load_model_and_tokenizer(ckpt, device=device)
                     prompts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, n_prompts,
                                                      prompt_length, seed=0)
-                    analyze(model, tok, prompts, out_dir=adir, seed=0, progress=tty, label=variant.label,
-                            **analysis_settings)
+                    analyze(model, tok, prompts, dataclasses.replace(preset.analysis, out=adir, seed=0, quiet=not tty,
+                                                                     label=variant.label))
                     stage_seconds["analysis"] += time.perf_counter() - t0
                     run_timing["analysis"] = time.perf_counter() - t0
                 if seed == seeds[0]:

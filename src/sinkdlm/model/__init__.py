@@ -1,6 +1,7 @@
 """The model: architecture (`transformer`), attention backends (`attention`), the sink rule (`sink`),
-the Fast-dLLM key/value cache (`cache`), attention probing (`probe`), checkpoint formats (`formats`)
-and Hugging Face integration (`hf`)."""
+the Fast-dLLM key/value cache (`cache`), attention probing (`probe`), checkpoint formats (`formats`),
+opening a model file (`loader`, the body of `DiffusionLM.from_pretrained`) and Hugging Face integration
+(`hf`)."""
 
 from sinkdlm.files import CheckpointError
 from sinkdlm.model.cache import KVCache

@@ -1,5 +1,5 @@
 """Checkpoint layouts as pure mappings: each format's config -> `ModelConfig`, and one state-dict
-adapter per format (`from_hf`: the file's tensor names -> sinkdlm's; `to_hf`: back).
+adapter per format (`from_hf`: the file's tensor names -> sinkdlm's).
 
 Nothing here opens a file: `sinkdlm.files` and `sinkdlm.gguf_file` read bytes, `sinkdlm.loading`
 detects the format once and calls these mappings with what it parsed. sinkdlm's parameter names
@@ -220,15 +220,12 @@ class StateDictAdapter:
     """One checkpoint layout's tensor names <-> sinkdlm's (torchtitan's `StateDictAdapter`).
 
     `from_hf(name, tensor)` maps one tensor at a time (None drops it), so a loader can convert a
-    file tensor by tensor; `to_hf` is the inverse for writing the layout back."""
+    file tensor by tensor."""
 
     def __init__(self, config: ModelConfig, path: Path | str = ""):
         self.config, self.path = config, path
 
     def from_hf(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-        return name, tensor
-
-    def to_hf(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
         return name, tensor
 
     def convert(self, tensors) -> dict[str, torch.Tensor]:
@@ -252,9 +249,6 @@ class HFAdapter(StateDictAdapter):
             return None
         return name.removeprefix("model."), tensor
 
-    def to_hf(self, name, tensor):
-        return (name if name == "lm_head.weight" else f"model.{name}"), tensor
-
 
 class LLaDAAdapter(StateDictAdapter):
     """LLaDA's OLMo-style names (`model.transformer.blocks.i.ff_proj`, ...)."""
@@ -266,15 +260,6 @@ class LLaDAAdapter(StateDictAdapter):
         if m and m.group(4) in _LLADA_TOP:
             return _LLADA_TOP[m.group(4)], tensor
         raise _error(f"{self.path}: unexpected LLaDA tensor {name!r} (not one of the mapped OLMo-style names)")
-
-    def to_hf(self, name, tensor):
-        top = {v: k for k, v in _LLADA_TOP.items()}
-        if name in top:
-            return f"model.transformer.{top[name]}", tensor
-        block = {v: k for k, v in _LLADA_BLOCK.items()}
-        _, i, rest = name.split(".", 2)
-        stem, kind = rest.rsplit(".", 1)
-        return f"model.transformer.blocks.{i}.{block[stem]}.{kind}", tensor
 
 
 class GGUFAdapter(StateDictAdapter):

@@ -43,11 +43,6 @@ def sink_indices(seq_len: int, num_sink_tokens: int, sink_position: str) -> list
     return list(range(n)) if sink_position == "front" else list(range(seq_len, seq_len + n))
 
 
-def content_indices(seq_len: int, num_sink_tokens: int, sink_position: str) -> list[int]:
-    start = num_sink_tokens if sink_position == "front" else 0
-    return list(range(start, start + seq_len))
-
-
 def positions(
     batch: int,
     seq_len: int,
@@ -73,22 +68,6 @@ def positions(
     ar = torch.arange(n, device=device)[None]  # [1, n]
     sink = ar if sink_position == "front" else real + ar
     return content, sink
-
-
-def sink_attention_mask(
-    seq_len: int, num_sink_tokens: int, sink_position: str, device: torch.device | None = None
-) -> torch.Tensor:
-    """The eq. 6 rule as a boolean matrix `[S, S]` (True = may attend), S = L + n, in layout order.
-
-    `M[i, j] = -inf if i is a sink and j != i, else 0`. Only the explicit (reference / eager /
-    analysis) paths build it; the fast path needs no mask (see module docstring).
-    """
-    n, s = num_sink_tokens, seq_len + num_sink_tokens
-    allowed = torch.ones(s, s, dtype=torch.bool, device=device)
-    for i in sink_indices(seq_len, n, sink_position):
-        allowed[i] = False
-        allowed[i, i] = True
-    return allowed
 
 
 @dataclass

@@ -472,15 +472,16 @@ class DiffusionLM(nn.Module):
         save_checkpoint(self, directory, tokenizer=tokenizer)
 
     @classmethod
-    def from_pretrained(cls, path, *args, **kwargs) -> "DiffusionLM":
-        """Load a model directory or `.gguf` file: `sinkdlm.loading.load_checkpoint`.
+    def from_pretrained(cls, path, *args, device=None, dtype=None, **kwargs) -> "DiffusionLM":
+        """Load a model directory (sinkdlm, LLaDA, Dream, Qwen2, LLaMA) or a `.gguf` file, or an opened
+        `ModelSource` (its config.json parsed once), checking config and weights agree.
 
-        The loader sits above the model and replaces this method when it is imported (as
-        `from sinkdlm import DiffusionLM` does), so this architecture file imports no loader."""
-        raise RuntimeError(
-            "DiffusionLM.from_pretrained is provided by sinkdlm.loading: `import sinkdlm.loading` "
-            "(or `from sinkdlm import DiffusionLM`) first"
-        )
+        dtype: None or "auto" keeps the stored dtype; a `torch.dtype` or its name casts floats. Extra
+        keyword arguments that `transformers.AutoModel*.from_pretrained` passes along (revision,
+        config, ...) are accepted and ignored: only local files are read."""
+        from sinkdlm.model.loader import build_model  # below this module: it takes the class as an argument
+
+        return build_model(cls, path, device=device, dtype=dtype or kwargs.get("torch_dtype"))
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

@@ -1,8 +1,8 @@
 """`analyze`: run the sink analysis of a model and write analysis.json, its arrays, figures and a report.
 
-`analyze(model, tokenizer, prompts, ...)` generates from the prompts (batched) with a `SinkRecorder`
-on the sampler callback, optionally runs the sink-masking ablation (`ablation.py`), and writes to
-`out_dir`:
+`analyze(model, tokenizer, prompts, config: AnalyzeConfig)` generates from the prompts (batched) with a
+`SinkRecorder` on the sampler callback, optionally runs the sink-masking ablation (`ablation.py`), and
+writes to `config.out`:
   analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
   analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
   the PNG figures        stable names in `report.FIGURES`, listed under the `figures` key;
@@ -26,7 +26,7 @@ from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.report import write_analysis_report, write_figures
 from sinkdlm.atomic import atomic_write, atomic_write_json
 from sinkdlm.validation import check_epsilon, check_int, check_scale
-from sinkdlm.config.run import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 SCHEMA_VERSION = 1
 ANALYSIS_KEYS = (
@@ -38,28 +38,33 @@ ARRAYS_NAME = "analysis_arrays.npz"
 
 
 # ----------------------------------------------------------------------------- input checks
-def check_options(*, epsilon, scale, gen_length, steps, block_length=None, ablation_k=None,
-                  figure_steps=None, out_dir=None, mc_num=AnalyzeConfig.mc_num,
-                  batch_size=AnalyzeConfig.batch_size) -> list[int] | None:
-    """Every user error of `analyze` as a ValueError, before any work. Returns the K list (or None)."""
-    check_epsilon(epsilon)
-    check_scale(scale)
+def check_options(config: AnalyzeConfig) -> dict:
+    """Every user error of `analyze`'s settings as a ValueError, before any work (the command runs it before
+    loading the model). Returns the resolved settings (`AnalyzeConfig.settings`, the K list checked)."""
+    settings = config.settings()
+    gen_length, steps, block_length = settings["gen_length"], settings["steps"], settings["block_length"]
+    check_epsilon(settings["epsilon"])
+    check_scale(settings["scale"])
     check_int("gen_length", gen_length, 1)
     check_int("steps", steps, 1)
-    check_int("mc_num", mc_num, 1)
-    check_int("batch_size", batch_size, 1)
+    check_int("mc_num", settings["mc_num"], 1)
+    check_int("batch_size", settings["batch_size"], 1)
     if block_length is not None:
         check_int("block_length", block_length, 1)
         if gen_length % block_length:
             raise ValueError(f"block_length={block_length} must divide gen_length={gen_length}")
+    figure_steps = settings["figure_steps"]
     if figure_steps is not None:
         a, b = figure_steps
         if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < steps and (b == -1 or a < b < steps)):
             raise ValueError(f"figure_steps must be (a, b) with 0 <= a < b < steps={steps} (b = -1: last step), "
                              f"got {figure_steps!r}")
+    out_dir = config.out
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory")
-    return None if ablation_k is None else check_ks(ablation_k)
+    if settings["ablation_k"] is not None:
+        settings["ablation_k"] = check_ks(settings["ablation_k"])
+    return settings
 
 
 def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int, prompt_length: int,
@@ -82,65 +87,54 @@ def prompts_from_documents(documents: Sequence[str], tokenizer, num_prompts: int
 
 
 # ----------------------------------------------------------------------------- analyze
-def analyze(
-    model,
-    tokenizer,
-    prompts: list[str],
-    *,
-    gen_length: int,
-    steps: int,
-    block_length: int | None = None,
-    epsilon: float = AnalyzeConfig.epsilon,
-    scale: str = "sum",
-    ablation_k: list[int] | None = None,
-    include_extra_sink: bool = False,
-    ablation_task=None,
-    ablation_protocol: str = "clean",
-    out_dir: str | Path,
-    seed: int = 0,
-    figure_steps: tuple[int, int] | None = None,
-    figure_layer: int | None = None,
-    batch_size: int = AnalyzeConfig.batch_size,
-    mc_num: int = AnalyzeConfig.mc_num,
-    label: str | None = None,
-    generate_kwargs: dict | None = None,
-    progress: bool = True,
-) -> dict:
-    """Sink analysis of `model` generating from `prompts`; writes and returns analysis.json's dict.
+def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, ablation_task=None) -> dict:
+    """Sink analysis of `model` generating from `prompts`; writes `config.out` and returns analysis.json's dict.
 
+    The settings are an `AnalyzeConfig` (`sinkdlm.config`, the one home of their defaults):
+    sample          how to decode (`SampleConfig`: gen_length, steps, block_length, temperature, ...);
+                    `steps` None is one token per step; the sampler is seeded with `seed`.
     epsilon/scale   sink threshold (Rulli et al. eq. 3) and received-attention scale (docs/method.md §6).
-    ablation_k      run the sink-masking ablation for these K (0 is always added as the baseline):
-                    with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its score, else the
-                    per-token ELBO of held-out continuations (each prompt's last
+    ablation_k      run the sink-masking ablation for these K ("1,5,10" or [1, 5, 10]; 0 is always added
+                    as the baseline): with `ablation_task` (protocol: `sinkdlm.analysis.ablation`) its
+                    score, else the per-token ELBO of held-out continuations (each prompt's last
                     `min(gen_length, len // 2)` tokens) with `mc_num` samples.
     ablation_protocol  with `ablation_task`: "clean" (sinks of step t-1 found on its un-ablated
                     attention, default) or "ablated" (on the masked model's own maps).
     figure_steps    the two steps of the attention-map figure (default: first and last).
     batch_size      prompts per `generate` call (attention maps of a step scale with it).
-    generate_kwargs passed on to `generate` (e.g. temperature, remasking, shift_logits).
+    out, label, quiet  the output directory (required), the model's name in the report, no progress bar.
 
     An autoregressive model (`config.causal`: a Qwen2/LLaMA checkpoint opened as is) is analysed the
     same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
     scores the exact continuation log-likelihood per token (docs/method.md §10).
     """
+    import dataclasses
+
     from tqdm.auto import tqdm
 
+    from sinkdlm.config.fields import non_default_fields
     from sinkdlm.data import encode_texts
     from sinkdlm.diffusion.sampling import StepProbe, generate
 
-    ks = check_options(epsilon=epsilon, scale=scale, gen_length=gen_length, steps=steps, block_length=block_length,
-                       ablation_k=ablation_k, figure_steps=figure_steps, out_dir=out_dir, mc_num=mc_num,
-                       batch_size=batch_size)
+    if not isinstance(config, AnalyzeConfig):
+        raise TypeError(f"analyze() takes an AnalyzeConfig as config, got {type(config).__name__}")
+    if config.out is None:
+        raise ValueError("AnalyzeConfig.out (the output directory) is required")
+    settings = check_options(config)
+    ks, gen_length, steps, block_length = (settings[k] for k in ("ablation_k", "gen_length", "steps", "block_length"))
+    epsilon, scale, batch_size, mc_num = (settings[k] for k in ("epsilon", "scale", "batch_size", "mc_num"))
+    figure_steps, include_extra_sink = settings["figure_steps"], settings["include_extra_sink"]
+    seed, progress = config.seed, not config.quiet
+    sample = dataclasses.replace(config.sample, steps=steps)
+    # the sampler's settings beyond length, steps and blocks (temperature, remasking, ...), as recorded
+    generate_kwargs = {k: v for k, v in non_default_fields(sample).items()
+                       if k not in ("gen_length", "steps", "block_length", "seed")}
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
     if not all(isinstance(p, str) and p.strip() for p in prompts):
         raise ValueError("every prompt must be a non-empty string")
     if ablation_task is not None and not callable(ablation_task):
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
-    generate_kwargs = dict(generate_kwargs or {})
-    reserved = {"callback", "probe", "return_dict", "seed"}
-    if reserved & set(generate_kwargs):
-        raise ValueError(f"generate_kwargs may not set {sorted(reserved & set(generate_kwargs))}; analyze sets them")
     cfg = model.config
     ids = encode_texts(tokenizer, list(prompts))
     if any(not row for row in ids):
@@ -154,7 +148,7 @@ def analyze(
         pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
         if not pairs:
             raise ValueError("the ELBO ablation needs prompts of at least 2 tokens (prefix + held-out continuation)")
-    out_dir = Path(out_dir)
+    out_dir = Path(config.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     decoded: dict[int, str] = {}
@@ -164,7 +158,7 @@ def analyze(
             decoded[i] = tokenizer.decode([i])
         return decoded[i]
 
-    recorder = SinkRecorder(cfg, epsilon=epsilon, scale=scale, decode=decode, figure_layer=figure_layer,
+    recorder = SinkRecorder(cfg, epsilon=epsilon, scale=scale, decode=decode, figure_layer=config.figure_layer,
                             figure_steps=figure_steps or (0, -1), seed=seed)
     chunks = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
     was_training = model.training
@@ -187,8 +181,7 @@ def analyze(
             return hook
 
         for chunk in chunks:
-            out = generate(model, chunk, gen_length, steps, block_length=block_length, seed=seed,
-                           probe=StepProbe(hook=step_hook), return_dict=True, **generate_kwargs)
+            out = generate(model, chunk, sample, seed=seed, probe=StepProbe(hook=step_hook), return_dict=True)
             steps_taken = max(steps_taken, out.steps_taken)
             for row in out.sequences[:, out.prompt_length:].tolist():
                 samples.append(tokenizer.decode(row, skip_special_tokens=True))
@@ -203,8 +196,7 @@ def analyze(
                 model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
                 ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
                 continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
-                seed=seed, shift_logits=generate_kwargs.get("shift_logits"), progress=bar.update,
-                protocol=ablation_protocol,
+                seed=seed, progress=bar.update, protocol=config.ablation_protocol,
             )
         abl_seconds = time.perf_counter() - start
     model.train(was_training)
@@ -215,7 +207,7 @@ def analyze(
     analysis = {
         "schema_version": SCHEMA_VERSION,
         "model": {
-            "label": label or "model",
+            "label": config.label or "model",
             **{k: getattr(cfg, k) for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                             "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
                                             "sink_position", "sink_zero_value", "gated_attention",

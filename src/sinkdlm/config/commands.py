@@ -16,6 +16,8 @@ from pathlib import Path
 from sinkdlm.config.fields import DeviceOption, option
 from sinkdlm.config.model import switch_fields, switch_values
 
+ELBO_SAMPLES = 16  # Monte-Carlo samples of an ELBO, the default of `analyze` and `eval` (`--mc-num`)
+
 
 @dataclass(kw_only=True)
 class ModelOptions(DeviceOption):
@@ -75,12 +77,15 @@ class AnalyzeConfig(ModelOptions):
     """Prompts to use (first N of --prompts; windows of --data)."""
     prompt_length: int = 64
     """Tokens per prompt taken from --data."""
-    gen_length: int | None = None
-    """Tokens to generate per prompt."""
-    steps: int | None = None
-    """Denoising steps (default: --gen-length, one token per step; an autoregressive model always takes one step per token)."""
-    block_length: int | None = None
-    """Semi-autoregressive block length (default: one block)."""
+    sample: SampleConfig | None = option(None, flatten={
+        "gen_length": "Tokens to generate per prompt.",
+        "steps": "Denoising steps (default: --gen-length, one token per step; an autoregressive model always "
+                 "takes one step per token).",
+        "block_length": None,
+    })
+    """How to decode (`SampleConfig`; required unless --compare): its --gen-length, --steps and --block-length
+    are this command's flags; `steps` None means one token per step, and `seed` is not used (the analysis's
+    `seed` seeds the sampler)."""
     epsilon: float = 3.0
     """Sink threshold ϵ (Rulli et al. eq. 3)."""
     scale: str = "sum"
@@ -89,7 +94,7 @@ class AnalyzeConfig(ModelOptions):
     """Sink-masking ablation for these K, e.g. 1,5,10."""
     include_extra_sink: bool = False
     """Let the ablation mask the extra sink token."""
-    mc_num: int = 16
+    mc_num: int = ELBO_SAMPLES
     """Monte-Carlo samples of the ablation's continuation ELBO."""
     batch_size: int = 8
     """Prompts per generation batch."""
@@ -107,23 +112,35 @@ class AnalyzeConfig(ModelOptions):
     """Analyse each prompt on its own and give every number a 95 % interval over prompts (intervals.json)."""
     quiet: bool = False
     """No progress bar."""
+    ablation_protocol: str = option("clean", cli=False)
+    """With an `ablation_task`: "clean" (sinks of step t-1 found on its un-ablated attention) or "ablated"."""
+    figure_layer: int | None = option(None, cli=False)
+    """The layer of the attention-map figure (default: the recorder's choice)."""
 
-    def analyze_kwargs(self) -> dict:
-        """The keyword arguments of `sinkdlm.analysis.analyze` these settings stand for (K lists parsed,
-        --steps defaulting to --gen-length); the experiment runner and the command both call it."""
+    def settings(self) -> dict:
+        """The resolved settings (K lists parsed, --steps defaulting to --gen-length), as `analyze` runs
+        them and an experiment records them; --gen-length is required."""
         from sinkdlm.validation import parse_int_list
 
-        if self.gen_length is None:
-            raise ValueError("--gen-length is required")
-        figure_steps = parse_int_list(self.figure_steps, "--figure-steps")
+        if self.sample is None:
+            raise ValueError("--gen-length is required (AnalyzeConfig.sample)")
+        figure_steps = parse_int_list(_as_text(self.figure_steps), "--figure-steps")
         if figure_steps is not None and len(figure_steps) != 2:
             raise ValueError(f"--figure-steps takes two steps like 0,31, got {self.figure_steps!r}")
+        gen_length, steps = self.sample.gen_length, self.sample.steps
         return dict(
-            gen_length=self.gen_length, steps=self.gen_length if self.steps is None else self.steps,
-            block_length=self.block_length, epsilon=self.epsilon, scale=self.scale,
-            ablation_k=parse_int_list(self.ablation_k, "--ablation-k"), include_extra_sink=self.include_extra_sink,
+            gen_length=gen_length, steps=gen_length if steps is None else steps,
+            block_length=self.sample.block_length, epsilon=self.epsilon, scale=self.scale,
+            ablation_k=parse_int_list(_as_text(self.ablation_k), "--ablation-k"), include_extra_sink=self.include_extra_sink,
             figure_steps=tuple(figure_steps) if figure_steps else None, batch_size=self.batch_size, mc_num=self.mc_num,
         )
+
+
+def _as_text(values) -> str | None:
+    """A K list given from Python as ints ([1, 5]) in the command line's spelling ("1,5")."""
+    if values is None or isinstance(values, str):
+        return values
+    return ",".join(str(v) for v in values)
 
 
 @dataclass(kw_only=True)
@@ -138,7 +155,7 @@ class EvalConfig(ModelOptions):
     """Items per task (default: all)."""
     seed: int = 0
     """Chooses the items and seeds the Monte-Carlo ELBO."""
-    mc_num: int = 16
+    mc_num: int = ELBO_SAMPLES
     """ELBO samples per candidate (cloze words: at most 4)."""
     gen_steps: int | None = None
     """Denoising steps per generation (default: one per token)."""
