@@ -189,6 +189,45 @@ def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confiden
     return entry
 
 
+MDE_POWER = 0.8  # the power at which `mde` is stated (two-sided test at 1 - confidence)
+
+
+def minimum_detectable_effect(se: float, df: float, power: float = MDE_POWER, alpha: float = 0.05) -> float:
+    """The smallest true difference a two-sided t test at level `alpha` detects with probability `power`,
+    when the mean difference has standard error `se` with `df` degrees of freedom (docs/method.md §7):
+    `se · λ`, λ the noncentrality at which 1 - F(t_c; df, λ) + F(-t_c; df, λ) = power, F the noncentral
+    t distribution and t_c = t_{1 - alpha/2, df}. Large df: (z_{1-alpha/2} + z_power) · se."""
+    from scipy import optimize
+    from scipy import stats as st
+
+    if not (se > 0 and df > 0 and math.isfinite(se)):
+        return math.nan
+    tc = float(st.t.ppf(1 - alpha / 2, df))
+
+    def shortfall(lam: float) -> float:
+        upper, lower = float(st.nct.sf(tc, df, lam)), float(st.nct.cdf(-tc, df, lam))
+        # far in the tail scipy's noncentral t returns nan: the power there is 1 (upper) and 0 (lower)
+        return (upper if math.isfinite(upper) else 1.0) + (lower if math.isfinite(lower) else 0.0) - power
+
+    hi = tc + 4.0
+    while shortfall(hi) < 0:
+        hi *= 2
+    return se * float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))
+
+
+def comparison_mde(entry: dict[str, Any]) -> float | None:
+    """`mde` of a stored comparison: its standard error read back from its interval and df (None
+    without an interval: one seed, a degenerate variance, or missing values)."""
+    from scipy import stats as st
+
+    low, high, df, conf = entry.get("low"), entry.get("high"), entry.get("df"), entry.get("confidence", 0.95)
+    if low is None or high is None or not df:
+        return None
+    se = (high - low) / (2 * float(st.t.ppf(0.5 + conf / 2, df)))
+    mde = minimum_detectable_effect(se, df, alpha=1 - conf)
+    return mde if math.isfinite(mde) else None
+
+
 def _interval(d: dict[str, Any]) -> Interval:
     """The Interval back from its `to_dict` form (None bounds: unbounded, or degenerate)."""
     nan = math.nan if d.get("degenerate") else math.inf
@@ -364,7 +403,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
         for m in scalar_metrics + tasks:
             c = compare_variants(variants[a], variants[b], m, confidence)
             if c is not None:
-                comparisons.append({"pair": [a, b], **c})
+                comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
     results["comparisons"] = comparisons
     results["constant_metrics"] = constant_metrics(results)
     results["multiplicity"] = {
