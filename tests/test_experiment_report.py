@@ -187,3 +187,29 @@ def test_constant_metric_is_no_test_and_no_bound_prints_minus_zero():
     vl = next(c for c in results["comparisons"] if c["metric"] == "val_loss")
     assert vl["high"] < 0 and vl["survives"]
     assert re.search(r"-0\.02[0-9]* \[-0\.02[0-9]*, -0\.0[0-9]*[1-9]", text)  # the upper bound is printed below 0
+
+
+def test_one_seed_prints_no_interval_and_defaults_fill_the_budget_line():
+    """A single seed's share prints "[–]", not [0.0, 100.0]; a setting the preset left at its default is
+    printed from TrainConfig, not as "None"; every comparison prints its MDE."""
+    from sinkdlm.config import TrainConfig
+
+    rng = np.random.default_rng(0)
+    one = _null_results(rng, n_variants=2, seeds=1)
+    one["train"] = {"max_steps": 800}  # batch_size and seq_len left at TrainConfig's defaults
+    summarise(one)
+    text = markdown_summary(one)
+    assert "None" not in text
+    assert f"800 steps × {TrainConfig().batch_size} × {TrainConfig().seq_len} tokens" in text
+    assert "[0.0, 100.0]" not in text and "[–]" in text
+    nsf = one["variants"]["v0"]["summary"]["non_sink_fraction"]
+    assert nsf["low"] is None and nsf["high"] is None  # one seed: no interval at all
+    three = _null_results(rng, n_variants=2, seeds=3)
+    summarise(three)
+    from sinkdlm.experiment.report import comparisons_table
+
+    header, rows = comparisons_table(three)
+    col = header.index("MDE (80 % power)")
+    val = next(c for c in three["comparisons"] if c["metric"] == "val_loss")
+    row = next(r for r in rows if r[1] == "`val_loss`")
+    assert float(row[col]) == pytest.approx(val["mde"], abs=5e-4) and val["mde"] > abs(val["high"] - val["mean"])
