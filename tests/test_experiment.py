@@ -109,7 +109,7 @@ def test_smoke_writes_every_file_and_key(smoke):
         for s in v["seeds"].values():
             a = s["analysis"]
             assert set(a) == {"non_sink_fraction", "non_sink_fraction_by_epsilon", "moving", "value_norm",
-                              "extra_sink", "sink_token_types", "ablation"}
+                              "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate"}
             assert a["non_sink_fraction"] == pytest.approx(
                 json.loads((Path(s["analysis_dir"]) / "analysis.json").read_text())["non_sink_fraction"])
             assert {"sink_set_change_rate", "sink_set_jaccard", "content_sink_set_change_rate",

@@ -213,3 +213,14 @@ def test_one_seed_prints_no_interval_and_defaults_fill_the_budget_line():
     val = next(c for c in three["comparisons"] if c["metric"] == "val_loss")
     row = next(r for r in rows if r[1] == "`val_loss`")
     assert float(row[col]) == pytest.approx(val["mde"], abs=5e-4) and val["mde"] > abs(val["high"] - val["mean"])
+
+
+def test_repetition_rate_counts_repeated_pieces_and_reaches_the_report():
+    from sinkdlm.experiment.summary import repetition_rate
+
+    assert repetition_rate("To be or not to be") == pytest.approx(1 - 5 / 6)  # "To" and "to" differ
+    assert repetition_rate(",,,,") == pytest.approx(0.75)
+    assert repetition_rate("\n\n\nThe\n") == pytest.approx(1 - 2 / 5)  # newlines are pieces, spaces are not
+    assert repetition_rate("   ") is None
+    rec = analysis_record({"samples": ["a a a a", "b c"]})
+    assert rec["repetition_rate"] == pytest.approx((0.75 + 0.0) / 2) and rec["samples"] == ["a a a a", "b c"]

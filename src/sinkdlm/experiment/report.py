@@ -521,6 +521,15 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
     if abl_rows:
         doc.heading("Sink-masking ablation (first seed)", 3)
         doc.table(["variant", "score (protocol)", "score by K"], abl_rows)
+    samples = [(v["label"], seed, rec["analysis"]) for v in results["variants"].values()
+               for seed, rec in list(v["seeds"].items())[:1] if (rec.get("analysis") or {}).get("samples")]
+    if samples:
+        doc.heading("Generations (first seed; repetition rate = 1 − distinct / total pieces)", 3)
+        for label, seed, a in samples:
+            rate = "–" if a.get("repetition_rate") is None else f"{a['repetition_rate']:.2f}"
+            doc.paragraph(f"{label}, seed {seed}: repetition rate {rate}; over seeds "
+                          f"{_fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
+            doc.bullets([f"`{x[:160]!r}`" for x in a["samples"][:4]])
     for name, v in results["variants"].items():
         seed, first = next(iter(v["seeds"].items()))
         # The experiment's own copy first: the stored `analysis_dir` is the path the run was started
@@ -534,6 +543,10 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
         names = figures.values() if isinstance(figures, dict) else figures
         for file in names:
             doc.image(adir / file, f"{v['label']}: {Path(file).stem.replace('_', ' ')}")
+
+
+def v_summary(results: dict[str, Any], label: str) -> dict[str, Any]:
+    return next((v.get("summary") or {}) for v in results["variants"].values() if v["label"] == label)
 
 
 def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ non-sink fraction per ϵ, sink token types, training curves) are computed here t
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -50,6 +51,7 @@ ANALYSIS_METRICS = {
     "sink_set_jaccard": (("moving", "sink_set_jaccard"), "Jaccard of consecutive sink sets (every key)"),
     "value_norm_sink": (("value_norm", "sink_mean"), "value norm of sinks (pooled over layers)"),
     "value_norm_normal": (("value_norm", "normal_mean"), "value norm of normal tokens (pooled over layers)"),
+    "repetition_rate": (("repetition_rate",), "repetition rate of the analysed generations"),
 }
 # Without extra sink tokens the content keys are every key: a record from before the content-key
 # metrics existed holds them under the all-keys name.
@@ -60,11 +62,21 @@ NEUTRAL = set(ANALYSIS_METRICS)  # descriptive: a difference is reported without
 # pooled value norms weight layers by their sink counts, docs/method.md §6).
 ALTERNATIVES = {"sink_set_change_rate", "sink_set_jaccard", "value_norm_sink", "value_norm_normal"}
 # Quantities in [0, 1]: their intervals are kept inside it (stats.mean_interval bounds).
-SHARES = {"non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
+SHARES = {"repetition_rate", "non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
           "sink_set_jaccard"}
 # The method of each kind of interval, as the reports label it.
 METHOD_SEEDS = "Student t over seeds (n − 1 df)"
 METHOD_ITEMS = "seeds × items (two-way random effects, t with n − 1 df)"
+
+
+_PIECE = re.compile(r"\w+|[^\w ]")  # words, and every other character but the space (newlines, commas) alone
+
+
+def repetition_rate(text: str) -> float | None:
+    """Share of a generation's pieces (words, punctuation, newlines) that repeat an earlier piece:
+    1 - distinct / total (None for an empty text). "\n\n\nThe\n\n..." and ",,,,," score near 1."""
+    pieces = _PIECE.findall(text)
+    return 1.0 - len(set(pieces)) / len(pieces) if pieces else None
 
 
 def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +85,8 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
     vn = a.get("value_norm", {})
     extra = a.get("extra_sink")
     abl = a.get("ablation")
+    samples = [x for x in a.get("samples") or [] if isinstance(x, str)]
+    rates = [r for r in map(repetition_rate, samples) if r is not None]
     return {
         "non_sink_fraction": a.get("non_sink_fraction"),
         "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
@@ -83,6 +97,9 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
             "mean_attention_mass", "attention_mass", "value_norm", "others_value_norm")},
         "sink_token_types": (a.get("sink_token_types") or {}).get("shares"),
         "ablation": None if not abl else {k: abl.get(k) for k in ("metric", "protocol", "scores", "delta", "stderr")},
+        # the generations themselves (the report shows them) and how degenerate they are
+        "samples": list(samples),
+        "repetition_rate": statistics.fmean(rates) if rates else None,
     }
 
 
