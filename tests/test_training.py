@@ -330,3 +330,14 @@ def test_keep_last_one_leaves_only_the_last_resumable_checkpoint(tmp_path, corpu
     rows = read_metrics(longer.out)
     assert [r["step"] for r in rows] == list(range(1, 11))  # steps 9-10 continued from step 8, not from 0
     assert [step for step, _ in list_checkpoints(longer.out)] == [10]
+
+
+def test_grad_norm_max_is_the_largest_norm_since_the_last_logged_row(tmp_path, corpus):
+    every = read_metrics(train(cfg_for(tmp_path / "a", corpus, max_steps=8, log_every=1, eval_every=8,
+                                       save_every=8))["out"])
+    sparse = read_metrics(train(cfg_for(tmp_path / "b", corpus, max_steps=8, log_every=4, eval_every=8,
+                                        save_every=8))["out"])
+    norms = {r["step"]: r["grad_norm"] for r in every}
+    assert [r["step"] for r in sparse] == [4, 8]
+    for r in sparse:  # the same run logged every step: the max over the 4 steps of each window
+        assert r["grad_norm_max"] == pytest.approx(max(norms[s] for s in range(r["step"] - 3, r["step"] + 1)), rel=1e-5)
