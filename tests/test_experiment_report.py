@@ -224,3 +224,22 @@ def test_repetition_rate_counts_repeated_pieces_and_reaches_the_report():
     assert repetition_rate("   ") is None
     rec = analysis_record({"samples": ["a a a a", "b c"]})
     assert rec["repetition_rate"] == pytest.approx((0.75 + 0.0) / 2) and rec["samples"] == ["a a a a", "b c"]
+
+
+def test_one_seed_never_survives_the_adjustment():
+    """With one seed an accuracy comparison over items has a p-value, but its verdict is "inconclusive
+    with 1 seed": it is left out of the family, so the count of survivors agrees with the verdicts."""
+    rng = np.random.default_rng(1)
+    res = _null_results(rng, n_variants=2, seeds=1, items=400)
+    # plant a large item-level difference so the raw interval over items excludes 0
+    for rec in res["variants"]["v1"]["seeds"].values():
+        acc = rec["eval"]["shakespeare_word_order"]["acc"]
+        acc["per_item"] = [1.0] * len(acc["per_item"])
+        acc["value"] = 1.0
+    summarise(res)
+    word = next(c for c in res["comparisons"] if c["metric"] == "shakespeare_word_order/acc")
+    assert word["p"] is not None and word["p"] < 1e-6  # the items alone would call it
+    assert word["verdict"].startswith("inconclusive with 1 seed") and not word.get("survives")
+    assert res["multiplicity"]["survivors"] == 0 and res["multiplicity"]["size"] == 0
+    assert res["multiplicity"]["left_out"]["one seed"] >= 1
+    assert "0 survive the adjustment" in markdown_summary(res)

@@ -338,7 +338,9 @@ def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> di
     """Benjamini-Hochberg over the entries that are tests (a p-value: two or more seeds and a variance
     estimate); sets `p_adjusted`, `survives` and the final `verdict` of every entry in place and
     returns what the report says about the family."""
-    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True)]
+    # One seed is no test, whatever its items say (stats.verdict prints "inconclusive with 1 seed"): an
+    # accuracy compared over the items of one seed has a p-value but stays out of the family.
+    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True) and e.get("n", 0) >= 2]
     for e, q in zip(family, benjamini_hochberg([e["p"] for e in family])):
         e["p_adjusted"], e["survives"] = q, bool(q < 1 - confidence and e["excludes_zero"])
     for e in entries:
