@@ -458,7 +458,8 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     curves = training_curves(results)
     if curves:
         doc.heading("Training")
-        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), "Validation loss vs step (mean ± std over seeds)")
+        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), ("Validation loss of the training loop (its own per-run noise, not the fixed validation) vs "
+                  "step: mean over seeds, error bars ± 1 standard deviation over seeds (not a confidence interval)"))
     bars = {}
     for k in task_metrics(results):
         per = {}
