@@ -243,3 +243,19 @@ def test_one_seed_never_survives_the_adjustment():
     assert res["multiplicity"]["survivors"] == 0 and res["multiplicity"]["size"] == 0
     assert res["multiplicity"]["left_out"]["one seed"] >= 1
     assert "0 survive the adjustment" in markdown_summary(res)
+
+
+def test_step0_control_value_norms_are_stated_per_layer():
+    rng = np.random.default_rng(2)
+    res = _null_results(rng, n_variants=2, seeds=2)
+    for v in res["variants"].values():
+        for rec in v["seeds"].values():
+            rec["analysis"]["value_norm"] = {"per_layer": {"sink_mean": [1.5, 0.5], "normal_mean": [1.0, 1.0]}}
+        v["step0"] = {"val_loss": 8.0, "val_loss_se": 0.01,
+                      "analysis": {"value_norm": {"per_layer": {"sink_mean": [1.0, 3.0], "normal_mean": [2.0, 1.0]}}}}
+    summarise(res)
+    s0 = res["variants"]["v0"]["summary"]["step0_value_norm_layers"]
+    assert [lay["diff"]["mean"] for lay in s0["layers"]] == pytest.approx([-1.0, 2.0])  # sink − normal per layer
+    text = markdown_summary(res)
+    assert "step-0 control 1.0/3.0 vs 2.0/1.0 (sink above normal in 1 of 2 layers)" in text
+    assert "8.000 ± 0.010 (MC SE)" in text  # the step-0 table

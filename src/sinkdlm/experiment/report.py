@@ -206,15 +206,19 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
             text += f"), mean over layers {lay['layer_mean']['verdict']}" if lay.get("layer_mean") else ")"
             if pooled is not None:
                 text += f"; pooled over layers (weighted by sink counts), the same seeds: {signed(pooled)}"
+            s0 = v["summary"].get("step0_value_norm_layers")
+            if s0:  # one model, no interval: what the converted model had before training
+                text += (f"; step-0 control {_layer_values(s0['layers'], 'a')} vs {_layer_values(s0['layers'], 'b')} "
+                         f"(sink above normal in {s0['positive_layers']} of {s0['compared_layers']} layers)")
             parts.append(text)
         lines.append("- **Do sinks carry smaller value vectors than normal tokens?** (value norm of sinks vs of "
                      "normal tokens, paired within layer and seed, mean over seeds per layer; then the unweighted mean "
                      "over layers of sink − normal, interval over seeds) " + "; ".join(parts) + ".")
-    extra = [(v["label"], v["summary"]["extra_sink_layers"]) for v in results["variants"].values()
+    extra = [(name, v["label"], v["summary"]["extra_sink_layers"]) for name, v in results["variants"].items()
              if v["summary"].get("extra_sink_layers")]
     if extra:
         parts = []
-        for label, e in extra:
+        for name, label, e in extra:
             mass = "/".join("–" if m is None else _fmt_interval(m, 100.0, 1) for m in e["attention_mass"])
             text = f"{label}: attention on it per layer {mass} % (over seeds {', '.join(e['attention_mass_seeds'])})"
             vo = e.get("value_norm_vs_others")
@@ -225,6 +229,9 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
                          f"layers; seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
                 if vo.get("layer_mean"):
                     text += f", mean over those layers {vo['layer_mean']['verdict']}"
+                s0 = (results["variants"][name]["summary"].get("step0_extra_sink_layers") or {}).get("value_norm_vs_others")
+                if s0:
+                    text += f"; step-0 control: below in {s0['negative_layers']} of {s0['compared_layers']} layers"
             else:
                 text += "; its value norm per layer was not recorded for these runs"
             parts.append(text)

@@ -408,6 +408,10 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             iv = paired_difference(sink_vn, normal_vn, confidence)
             summary["value_norm_sink_minus_normal_pooled"] = {**iv.to_dict(), "method_label": METHOD_SEEDS,
                                                               "verdict": verdict(iv, lower_is_better=None)}
+        if (v.get("step0") or {}).get("analysis"):  # the converted model before training: one model, no interval
+            step0 = {"seeds": {"step0": v["step0"]}}
+            summary["step0_value_norm_layers"] = value_norm_layers(step0)
+            summary["step0_extra_sink_layers"] = extra_sink_layers(step0)
         extra = extra_sink_layers(v)
         if extra:
             summary["extra_sink_layers"] = extra
