@@ -259,3 +259,16 @@ def test_step0_control_value_norms_are_stated_per_layer():
     text = markdown_summary(res)
     assert "step-0 control 1.0/3.0 vs 2.0/1.0 (sink above normal in 1 of 2 layers)" in text
     assert "8.000 ± 0.010 (MC SE)" in text  # the step-0 table
+
+
+def test_above_chance_for_one_variant_only_points_to_the_paired_test():
+    res = _null_results(np.random.default_rng(3), n_variants=2, seeds=3)
+    for name, every in (("v0", 2), ("v1", 10)):  # accuracy 1/2 (chance) and 9/10
+        for rec in res["variants"][name]["seeds"].values():
+            acc = rec["eval"]["shakespeare_word_order"]["acc"]
+            acc["per_item"] = [0.0 if i % every == 0 else 1.0 for i in range(len(acc["per_item"]))]
+            acc["value"] = float(np.mean(acc["per_item"]))
+    summarise(res)
+    assert [v["summary"]["shakespeare_word_order/acc"]["above_chance"] for v in res["variants"].values()] == [False, True]
+    assert "(`shakespeare_word_order/acc`) is a difference in significance, not a significant difference" in \
+        markdown_summary(res)

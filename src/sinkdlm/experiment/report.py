@@ -362,6 +362,13 @@ def markdown_summary(results: dict[str, Any]) -> str:
     if chance_lines:
         parts += ["", "Above chance (the 95 % CI's lower end above the chance accuracy; one test per variant and task, "
                   "not adjusted): " + "; ".join(chance_lines) + "."]
+        split = [m for m in tasks if task_chance(m) is not None
+                 and 0 < sum(bool(v["summary"].get(m, {}).get("above_chance")) for v in results["variants"].values())
+                 < len(results["variants"])]
+        if split:
+            parts[-1] += (" Above chance for some variants only (" + ", ".join(f"`{m}`" for m in split) + ") is a "
+                          "difference in significance, not a significant difference: the paired difference below "
+                          "is the test of it.")
     pivot = pivot_comparisons(results, headline)
     if pivot:
         parts += ["", "Paired differences, Δ [raw 95 % CI] (validation loss: t over seeds; accuracies: over seeds and "
