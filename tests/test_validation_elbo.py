@@ -101,3 +101,53 @@ def test_bad_draws_are_one_line_errors():
         validation_noise(2, 5, 3, 0)
     with pytest.raises(ValueError, match="draws"):
         validation_noise(2, 5, 0, 0)
+
+
+def test_a_slice_of_the_set_gets_the_noise_of_the_whole():
+    model = tiny_model()
+    x0 = torch.tensor([[3, 17, 5, 9, 21], [8, 2, 30, 11, 4], [1, 2, 3, 4, 5]])
+    whole = validation_elbo(model, x0, draws=4, noise_seed=5)
+    tail = validation_elbo(model, x0[1:], draws=4, noise_seed=5, first_sequence=1)
+    assert torch.equal(whole.values[1:], tail.values)
+
+
+def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """runner.fixed_validation keeps each chunk of sequences; killed after the first, a second call scores
+    only the rest and ends with the numbers of an uninterrupted call."""
+    import sinkdlm.diffusion.likelihood as likelihood
+    from sinkdlm.data import load_documents, train_bpe_tokenizer
+    from sinkdlm.experiment import runner
+    from sinkdlm.experiment.presets import Validation
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
+    torch.manual_seed(0)
+    model = DiffusionLM(ModelConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
+                                    mask_token_id=tok.mask_token_id))
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(ckpt, tokenizer=tok)
+    monkeypatch.setattr(runner, "VAL_CHUNK", 2)
+    kwargs = {"data": "shakespeare", "seq_len": 16, "max_tokens": 4000}
+    val = Validation(tokens=96, draws=4, noise_seed=1)  # 6 sequences, 3 chunks
+    want = runner.fixed_validation(tmp_path / "whole", str(ckpt), kwargs, val)
+
+    real, calls = likelihood.validation_elbo, []
+
+    def dies_after_one_chunk(*a, **k):
+        calls.append(k["first_sequence"])
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(likelihood, "validation_elbo", dies_after_one_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        runner.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
+    assert (tmp_path / "run" / runner.VAL_PARTIAL).is_file() and not (tmp_path / "run" / runner.VAL).exists()
+    calls.clear()
+    monkeypatch.setattr(likelihood, "validation_elbo", lambda *a, **k: (calls.append(k["first_sequence"]), real(*a, **k))[1])
+    got = runner.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
+    assert calls == [2, 4]  # the first chunk was not scored again
+    assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-12)
+    assert got["val_loss_se"] == pytest.approx(want["val_loss_se"], rel=1e-12)
+    assert not (tmp_path / "run" / runner.VAL_PARTIAL).exists()

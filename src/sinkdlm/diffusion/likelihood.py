@@ -288,9 +288,11 @@ class ValidationELBO:
 
 
 def validation_noise(num_sequences: int, length: int, draws: int, noise_seed: int,
-                     first_maskable: int = 0) -> torch.Tensor:
+                     first_maskable: int = 0, first_sequence: int = 0) -> torch.Tensor:
     """The fixed masks `[N, D, L]` bool of a study's validation: a function of the arguments only.
 
+    Sequence n's draws come from their own generator, seeded by (noise_seed, n), so a slice of the
+    set (`first_sequence` onwards, as a resumed validation scores it) gets the same noise as the whole.
     Positions before `first_maskable` are never masked (1 with shift_logits: position 0 has no
     logit before it). Draw d of every sequence has its masked count in stratum d of D (see above).
     """
@@ -300,13 +302,13 @@ def validation_noise(num_sequences: int, length: int, draws: int, noise_seed: in
     m = length - first_maskable
     if m < 1:
         raise ValueError(f"sequences of {length} tokens leave nothing to mask")
-    gen = torch.Generator().manual_seed(noise_seed)
-    u = (torch.arange(draws, dtype=torch.float64) + torch.rand(num_sequences, draws, generator=gen,
-                                                               dtype=torch.float64)) / draws  # [N, D]
-    count = (u * m).long().clamp(max=m - 1) + 1  # [N, D] in 1..M
-    ranks = torch.rand(num_sequences, draws, m, generator=gen).argsort(-1).argsort(-1)  # a uniform permutation
     masked = torch.zeros(num_sequences, draws, length, dtype=torch.bool)
-    masked[..., first_maskable:] = ranks < count[..., None]
+    for i in range(num_sequences):
+        gen = torch.Generator().manual_seed(noise_seed * 1_000_003 + first_sequence + i)
+        u = (torch.arange(draws, dtype=torch.float64) + torch.rand(draws, generator=gen, dtype=torch.float64)) / draws
+        count = (u * m).long().clamp(max=m - 1) + 1  # [D] in 1..M
+        ranks = torch.rand(draws, m, generator=gen).argsort(-1).argsort(-1)  # a uniform permutation per draw
+        masked[i, :, first_maskable:] = ranks < count[:, None]
     return masked
 
 
@@ -327,11 +329,13 @@ def stratified_se(values: torch.Tensor) -> float:
 
 @torch.no_grad()
 def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, batch_size: int = 8,
-                    shift_logits: bool | None = None, progress: Callable[[int, int], None] | None = None) -> ValidationELBO:
+                    shift_logits: bool | None = None, progress: Callable[[int, int], None] | None = None,
+                    first_sequence: int = 0) -> ValidationELBO:
     """The per-token ELBO bound of `x0 [N, L]` with the fixed noise `validation_noise(N, L, draws, noise_seed)`.
 
     Every model scored with the same (x0, draws, noise_seed) sees the same masked inputs, whatever its
     variant (extra sinks are the model's own, outside x0). `progress(done, total)` after each batch.
+    `first_sequence`: the index of x0's first row in the whole set (a slice scored on its own).
     """
     cfg = model.config
     if cfg.mask_token_id is None:
@@ -339,7 +343,8 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
     check_int("batch_size", batch_size, 1)
     shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     n, length = x0.shape
-    masked = validation_noise(n, length, draws, noise_seed, first_maskable=1 if shift else 0)  # [N, D, L]
+    masked = validation_noise(n, length, draws, noise_seed, first_maskable=1 if shift else 0,
+                              first_sequence=first_sequence)  # [N, D, L]
     rows_x0 = x0[:, None].expand(n, draws, length).reshape(n * draws, length)  # [N*D, L]
     rows_mask = masked.reshape(n * draws, length)
     values = torch.empty(n * draws, dtype=torch.float64)

@@ -36,6 +36,8 @@ from sinkdlm.loading import load_model_and_tokenizer
 
 DONE = "DONE.json"
 VAL = "val.json"  # a run's fixed validation (docs/method.md §1)
+VAL_PARTIAL = "val.partial.json"  # the sequences scored so far, while it runs
+VAL_CHUNK = 16  # sequences per saved chunk
 TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should reach (issue 30)
 
 
@@ -122,8 +124,28 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     rows = min(len(val), -(-validation.tokens // cfg.seq_len))
     x0, _ = val.get(list(range(rows)))  # [N, L]
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        r = validation_elbo(model, x0, validation.draws, validation.noise_seed, batch_size=validation.batch_size)
+    # Scored in chunks of sequences, each kept in val.partial.json: an interrupted validation (hours on
+    # a CPU) resumes where it stopped; every sequence's noise depends on its index only, so it is the same.
+    partial_path = run_dir / VAL_PARTIAL
+    key = {"tokens": int(x0.numel()), "draws": validation.draws, "noise_seed": validation.noise_seed}
+    done: list[list[float]] = []
+    if partial_path.is_file():
+        partial = json.loads(partial_path.read_text())
+        if partial.get("key") == key:
+            done = partial["values"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    while len(done) < rows:
+        lo = len(done)
+        hi = min(rows, lo + VAL_CHUNK)
+        with torch.inference_mode():
+            part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
+                                   batch_size=validation.batch_size, first_sequence=lo)
+        done += part.values.tolist()
+        atomic_write_json(partial_path, {"key": key, "values": done})
+    from sinkdlm.diffusion.likelihood import ValidationELBO, stratified_se
+
+    values = torch.tensor(done, dtype=torch.float64)  # [N, D]
+    r = ValidationELBO(values=values, val_loss=float(values.mean()), val_loss_se=stratified_se(values))
     pair_diff = r.values[:, 0::2] - r.values[:, 1::2]  # [N, D/2], the collapsed strata of stratified_se
     draw_var = float((pair_diff**2).sum(-1).mean() / validation.draws)  # σ²_draw: one (sequence, draw) unit
     record = {"val_loss": r.val_loss, "val_loss_se": r.val_loss_se, "tokens": int(x0.numel()),
@@ -132,8 +154,8 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
               # the draws this model needs for a standard error of TARGET_SE at this set (docs/method.md §1)
               "draws_for_target_se": draws_for_se(draw_var, len(x0), TARGET_SE), "target_se": TARGET_SE,
               "seconds": time.perf_counter() - t0}
-    run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record)
+    partial_path.unlink(missing_ok=True)
     return record
 
 
