@@ -13,7 +13,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
-                   3 seeds, paired; sized for 2 hours on a 2-core CPU.
+                   3 seeds, paired; training sized for 2 hours on a 2-core CPU, plus the fixed validation
+                   (36 draws x 256 sequences per run and step-0 control: hours more; issue 30 resizes it).
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
                    bf16 (its run time is not measured yet: no GPU has been lent). Each run keeps only its
                    last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.
@@ -221,7 +222,7 @@ def ablation() -> ExperimentPreset:
 
 
 def real() -> ExperimentPreset:
-    """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF): 2 hours on 2 CPU cores."""
+    """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF), on 2 CPU cores."""
     # Sizing on 2 CPU cores (measured): a step of 4 x 128 tokens on the converted model takes about
     # 2.6 s with 2 threads (benchmarks/bench_real_train.py), about 4.5 s with one; evaluation (40 items
     # x 3 tasks, mc 2) about 2.2 min and the analysis about 2 min per run. Two variants x 3 seeds x 200
