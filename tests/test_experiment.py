@@ -86,6 +86,17 @@ def test_smoke_writes_every_file_and_key(smoke):
     assert timing["runs"] == timing["runs_timed"] == len(per_run) and timing["note"] is None
     assert timing["elapsed_s"] >= timing["last_invocation_s"] > 0
     assert set(saved["variants"]) == {v.name for v in preset.variants}
+    # the fixed validation (docs/method.md §1): one set and one noise for every run, recorded
+    assert set(saved["validation"]) == {"tokens", "draws", "noise_seed", "estimator"}
+    assert saved["validation"]["draws"] == preset.validation.draws
+    assert saved["validation"]["tokens"] >= preset.validation.tokens
+    for v in saved["variants"].values():
+        for s in v["seeds"].values():
+            val = json.loads((Path(s["checkpoint"]).parents[2] / "val.json").read_text())
+            assert s["val_loss"] == val["val_loss"] and s["val_loss_se"] == val["val_loss_se"] > 0
+            assert len(val["per_sequence"]) * 32 == saved["validation"]["tokens"]
+    for c in saved["comparisons"]:  # every comparison states its power
+        assert "mde" in c and (c["mde"] is None or c["mde"] > 0)
     for v in saved["variants"].values():
         assert set(v["seeds"]) == {str(s) for s in preset.seeds}
         assert {"val_loss", "shakespeare_cloze/acc", "shakespeare_next_line/acc", "shakespeare_word_order/acc"} <= set(v["summary"])
@@ -99,7 +110,7 @@ def test_smoke_writes_every_file_and_key(smoke):
         for s in v["seeds"].values():
             a = s["analysis"]
             assert set(a) == {"non_sink_fraction", "non_sink_fraction_by_epsilon", "moving", "value_norm",
-                              "extra_sink", "sink_token_types", "ablation"}
+                              "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate"}
             assert a["non_sink_fraction"] == pytest.approx(
                 json.loads((Path(s["analysis_dir"]) / "analysis.json").read_text())["non_sink_fraction"])
             assert {"sink_set_change_rate", "sink_set_jaccard", "content_sink_set_change_rate",
@@ -212,3 +223,50 @@ def test_device_auto_reaches_every_stage(smoke):
     result = CliRunner().invoke(app, ["experiment", "--preset", "smoke", "--out", str(out), "--device", "auto"])
     assert result.exit_code == 0, result.output
     assert (run / "eval.json").is_file() and (run / "train" / "DONE.json").is_file()
+
+
+def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_path, monkeypatch):
+    """From an AR checkpoint, `variants[v]["step0"]` is the converted model before training: its fixed
+    validation (same set, same noise as the runs) and its sink analysis."""
+    import dataclasses
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sinkdlm.data import load_documents, train_bpe_tokenizer
+    from sinkdlm.diffusion.likelihood import validation_elbo
+    from sinkdlm.experiment.presets import SINK, VANILLA
+    from sinkdlm.loading import load_model_and_tokenizer
+    from sinkdlm.training.trainer import load_batches
+    from sinkdlm.config import TrainConfig
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
+    ar = tmp_path / "ar"
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 tie_word_embeddings=True)).save_pretrained(str(ar))
+    tok.save_pretrained(str(ar))
+    smoke_preset = get_preset("smoke")
+    preset = dataclasses.replace(
+        smoke_preset, variants=(VANILLA, SINK), seeds=(0,), comparisons=((SINK.name, VANILLA.name),),
+        train=dataclasses.replace(smoke_preset.train, model_overrides={}, shift_logits=True),
+    )
+    out = tmp_path / "exp"
+    results = run_experiment(ExperimentConfig(preset=preset, out=str(out), init_from=str(ar)))
+    for name, v in results["variants"].items():
+        step0 = v["step0"]
+        assert {"val_loss", "val_loss_se", "analysis"} <= set(step0)
+        assert step0["analysis"]["non_sink_fraction"] is not None
+        # the same protocol, recomputed here: the converted checkpoint, run as training runs it (shift_logits)
+        model, tk = load_model_and_tokenizer(step0["checkpoint"])
+        model.config.shift_logits = True
+        cfg = TrainConfig(data="shakespeare", seq_len=preset.train.seq_len, max_tokens=preset.train.max_tokens)
+        val = load_batches(cfg, tk, model.config.max_content_length, "validation")
+        rows = results["validation"]["tokens"] // preset.train.seq_len
+        want = validation_elbo(model, val.get(list(range(rows)))[0], preset.validation.draws,
+                               preset.validation.noise_seed)
+        assert step0["val_loss"] == pytest.approx(want.val_loss, rel=1e-6)
+        assert step0["val_loss_se"] == pytest.approx(want.val_loss_se, rel=1e-6)
+        assert step0["val_loss"] != v["seeds"]["0"]["val_loss"]  # training changed the model

@@ -187,3 +187,88 @@ def test_constant_metric_is_no_test_and_no_bound_prints_minus_zero():
     vl = next(c for c in results["comparisons"] if c["metric"] == "val_loss")
     assert vl["high"] < 0 and vl["survives"]
     assert re.search(r"-0\.02[0-9]* \[-0\.02[0-9]*, -0\.0[0-9]*[1-9]", text)  # the upper bound is printed below 0
+
+
+def test_one_seed_prints_no_interval_and_defaults_fill_the_budget_line():
+    """A single seed's share prints "[–]", not [0.0, 100.0]; a setting the preset left at its default is
+    printed from TrainConfig, not as "None"; every comparison prints its MDE."""
+    from sinkdlm.config import TrainConfig
+
+    rng = np.random.default_rng(0)
+    one = _null_results(rng, n_variants=2, seeds=1)
+    one["train"] = {"max_steps": 800}  # batch_size and seq_len left at TrainConfig's defaults
+    summarise(one)
+    text = markdown_summary(one)
+    assert "None" not in text
+    assert f"800 steps × {TrainConfig().batch_size} × {TrainConfig().seq_len} tokens" in text
+    assert "[0.0, 100.0]" not in text and "[–]" in text
+    nsf = one["variants"]["v0"]["summary"]["non_sink_fraction"]
+    assert nsf["low"] is None and nsf["high"] is None  # one seed: no interval at all
+    three = _null_results(rng, n_variants=2, seeds=3)
+    summarise(three)
+    from sinkdlm.experiment.report import comparisons_table
+
+    header, rows = comparisons_table(three)
+    col = header.index("MDE (80 % power)")
+    val = next(c for c in three["comparisons"] if c["metric"] == "val_loss")
+    row = next(r for r in rows if r[1] == "`val_loss`")
+    assert float(row[col]) == pytest.approx(val["mde"], abs=5e-4) and val["mde"] > abs(val["high"] - val["mean"])
+
+
+def test_repetition_rate_counts_repeated_pieces_and_reaches_the_report():
+    from sinkdlm.experiment.summary import repetition_rate
+
+    assert repetition_rate("To be or not to be") == pytest.approx(1 - 5 / 6)  # "To" and "to" differ
+    assert repetition_rate(",,,,") == pytest.approx(0.75)
+    assert repetition_rate("\n\n\nThe\n") == pytest.approx(1 - 2 / 5)  # newlines are pieces, spaces are not
+    assert repetition_rate("   ") is None
+    rec = analysis_record({"samples": ["a a a a", "b c"]})
+    assert rec["repetition_rate"] == pytest.approx((0.75 + 0.0) / 2) and rec["samples"] == ["a a a a", "b c"]
+
+
+def test_one_seed_never_survives_the_adjustment():
+    """With one seed an accuracy comparison over items has a p-value, but its verdict is "inconclusive
+    with 1 seed": it is left out of the family, so the count of survivors agrees with the verdicts."""
+    rng = np.random.default_rng(1)
+    res = _null_results(rng, n_variants=2, seeds=1, items=400)
+    # plant a large item-level difference so the raw interval over items excludes 0
+    for rec in res["variants"]["v1"]["seeds"].values():
+        acc = rec["eval"]["shakespeare_word_order"]["acc"]
+        acc["per_item"] = [1.0] * len(acc["per_item"])
+        acc["value"] = 1.0
+    summarise(res)
+    word = next(c for c in res["comparisons"] if c["metric"] == "shakespeare_word_order/acc")
+    assert word["p"] is not None and word["p"] < 1e-6  # the items alone would call it
+    assert word["verdict"].startswith("inconclusive with 1 seed") and not word.get("survives")
+    assert res["multiplicity"]["survivors"] == 0 and res["multiplicity"]["size"] == 0
+    assert res["multiplicity"]["left_out"]["one seed"] >= 1
+    assert "0 survive the adjustment" in markdown_summary(res)
+
+
+def test_step0_control_value_norms_are_stated_per_layer():
+    rng = np.random.default_rng(2)
+    res = _null_results(rng, n_variants=2, seeds=2)
+    for v in res["variants"].values():
+        for rec in v["seeds"].values():
+            rec["analysis"]["value_norm"] = {"per_layer": {"sink_mean": [1.5, 0.5], "normal_mean": [1.0, 1.0]}}
+        v["step0"] = {"val_loss": 8.0, "val_loss_se": 0.01,
+                      "analysis": {"value_norm": {"per_layer": {"sink_mean": [1.0, 3.0], "normal_mean": [2.0, 1.0]}}}}
+    summarise(res)
+    s0 = res["variants"]["v0"]["summary"]["step0_value_norm_layers"]
+    assert [lay["diff"]["mean"] for lay in s0["layers"]] == pytest.approx([-1.0, 2.0])  # sink − normal per layer
+    text = markdown_summary(res)
+    assert "step-0 control 1.0/3.0 vs 2.0/1.0 (sink above normal in 1 of 2 layers)" in text
+    assert "8.000 ± 0.010 (MC SE)" in text  # the step-0 table
+
+
+def test_above_chance_for_one_variant_only_points_to_the_paired_test():
+    res = _null_results(np.random.default_rng(3), n_variants=2, seeds=3)
+    for name, every in (("v0", 2), ("v1", 10)):  # accuracy 1/2 (chance) and 9/10
+        for rec in res["variants"][name]["seeds"].values():
+            acc = rec["eval"]["shakespeare_word_order"]["acc"]
+            acc["per_item"] = [0.0 if i % every == 0 else 1.0 for i in range(len(acc["per_item"]))]
+            acc["value"] = float(np.mean(acc["per_item"]))
+    summarise(res)
+    assert [v["summary"]["shakespeare_word_order/acc"]["above_chance"] for v in res["variants"].values()] == [False, True]
+    assert "(`shakespeare_word_order/acc`) is a difference in significance, not a significant difference" in \
+        markdown_summary(res)

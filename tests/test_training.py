@@ -308,3 +308,36 @@ def test_anneal_and_shift_run_from_an_init_checkpoint(tmp_path, corpus):
     with pytest.raises(ValueError, match="convert the checkpoint"):
         train(cfg_for(tmp_path / "bad", corpus, init_from=ckpt, num_sink_tokens=2))
     assert summary["checkpoint"]
+
+
+def test_keep_last_one_leaves_only_the_last_resumable_checkpoint(tmp_path, corpus):
+    """The experiments' run directories (`real`, `real-gpu`: keep_last=1) hold one checkpoint, with its
+    optimizer state, and a run resumes from it."""
+    from sinkdlm.experiment import get_preset
+    from sinkdlm.training.checkpointing import OPTIMIZER_NAME, load_training_state
+
+    assert get_preset("real-gpu").train.keep_last == get_preset("real").train.keep_last == 1
+    cfg = cfg_for(tmp_path, corpus, max_steps=8, save_every=2, keep_last=1)
+    train(cfg)
+    ckpts = list_checkpoints(cfg.out)
+    assert [step for step, _ in ckpts] == [8]
+    assert not [p for p in (Path(cfg.out) / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    assert (ckpts[0][1] / OPTIMIZER_NAME).is_file()
+    state, opt = load_training_state(ckpts[0][1])
+    assert state["step"] == 8 and opt["state"]  # AdamW moments kept
+    longer = cfg_for(tmp_path, corpus, max_steps=10, save_every=2, keep_last=1, resume=True)
+    train(longer)
+    rows = read_metrics(longer.out)
+    assert [r["step"] for r in rows] == list(range(1, 11))  # steps 9-10 continued from step 8, not from 0
+    assert [step for step, _ in list_checkpoints(longer.out)] == [10]
+
+
+def test_grad_norm_max_is_the_largest_norm_since_the_last_logged_row(tmp_path, corpus):
+    every = read_metrics(train(cfg_for(tmp_path / "a", corpus, max_steps=8, log_every=1, eval_every=8,
+                                       save_every=8))["out"])
+    sparse = read_metrics(train(cfg_for(tmp_path / "b", corpus, max_steps=8, log_every=4, eval_every=8,
+                                        save_every=8))["out"])
+    norms = {r["step"]: r["grad_norm"] for r in every}
+    assert [r["step"] for r in sparse] == [4, 8]
+    for r in sparse:  # the same run logged every step: the max over the 4 steps of each window
+        assert r["grad_norm_max"] == pytest.approx(max(norms[s] for s in range(r["step"] - 3, r["step"] + 1)), rel=1e-5)

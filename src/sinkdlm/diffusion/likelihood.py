@@ -21,7 +21,7 @@ deviation over sqrt(mc_num) — exact for i.i.d. t, conservative for the stratif
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -269,3 +269,107 @@ def loglikelihood(
     if single_p:
         lp_t, se_t = lp_t[0], se_t[0]
     return LoglikelihoodOutput(logprob=lp_t, stderr=se_t, num_forward=batcher.num_forward, method=method)
+
+
+# ----------------------------------------------------------------------------- fixed validation of a study
+# The experiment's validation loss (docs/method.md §1, "Validation of a study"): one fixed set of
+# sequences and one fixed noise, drawn from `noise_seed`, for every run and variant of a study, so that
+# a paired difference of two runs carries no noise of its own draws. LLaDA's masked-count form of
+# eq. 3-4, stratified over l: for draw d of a sequence with M maskable positions,
+#     u = (d + U) / D, U ~ U[0, 1),   l = floor(u M) + 1,   a uniform l-subset masked,
+#     value = (1/l) * sum_{i masked} CE_i
+# whose mean over l ~ U{1..M} is exactly E_t[(1/(t M)) sum_{i masked} CE_i] with t ~ U(0, 1]
+# (given l, E[1/t] = (M + 1)/l), the per-token ELBO bound of eq. 3-4.
+VALIDATION_ESTIMATOR = "masked_count_stratified"
+
+
+@dataclass
+class ValidationELBO:
+    values: torch.Tensor  # [N, D] float64: per sequence and draw, (1/l) sum_masked CE (nats per token)
+    val_loss: float  # mean over sequences and draws: the per-token ELBO bound
+    val_loss_se: float  # its Monte-Carlo standard error (collapsed strata, `stratified_se`)
+
+
+def validation_noise(num_sequences: int, length: int, draws: int, noise_seed: int,
+                     first_maskable: int = 0, first_sequence: int = 0) -> torch.Tensor:
+    """The fixed masks `[N, D, L]` bool of a study's validation: a function of the arguments only.
+
+    Sequence n's draws come from their own generator, seeded by (noise_seed, n), so a slice of the
+    set (`first_sequence` onwards, as a resumed validation scores it) gets the same noise as the whole.
+    Positions before `first_maskable` are never masked (1 with shift_logits: position 0 has no
+    logit before it). Draw d of every sequence has its masked count in stratum d of D (see above).
+    """
+    check_int("draws", draws, 2)
+    if draws % 2:
+        raise ValueError(f"draws must be even (its standard error pairs neighbouring strata), got {draws}")
+    m = length - first_maskable
+    if m < 1:
+        raise ValueError(f"sequences of {length} tokens leave nothing to mask")
+    masked = torch.zeros(num_sequences, draws, length, dtype=torch.bool)
+    for i in range(num_sequences):
+        gen = torch.Generator().manual_seed(noise_seed * 1_000_003 + first_sequence + i)
+        u = (torch.arange(draws, dtype=torch.float64) + torch.rand(draws, generator=gen, dtype=torch.float64)) / draws
+        count = (u * m).long().clamp(max=m - 1) + 1  # [D] in 1..M
+        ranks = torch.rand(draws, m, generator=gen).argsort(-1).argsort(-1)  # a uniform permutation per draw
+        masked[i, :, first_maskable:] = ranks < count[:, None]
+    return masked
+
+
+def stratified_se(values: torch.Tensor) -> float:
+    """Monte-Carlo standard error of `values.mean()` for `values [N, D]`, D strata (in order) per row.
+
+    One draw per stratum leaves no within-stratum variance to estimate; neighbouring strata are
+    collapsed in pairs: Var(mean_d v_nd) ~= (1/D^2) sum_k (v_n,2k - v_n,2k+1)^2 (conservative: it
+    adds the squared difference of the two strata's means). Sequences are independent given the
+    fixed set: SE = sqrt(sum_n Var_n) / N.
+    """
+    n, d = values.shape
+    assert d % 2 == 0
+    pair_diff = values[:, 0::2] - values[:, 1::2]  # [N, D/2]
+    var_rows = (pair_diff.double() ** 2).sum(-1) / d**2  # [N]
+    return float(var_rows.sum().sqrt() / n)
+
+
+@torch.no_grad()
+def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, batch_size: int = 8,
+                    shift_logits: bool | None = None, progress: Callable[[int, int], None] | None = None,
+                    first_sequence: int = 0) -> ValidationELBO:
+    """The per-token ELBO bound of `x0 [N, L]` with the fixed noise `validation_noise(N, L, draws, noise_seed)`.
+
+    Every model scored with the same (x0, draws, noise_seed) sees the same masked inputs, whatever its
+    variant (extra sinks are the model's own, outside x0). `progress(done, total)` after each batch.
+    `first_sequence`: the index of x0's first row in the whole set (a slice scored on its own).
+    """
+    cfg = model.config
+    if cfg.mask_token_id is None:
+        raise ValueError("the fixed validation scores a diffusion LM; this model is autoregressive (no [MASK])")
+    check_int("batch_size", batch_size, 1)
+    shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
+    n, length = x0.shape
+    masked = validation_noise(n, length, draws, noise_seed, first_maskable=1 if shift else 0,
+                              first_sequence=first_sequence)  # [N, D, L]
+    rows_x0 = x0[:, None].expand(n, draws, length).reshape(n * draws, length)  # [N*D, L]
+    rows_mask = masked.reshape(n * draws, length)
+    values = torch.empty(n * draws, dtype=torch.float64)
+    device = model.device
+    was_training = model.training
+    model.eval()
+    for lo in range(0, n * draws, batch_size):
+        x = rows_x0[lo: lo + batch_size].to(device)
+        msk = rows_mask[lo: lo + batch_size].to(device)
+        xt = x.masked_fill(msk, cfg.mask_token_id)
+        need = torch.zeros_like(msk)
+        if shift:  # logits[:, i-1] predict x0[:, i]
+            need[:, :-1] = msk[:, 1:]
+        else:
+            need = msk
+        logits = model(xt, logits_index=need).logits  # [K, V], row-major as `msk`
+        ce = torch.nn.functional.cross_entropy(logits.float(), x[msk], reduction="none").double()
+        rows = msk.nonzero()[:, 0]
+        per_row = torch.zeros(len(x), dtype=torch.float64, device=ce.device).index_add_(0, rows, ce)
+        values[lo: lo + len(x)] = (per_row / msk.sum(-1)).cpu()
+        if progress is not None:
+            progress(min(lo + batch_size, n * draws), n * draws)
+    model.train(was_training)
+    values = values.view(n, draws)
+    return ValidationELBO(values=values, val_loss=float(values.mean()), val_loss_se=stratified_se(values))

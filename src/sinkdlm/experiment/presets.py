@@ -13,9 +13,11 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
-                   3 seeds, paired; sized for 2 hours on a 2-core CPU.
-  * `real-gpu`   — the same with gated attention too, on one H100 in about 15 minutes: 5 seeds,
-                   more tokens, bf16 (not yet run: no GPU has been lent).
+                   3 seeds, paired; training sized for 2 hours on a 2-core CPU, plus the fixed validation
+                   (36 draws x 256 sequences per run and step-0 control: hours more; issue 30 resizes it).
+  * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
+                   bf16 (its run time is not measured yet: no GPU has been lent). Each run keeps only its
+                   last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.
   * `paper-0.5b` — Tables 1-2: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
                    directory), `--data` (local FineWeb files) and `--gsm8k DIR` (train/test JSONL), the
                    lm-eval datasets in the local HF cache, and GPUs for sensible run time.
@@ -52,6 +54,18 @@ SOFTMAX_ONE = Variant("softmax1", "DLM + softmax₁", {"softmax_one": True})
 
 
 @dataclass(frozen=True)
+class Validation:
+    """The fixed validation of a study (docs/method.md §1, "Validation of a study"): the first
+    `tokens` tokens of the packed validation split, each sequence scored with `draws` masked-count
+    draws from one `noise_seed` shared by every run and variant (`diffusion.likelihood.validation_elbo`)."""
+
+    tokens: int = 32_768  # at least this many tokens (whole sequences of the run's seq_len)
+    draws: int = 8  # even: its standard error pairs neighbouring strata
+    noise_seed: int = 0
+    batch_size: int = 8  # model rows per forward
+
+
+@dataclass(frozen=True)
 class ExperimentPreset:
     """One experiment: its variants and seeds, and the typed configs every variant shares."""
 
@@ -71,6 +85,7 @@ class ExperimentPreset:
     # The checkpoint every variant is converted from when --init-from is not given: "example" is the
     # example real model (SmolLM2-135M GGUF, `sinkdlm.example_model`, fetched on first use).
     default_init_from: str | None = None
+    validation: Validation = Validation()
 
     @property
     def eval_tasks(self) -> list[str]:
@@ -132,6 +147,7 @@ def smoke() -> ExperimentPreset:
                                num_prompts=2, sample=SampleConfig(gen_length=8, steps=4), ablation_k="0,1"),
         analyse_every_seed=True,
         comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
+        validation=Validation(tokens=256, draws=2, batch_size=16),  # a path test, not a measurement
     )
 
 
@@ -206,43 +222,50 @@ def ablation() -> ExperimentPreset:
 
 
 def real() -> ExperimentPreset:
-    """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF): 2 hours on 2 CPU cores."""
+    """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF), on 2 CPU cores."""
     # Sizing on 2 CPU cores (measured): a step of 4 x 128 tokens on the converted model takes about
     # 2.6 s with 2 threads (benchmarks/bench_real_train.py), about 4.5 s with one; evaluation (40 items
     # x 3 tasks, mc 2) about 2.2 min and the analysis about 2 min per run. Two variants x 3 seeds x 200
     # steps then fit 2 hours as two 1-thread shards (`--variants vanilla` and `--variants sink1-front`);
     # gated attention only in `real-gpu`. Dream-style adaptation: the AR head keeps predicting the next
-    # token (shift_logits).
+    # token (shift_logits). The fixed validation (docs/method.md §1) is the expensive part now: 36 draws x
+    # 256 sequences = 9,216 forwards of 128 tokens per run and per step-0 control (128 of them took 330 s
+    # on one thread of the busy 2-core machine, ~2.6 s each); the run session sizes seeds and steps from the
+    # variance split (docs/method.md §7), and each run's val.json says the draws its model needs.
     return ExperimentPreset(
         name="real",
         description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "
                      "pre-training on shakespeare with the same seeds and data order, paired"),
         variants=(VANILLA, SINK),
         seeds=(0, 1, 2),
-        train=TrainConfig(data="shakespeare", max_steps=200, batch_size=4, seq_len=128, lr=5e-5, min_lr=5e-6,
+        train=TrainConfig(data="shakespeare", max_steps=200, batch_size=4, seq_len=128, lr=5e-5, min_lr=5e-7,
                           warmup_frac=0.05, eval_every=100, save_every=100, log_every=10, eval_batches=8,
-                          shift_logits=True),
+                          shift_logits=True, keep_last=1),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=40, mc_num=2),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
                                num_prompts=4, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=((SINK.name, VANILLA.name),),
         default_init_from="example",
+        # 36 draws: the converted SmolLM2 (+ 1 sink, step 0) measured σ²_draw = 0.874 nats² per (sequence,
+        # draw) on these 256 x 128 tokens (16 sequences x 8 draws), so SE = sqrt(0.874 / (256 D)) <= 0.01
+        # needs D >= 34.1 (docs/method.md §1); each run's val.json re-measures it (`draws_for_target_se`).
+        validation=Validation(tokens=32_768, draws=36),
     )
 
 
 def real_gpu() -> ExperimentPreset:
-    """`real` with gated attention too, on one H100 in about 15 minutes: 5 seeds, 8x the tokens, bf16."""
+    """`real` with gated attention too, sized for one H100 (run time unmeasured): 5 seeds, 8x the tokens, bf16."""
     return dataclasses.replace(
         real(),
         name="real-gpu",
-        description=("the real-initialisation comparison sized for one H100 in about 15 minutes: 5 seeds, "
+        description=("the real-initialisation comparison sized for one H100 (run time not measured yet): 5 seeds, "
                      "8x the tokens of `real`, bf16"),
         variants=(VANILLA, SINK, GATED),
         seeds=(0, 1, 2, 3, 4),
-        train=TrainConfig(data="shakespeare", max_steps=800, batch_size=16, seq_len=256, lr=5e-5, min_lr=5e-6,
+        train=TrainConfig(data="shakespeare", max_steps=800, batch_size=16, seq_len=256, lr=5e-5, min_lr=5e-7,
                           warmup_frac=0.05, eval_every=200, save_every=400, log_every=20, eval_batches=16,
-                          shift_logits=True, bf16=True),
+                          shift_logits=True, bf16=True, keep_last=1),
         evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=300, mc_num=8),
         analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
                                num_prompts=16, sample=SampleConfig(gen_length=64, steps=64, block_length=32), ablation_k="1,5,10"),

@@ -10,6 +10,7 @@ prompts); `regenerate` rebuilds a committed experiment's results.json and report
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,22 @@ def _fmt_interval(s: dict | None, scale: float = 1.0, digits: int = 3) -> str:
     if s.get("low") is not None and s.get("high") is not None:
         low, high = (signed(scale * s[k], digits).lstrip("+") for k in ("low", "high"))
         text += f" [{low}, {high}]"
+    elif s.get("n", 2) < 2:  # one seed: no interval (not the whole range)
+        text += " [–]"
     return text
+
+
+def _setting(results: dict[str, Any], key: str) -> Any:
+    """A training setting of the experiment: results.json keeps only what the preset set, the rest are
+    TrainConfig's defaults (so a report never prints "None sequences")."""
+    from sinkdlm.config import TrainConfig
+    from sinkdlm.config.fields import field_default
+
+    value = results["train"].get(key)
+    if value is None:
+        field = next(f for f in dataclasses.fields(TrainConfig) if f.name == key)
+        value = field_default(field)
+    return value
 
 
 def _fmt_diff(c: dict, bold: bool = True) -> str:
@@ -95,9 +111,11 @@ def comparisons_table(results: dict[str, Any], metrics: set[str] | None = None) 
         ci = "–" if c.get("low") is None else f"[{signed(scale * c['low'], digits)}, {signed(scale * c['high'], digits)}]"
         mean = "–" if c.get("mean") is None else signed(scale * c["mean"], digits)
         adj = "–" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.2g}"
-        rows.append([f"{c['variant']} − {c['baseline']}", f"`{c['metric']}`", mean, ci, adj,
+        mde = "–" if c.get("mde") is None else f"{scale * c['mde']:.{digits}f}"
+        rows.append([f"{c['variant']} − {c['baseline']}", f"`{c['metric']}`", mean, ci, mde, adj,
                      c.get("method_label", "–"), _short_verdict(c)])
-    return ["difference", "metric", "Δ", "95 % CI (raw)", "BH-adjusted p", "interval", "verdict"], rows
+    return ["difference", "metric", "Δ", "95 % CI (raw)", "MDE (80 % power)", "BH-adjusted p", "interval",
+            "verdict"], rows
 
 
 def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
@@ -188,15 +206,19 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
             text += f"), mean over layers {lay['layer_mean']['verdict']}" if lay.get("layer_mean") else ")"
             if pooled is not None:
                 text += f"; pooled over layers (weighted by sink counts), the same seeds: {signed(pooled)}"
+            s0 = v["summary"].get("step0_value_norm_layers")
+            if s0:  # one model, no interval: what the converted model had before training
+                text += (f"; step-0 control {_layer_values(s0['layers'], 'a')} vs {_layer_values(s0['layers'], 'b')} "
+                         f"(sink above normal in {s0['positive_layers']} of {s0['compared_layers']} layers)")
             parts.append(text)
         lines.append("- **Do sinks carry smaller value vectors than normal tokens?** (value norm of sinks vs of "
                      "normal tokens, paired within layer and seed, mean over seeds per layer; then the unweighted mean "
                      "over layers of sink − normal, interval over seeds) " + "; ".join(parts) + ".")
-    extra = [(v["label"], v["summary"]["extra_sink_layers"]) for v in results["variants"].values()
+    extra = [(name, v["label"], v["summary"]["extra_sink_layers"]) for name, v in results["variants"].items()
              if v["summary"].get("extra_sink_layers")]
     if extra:
         parts = []
-        for label, e in extra:
+        for name, label, e in extra:
             mass = "/".join("–" if m is None else _fmt_interval(m, 100.0, 1) for m in e["attention_mass"])
             text = f"{label}: attention on it per layer {mass} % (over seeds {', '.join(e['attention_mass_seeds'])})"
             vo = e.get("value_norm_vs_others")
@@ -207,6 +229,9 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
                          f"layers; seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
                 if vo.get("layer_mean"):
                     text += f", mean over those layers {vo['layer_mean']['verdict']}"
+                s0 = (results["variants"][name]["summary"].get("step0_extra_sink_layers") or {}).get("value_norm_vs_others")
+                if s0:
+                    text += f"; step-0 control: below in {s0['negative_layers']} of {s0['compared_layers']} layers"
             else:
                 text += "; its value norm per layer was not recorded for these runs"
             parts.append(text)
@@ -268,6 +293,43 @@ def cost_line(results: dict[str, Any]) -> str:
     return text + (f". {t['note'][0].upper()}{t['note'][1:]}" if t.get("note") else "") + "."
 
 
+def validation_note(results: dict[str, Any]) -> str:
+    """How `val_loss` was measured: the study's fixed validation and each run's Monte-Carlo error."""
+    val = results.get("validation")
+    if not val:
+        return ("`val_loss`: the training loop's validation (one random draw per sequence, each run its own "
+                "noise; this experiment predates the fixed validation of docs/method.md §1).")
+    ses = [rec["val_loss_se"] for v in results["variants"].values()
+           for rec in [*v["seeds"].values(), *([v["step0"]] if v.get("step0") else [])]
+           if isinstance(rec.get("val_loss_se"), (int, float))]
+    text = (f"`val_loss`: the fixed validation of docs/method.md §1 — {val['tokens']:,} tokens, {val['draws']} "
+            f"draws per sequence from noise seed {val['noise_seed']}, the same for every run and variant "
+            f"(`{val['estimator']}`)")
+    if ses:
+        text += f"; Monte-Carlo standard error per run {min(ses):.4f}-{max(ses):.4f} nats"
+    return text + "."
+
+
+def step0_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """The step-0 control beside the trained runs: what training did, apart from what the converted
+    model already had (its own first-token sink)."""
+    rows = []
+    for v in results["variants"].values():
+        s0 = v.get("step0")
+        if not s0:
+            continue
+        a0 = s0.get("analysis") or {}
+        nsf0 = a0.get("non_sink_fraction")
+        rows.append([v["label"], f"{s0['val_loss']:.3f} ± {s0['val_loss_se']:.3f} (MC SE)",
+                     _fmt_interval(v["summary"].get("val_loss")),
+                     "–" if nsf0 is None else f"{100 * nsf0:.1f}",
+                     _fmt_interval(v["summary"].get("non_sink_fraction"), 100.0, 1)])
+    if not rows:
+        return None
+    return ["variant", "step 0 `val_loss`", "trained `val_loss` [95 % CI]", "step 0 non-sink %",
+            "trained non-sink % [95 % CI]"], rows
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     t = results["train"]
@@ -276,14 +338,19 @@ def markdown_summary(results: dict[str, Any]) -> str:
     headline = ["val_loss"] + [m for m in tasks if m.endswith(("word_order/acc", "cloze/acc", "next_line/acc_norm", "/exact_match"))
                                and "cloze/exact" not in m]
     parts = [
-        f"Preset `{results['preset']}`: {results['description']}. {t.get('max_steps')} steps × {t.get('batch_size')} × "
-        f"{t.get('seq_len')} tokens per run, seeds {results['seeds']} ({results['machine'].get('cpu_count')} CPU cores"
+        f"Preset `{results['preset']}`: {results['description']}. {_setting(results, 'max_steps')} steps × "
+        f"{_setting(results, 'batch_size')} × {_setting(results, 'seq_len')} tokens per run, seeds {results['seeds']} ({results['machine'].get('cpu_count')} CPU cores"
         f"{' + CUDA' if results['machine'].get('cuda') else ''}). {cost_line(results)} "
         f"Mean [95 % CI]: validation loss over the {n} seeds (Student t); accuracies over seeds and items "
         "(two-way random effects, so the CI says whether an accuracy is above chance).",
         "",
         _md_table(*results_table(results)),
+        "",
+        validation_note(results),
     ]
+    step0 = step0_table(results)
+    if step0:
+        parts += ["", "Step-0 control (the converted model before training, the same protocol):", "", _md_table(*step0)]
     chance_lines = []
     for m in tasks:
         chance = task_chance(m)
@@ -295,6 +362,13 @@ def markdown_summary(results: dict[str, Any]) -> str:
     if chance_lines:
         parts += ["", "Above chance (the 95 % CI's lower end above the chance accuracy; one test per variant and task, "
                   "not adjusted): " + "; ".join(chance_lines) + "."]
+        split = [m for m in tasks if task_chance(m) is not None
+                 and 0 < sum(bool(v["summary"].get(m, {}).get("above_chance")) for v in results["variants"].values())
+                 < len(results["variants"])]
+        if split:
+            parts[-1] += (" Above chance for some variants only (" + ", ".join(f"`{m}`" for m in split) + ") is a "
+                          "difference in significance, not a significant difference: the paired difference below "
+                          "is the test of it.")
     pivot = pivot_comparisons(results, headline)
     if pivot:
         parts += ["", "Paired differences, Δ [raw 95 % CI] (validation loss: t over seeds; accuracies: over seeds and "
@@ -360,8 +434,8 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     m = results["machine"]
     doc.paragraph(
         f"{results['description']}. Seeds {results['seeds']}; every variant trained with the same budget "
-        f"({results['train'].get('max_steps')} steps × {results['train'].get('batch_size')} sequences × "
-        f"{results['train'].get('seq_len')} tokens on `{results['train'].get('data', 'shakespeare')}`) and the same "
+        f"({_setting(results, 'max_steps')} steps × {_setting(results, 'batch_size')} sequences × "
+        f"{_setting(results, 'seq_len')} tokens on `{_setting(results, 'data')}`) and the same "
         f"seeds, so the comparisons are paired. Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
     )
@@ -372,13 +446,22 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
                   "were drawn as well as which models training produced. \"(no spread)\": every seed and item alike, no "
                   "interval.")
 
+    doc.paragraph(validation_note(results))
+    step0 = step0_table(results)
+    if step0:
+        doc.heading("Step-0 control")
+        doc.paragraph("The converted model before training, scored with the same protocol (fixed validation, sink "
+                      "analysis): what training did, apart from what the converted model already had.")
+        doc.table(*step0)
+
     doc.heading("Paired comparisons")
     doc.paragraph(
         f"Each difference is paired: over seeds (validation loss, sink metrics: {METHOD_SEEDS}) or over seeds and "
         f"items (accuracies: {METHOD_ITEMS}). A direction is stated only when the comparison survives the "
         "Benjamini-Hochberg adjustment over the report's family of paired comparisons; the raw 95 % interval is "
         "shown either way. No equivalence margin was declared, so an interval that includes zero says no difference "
-        "was detected, not that there is none."
+        "was detected, not that there is none. MDE: the smallest true difference these seeds would detect with 80 % "
+        "power (two-sided 5 %, noncentral t from the observed spread of the paired differences; docs/method.md §7)."
     )
     header, rows = comparisons_table(results)
     doc.table(header, rows) if rows else doc.paragraph("Only one variant: nothing to compare.")
@@ -389,7 +472,8 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     curves = training_curves(results)
     if curves:
         doc.heading("Training")
-        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), "Validation loss vs step (mean ± std over seeds)")
+        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), ("Validation loss of the training loop (its own per-run noise, not the fixed validation) vs "
+                  "step: mean over seeds, error bars ± 1 standard deviation over seeds (not a confidence interval)"))
     bars = {}
     for k in task_metrics(results):
         per = {}
@@ -452,6 +536,15 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
     if abl_rows:
         doc.heading("Sink-masking ablation (first seed)", 3)
         doc.table(["variant", "score (protocol)", "score by K"], abl_rows)
+    samples = [(v["label"], seed, rec["analysis"]) for v in results["variants"].values()
+               for seed, rec in list(v["seeds"].items())[:1] if (rec.get("analysis") or {}).get("samples")]
+    if samples:
+        doc.heading("Generations (first seed; repetition rate = 1 − distinct / total pieces)", 3)
+        for label, seed, a in samples:
+            rate = "–" if a.get("repetition_rate") is None else f"{a['repetition_rate']:.2f}"
+            doc.paragraph(f"{label}, seed {seed}: repetition rate {rate}; over seeds "
+                          f"{_fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
+            doc.bullets([f"`{x[:160]!r}`" for x in a["samples"][:4]])
     for name, v in results["variants"].items():
         seed, first = next(iter(v["seeds"].items()))
         # The experiment's own copy first: the stored `analysis_dir` is the path the run was started
@@ -465,6 +558,10 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
         names = figures.values() if isinstance(figures, dict) else figures
         for file in names:
             doc.image(adir / file, f"{v['label']}: {Path(file).stem.replace('_', ' ')}")
+
+
+def v_summary(results: dict[str, Any], label: str) -> dict[str, Any]:
+    return next((v.get("summary") or {}) for v in results["variants"].values() if v["label"] == label)
 
 
 def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -29,13 +30,17 @@ import torch
 
 from sinkdlm.config.commands import ExperimentConfig
 from sinkdlm.config.fields import non_default_fields
-from sinkdlm.experiment.presets import ExperimentPreset, Variant, get_preset
+from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
 from sinkdlm.atomic import atomic_write_json
 from sinkdlm.files import ensure_writable_dir
 from sinkdlm.loading import load_model_and_tokenizer
 
 DONE = "DONE.json"
+VAL = "val.json"  # a run's fixed validation (docs/method.md §1)
+VAL_PARTIAL = "val.partial.json"  # the sequences scored so far, while it runs
+VAL_CHUNK = 16  # sequences per saved chunk
+TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should reach (issue 30)
 
 
 def _log(msg: str) -> None:
@@ -93,6 +98,84 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     return summary
 
 
+def draws_for_se(draw_variance: float, sequences: int, target_se: float) -> int:
+    """The smallest even number of draws D with sqrt(σ²_draw / (N D)) <= target_se (docs/method.md §1)."""
+    need = math.ceil(draw_variance / (sequences * target_se**2))
+    return max(2, need + need % 2)
+
+
+def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], validation: Validation,
+                     device: str | None = None) -> dict[str, Any]:
+    """The study's fixed validation of one checkpoint (docs/method.md §1), once: kept in `run_dir/val.json`.
+
+    The sequences are the first `validation.tokens` tokens (whole rows) of the packed validation split
+    of the run's corpus; the noise comes from `validation.noise_seed` only, so every run and variant of
+    the study is scored on the same masked inputs."""
+    path = run_dir / VAL
+    if path.is_file():
+        return json.loads(path.read_text())
+    from sinkdlm.config import TrainConfig
+    from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR, validation_elbo
+    from sinkdlm.training.trainer import load_batches
+
+    cfg = TrainConfig(**{k: v for k, v in cfg_kwargs.items() if k != "init_from"})
+    model, tok = load_model_and_tokenizer(ckpt, device=device)
+    if cfg.shift_logits is not None:  # the step-0 control: the converted model as training will run it
+        model.config.shift_logits = bool(cfg.shift_logits)
+    val = load_batches(cfg, tok, model.config.max_content_length, "validation")
+    rows = min(len(val), -(-validation.tokens // cfg.seq_len))
+    x0, _ = val.get(list(range(rows)))  # [N, L]
+    t0 = time.perf_counter()
+    # Scored in chunks of sequences, each kept in val.partial.json: an interrupted validation (hours on
+    # a CPU) resumes where it stopped; every sequence's noise depends on its index only, so it is the same.
+    partial_path = run_dir / VAL_PARTIAL
+    key = {"tokens": int(x0.numel()), "draws": validation.draws, "noise_seed": validation.noise_seed}
+    done: list[list[float]] = []
+    if partial_path.is_file():
+        partial = json.loads(partial_path.read_text())
+        if partial.get("key") == key:
+            done = partial["values"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    while len(done) < rows:
+        lo = len(done)
+        hi = min(rows, lo + VAL_CHUNK)
+        with torch.inference_mode():
+            part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
+                                   batch_size=validation.batch_size, first_sequence=lo)
+        done += part.values.tolist()
+        atomic_write_json(partial_path, {"key": key, "values": done})
+    from sinkdlm.diffusion.likelihood import ValidationELBO, stratified_se
+
+    values = torch.tensor(done, dtype=torch.float64)  # [N, D]
+    r = ValidationELBO(values=values, val_loss=float(values.mean()), val_loss_se=stratified_se(values))
+    pair_diff = r.values[:, 0::2] - r.values[:, 1::2]  # [N, D/2], the collapsed strata of stratified_se
+    draw_var = float((pair_diff**2).sum(-1).mean() / validation.draws)  # σ²_draw: one (sequence, draw) unit
+    record = {"val_loss": r.val_loss, "val_loss_se": r.val_loss_se, "tokens": int(x0.numel()),
+              "draws": validation.draws, "noise_seed": validation.noise_seed, "estimator": VALIDATION_ESTIMATOR,
+              "per_sequence": r.values.mean(1).tolist(), "draw_variance": draw_var,
+              # the draws this model needs for a standard error of TARGET_SE at this set (docs/method.md §1)
+              "draws_for_target_se": draws_for_se(draw_var, len(x0), TARGET_SE), "target_se": TARGET_SE,
+              "seconds": time.perf_counter() - t0}
+    atomic_write_json(path, record)
+    partial_path.unlink(missing_ok=True)
+    return record
+
+
+def _analyse(ckpt: str, adir: Path, label: str, preset: ExperimentPreset, device: str | None, tty: bool,
+             shift_logits: bool | None = None) -> None:
+    """The attention-sink analysis of one checkpoint on the study's prompts, into `adir`
+    (`shift_logits`: the run's setting, for the step-0 control's converted checkpoint)."""
+    from sinkdlm.analysis import analyze, prompts_from_documents
+    from sinkdlm.data import load_documents
+
+    model, tok = load_model_and_tokenizer(ckpt, device=device)
+    if shift_logits is not None:
+        model.config.shift_logits = bool(shift_logits)
+    prompts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, preset.analysis.num_prompts,
+                                     preset.analysis.prompt_length, seed=0)
+    analyze(model, tok, prompts, dataclasses.replace(preset.analysis, out=adir, seed=0, quiet=not tty, label=label))
+
+
 def _convert_for_variant(init_from: str, variant: Variant, out: Path) -> str:
     """AR checkpoint -> one converted checkpoint per variant (the sinks/gate are new parameters)."""
     from sinkdlm.model.hf import convert_hf_checkpoint
@@ -147,10 +230,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         atomic_write_json(started, {"time": time.time()})
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
-    from sinkdlm.analysis import analyze, compare, prompts_from_documents
-    from sinkdlm.data import load_documents
+    from sinkdlm.analysis import compare
+    from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR
     from sinkdlm.evaluation import evaluate
-
 
     def eval_config(tasks: list[str]):  # the preset's evaluation settings on these tasks, seed 0
         return dataclasses.replace(preset.evaluation, tasks=",".join(tasks), seed=0, progress=tty)
@@ -160,6 +242,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         "machine": machine_info(), "train": {**shared_train, **({"max_steps": max_steps} if max_steps else {})},
         "eval_tasks": preset.eval_tasks + list(preset.lm_eval_tasks), "eval_limit": preset.evaluation.limit,
         "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **analysis_settings},
+        "validation": {"tokens": None, "draws": preset.validation.draws, "noise_seed": preset.validation.noise_seed,
+                       "estimator": VALIDATION_ESTIMATOR},
         "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
                              "prompt_length": preset.analysis.prompt_length, "seed": 0},
     }
@@ -169,6 +253,27 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     k = 0
     for variant in preset.variants:
         per_seed: dict[str, Any] = {}
+        step0 = None
+        if init_from:  # the step-0 control: the converted model before training, same protocol
+            step0_dir = out / "step0" / variant.name
+            converted = _convert_for_variant(init_from, variant, out)
+            base_kwargs = {**shared_train, **({"data": data} if data else {})}
+            if not (step0_dir / VAL).is_file():
+                _log(f"{variant.label}: step-0 control (the converted model before training) -> {step0_dir}")
+                t0 = time.perf_counter()
+                fixed_validation(step0_dir, converted, base_kwargs, preset.validation, device)
+                stage_seconds["eval"] += time.perf_counter() - t0
+            val0 = fixed_validation(step0_dir, converted, base_kwargs, preset.validation, device)  # read back
+            step0 = {"checkpoint": converted, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"]}
+            if not skip_analysis:
+                adir0 = step0_dir / "analysis"
+                if not (adir0 / "analysis.json").is_file():
+                    t0 = time.perf_counter()
+                    _analyse(converted, adir0, f"{variant.label} (step 0)", preset, device, tty,
+                             shift_logits=preset.train.shift_logits)
+                    stage_seconds["analysis"] += time.perf_counter() - t0
+                step0["analysis_dir"] = str(adir0)
+                step0["analysis"] = analysis_record(json.loads((adir0 / "analysis.json").read_text()))
         for seed in seeds:
             k += 1
             run = out / "runs" / f"{variant.name}-s{seed}"
@@ -192,11 +297,19 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             run_timing["train"] = summary.get("seconds")
             ckpt = summary["checkpoint"]
             curve = read_val_curve(run / "train")
-            val_loss = summary["last"].get("val_loss")
-            if val_loss is None and curve:  # a run resumed at its last step logs no new validation
-                val_loss = curve[-1][1]
+            train_val_loss = summary["last"].get("val_loss")
+            if train_val_loss is None and curve:  # a run resumed at its last step logs no new validation
+                train_val_loss = curve[-1][1]
+            if not (run / VAL).is_file():
+                _log(f"({k}/{total}) {variant.label}, seed {seed}: fixed validation ({preset.validation.draws} draws)")
+                t0 = time.perf_counter()
+                val = fixed_validation(run, ckpt, train_kwargs, preset.validation, device)
+                stage_seconds["eval"] += time.perf_counter() - t0
+                run_timing["validation"] = time.perf_counter() - t0
+            val = fixed_validation(run, ckpt, train_kwargs, preset.validation, device)  # read back
             record: dict[str, Any] = {
-                "checkpoint": ckpt, "val_loss": val_loss,
+                "checkpoint": ckpt, "val_loss": val["val_loss"], "val_loss_se": val["val_loss_se"],
+                "train_val_loss": train_val_loss,
                 "train_tokens_per_s": summary["last"].get("tokens_per_s"), "train_seconds": summary.get("seconds"),
                 "curve": curve,
             }
@@ -243,12 +356,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 if not (adir / "analysis.json").is_file():
                     _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
                     t0 = time.perf_counter()
-                    n_prompts, prompt_length = preset.analysis.num_prompts, preset.analysis.prompt_length
-                    model, tok = load_model_and_tokenizer(ckpt, device=device)
-                    prompts = prompts_from_documents(load_documents("shakespeare", "validation"), tok, n_prompts,
-                                                     prompt_length, seed=0)
-                    analyze(model, tok, prompts, dataclasses.replace(preset.analysis, out=adir, seed=0, quiet=not tty,
-                                                                     label=variant.label))
+                    _analyse(ckpt, adir, variant.label, preset, device, tty)
                     stage_seconds["analysis"] += time.perf_counter() - t0
                     run_timing["analysis"] = time.perf_counter() - t0
                 if seed == seeds[0]:
@@ -258,7 +366,10 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             atomic_write_json(timing_path, run_timing)
             record["seconds"] = run_timing
             per_seed[str(seed)] = record
+            results["validation"]["tokens"] = val["tokens"]
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
+        if step0 is not None:
+            results["variants"][variant.name]["step0"] = step0
 
     if analysis_dirs and len(analysis_dirs) > 1:
         t0 = time.perf_counter()
@@ -287,7 +398,7 @@ def run_timing_summary(results: dict[str, Any], since_start_s: float) -> dict[st
     recs = [rec for v in results["variants"].values() for rec in v["seeds"].values()]
     secs = [rec.get("seconds") or {} for rec in recs]
     train = [t["train"] for t in secs if isinstance(t.get("train"), (int, float))]
-    parts = [k for k in ("train", "sft", "eval", "analysis") if any(isinstance(t.get(k), (int, float)) for t in secs)]
+    parts = [k for k in ("train", "sft", "validation", "eval", "analysis") if any(isinstance(t.get(k), (int, float)) for t in secs)]
     return {
         "compute_s": sum(v for t in secs for v in t.values() if isinstance(v, (int, float))),
         "compute_parts": parts, "runs": len(recs), "runs_timed": sum(bool(t) for t in secs),

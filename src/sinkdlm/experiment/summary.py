@@ -25,6 +25,7 @@ non-sink fraction per ϵ, sink token types, training curves) are computed here t
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -50,6 +51,7 @@ ANALYSIS_METRICS = {
     "sink_set_jaccard": (("moving", "sink_set_jaccard"), "Jaccard of consecutive sink sets (every key)"),
     "value_norm_sink": (("value_norm", "sink_mean"), "value norm of sinks (pooled over layers)"),
     "value_norm_normal": (("value_norm", "normal_mean"), "value norm of normal tokens (pooled over layers)"),
+    "repetition_rate": (("repetition_rate",), "repetition rate of the analysed generations"),
 }
 # Without extra sink tokens the content keys are every key: a record from before the content-key
 # metrics existed holds them under the all-keys name.
@@ -60,11 +62,21 @@ NEUTRAL = set(ANALYSIS_METRICS)  # descriptive: a difference is reported without
 # pooled value norms weight layers by their sink counts, docs/method.md §6).
 ALTERNATIVES = {"sink_set_change_rate", "sink_set_jaccard", "value_norm_sink", "value_norm_normal"}
 # Quantities in [0, 1]: their intervals are kept inside it (stats.mean_interval bounds).
-SHARES = {"non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
+SHARES = {"repetition_rate", "non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
           "sink_set_jaccard"}
 # The method of each kind of interval, as the reports label it.
 METHOD_SEEDS = "Student t over seeds (n − 1 df)"
 METHOD_ITEMS = "seeds × items (two-way random effects, t with n − 1 df)"
+
+
+_PIECE = re.compile(r"\w+|[^\w ]")  # words, and every other character but the space (newlines, commas) alone
+
+
+def repetition_rate(text: str) -> float | None:
+    """Share of a generation's pieces (words, punctuation, newlines) that repeat an earlier piece:
+    1 - distinct / total (None for an empty text). "\n\n\nThe\n\n..." and ",,,,," score near 1."""
+    pieces = _PIECE.findall(text)
+    return 1.0 - len(set(pieces)) / len(pieces) if pieces else None
 
 
 def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +85,8 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
     vn = a.get("value_norm", {})
     extra = a.get("extra_sink")
     abl = a.get("ablation")
+    samples = [x for x in a.get("samples") or [] if isinstance(x, str)]
+    rates = [r for r in map(repetition_rate, samples) if r is not None]
     return {
         "non_sink_fraction": a.get("non_sink_fraction"),
         "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
@@ -83,6 +97,9 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
             "mean_attention_mass", "attention_mass", "value_norm", "others_value_norm")},
         "sink_token_types": (a.get("sink_token_types") or {}).get("shares"),
         "ablation": None if not abl else {k: abl.get(k) for k in ("metric", "protocol", "scores", "delta", "stderr")},
+        # the generations themselves (the report shows them) and how degenerate they are
+        "samples": list(samples),
+        "repetition_rate": statistics.fmean(rates) if rates else None,
     }
 
 
@@ -189,6 +206,45 @@ def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confiden
     return entry
 
 
+MDE_POWER = 0.8  # the power at which `mde` is stated (two-sided test at 1 - confidence)
+
+
+def minimum_detectable_effect(se: float, df: float, power: float = MDE_POWER, alpha: float = 0.05) -> float:
+    """The smallest true difference a two-sided t test at level `alpha` detects with probability `power`,
+    when the mean difference has standard error `se` with `df` degrees of freedom (docs/method.md §7):
+    `se · λ`, λ the noncentrality at which 1 - F(t_c; df, λ) + F(-t_c; df, λ) = power, F the noncentral
+    t distribution and t_c = t_{1 - alpha/2, df}. Large df: (z_{1-alpha/2} + z_power) · se."""
+    from scipy import optimize
+    from scipy import stats as st
+
+    if not (se > 0 and df > 0 and math.isfinite(se)):
+        return math.nan
+    tc = float(st.t.ppf(1 - alpha / 2, df))
+
+    def shortfall(lam: float) -> float:
+        upper, lower = float(st.nct.sf(tc, df, lam)), float(st.nct.cdf(-tc, df, lam))
+        # far in the tail scipy's noncentral t returns nan: the power there is 1 (upper) and 0 (lower)
+        return (upper if math.isfinite(upper) else 1.0) + (lower if math.isfinite(lower) else 0.0) - power
+
+    hi = tc + 4.0
+    while shortfall(hi) < 0:
+        hi *= 2
+    return se * float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))
+
+
+def comparison_mde(entry: dict[str, Any]) -> float | None:
+    """`mde` of a stored comparison: its standard error read back from its interval and df (None
+    without an interval: one seed, a degenerate variance, or missing values)."""
+    from scipy import stats as st
+
+    low, high, df, conf = entry.get("low"), entry.get("high"), entry.get("df"), entry.get("confidence", 0.95)
+    if low is None or high is None or not df:
+        return None
+    se = (high - low) / (2 * float(st.t.ppf(0.5 + conf / 2, df)))
+    mde = minimum_detectable_effect(se, df, alpha=1 - conf)
+    return mde if math.isfinite(mde) else None
+
+
 def _interval(d: dict[str, Any]) -> Interval:
     """The Interval back from its `to_dict` form (None bounds: unbounded, or degenerate)."""
     nan = math.nan if d.get("degenerate") else math.inf
@@ -282,7 +338,9 @@ def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> di
     """Benjamini-Hochberg over the entries that are tests (a p-value: two or more seeds and a variance
     estimate); sets `p_adjusted`, `survives` and the final `verdict` of every entry in place and
     returns what the report says about the family."""
-    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True)]
+    # One seed is no test, whatever its items say (stats.verdict prints "inconclusive with 1 seed"): an
+    # accuracy compared over the items of one seed has a p-value but stays out of the family.
+    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True) and e.get("n", 0) >= 2]
     for e, q in zip(family, benjamini_hochberg([e["p"] for e in family])):
         e["p_adjusted"], e["survives"] = q, bool(q < 1 - confidence and e["excludes_zero"])
     for e in entries:
@@ -350,6 +408,10 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             iv = paired_difference(sink_vn, normal_vn, confidence)
             summary["value_norm_sink_minus_normal_pooled"] = {**iv.to_dict(), "method_label": METHOD_SEEDS,
                                                               "verdict": verdict(iv, lower_is_better=None)}
+        if (v.get("step0") or {}).get("analysis"):  # the converted model before training: one model, no interval
+            step0 = {"seeds": {"step0": v["step0"]}}
+            summary["step0_value_norm_layers"] = value_norm_layers(step0)
+            summary["step0_extra_sink_layers"] = extra_sink_layers(step0)
         extra = extra_sink_layers(v)
         if extra:
             summary["extra_sink_layers"] = extra
@@ -364,7 +426,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
         for m in scalar_metrics + tasks:
             c = compare_variants(variants[a], variants[b], m, confidence)
             if c is not None:
-                comparisons.append({"pair": [a, b], **c})
+                comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
     results["comparisons"] = comparisons
     results["constant_metrics"] = constant_metrics(results)
     results["multiplicity"] = {

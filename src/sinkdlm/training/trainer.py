@@ -404,6 +404,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     tokens_per_step = cfg.batch_size * cfg.seq_len
     bar = tqdm(total=cfg.max_steps, initial=start, disable=not (env.is_main and sys.stderr.isatty()), unit="step", dynamic_ncols=True)
     last_time, last_step, last = time.perf_counter(), start, {}
+    grad_norm_max = None
     stop.arm()  # from here on, SIGINT/SIGTERM finish the step and save (before: they stop at once)
     for step in range(start, cfg.max_steps):
         lr = lr_at(step, cfg)
@@ -431,6 +432,9 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             loss_sum += out_loss.loss.detach()
         # Tensors until a row is logged: no host sync per step on CUDA (FSDP's norm is a DTensor).
         grad_norm = dist_utils.full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        # The largest pre-clip norm since the last logged row: a spike between log steps is not lost
+        # (issue 30); a tensor until logged, so no host sync per step.
+        grad_norm_max = grad_norm.detach().clone() if grad_norm_max is None else torch.maximum(grad_norm_max, grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss = dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env)
@@ -441,7 +445,9 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             now = time.perf_counter()
             rate = tokens_per_step * (done - last_step) / max(now - last_time, 1e-9)
             last_time, last_step = now, done
-            row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm)}
+            row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm),
+                   "grad_norm_max": float(grad_norm_max)}
+            grad_norm_max = None
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
             row["val_loss"] = evaluate(model, val_set, cfg, device, env)  # every rank: its share
         if row is not None:
