@@ -194,10 +194,10 @@ def test_compile_with_a_missing_backend_is_refused_before_any_work(tmp_path, ref
                                  "compile_backend": "no-such-backend"})
     with pytest.raises(ValueError, match="not a torch.compile backend; choose one of"):
         train(cfg)
-    from torch._inductor import config as inductor_config
-
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("no-such-c++",))
-    monkeypatch.delenv("CXX", raising=False)
+    # No compiler anywhere: $CXX names none and PATH holds nothing (inductor would fail mid-run).
+    monkeypatch.setenv("CXX", "no-such-c++")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     cfg = TrainConfig.resolve(**{**cfg.to_dict(), "compile_backend": "inductor"})
     with pytest.raises(ValueError, match="needs a C\\+\\+ compiler.*--compile-backend aot_eager"):
         train(cfg)

@@ -124,3 +124,23 @@ class GGUFFile:
                 except (OSError, ValueError, AttributeError):
                     pass
             yield t.name, out
+
+
+def read_tokenizer_metadata(path: str | Path) -> dict:
+    """`general.architecture` and every `tokenizer.*` entry of a GGUF file, arrays in full (tokens,
+    merges, token types), read with ggml's `gguf` package; no tensor is touched.
+
+    A separate reader from `GGUFFile` (which drops the arrays before any weight is read): this one
+    is gone once the tokenizer is built, so its per-element views never coexist with the weights."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(str(path), "r")
+        return {
+            name: field.contents()
+            for name, field in reader.fields.items()
+            if name == "general.architecture" or name.startswith("tokenizer.")
+        }
+    except (ValueError, OSError, IndexError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: its tokenizer metadata (tokenizer.*) cannot be read ({e!r}); re-download it") from e
