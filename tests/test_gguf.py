@@ -26,7 +26,6 @@ from sinkdlm.diffusion.sampling import generate
 from sinkdlm.files import CheckpointError
 from sinkdlm.loading import load_checkpoint, load_model_and_tokenizer, open_source
 
-pytest.importorskip("accelerate")  # transformers' GGUF loader (the reference) needs it
 
 TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 30,
          "to be or not to be: that is the question; whether tis nobler. " * 30]
@@ -156,6 +155,7 @@ def test_quantised_gguf_equals_transformers_gguf_loader(tmp_path, tok, qtype):
     hf = hf_model("llama", d=d, mlp=256 if d == 256 else 96)
     path = write_gguf(tmp_path / "m.gguf", hf, tok, "llama", qtype)
     ours = load_checkpoint(path)
+    pytest.importorskip("accelerate", reason="transformers' GGUF model loader (the reference) needs accelerate")
     ref = LlamaForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval()
     x = torch.randint(3, 290, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
