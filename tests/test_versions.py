@@ -50,3 +50,15 @@ def test_an_old_torch_is_one_line_naming_the_floor(monkeypatch, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.strip() == f"error: {msg}"
+
+
+def test_fsdp_on_a_torch_without_its_checkpoint_writer_is_one_line(monkeypatch):
+    """torch 2.6-2.7 (inside the floor) has FSDP2 but not the writer of --fsdp's sharded checkpoints."""
+    import torch.distributed.checkpoint as dcp
+
+    from sinkdlm.training.distributed import check_launch
+
+    monkeypatch.delattr(dcp, "HuggingFaceStorageWriter", raising=False)
+    with pytest.raises(ValueError, match=r"^--fsdp needs torch>=2.8 .*pip install -U 'torch>=2.8', or drop --fsdp$"):
+        check_launch(True)
+    check_launch(False)  # without --fsdp nothing is asked of torch

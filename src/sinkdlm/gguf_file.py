@@ -31,6 +31,22 @@ def _is_array(field) -> bool:
     return len(field.types) > 1 or bool(field.types and field.types[0].name == "ARRAY")
 
 
+def _contents(field):
+    """A metadata field's value as Python objects (str, int, float, bool, or a list of them).
+
+    What `ReaderField.contents()` of newer gguf releases returns (0.11 has none), written against the reader's `parts`/`data`
+    layout that every gguf release since 0.10 has, so the declared floor reads files too."""
+    def one(index):
+        part = field.parts[index]
+        return bytes(part).decode("utf-8") if kind.name == "STRING" else part.tolist()[0]
+
+    if _is_array(field):
+        kind = field.types[-1]
+        return [one(i) for i in field.data]
+    kind = field.types[0]
+    return one(field.data[0])
+
+
 class GGUFFile:
     """An opened, checked GGUF file: `metadata` (scalars; arrays as their length), `tensor_names`,
     and `tensors()` to dequantise them one by one.
@@ -85,7 +101,7 @@ class GGUFFile:
                 out[name] = len(field.data)  # the number of elements (e.g. tokens), not the elements
                 continue
             try:
-                out[name] = field.contents()
+                out[name] = _contents(field)
             except (ValueError, TypeError, IndexError) as e:
                 raise CheckpointError(f"{self.path}: metadata {name!r} cannot be read ({e})") from e
         return out
@@ -138,7 +154,7 @@ def read_tokenizer_metadata(path: str | Path) -> dict:
     try:
         reader = GGUFReader(str(path), "r")
         return {
-            name: field.contents()
+            name: _contents(field)
             for name, field in reader.fields.items()
             if name == "general.architecture" or name.startswith("tokenizer.")
         }

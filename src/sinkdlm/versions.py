@@ -17,8 +17,8 @@ FLOORS = {
     "transformers": "4.46",
     "tokenizers": "0.20",
     "safetensors": "0.4.1",
-    "gguf": "0.10",
-    "typer": "0.12",
+    "gguf": "0.11",  # 0.10.0 imports sentencepiece, which it does not declare
+    "typer": "0.13",  # 0.12 cannot build options typed `Path | None`
     "numpy": "1.26",
 }
 

@@ -45,7 +45,16 @@ class DistEnv:
 
 
 def check_launch(fsdp: bool) -> None:
-    """`--fsdp` needs torchrun's environment (a process group); say how to get one."""
+    """`--fsdp` needs torchrun's environment (a process group) and a torch that writes its sharded
+    checkpoints; say how to get them."""
+    if fsdp:
+        import torch.distributed.checkpoint as dcp
+
+        if not hasattr(dcp, "HuggingFaceStorageWriter"):  # added in torch 2.8
+            raise ValueError(
+                f"--fsdp needs torch>=2.8 (its sharded checkpoints are written with torch.distributed.checkpoint's "
+                f"HuggingFaceStorageWriter); this is torch {torch.__version__}: pip install -U 'torch>=2.8', or drop --fsdp"
+            )
     if fsdp and not {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ):
         raise ValueError(
             "--fsdp shards the model over a process group, which only torchrun provides: launch with "
