@@ -18,7 +18,7 @@ FLOORS = {
     "tokenizers": "0.20",
     "safetensors": "0.4.1",
     "gguf": "0.11",  # 0.10.0 imports sentencepiece, which it does not declare
-    "typer": "0.13",  # 0.12 cannot build options typed `Path | None`
+    "typer": "0.14",  # 0.12 cannot build `Path | None` options; 0.13 breaks on click >= 8.2 (--help)
     "numpy": "1.26",
 }
 

@@ -15,6 +15,7 @@ Marked `floors`, so the default suite (which covers all of this more thoroughly)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -89,8 +90,11 @@ def test_example_gguf_loads_tokenizes_like_transformers_and_generates():
             pytest.skip(f"the example model could not be fetched: {e}")
     model, tok = load_model_and_tokenizer(path, device="cpu")
     ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # The text's ids only: whether a BOS is prepended changed between transformers releases (4.46 adds one
+    # for this file, 5.x does not); sinkdlm's tokenizer is built from the metadata and is the same on each.
     for line in ["To be, or not to be, that is the question:", "Ünïcödé ✓ 12345\n\tx", "it's  2024\r\n end"]:
-        assert tok(line).input_ids == ref(line).input_ids, line
+        plain = dict(add_special_tokens=False)
+        assert tok(line, **plain).input_ids == ref(line, **plain).input_ids, line
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         logits = model(ids).logits
@@ -133,5 +137,11 @@ def test_help_of_every_command(command):
     args = [sys.executable, "-m", "sinkdlm", *([command] if command else []), "--help"]
     env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    if command == "lm-eval" and importlib.util.find_spec("lm_eval") is None:  # an optional extra
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr.strip().splitlines() == [
+            "error: `sinkdlm lm-eval` needs lm-eval: pip install 'sinkdlm[eval]' (No module named 'lm_eval')"
+        ]
+        return
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage" in out.stdout.lower() and "Traceback" not in out.stderr  # lm-eval's own help is argparse's
