@@ -46,7 +46,7 @@ def test_an_old_torch_is_one_line_naming_the_floor(monkeypatch, capsys):
     from sinkdlm.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["generate", "--help"])
+        main(["generate", "--model", "m", "--prompt", "p"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.strip() == f"error: {msg}"

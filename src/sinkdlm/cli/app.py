@@ -40,17 +40,18 @@ def _click_exceptions():
 
 def main(argv: list[str] | None = None) -> None:
     import sinkdlm.cli  # noqa: F401  (registers every command)
-    from sinkdlm.versions import check_versions
-
-    try:  # an installed dependency older than its floor: one line, before anything runs
-        check_versions()
-    except ImportError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
-        sys.exit(2)
 
     click_errors = _click_exceptions()
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" not in args:  # --help runs nothing (and must stay fast: ~40 ms of metadata look-ups)
+        from sinkdlm.versions import check_versions
+
+        try:  # an installed dependency older than its floor: one line, before anything runs
+            check_versions()
+        except ImportError as e:
+            typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+            sys.exit(2)
     try:
         group = typer.main.get_command(app)
         _check_empty_values(args)
