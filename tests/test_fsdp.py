@@ -102,6 +102,7 @@ def assert_same_losses(reference: TrainConfig, out) -> None:
             assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4), f"step {a['step']}"
 
 
+@pytest.mark.slow  # several processes, each importing torch: 42-49 s in a loaded full run (2 cores)
 def test_two_fsdp_processes_match_one_process_across_a_sharded_resume(tmp_path, reference):
     cfg = fsdp_cfg(tmp_path, reference)
     res = run_script(tmp_path, 2, STOP_SCRIPT, json.dumps(cfg.to_dict()), "6")
