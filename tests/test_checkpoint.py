@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import stat
 
 import pytest
@@ -216,7 +217,12 @@ def test_error_truncated_weights(tmp_path, keep):
     assert "corrupt or truncated" in expect_error(ckpt, path)
 
 
-@pytest.mark.parametrize("garbage", [b"\x00" * 4096, os.urandom(4096), b"PK\x03\x04 a zip, not safetensors"])
+# Named ids, seeded bytes: a test id must be the same in every process (pytest -n 2 collects per worker).
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\x00" * 4096, random.Random(0).randbytes(4096), b"PK\x03\x04 a zip, not safetensors"],
+    ids=["zeros", "random-bytes", "zip-header"],
+)
 def test_error_corrupt_weights(tmp_path, garbage):
     _, ckpt = saved(tmp_path)
     (ckpt / "model.safetensors").write_bytes(garbage)

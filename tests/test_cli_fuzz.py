@@ -420,6 +420,7 @@ def _start_together(argvs: list[list[str]], cwd: Path) -> list[subprocess.Comple
     return done
 
 
+@pytest.mark.slow  # several processes, each importing torch: 42-49 s in a loaded full run (2 cores)
 def test_two_analyze_on_one_out_the_second_is_refused(world, tmp_path):
     """Both start at once; the first to lock --out runs (seconds of generation and figures), the
     other is refused with one line before loading anything, and D holds the winner's whole result."""
@@ -442,6 +443,7 @@ def test_two_analyze_on_one_out_the_second_is_refused(world, tmp_path):
     assert json.loads((tmp_path / "D" / "analysis.json").read_text())["model"]["label"] == "gamma"
 
 
+@pytest.mark.slow  # several processes, each importing torch: 42-49 s in a loaded full run (2 cores)
 def test_two_eval_on_one_out_both_run_and_the_file_stays_whole(world, tmp_path):
     """eval writes one JSON file, atomically (temp file + rename): both runs finish, and the file
     holds one of the two results whole (the later one), never a mix or a torn write."""

@@ -1,15 +1,22 @@
 """Corpora: shakespeare (Gutenberg boilerplate stripped, split by work), local files, hf: specs."""
 
 import json
+import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from sinkdlm.data import corpus
 from sinkdlm.data.corpus import load_documents, parse_hf_spec, strip_gutenberg
 
 TEXTS = [f"Document number {i}: a line of text.\nAnd a second line {i * 7}." for i in range(60)]
+
+
+def write_parquet(path, columns: dict) -> None:
+    """A parquet file written by pyarrow (an optional package: the test skips, saying so, without it)."""
+    pa = pytest.importorskip("pyarrow", reason="parquet files are read with the optional pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
 
 
 def both(spec, **kw):
@@ -100,23 +107,38 @@ def test_jsonl_json_parquet(tmp_path):
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
     (tmp_path / "b.json").write_text(json.dumps(recs))
     (tmp_path / "c.json").write_text("\n".join(json.dumps(r) for r in recs))  # JSON Lines named .json
-    pq.write_table(pa.table({"text": TEXTS, "id": list(range(60))}), tmp_path / "d.parquet")
-    for name in ("a.jsonl", "b.json", "c.json", "d.parquet"):
+    for name in ("a.jsonl", "b.json", "c.json"):
         check_split(*both(str(tmp_path / name)), TEXTS)
     body = [{"body": t} for t in TEXTS]
     (tmp_path / "e.jsonl").write_text("\n".join(json.dumps(r) for r in body))
     check_split(*both(str(tmp_path / "e.jsonl"), text_field="body"), TEXTS)
+    write_parquet(tmp_path / "d.parquet", {"text": TEXTS, "id": list(range(60))})
+    check_split(*both(str(tmp_path / "d.parquet")), TEXTS)
+
+
+def test_parquet_without_pyarrow_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: importing it fails
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ValueError, match=r"d.parquet: reading parquet needs pyarrow: pip install pyarrow"):
+        load_documents(str(tmp_path / "d.parquet"))
+
+
+def test_hf_spec_without_datasets_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ValueError, match=r"hf:owner/name needs the datasets package: pip install datasets"):
+        load_documents("hf:owner/name")
 
 
 def test_folder_sorted_and_mixed(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS[20:40]))
     (tmp_path / "a.txt").write_text("\n\n".join(TEXTS[:20]))
-    pq.write_table(pa.table({"text": TEXTS[40:]}), tmp_path / "sub" / "c.parquet")
+    (tmp_path / "sub" / "c.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS[40:]))
     (tmp_path / "README.md").write_text("not data")
     (tmp_path / ".hidden.txt").write_text("not data either")
     train, val = both(str(tmp_path))
-    check_split(train, val, TEXTS)  # also checks the a.txt, b.jsonl, sub/c.parquet order
+    check_split(train, val, TEXTS)  # also checks the a.txt, b.jsonl, sub/c.jsonl order
 
 
 def test_validation_gets_at_least_one_document(tmp_path):
@@ -155,13 +177,13 @@ def test_errors(tmp_path):
     (tmp_path / "i.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
     with pytest.raises(ValueError, match=r"i.jsonl:2 is not valid JSON"):
         load_documents(str(tmp_path / "i.jsonl"))
-    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "j.parquet")
-    with pytest.raises(ValueError, match="no text field 'text'; fields present: 'body'"):
-        load_documents(str(tmp_path / "j.parquet"))
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "notes.md").write_text("x")
     with pytest.raises(ValueError, match="has no .txt, .jsonl, .json, .parquet files"):
         load_documents(str(tmp_path / "folder"))
+    write_parquet(tmp_path / "j.parquet", {"body": ["a", "b"]})
+    with pytest.raises(ValueError, match="no text field 'text'; fields present: 'body'"):
+        load_documents(str(tmp_path / "j.parquet"))
 
 
 # --- hf: -----------------------------------------------------------------------------------
@@ -176,7 +198,7 @@ def test_parse_hf_spec():
 
 
 def test_hf_streaming_with_a_fake_loader(monkeypatch):
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="hf: specs stream with the datasets package")
 
     calls = []
 

@@ -399,6 +399,7 @@ def test_eval_and_lm_eval_model_open_them(tmp_path, tok, dream, which):
     path = dream[1] if which == "dream" else save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
     scores = evaluate_dir(EvalConfig(tasks="shakespeare_cloze", model=path, device="cpu", limit=2, mc_num=2, gen_steps=2))
     assert 0 <= scores["shakespeare_cloze"]["acc"]["value"] <= 1
+    pytest.importorskip("lm_eval", reason="the lm-eval model needs the optional lm-eval (pip install 'sinkdlm[eval]')")
     lm_eval_model = pytest.importorskip("sinkdlm.evaluation.lm_eval_model")
     from lm_eval.api.instance import Instance
 

@@ -26,7 +26,6 @@ from sinkdlm.diffusion.sampling import generate
 from sinkdlm.files import CheckpointError
 from sinkdlm.loading import load_checkpoint, load_model_and_tokenizer, open_source
 
-pytest.importorskip("accelerate")  # transformers' GGUF loader (the reference) needs it
 
 TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 30,
          "to be or not to be: that is the question; whether tis nobler. " * 30]
@@ -74,7 +73,7 @@ def kquant_block(qtype, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return data.reshape(rows, -1)
 
 
-def write_gguf(path, hf, tok, arch: str, qtype=Q.F32, *, tokenizer=True, arch_name=None):
+def write_gguf(path, hf, tok, arch: str, qtype=Q.F32, *, tokenizer=True, arch_name=None, pre="default"):
     """The HF model as llama.cpp would store it, linear weights in `qtype` (1-D tensors stay F32)."""
     cfg = hf.config
     w = GGUFWriter(str(path), arch_name or arch)
@@ -97,7 +96,7 @@ def write_gguf(path, hf, tok, arch: str, qtype=Q.F32, *, tokenizer=True, arch_na
         merges = json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]
         merges = [" ".join(m) if isinstance(m, list) else m for m in merges]
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
+        w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types([3 if t in tok.all_special_tokens else 1 for t in tokens])
         w.add_token_merges(merges)
@@ -156,6 +155,7 @@ def test_quantised_gguf_equals_transformers_gguf_loader(tmp_path, tok, qtype):
     hf = hf_model("llama", d=d, mlp=256 if d == 256 else 96)
     path = write_gguf(tmp_path / "m.gguf", hf, tok, "llama", qtype)
     ours = load_checkpoint(path)
+    pytest.importorskip("accelerate", reason="transformers' GGUF model loader (the reference) needs accelerate")
     ref = LlamaForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval()
     x = torch.randint(3, 290, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -164,13 +164,18 @@ def test_quantised_gguf_equals_transformers_gguf_loader(tmp_path, tok, qtype):
     torch.testing.assert_close(ours.layers[1].self_attn.q_proj.weight, q_ref, atol=0, rtol=0)
 
 
-def test_tokenizer_matches_transformers_gguf_tokenizer(tmp_path, tok):
-    path = write_gguf(tmp_path / "m.gguf", hf_model("llama"), tok, "llama")
+@pytest.mark.parametrize("pre", ["default", "llama-bpe", "qwen2"])
+def test_tokenizer_matches_transformers_gguf_tokenizer(tmp_path, tok, pre):
+    """sinkdlm builds the byte-level BPE from the metadata itself (no private transformers code);
+    transformers' public GGUF tokenizer is the reference, for GPT-2's split and Llama 3's / Qwen2's."""
+    path = write_gguf(tmp_path / "m.gguf", hf_model("llama"), tok, "llama", pre=pre)
     _, ours = load_model_and_tokenizer(path, device="cpu")
     ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")
-    lines = [line for t in TEXTS for line in t.split(", ")] + ["Ünïcödé ✓ 123\n\tx", "<|endoftext|> mid"]
+    lines = [line for t in TEXTS for line in t.split(", ")] + ["Ünïcödé ✓ 12345\n\tx", "<|endoftext|> mid",
+                                                               "it's  2024\r\n\n  end"]
     for line in lines:
         assert ours(line).input_ids == ref(line).input_ids, line
+        assert ours.decode(ours(line).input_ids) == ref.decode(ref(line).input_ids), line
     assert ours.eos_token == ref.eos_token == "<|endoftext|>"
 
 

@@ -49,6 +49,9 @@ def register_hf() -> None:
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'sinkdlm' has no attribute {name!r}")
+    from sinkdlm.versions import check_versions
+
+    check_versions()  # a dependency older than its floor: one ImportError line naming the version needed
     value = getattr(importlib.import_module(_LAZY[name]), name)
     if name in _REGISTERS_HF:
         register_hf()

@@ -31,6 +31,22 @@ def _is_array(field) -> bool:
     return len(field.types) > 1 or bool(field.types and field.types[0].name == "ARRAY")
 
 
+def _contents(field):
+    """A metadata field's value as Python objects (str, int, float, bool, or a list of them).
+
+    What `ReaderField.contents()` of newer gguf releases returns (0.11 has none), written against the reader's `parts`/`data`
+    layout that every gguf release since 0.10 has, so the declared floor reads files too."""
+    def one(index):
+        part = field.parts[index]
+        return bytes(part).decode("utf-8") if kind.name == "STRING" else part.tolist()[0]
+
+    if _is_array(field):
+        kind = field.types[-1]
+        return [one(i) for i in field.data]
+    kind = field.types[0]
+    return one(field.data[0])
+
+
 class GGUFFile:
     """An opened, checked GGUF file: `metadata` (scalars; arrays as their length), `tensor_names`,
     and `tensors()` to dequantise them one by one.
@@ -85,7 +101,7 @@ class GGUFFile:
                 out[name] = len(field.data)  # the number of elements (e.g. tokens), not the elements
                 continue
             try:
-                out[name] = field.contents()
+                out[name] = _contents(field)
             except (ValueError, TypeError, IndexError) as e:
                 raise CheckpointError(f"{self.path}: metadata {name!r} cannot be read ({e})") from e
         return out
@@ -121,3 +137,23 @@ class GGUFFile:
                 except (OSError, ValueError, AttributeError):
                     pass
             yield t.name, out
+
+
+def read_tokenizer_metadata(path: str | Path) -> dict:
+    """`general.architecture` and every `tokenizer.*` entry of a GGUF file, arrays in full (tokens,
+    merges, token types), read with ggml's `gguf` package; no tensor is touched.
+
+    A separate reader from `GGUFFile` (which drops the arrays before any weight is read): this one
+    is gone once the tokenizer is built, so its per-element views never coexist with the weights."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(str(path), "r")
+        return {
+            name: _contents(field)
+            for name, field in reader.fields.items()
+            if name == "general.architecture" or name.startswith("tokenizer.")
+        }
+    except (ValueError, OSError, IndexError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: its tokenizer metadata (tokenizer.*) cannot be read ({e!r}); re-download it") from e

@@ -31,15 +31,27 @@ def _root() -> None:
     """Masked diffusion language models with a stable attention sink."""
 
 
+def _click_exceptions():
+    """The exceptions module of the click that typer runs on (typer >= 0.2x ships its own copy, older
+    typer uses click), found from the public `typer.BadParameter`, a `UsageError` of that click."""
+    usage = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    return sys.modules[usage.__module__]
+
+
 def main(argv: list[str] | None = None) -> None:
     import sinkdlm.cli  # noqa: F401  (registers every command)
 
-    try:  # typer >= 0.2x runs on its own copy of click
-        from typer._click import exceptions as click_errors
-    except ImportError:
-        from click import exceptions as click_errors
+    click_errors = _click_exceptions()
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" not in args:  # --help runs nothing (and must stay fast: ~40 ms of metadata look-ups)
+        from sinkdlm.versions import check_versions
+
+        try:  # an installed dependency older than its floor: one line, before anything runs
+            check_versions()
+        except ImportError as e:
+            typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+            sys.exit(2)
     try:
         group = typer.main.get_command(app)
         _check_empty_values(args)

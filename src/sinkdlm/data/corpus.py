@@ -197,8 +197,11 @@ def _read_json(path: Path, field: str) -> list[str]:
 
 
 def _read_parquet(path: Path, field: str) -> list[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ValueError(f"{path}: reading parquet needs pyarrow: pip install pyarrow ({e})") from e
 
     schema = pq.read_schema(path)
     if field not in schema.names:
@@ -268,9 +271,11 @@ def parse_hf_spec(spec: str) -> tuple[str, str | None]:
 
 
 def _iter_hf(spec: str, split: str, field: str) -> Iterator[str]:
-    import datasets
-
     name, config = parse_hf_spec(spec)
+    try:
+        import datasets
+    except ImportError as e:
+        raise ValueError(f"{spec} needs the datasets package: pip install datasets ({e})") from e
     try:
         stream = datasets.load_dataset(name, config, split="train", streaming=True)
     except Exception as exc:  # network, missing dataset or config: all user-facing here

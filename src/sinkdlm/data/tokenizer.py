@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from sinkdlm.files import CONFIG_NAME, read_json
@@ -126,20 +126,111 @@ def load_pretrained_tokenizer(directory: str | Path, mask_token_id: int | None =
     return _with_mask(tok, mask_token_id, file)
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 bytes (the alphabet of every byte-level BPE vocabulary):
+    printable Latin-1 bytes stand for themselves, the rest map to code points from 256 upward."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+# The split before byte-level BPE for the `tokenizer.ggml.pre` names of llama/qwen2 files that do not
+# use GPT-2's own (Llama 3 and Qwen2 learned their merges on these splits; llama.cpp's llama-vocab.cpp).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GGUF_PRE_TOKENIZER_SPLITS = {
+    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+# llama.cpp's token types (gguf.TokenType): CONTROL tokens are special, USER_DEFINED ones are added
+# tokens matched whole but not special.
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _byte_level_from_gguf(meta: dict) -> Tokenizer:
+    """A byte-level BPE (`tokenizer.ggml.model` "gpt2") from the file's vocabulary and merges, built
+    with `tokenizers` as GPT-2's tokenizer is: ByteLevel pre-tokenizer (after the split the file's
+    `tokenizer.ggml.pre` names, if any) and decoder; control tokens special, user-defined ones added."""
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    # A token written in raw UTF-8 instead of the byte alphabet (some converters do) is respelled.
+    vocab = {
+        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
+    }
+    merges = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges", ())]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False))
+    split = GGUF_PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")  # no BOS/EOS added
+    types = list(meta.get("tokenizer.ggml.token_type") or ())
+    # A "control" token outside the byte alphabet is a converter's mislabel: adding it would grow the
+    # vocabulary past the model's embedding table, so it is left as an ordinary vocabulary entry.
+    control = [t for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet]
+    if control:
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab]
+    if user:
+        tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+    return tok
+
+
 def gguf_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerFast:
     """The tokenizer a `.gguf` file describes in its `tokenizer.ggml.*` metadata.
 
-    transformers' own GGUF tokenizer builder does the work (vocabulary, merges, pre-tokenizer and
-    special tokens as `AutoTokenizer.from_pretrained(..., gguf_file=...)` builds them), so the ids
-    are exactly transformers'; only the roles (bos/eos/unk/pad) are attached here."""
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+    A byte-level BPE (`tokenizer.ggml.model` "gpt2": SmolLM2, Qwen2, Llama 3 files) is built here from
+    the metadata with `gguf` and `tokenizers`, the same ids on every transformers version (checked against
+    `AutoTokenizer.from_pretrained(..., gguf_file=...)` in tests/test_gguf.py and tests/test_real_model.py).
+    Any other kind (a sentencepiece vocabulary) goes through that public transformers API. The roles
+    bos/eos/unk/pad come from the file's `tokenizer.ggml.*_token_id`."""
+    from sinkdlm.gguf_file import read_tokenizer_metadata
 
-    try:
-        architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
-        backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    except (KeyError, ValueError, TypeError, IndexError, NotImplementedError) as e:
-        raise ValueError(f"{path}: its tokenizer metadata (tokenizer.ggml.*) cannot be read ({e!r})") from e
-    roles = {r: t for r in _ROLES if isinstance(t := tokenizer_config.get(r), str)}
+    path = Path(path)
+    meta = read_tokenizer_metadata(path)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError(f"{path} carries no tokenizer (tokenizer.ggml.tokens is missing); use a GGUF written with its vocabulary")
+    kind = meta.get("tokenizer.ggml.model")
+    if kind == "gpt2":
+        try:
+            backend = _byte_level_from_gguf(meta)
+        except Exception as e:  # tokenizers' own errors (a malformed merge) are plain Exceptions
+            raise ValueError(f"{path}: its byte-level BPE metadata (tokenizer.ggml.*) is malformed ({e})") from e
+    else:
+        try:
+            backend = AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True
+            ).backend_tokenizer
+        except (OSError, KeyError, ValueError, TypeError, IndexError, NotImplementedError, AttributeError) as e:
+            raise ValueError(
+                f"{path}: transformers cannot build its {kind!r} tokenizer ({e!r}); convert the model to a directory "
+                "with transformers (save_pretrained) and load that"
+            ) from e
+    roles = {}
+    for role, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        index = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(index, int) and 0 <= index < len(tokens):
+            roles[role] = tokens[index]
     tok = _wrap(backend, **roles)
     return _with_mask(tok, mask_token_id, path)
 

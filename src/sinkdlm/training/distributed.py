@@ -6,9 +6,10 @@ With `--fsdp` a process group is created even for one process (`torchrun --nproc
 one sharded code path serves every world size and a run can resume with another one.
 
 Per-block options (`prepare_blocks`), applied before any wrapping so that parameter names never
-change (checkpoints stay in the usual layout): activation checkpointing through the composable
-`torch.distributed._composable.checkpoint` (hooks, no wrapper module) and `torch.compile` of each
-block's forward (`nn.Module.compile`, in place).
+change (checkpoints stay in the usual layout): activation checkpointing by running each block's
+forward through the public `torch.utils.checkpoint.checkpoint` (non-reentrant; the instance's
+`forward` is replaced, no wrapper module) and `torch.compile` of each block's forward
+(`nn.Module.compile`, in place).
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ class DistEnv:
 
 
 def check_launch(fsdp: bool) -> None:
-    """`--fsdp` needs torchrun's environment (a process group); say how to get one."""
+    """`--fsdp` needs torchrun's environment (a process group) and a torch that writes its sharded
+    checkpoints; say how to get them."""
+    if fsdp:
+        import torch.distributed.checkpoint as dcp
+
+        if not hasattr(dcp, "HuggingFaceStorageWriter"):  # added in torch 2.8
+            raise ValueError(
+                f"--fsdp needs torch>=2.8 (its sharded checkpoints are written with torch.distributed.checkpoint's "
+                f"HuggingFaceStorageWriter); this is torch {torch.__version__}: pip install -U 'torch>=2.8', or drop --fsdp"
+            )
     if fsdp and not {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ):
         raise ValueError(
             "--fsdp shards the model over a process group, which only torchrun provides: launch with "
@@ -70,26 +80,23 @@ def init(fsdp: bool = False) -> DistEnv:
 
 def check_compile(backend: str, device: torch.device) -> None:
     """`--compile` can work here: the backend exists and what it builds with is installed."""
-    import torch._dynamo
+    import importlib.util
+    import sys
 
-    known = torch._dynamo.list_backends(exclude_tags=())  # debug backends (aot_eager) too
+    known = torch.compiler.list_backends(exclude_tags=())  # debug backends (aot_eager) too
     if backend not in known:
         raise ValueError(f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {known}")
     if backend != "inductor":
         return
     if device.type == "cuda":
-        from torch.utils._triton import has_triton
-
-        if not has_triton():
+        if importlib.util.find_spec("triton") is None:
             raise ValueError(
                 "--compile with the inductor backend needs Triton on CUDA, which is not installed: "
                 "pip install triton, or use --compile-backend aot_eager, or drop --compile"
             )
         return
-    from torch._inductor import config as inductor_config
-
-    names = inductor_config.cpp.cxx if isinstance(inductor_config.cpp.cxx, (list, tuple)) else (inductor_config.cpp.cxx,)
-    names = [os.environ.get("CXX")] + [n for n in names if n]
+    # Inductor's CPU code is built by $CXX, else the platform's default compiler (its config.cpp.cxx).
+    names = [os.environ.get("CXX"), "clang++" if sys.platform == "darwin" else "g++", "c++"]
     if not any(n and shutil.which(n) for n in names):
         raise ValueError(
             "--compile with the inductor backend needs a C++ compiler on CPU, and none was found "
@@ -98,14 +105,28 @@ def check_compile(backend: str, device: torch.device) -> None:
         )
 
 
+def _checkpoint_forward(layer: torch.nn.Module) -> None:
+    """Recompute `layer.forward` in backward (public `torch.utils.checkpoint`, non-reentrant): the
+    instance attribute shadows the class method, so hooks, FSDP and `compile` still see the module."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    inner = layer.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    layer.forward = forward
+
+
 def prepare_blocks(model: torch.nn.Module, activation_checkpointing: bool = False, compile_backend: str | None = None) -> None:
     """Activation checkpointing and/or `torch.compile` of every block, in place (names unchanged)."""
     for layer in model.layers:
         if activation_checkpointing:
             # Non-reentrant recomputation of the block in backward: only the block inputs are kept.
-            from torch.distributed._composable import checkpoint
-
-            checkpoint(layer)
+            _checkpoint_forward(layer)
         if compile_backend is not None:
             layer.compile(backend=compile_backend)
 
