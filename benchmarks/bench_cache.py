@@ -4,7 +4,9 @@ Every variant is timed in one process, interleaved, against `generate(cache=None
   * `cache=None` with the LM head on every column (a callback forces that; the pre-issue-11 cost)
     vs the head on the block's masked columns only;
   * `cache="prefix"` and `cache="dual"` (Fast-dLLM), each must be >= 2x faster than no cache;
-  * each cache with threshold 0.9.
+  * each cache with threshold 0.9;
+  * each cache with its cached steps through `torch.compile` (`generate(compile=True)`: inductor, CUDA
+    graphs on a GPU), which must give the eager cache's tokens (compile time is left out: warm-up).
 The model is the `tiny` preset with one sink and random weights (speed does not depend on them), so
 the share of tokens that differ from `cache=None` is reported but says nothing about quality: see
 `bench_decoding.py` for accuracy on a trained model. Raw numbers: benchmarks/results/bench_cache.json.
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (then times are synchronised CUDA wall times)")
     ap.add_argument("--preset", default="tiny", help="model size, e.g. qwen2.5-0.5b on a GPU")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled cached steps")
     ap.add_argument("--out", type=Path, help="default: results/bench_cache.json on CPU, bench_cache_gpu.json on CUDA")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -50,9 +53,10 @@ def main() -> None:
     prompt = torch.randint(0, model.config.mask_token_id, (args.batch, PROMPT), generator=g).to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def run(cache=None, threshold=None, full_head=False):
-        out = generate(model, prompt, gen_length=GEN, steps=None if threshold else GEN, block_length=BLOCK, threshold=threshold,
-                       cache=cache, callback=(lambda s: None) if full_head else None, return_dict=True)
+    def run(cache=None, threshold=None, full_head=False, compile=False):
+        out = generate(model, prompt, gen_length=GEN, steps=None if threshold else GEN, block_length=BLOCK,
+                       threshold=threshold, cache=cache, compile=compile,
+                       callback=(lambda s: None) if full_head else None, return_dict=True)
         return out.sequences, out.steps_taken
 
     variants = {
@@ -63,10 +67,17 @@ def main() -> None:
         "prefix + threshold 0.9": dict(cache="prefix", threshold=0.9),
         "dual + threshold 0.9": dict(cache="dual", threshold=0.9),
     }
+    if not args.no_compile:  # the cached steps through torch.compile (inductor; CUDA graphs on a GPU)
+        variants |= {"prefix, compiled": dict(cache="prefix", compile=True),
+                     "dual, compiled": dict(cache="dual", compile=True)}
     outs, steps = {}, {}
-    for name, kw in variants.items():  # warm-up (builds the sink cache)
-        outs[name], steps[name] = run(**kw)
+    for name, kw in variants.items():  # warm-up (builds the sink cache; compiles, twice: automatic dynamic)
+        for _ in range(2 if kw.get("compile") else 1):
+            outs[name], steps[name] = run(**kw)
     assert torch.equal(outs["no cache"], outs["no cache, head on all columns"]), "the narrow head changed tokens"
+    for c in ("prefix", "dual"):
+        if f"{c}, compiled" in outs:
+            assert torch.equal(outs[c], outs[f"{c}, compiled"]), f"the compiled {c} cache changed tokens"
     times = {k: [] for k in variants}
     for _ in range(args.repeats):
         for name, kw in variants.items():

@@ -2,7 +2,7 @@
 
 On a GPU each non-view ATen op is a kernel launch, and a small model's training step is bound by
 launches rather than FLOPs; a host-syncing op (`nonzero`, boolean indexing, `item`) stalls the
-pipeline. Both are counted here exactly, with `sinkdlm.model.dispatch.OpCounter` (a
+pipeline. Both are counted here exactly, with `tools/op_counter.py`'s `OpCounter` (a
 `TorchDispatchMode` below autograd, so backward is included), on the `tiny` preset (4 layers;
 counts scale with the layer count, not with the sizes): one forward + backward with a cross-entropy
 over every position, and one `masked_loss` step (eq. 3-4 from a host-planned `MaskPlan`) + backward.
@@ -38,8 +38,8 @@ def count(batch: int, seq_len: int) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from op_counter import OpCounter  # tools/ (on sys.path: see main)
     from sinkdlm import DiffusionLM, ModelConfig
-    from sinkdlm.model.dispatch import OpCounter
 
     torch.set_num_threads(1)
     rows = {}
@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     if args.child:  # a fresh interpreter whose sys.path starts at --src
         print(json.dumps(count(args.batch, args.seq_len)))
         return
@@ -89,12 +90,9 @@ def main() -> None:
     result = {"benchmark": "bench_ops", "batch": args.batch, "seq_len": args.seq_len, "preset": "tiny",
               "torch": torch.__version__, **count(args.batch, args.seq_len)}
     if args.src is not None:
-        # The counter comes from this tree; the model code from --src (PYTHONPATH order), so the
-        # counter module is loaded from here even when the older tree has none.
+        # The counter comes from this tree's tools/; the model code from --src (first on sys.path).
         here = Path(__file__).resolve()
-        code = (f"import sys; sys.path[:0] = [{str(args.src / 'src')!r}]; import sinkdlm; "
-                f"sys.path.insert(0, {str(here.parents[1] / 'src')!r}); import sinkdlm.model; "
-                f"sinkdlm.model.__path__.append({str(here.parents[1] / 'src' / 'sinkdlm' / 'model')!r}); "
+        code = (f"import sys; sys.path[:0] = [{str(args.src / 'src')!r}]; "
                 f"sys.argv = ['x', '--child', '--batch', '{args.batch}', '--seq-len', '{args.seq_len}']; "
                 f"sys.path.insert(0, {str(here.parent)!r}); import bench_ops; bench_ops.main()")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,5 +1,7 @@
 """Helpers shared by several test files (the one-thread setting lives in conftest.py)."""
 
+from pathlib import Path
+
 import torch
 
 from sinkdlm import DiffusionLM, ModelConfig
@@ -59,3 +61,17 @@ def fuzz_counts_key():
     except NameError:
         _FUZZ_COUNTS = pytest.StashKey[dict]()
         return _FUZZ_COUNTS
+
+
+def _load_tool(name: str):
+    """A developer tool from tools/ (not part of the package), loaded by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OpCounter = _load_tool("op_counter").OpCounter  # ATen ops, kernels and host syncs of a pass

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.diffusion.loss import diffusion_loss, masked_loss, plan_masks
-from sinkdlm.model.dispatch import OpCounter
+from helpers import OpCounter
 
 VARIANTS = {
     "1 sink": dict(num_sink_tokens=1),

@@ -265,3 +265,30 @@ def test_cache_errors():
         generate(model, prompt, gen_length=8, steps=8, block_length=4, cache="dual", probe=StepProbe(key_masks=lambda s, p: None))
     # prefix with a single block caches the prompt: allowed
     assert generate(model, prompt, gen_length=8, steps=8, cache="prefix").shape == (1, 12)
+
+
+# ----------------------------------------------------------------------------- compiled cached steps
+@pytest.mark.parametrize("cache,backend", [
+    ("dual", "aot_eager"),
+    pytest.param("prefix", "aot_eager", marks=pytest.mark.slow),
+    pytest.param("dual", "inductor", marks=pytest.mark.slow),
+])
+def test_compiled_cached_steps_give_the_eager_tokens(cache, backend):
+    # torch.compile traces the cached step (the whole block's columns, static shapes); aot_eager runs the
+    # same ATen ops, so the tokens must be those of the eager cached loop, padded rows included.
+    model = tiny_model(num_sink_tokens=1, initializer_range=0.5)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 11, 12, 13, 14]])
+    am = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+    kw = dict(gen_length=16, steps=16, block_length=8, cache=cache, attention_mask=am)
+    eager = generate(model, ids, **kw)
+    compiled = generate(model, ids, **kw, compile=True, compile_backend=backend)
+    assert torch.equal(eager, compiled)
+
+
+def test_compile_needs_a_cache_and_a_known_backend():
+    model = tiny_model(num_sink_tokens=1)
+    with pytest.raises(ValueError, match="compile=True compiles the cached decoding step"):
+        generate(model, [5, 6], gen_length=8, steps=8, compile=True)
+    with pytest.raises(ValueError, match="not a torch.compile backend"):
+        generate(model, [5, 6], gen_length=8, steps=8, block_length=4, cache="dual", compile=True,
+                 compile_backend="no-such-backend")

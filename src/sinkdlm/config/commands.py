@@ -47,6 +47,10 @@ class SampleConfig:
     """Confidence-threshold parallel decoding (e.g. 0.9)."""
     cache: str | None = None
     """Fast-dLLM KV cache: prefix | dual (dual needs --block-length)."""
+    compile: bool = False
+    """Run the cached decoding steps' forward through torch.compile, with CUDA graphs on a GPU, where a batch-1 step is bound by kernel launches (needs --cache; the first blocks compile)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend for --compile (aot_eager: no code generation, for checking)."""
     seed: int = 0
     """Random seed (used when temperature > 0 or remasking=random)."""
 

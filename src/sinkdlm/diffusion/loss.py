@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from sinkdlm.config import TrainConfig
 from sinkdlm.diffusion.noise import forward_mask, sample_t
 
 
@@ -34,7 +35,7 @@ def diffusion_loss(
     x0: torch.Tensor,
     *,
     mask_id: int | None = None,
-    eps: float = 1e-3,
+    eps: float = TrainConfig.eps,
     t: torch.Tensor | None = None,
     low_discrepancy: bool = False,
     prompt_mask: torch.Tensor | None = None,
@@ -100,7 +101,7 @@ def plan_masks(
     x0: torch.Tensor,
     *,
     mask_id: int,
-    eps: float = 1e-3,
+    eps: float = TrainConfig.eps,
     t: torch.Tensor | None = None,
     low_discrepancy: bool = False,
     prompt_mask: torch.Tensor | None = None,

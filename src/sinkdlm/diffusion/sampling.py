@@ -29,6 +29,7 @@ previous state when `key_masks_fn` is given), so memory stays flat across steps.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ import torch
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
 from sinkdlm.model.cache import KVCache
+from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
 from sinkdlm.validation import check_int
 
@@ -303,6 +305,9 @@ def generate(
                    approximation); with one step per block they are identical. Under a cache only
                    the block's queries run, so a `probe` (whose maps and key masks cover the whole
                    sequence) is refused: analyse with cache=None.
+    compile        run the cached steps' forward through `torch.compile` (`compile_backend`; CUDA graphs
+                   on a GPU): the whole block's columns every step, so shapes are static per block and
+                   the tokens are the eager cached loop's (tested with aot_eager).
 
     Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
     temperature, sampled) left-to-right decoding, one token per step and `gen_length` steps; `steps`,
@@ -319,6 +324,7 @@ def generate(
     settings = with_overrides(SampleConfig, config, overrides, "generate")
     gen_length, steps, block_length = settings.gen_length, settings.steps, settings.block_length
     temperature, remasking, threshold, cache = settings.temperature, settings.remasking, settings.threshold, settings.cache
+    compiled = settings.compile
     cfg = model.config
     mask_id = cfg.mask_token_id
     if probe is not None and not isinstance(probe, StepProbe):
@@ -377,6 +383,11 @@ def generate(
                 "into several blocks (e.g. 32), or use cache='prefix'"
             )
     device = model.device
+    if compiled:
+        if cache is None:
+            raise ValueError("compile=True compiles the cached decoding step; set cache='prefix' or 'dual' "
+                             "(without a cache every step runs the eager path)")
+        check_compile(settings.compile_backend, device)
     prompt, prompt_mask = prepare_prompts(
         prompt_ids, attention_mask, (mask_id or 0) if pad_token_id is None else pad_token_id, device
     )
@@ -422,7 +433,8 @@ def generate(
         kv = KVCache(record=True) if cache is not None else None
         i = 0
         while masked[:, lo:hi].any():  # zero-commit steps of the schedule come last: skipped here
-            if narrow and not full_logits:
+            cached_step = kv is not None and not kv.record
+            if narrow and not full_logits and not (compiled and cached_step):
                 cols = lo + masked[:, lo:hi].any(0).nonzero().squeeze(-1)  # [K]
             else:
                 cols = torch.arange(lo, hi, device=device)  # [n]
@@ -435,8 +447,11 @@ def generate(
                 q0 = kv.start = lo - shift
                 ids = x[:, q0:(total if cache == "prefix" else hi)]
             with model.sink_cache_mode(use_sink_cache):
-                out = model(ids, attention_mask=attn, logits_index=None if full_logits else cols - shift - q0,
-                            cache=kv, probe=step_probe)
+                if compiled and cached_step:  # static shapes per block: the whole block's columns
+                    out = compiled_step(settings.compile_backend, device)(model, ids, attn, cols - shift - q0, kv)
+                else:
+                    out = model(ids, attention_mask=attn, logits_index=None if full_logits else cols - shift - q0,
+                                cache=kv, probe=step_probe)
             if kv is not None and kv.record:  # keep what the block's steps will not recompute
                 if cache == "prefix":
                     kv.crop(lo - shift)
@@ -522,3 +537,21 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
     if return_dict:
         return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
     return x
+
+
+@functools.cache
+def compiled_step(backend: str, device: torch.device):
+    """The cached decoding step's forward through `torch.compile`, one per (backend, device).
+
+    A cached step at batch 1 runs a block of columns through every layer: a few GFLOPs but hundreds of
+    kernel launches, so on a GPU it is launch-bound; `mode="reduce-overhead"` replays the step as a
+    CUDA graph. Shapes are static within a block (the block's columns, the cache's length); a new
+    block's start column makes dynamo generalise it after one recompile. Eager stays the path of
+    every other step, and of CPU analysis.
+    """
+    mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+
+    def step(model, ids, attention_mask, logits_index, cache):
+        return model(ids, attention_mask=attention_mask, logits_index=logits_index, cache=cache)
+
+    return torch.compile(step, backend=backend, mode=mode)

@@ -281,6 +281,7 @@ class DiffusionLM(nn.Module):
             sinklib.split(keep, rows, cfg.sink_position, dim=1)[0].zero_()
         return SinkRows(rows, cfg.sink_position, keep)
 
+    @torch.compiler.disable  # its validity key reads version counters: left out of a compiled step
     @torch.no_grad()
     def sink_cache(self) -> sinklib.SinkCache:
         """The sink stream computed once and reused while no parameter changes (docs/method.md §3).

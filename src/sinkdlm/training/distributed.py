@@ -15,13 +15,14 @@ forward through the public `torch.utils.checkpoint.checkpoint` (non-reentrant; t
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from sinkdlm.model.compile import check_compile  # noqa: F401  (re-exported: `--compile`'s check)
 
 LAUNCH_HINT = "torchrun --nproc_per_node=N -m sinkdlm train --fsdp ... (N = 1 is fine)"
 
@@ -76,33 +77,6 @@ def init(fsdp: bool = False) -> DistEnv:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     return DistEnv(rank, world, local, device, fsdp)
-
-
-def check_compile(backend: str, device: torch.device) -> None:
-    """`--compile` can work here: the backend exists and what it builds with is installed."""
-    import importlib.util
-    import sys
-
-    known = torch.compiler.list_backends(exclude_tags=())  # debug backends (aot_eager) too
-    if backend not in known:
-        raise ValueError(f"--compile-backend {backend!r} is not a torch.compile backend; choose one of {known}")
-    if backend != "inductor":
-        return
-    if device.type == "cuda":
-        if importlib.util.find_spec("triton") is None:
-            raise ValueError(
-                "--compile with the inductor backend needs Triton on CUDA, which is not installed: "
-                "pip install triton, or use --compile-backend aot_eager, or drop --compile"
-            )
-        return
-    # Inductor's CPU code is built by $CXX, else the platform's default compiler (its config.cpp.cxx).
-    names = [os.environ.get("CXX"), "clang++" if sys.platform == "darwin" else "g++", "c++"]
-    if not any(n and shutil.which(n) for n in names):
-        raise ValueError(
-            "--compile with the inductor backend needs a C++ compiler on CPU, and none was found "
-            f"(looked for {[n for n in names if n]}): install g++ (or set CXX), use --compile-backend "
-            "aot_eager, or drop --compile"
-        )
 
 
 def _checkpoint_forward(layer: torch.nn.Module) -> None:

@@ -9,7 +9,9 @@ on a CPU too, through a `TorchDispatchMode` that sees every op below autograd (b
         loss = model(ids).logits.sum(); loss.backward()
     ops.total, ops.kernels, ops.syncs
 
-This is the CPU proxy of the GPU properties `benchmarks/bench_ops.py` tabulates and the tests pin.
+This is the CPU proxy of the GPU properties `benchmarks/bench_ops.py` tabulates and
+`tests/test_gpu_proxies.py` pins. A developer's instrument, kept out of the package: PyTorch offers
+`TorchDispatchMode` only from a private module.
 """
 
 from __future__ import annotations
