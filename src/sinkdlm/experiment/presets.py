@@ -6,10 +6,10 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
 `PRESETS` maps the names `sinkdlm experiment --preset` takes to these functions:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
-                   about 10 minutes on a 2-core CPU (`make demo`; results.json records the time).
+                   7-17 minutes on a 2-core CPU, as fast as the machine (`make demo`; results.json records the time).
   * `study`      — the paper's comparison (front/end, 1/2/4 sinks, zero-value sink, gated attention,
                    and the other sink mechanisms) with 5 seeds; about 2 hours on a 2-core CPU.
-  * `study-gpu`  — the same comparison sized for one H100 in about 10 minutes (larger model, more tokens).
+  * `study-gpu`  — the same comparison sized for one H100 (larger model, more tokens; time not measured yet).
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
@@ -152,7 +152,7 @@ def smoke() -> ExperimentPreset:
 
 
 def demo() -> ExperimentPreset:
-    """Vanilla DLM vs + 1 front sink on the tiny preset, 3 seeds: about 10 minutes on 2 CPU cores."""
+    """Vanilla DLM vs + 1 front sink on the tiny preset, 3 seeds: 7-17 minutes on 2 CPU cores (measured)."""
     # Tiny masked-diffusion models sit on a unigram plateau before they learn to use context; the
     # budget buys steps, not batch (at 400 steps of batch 16 the masked-token loss did not depend
     # on t at all). 600 steps of batch 8 fit 15 minutes: the study's vanilla model already picks
@@ -190,11 +190,11 @@ def study() -> ExperimentPreset:
 
 
 def study_gpu() -> ExperimentPreset:
-    """The study sized for one H100 in about 10 minutes: small preset, 4x the tokens, bf16."""
+    """The study sized for one H100 (time not measured yet): small preset, 4x the tokens, bf16."""
     return dataclasses.replace(
         study(),
         name="study-gpu",
-        description=("the study's comparison sized for one H100 in about 10 minutes: small preset, 4x the tokens, "
+        description=("the study's comparison sized for one H100 (time not measured yet): small preset, 4x the tokens, "
                      "5 seeds, paired"),
         train=TrainConfig(preset="small", data="shakespeare", max_steps=1500, batch_size=32, seq_len=256, lr=2e-3,
                           min_lr=2e-4, eval_every=250, save_every=500, log_every=50, eval_batches=16, bf16=True),
