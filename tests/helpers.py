@@ -75,3 +75,31 @@ def _load_tool(name: str):
 
 
 OpCounter = _load_tool("op_counter").OpCounter  # ATen ops, kernels and host syncs of a pass
+
+
+def example_gguf_or_skip() -> Path:
+    """The example SmolLM2 GGUF (fetched once into the cache), or the test is skipped saying why."""
+    import pytest
+
+    from sinkdlm.example_model import ExampleModelError, example_model_path, fetch_example_model
+
+    path = example_model_path()
+    if not path.is_file():
+        try:
+            path = fetch_example_model()
+        except ExampleModelError as e:
+            pytest.skip(f"the example model could not be fetched: {e}")
+    return path
+
+
+def assert_logits_and_greedy_equal_hf(model, hf) -> None:
+    """A causal model opened by sinkdlm computes transformers' logits and greedy continuation."""
+    from sinkdlm import generate
+
+    x = torch.randint(3, 290, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, hf(input_ids=x).logits, atol=1e-5, rtol=1e-5)
+        seq = torch.tensor([[5, 6, 7]])
+        for _ in range(4):
+            seq = torch.cat([seq, hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(generate(model, [5, 6, 7], gen_length=4, steps=4), seq)

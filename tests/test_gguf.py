@@ -21,8 +21,8 @@ from gguf import GGUFWriter
 from gguf.quants import quantize
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from helpers import assert_logits_and_greedy_equal_hf
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
-from sinkdlm.diffusion.sampling import generate
 from sinkdlm.files import CheckpointError
 from sinkdlm.loading import load_checkpoint, load_model_and_tokenizer, open_source
 
@@ -137,13 +137,7 @@ def test_f32_gguf_logits_and_greedy_equal_the_hf_model(tmp_path, tok, arch):
     path = write_gguf(tmp_path / "m.gguf", hf, tok, arch)
     model, tokenizer = load_model_and_tokenizer(path, device="cpu")
     assert model.config.causal and model.config.shift_logits and model.config.qkv_bias == (arch == "qwen2")
-    x = torch.randint(3, 290, (2, 11), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(model(x).logits, hf(input_ids=x).logits, atol=1e-5, rtol=1e-5)
-        seq = torch.tensor([[5, 6, 7]])
-        for _ in range(4):
-            seq = torch.cat([seq, hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(generate(model, [5, 6, 7], gen_length=4, steps=4), seq)
+    assert_logits_and_greedy_equal_hf(model, hf)
     text = "the lazy fox, to be or not"
     assert tokenizer(text, add_special_tokens=False).input_ids == tok(text, add_special_tokens=False).input_ids
 

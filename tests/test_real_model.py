@@ -13,20 +13,14 @@ import math
 import pytest
 import torch
 
-from sinkdlm.example_model import ExampleModelError, example_model_path, fetch_example_model
+from helpers import example_gguf_or_skip
 
 pytestmark = pytest.mark.real_model
 
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    path = example_model_path()
-    if not path.is_file():
-        try:
-            path = fetch_example_model()
-        except ExampleModelError as e:
-            pytest.skip(f"the example model could not be fetched: {e}")
-    return path
+    return example_gguf_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -150,19 +150,21 @@ def _bench_ops(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _not_measured(command: str, results_file: str) -> str:
+    """The block of a GPU benchmark that has not run yet: what would fill it."""
+    return ("Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
+            f"(`{command}` writes `benchmarks/results/{results_file}`, and this table is generated from it).\n")
+
+
 def _bench_cache_gpu(results_root: Path) -> str | None:
-    return _bench_cache(results_root, "bench_cache_gpu.json") or (
-        "Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
-        "(`benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16` writes "
-        "`benchmarks/results/bench_cache_gpu.json`, and this table is generated from it).\n")
+    return _bench_cache(results_root, "bench_cache_gpu.json") or _not_measured(
+        "benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16", "bench_cache_gpu.json")
 
 
 def _bench_gpu_train(results_root: Path) -> str | None:
     path = ROOT / "benchmarks" / "results" / "bench_gpu_train.json"
     if not path.is_file():
-        return ("Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
-                "(`benchmarks/bench_gpu_train.py` writes `benchmarks/results/bench_gpu_train.json`, and this table "
-                "is generated from it).\n")
+        return _not_measured("benchmarks/bench_gpu_train.py", "bench_gpu_train.json")
     r = json.loads(path.read_text())
     a = r["args"]
     lines = [f"{r['device']} (bf16 matmul {r['bf16_matmul_tflops']:.0f} TFLOP/s measured), `{a['preset']}` + 1 sink, "

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import assert_logits_and_greedy_equal_hf, example_gguf_or_skip
+
 pytestmark = pytest.mark.floors
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -57,20 +59,13 @@ def _tiny_hf(arch: str):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_saved_hf_directory_gives_transformers_logits_and_greedy_tokens(tmp_path, tokenizer, arch):
-    from sinkdlm.diffusion.sampling import generate
     from sinkdlm.loading import load_model_and_tokenizer
 
     hf = _tiny_hf(arch)
     hf.save_pretrained(str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
     model, tok = load_model_and_tokenizer(tmp_path, device="cpu")
-    x = torch.randint(3, 290, (2, 11), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(model(x).logits, hf(input_ids=x).logits, atol=1e-5, rtol=1e-5)
-        seq = torch.tensor([[5, 6, 7]])
-        for _ in range(4):
-            seq = torch.cat([seq, hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(generate(model, [5, 6, 7], gen_length=4, steps=4), seq)
+    assert_logits_and_greedy_equal_hf(model, hf)
     assert tok("the lazy fox").input_ids == tokenizer("the lazy fox").input_ids
 
 
@@ -79,15 +74,9 @@ def test_example_gguf_loads_tokenizes_like_transformers_and_generates():
     from transformers import AutoTokenizer
 
     from sinkdlm.diffusion.sampling import generate
-    from sinkdlm.example_model import ExampleModelError, example_model_path, fetch_example_model
     from sinkdlm.loading import load_model_and_tokenizer
 
-    path = example_model_path()
-    if not path.is_file():
-        try:
-            path = fetch_example_model()
-        except ExampleModelError as e:
-            pytest.skip(f"the example model could not be fetched: {e}")
+    path = example_gguf_or_skip()
     model, tok = load_model_and_tokenizer(path, device="cpu")
     ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # The text's ids only: whether a BOS is prepended changed between transformers releases (4.46 adds one

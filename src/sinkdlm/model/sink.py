@@ -30,11 +30,19 @@ def join(sink: torch.Tensor, content: torch.Tensor, sink_position: str, dim: int
 
 def split(x: torch.Tensor, num_sink_tokens: int, sink_position: str, dim: int):
     """Inverse of `join`: returns (sink, content)."""
+    return sinks_of(x, num_sink_tokens, sink_position, dim), content_of(x, num_sink_tokens, sink_position, dim)
+
+
+def sinks_of(x: torch.Tensor, num_sink_tokens: int, sink_position: str, dim: int) -> torch.Tensor:
+    """The sink part of `x` along `dim` (a view): its first n entries (front) or last n (end)."""
     n = num_sink_tokens
-    length = x.shape[dim]
-    if sink_position == "front":
-        return x.narrow(dim, 0, n), x.narrow(dim, n, length - n)
-    return x.narrow(dim, length - n, n), x.narrow(dim, 0, length - n)
+    return x.narrow(dim, 0 if sink_position == "front" else x.shape[dim] - n, n)
+
+
+def content_of(x: torch.Tensor, num_sink_tokens: int, sink_position: str, dim: int) -> torch.Tensor:
+    """The content part of `x` along `dim` (a view): what `sinks_of` leaves."""
+    n = num_sink_tokens
+    return x.narrow(dim, n if sink_position == "front" else 0, x.shape[dim] - n)
 
 
 def sink_indices(seq_len: int, num_sink_tokens: int, sink_position: str) -> list[int]:

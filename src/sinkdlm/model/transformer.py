@@ -164,17 +164,16 @@ class Block(nn.Module):
         l = r - n
         y_sink = p_self = None
         if n:  # eq. 6: a sink attends only to itself, so its output is its own value vector
-            sink_at = 0 if where == "front" else l
-            vs = v.narrow(1, sink_at, n)
+            vs = sinklib.sinks_of(v, n, where, dim=1)
             y_sink = vs[:, :, :, None].expand(b, n, nkv, groups, hd)  # [B, n, KVH, G, hd]
             if column is not None:  # softmax([s_self, b_h]) over its own key and the column
                 # RoPE at one position for both q and k leaves s_self unchanged: no rotation needed.
-                qs, ks = q.narrow(1, sink_at, n), k.narrow(1, sink_at, n)
+                qs, ks = sinklib.sinks_of(q, n, where, dim=1), sinklib.sinks_of(k, n, where, dim=1)
                 s_self = (qs.view(b, n, nkv, groups, hd) * ks[:, :, :, None]).sum(-1) / hd**0.5  # [B, n, KVH, G]
                 p_self = torch.sigmoid(s_self - column.to(s_self.dtype).view(nkv, groups))
                 y_sink = y_sink * p_self[..., None]
                 p_self = p_self.flatten(2).transpose(1, 2)  # [B, H, n]
-            q = q.narrow(1, n if where == "front" else 0, l)  # the content queries [B, L, H, hd]
+            q = sinklib.content_of(q, n, where, dim=1)  # the content queries [B, L, H, hd]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, rows, hd]
         kv = (k, v) if not l else None  # the sink cache: keys before rotation
         if rope is not None:
@@ -278,7 +277,7 @@ class DiffusionLM(nn.Module):
         keep = None
         if rows and cfg.sink_zero_value:
             keep = ref.new_ones(1, ref.shape[1], 1, 1)
-            sinklib.split(keep, rows, cfg.sink_position, dim=1)[0].zero_()
+            sinklib.sinks_of(keep, rows, cfg.sink_position, dim=1).zero_()
         return SinkRows(rows, cfg.sink_position, keep)
 
     @torch.compiler.disable  # its validity key reads version counters: left out of a compiled step
@@ -374,7 +373,7 @@ class DiffusionLM(nn.Module):
                 mask = mask.expand(b, -1, l, -1)
                 mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
         cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, R, hd]
-        rope = (cos, sin, *((t.narrow(1, n if cfg.sink_position == "front" else 0, l) for t in (cos, sin))
+        rope = (cos, sin, *((sinklib.content_of(t, rows, cfg.sink_position, dim=1) for t in (cos, sin))
                             if rows else (cos, sin)))  # keys: every row; queries: the content
         layout = self._sink_rows(rows, h)
         sink_kv = None
@@ -402,7 +401,7 @@ class DiffusionLM(nn.Module):
         if cache is not None and cache.record:
             cache.layers = fresh
         if rows:
-            h = h.narrow(1, n if cfg.sink_position == "front" else 0, l)  # the content rows [B, L, d]
+            h = sinklib.content_of(h, rows, cfg.sink_position, dim=1)  # the content rows [B, L, d]
         if isinstance(logits_index, tuple):  # (rows, cols): [N, d], the head only where the caller reads it
             rows_i, cols_i = logits_index
             h = h.flatten(0, 1).index_select(0, rows_i * h.shape[1] + cols_i)  # no host sync (cf. a bool mask)

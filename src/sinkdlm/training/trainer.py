@@ -39,7 +39,7 @@ from sinkdlm.data import (
     train_bpe_tokenizer,
 )
 from sinkdlm.data.packing import default_cache_dir
-from sinkdlm.diffusion.loss import diffusion_loss
+from sinkdlm.diffusion.loss import diffusion_loss, to_device
 from sinkdlm.diffusion.noise import sample_t
 from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
@@ -251,21 +251,13 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
         x0, pm = val.get((i * bs + rows).tolist())
         with _autocast(cfg, device):
             out = diffusion_loss(
-                model, _to(x0, device), t=_to(t[rows], device), u=_to(u[rows], device),
-                shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else _to(pm, device),
+                model, to_device(x0, device), t=to_device(t[rows], device), u=to_device(u[rows], device),
+                shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else to_device(pm, device),
             )
         # the loss is a mean over rows: a rank's share weighs len(rows) / bs (exactly 1 alone)
         total += out.loss.float() if env.world_size == 1 else out.loss.float() * (len(rows) / bs)
     model.train(was_training)
     return float(dist_utils.sum_across_ranks(total, env)) / batches
-
-
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host batch on `device`. On CUDA through pinned memory, asynchronously: a copy from pageable
-    memory would make the host wait for the GPU at every step."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
