@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm.diffusion.loss import diffusion_loss
-from sinkdlm.example_model import fetch_example_model
+from sinkdlm.checkpoint.example_model import fetch_example_model
 from sinkdlm.model.hf import convert_hf_model
 
 

@@ -29,7 +29,7 @@ import torch
 from sinkdlm.config.train import TrainConfig  # the one home of eps
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
-from sinkdlm.validation import check_int
+from sinkdlm.config.checks import check_int
 
 MC_NUM = 128  # Monte-Carlo samples per request: LLaDA's setting, the default of loglikelihood and lm-eval
 

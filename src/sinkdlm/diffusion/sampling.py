@@ -40,7 +40,7 @@ from sinkdlm.config.fields import with_overrides
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
-from sinkdlm.validation import check_int
+from sinkdlm.config.checks import check_int
 
 REMASKING = ("low_confidence", "random")
 CACHES = ("prefix", "dual")

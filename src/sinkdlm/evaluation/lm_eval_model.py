@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.evaluation.tasks import GEN_BLOCK_LENGTH
-from sinkdlm.device import resolve_device
+from sinkdlm.model.loader import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class SinkDLMEvalModel(LM):
     ):
         super().__init__()
         from sinkdlm.data import load_tokenizer
-        from sinkdlm.loading import load_checkpoint, load_tokenizer_for
+        from sinkdlm.checkpoint.manager import load_checkpoint, load_tokenizer_for
 
         if unknown:
             raise ValueError(

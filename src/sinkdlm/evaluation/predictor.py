@@ -35,7 +35,7 @@ from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
-from sinkdlm.validation import check_int, check_optional_int
+from sinkdlm.config.checks import check_int, check_optional_int
 from sinkdlm.config.commands import EvalConfig  # the one home of the default (its field docstring)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)

@@ -43,15 +43,15 @@ from sinkdlm.diffusion.loss import diffusion_loss, to_device
 from sinkdlm.diffusion.noise import sample_t
 from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
-from sinkdlm.atomic import atomic_write_bytes, atomic_write_json
-from sinkdlm.files import ensure_writable_dir
-from sinkdlm.loading import ModelSource, load_checkpoint, load_tokenizer_for, open_source
+from sinkdlm.io.atomic import atomic_write_bytes, atomic_write_json
+from sinkdlm.io.files import ensure_writable_dir
+from sinkdlm.checkpoint.manager import ModelSource, load_checkpoint, load_tokenizer_for, open_source
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.config.train import TrainConfig
 from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
-from sinkdlm.device import resolve_device
+from sinkdlm.model.loader import resolve_device
 
 
 # ----------------------------------------------------------------------------- pieces

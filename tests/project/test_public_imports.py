@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "sinkdlm"
+SRC = Path(__file__).resolve().parents[2] / "src" / "sinkdlm"
 # Top-level names of the dependencies (and their usual aliases) in pyproject.toml.
 DEPENDENCIES = {"torch", "transformers", "tokenizers", "safetensors", "datasets", "matplotlib", "numpy", "np",
                 "tqdm", "yaml", "typer", "click", "scipy", "gguf", "lm_eval", "accelerate", "pyarrow"}

@@ -6,23 +6,12 @@ import json
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.cli import app, main
 
-WORDS = [f"w{i}" for i in range(44)]
-
-
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    """A whitespace word-level tokenizer: [UNK]=0, [PAD]=1, w0..w43, [MASK]=46 (= the model's mask id)."""
-    vocab = {"[UNK]": 0, "[PAD]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}, "[MASK]": 46}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", mask_token="[MASK]")
-
+from helpers import WORDS, word_tokenizer
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):

@@ -29,7 +29,7 @@ from sinkdlm.training.checkpointing import latest_checkpoint
 from sinkdlm.training.sharded import SHARDED_DIR
 
 from helpers import subprocess_env, torchrun, torchrun_cmd
-from test_training import cfg_for, read_metrics, write_corpus
+from helpers import cfg_for, read_metrics, write_corpus
 
 STEPS = dict(max_steps=8, save_every=4, eval_every=4)
 

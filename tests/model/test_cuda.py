@@ -15,7 +15,7 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint
 
 from helpers import tiny_model, torchrun
-from test_training import cfg_for, read_metrics, write_corpus
+from helpers import cfg_for, read_metrics, write_corpus
 
 pytestmark = pytest.mark.cuda
 

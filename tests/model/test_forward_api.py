@@ -1,8 +1,8 @@
 """`DiffusionLM.forward`'s two objects: the Fast-dLLM `KVCache` and the analysis' `Probe`.
 
 References: the model's own full, uncached forward (a cached pass over unchanged tokens must give its
-numbers exactly) and its `Probe(attentions=True)` maps, which tests/test_model.py and
-tests/test_sink_logit.py check against eager joined-sequence implementations.
+numbers exactly) and its `Probe(attentions=True)` maps, which tests/model/test_model.py and
+tests/model/test_sink_logit.py check against eager joined-sequence implementations.
 """
 
 from __future__ import annotations

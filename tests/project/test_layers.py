@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 ROOT = "sinkdlm"
 
 
@@ -107,5 +107,5 @@ def test_no_import_cycles():
 def test_io_leaves_import_nothing_above_them():
     """files.py and gguf_file.py are the bottom layer: they import no model, data or loader code."""
     graph = import_graph()
-    for leaf in ("sinkdlm.files", "sinkdlm.gguf_file"):
-        assert graph[leaf] <= {"sinkdlm.atomic", "sinkdlm.files"}, (leaf, graph[leaf])
+    for leaf in ("sinkdlm.io.files", "sinkdlm.io.gguf_file"):
+        assert graph[leaf] <= {"sinkdlm.io.atomic", "sinkdlm.io.files"}, (leaf, graph[leaf])

@@ -3,7 +3,7 @@
 A checkpoint directory holds `config.json` + `model.safetensors` (or shards listed in
 `model.safetensors.index.json`) + tokenizer files. This module reads and writes those files and
 nothing else: it imports no model, tokenizer or format code, so everything above (the format
-adapters in `sinkdlm.model.formats`, the loader in `sinkdlm.loading`) can use it without cycles.
+adapters in `sinkdlm.model.formats`, the loader in `sinkdlm.checkpoint.manager`) can use it without cycles.
 Writes are atomic (temp file + `os.replace`). Only JSON and safetensors are ever read — never
 pickle. Every failure names the file and what to do.
 """
@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from sinkdlm.atomic import atomic_write, atomic_write_json
+from sinkdlm.io.atomic import atomic_write, atomic_write_json
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

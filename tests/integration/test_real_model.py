@@ -25,7 +25,7 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def ours(gguf_path):
-    from sinkdlm.loading import load_model_and_tokenizer
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
     return load_model_and_tokenizer(gguf_path, device="cpu")
 
@@ -120,9 +120,9 @@ import gc, torch
 def status(key):
     for line in open('/proc/self/status'):
         if line.startswith(key): return int(line.split()[1]) * 1024
-import sinkdlm.loading, gguf.quants
+import sinkdlm.checkpoint.manager, gguf.quants
 gc.collect(); open('/proc/self/clear_refs', 'w').write('5'); base = status('VmRSS:')
-m = sinkdlm.loading.load_checkpoint({str(gguf_path)!r})
+m = sinkdlm.checkpoint.manager.load_checkpoint({str(gguf_path)!r})
 floats = sum(p.numel() * p.element_size() for p in m.parameters())
 print((status('VmHWM:') - base) / floats)
 """

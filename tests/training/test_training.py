@@ -19,38 +19,9 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint, list_checkpoints
 from sinkdlm.training.trainer import lr_at
 
-from helpers import torchrun
+from helpers import SMALL, cfg_for, read_metrics, torchrun, write_corpus
 
-REPO = Path(__file__).resolve().parents[1]
-# A really small model so each run takes a second or two on 2 cores.
-SMALL = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
-
-
-def write_corpus(path: Path, n_docs: int = 40) -> Path:
-    rng = torch.Generator().manual_seed(0)
-    words = "the king queen sword crown night day love death fair foul sleep dream castle ghost".split()
-    lines = []
-    for d in range(n_docs):
-        idx = torch.randint(0, len(words), (120,), generator=rng).tolist()
-        lines.append(json.dumps({"text": " ".join(words[i] for i in idx) + f" {d}."}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def cfg_for(tmp_path: Path, corpus: Path, **kw) -> TrainConfig:
-    base = dict(
-        out=str(tmp_path / "run"), data=str(corpus), cache_dir=str(tmp_path / "cache"), model_overrides=SMALL,
-        max_steps=12, batch_size=4, seq_len=32, log_every=1, eval_every=4, save_every=4, eval_batches=1,
-        num_sink_tokens=1, seed=3, tensorboard=False,
-    )
-    base.update(kw)
-    return TrainConfig.resolve(**base)
-
-
-def read_metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line]
-
-
+REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus") / "docs.jsonl")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "sinkdlm"
 READERS = [ROOT / d for d in ("src", "tests", "benchmarks", "tools")]
 # name -> why it is used although no code reads it by name

@@ -24,9 +24,9 @@ from sinkdlm.training import train
 from sinkdlm.training import rundir
 from sinkdlm.training.checkpointing import list_checkpoints
 from sinkdlm.training.rundir import LOCK_NAME, TrainingStopped
-from test_training import SMALL, cfg_for, read_metrics, write_corpus
+from helpers import SMALL, cfg_for, read_metrics, write_corpus
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")

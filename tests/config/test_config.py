@@ -27,7 +27,7 @@ from sinkdlm.config import (
 from sinkdlm.cli.options import config_parameters
 from sinkdlm.cli.train_cmd import SFT_OPTIONS
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 CONFIGS = (ModelConfig, TrainConfig, GenerateConfig, AnalyzeConfig, EvalConfig, ConvertConfig, ExperimentConfig)
 # command -> (its config, how the command generates its options)
 COMMANDS = {

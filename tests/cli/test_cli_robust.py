@@ -14,10 +14,11 @@ import torch
 
 from sinkdlm.config import ModelConfig
 from sinkdlm.data.corpus import load_documents
-from sinkdlm.device import check_device, resolve_device
-from sinkdlm.validation import check_epsilon, check_int, check_optional_int, cli_message
+from sinkdlm.config.fields import check_device
+from sinkdlm.model.loader import resolve_device
+from sinkdlm.config.checks import check_epsilon, check_int, check_optional_int, cli_message
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 HEAVY = ("transformers", "datasets", "matplotlib", "lm_eval")
 
 
@@ -51,7 +52,7 @@ def test_help_shows_full_option_names():
         assert flag in out, flag
     assert "…" not in out
     # train's options default to None (config-file layering); --help shows what they resolve to
-    flat = " ".join(out.split())  # every field and default: tests/test_config.py
+    flat = " ".join(out.split())  # every field and default: tests/config/test_config.py
     assert "Global batch in sequences per optimizer step. [default: 16]" in flat and "[default: --no-resume]" in flat
     assert "[default: 128]" in flat.split("--seq-len", 1)[1].split("--", 1)[0]
 
@@ -108,7 +109,7 @@ def test_cli_message_names_the_flag_of_a_value_opening_the_message():
 
 
 def test_seed_range():
-    from sinkdlm.validation import SEED_MAX, check_seed
+    from sinkdlm.config.checks import SEED_MAX, check_seed
 
     assert check_seed(0) == 0 and check_seed(SEED_MAX) == SEED_MAX
     for bad in (-1, SEED_MAX + 1, 10**20, True, "1"):
@@ -128,7 +129,7 @@ def test_non_utf8_file_is_named(tmp_path, suffix):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 def test_read_only_cache_dir_is_one_line(tmp_path):
-    from sinkdlm.files import ensure_writable_dir
+    from sinkdlm.io.files import ensure_writable_dir
 
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -155,7 +156,7 @@ def test_generate_device_auto_and_surplus_steps_note(tmp_path):
     from typer.testing import CliRunner
 
     from sinkdlm.cli.app import app
-    from test_cli_generate import word_tokenizer
+    from helpers import word_tokenizer
 
     cfg_kw = dict(vocab_size=47, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=64, max_position_embeddings=64, num_sink_tokens=1)

