@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sinkdlm.diffusion.loss import diffusion_loss
-from sinkdlm.diffusion.noise import forward_mask, sample_t
+from sinkdlm.diffusion.noise import MaskNoise, forward_mask, sample_t
 
 
 class Recorder(torch.nn.Module):
@@ -45,7 +45,7 @@ def test_loss_matches_spec_formula():
     model = Recorder()
     x0 = torch.randint(0, 10, (4, 16))
     t = torch.tensor([0.1, 0.5, 0.9, 1.0])
-    out = diffusion_loss(model, x0, t=t, generator=torch.Generator().manual_seed(0))
+    out = diffusion_loss(model, x0, MaskNoise(t=t, generator=torch.Generator().manual_seed(0)))
     xt = model.seen
     assert ((xt == 10) | (xt == x0)).all()
     logits = model.table[:16][None].expand(4, -1, -1)
@@ -59,17 +59,17 @@ def test_unmasked_positions_do_not_count():
     x0 = torch.randint(0, 10, (2, 16))
     g = lambda: torch.Generator().manual_seed(3)
     t = torch.tensor([0.5, 0.5])
-    base = diffusion_loss(model, x0, t=t, generator=g()).loss
+    base = diffusion_loss(model, x0, MaskNoise(t=t, generator=g())).loss
     unmasked = model.seen != 10
     model.table[:16][unmasked[0]] += 5.0 * torch.randn(int(unmasked[0].sum()), 11)  # perturb only unmasked rows of row 0
     model.table[:16][unmasked[0] & ~unmasked[1]] = model.table[:16][unmasked[0] & ~unmasked[1]]
     # rows masked in row 1 but unmasked in row 0 would leak; choose x0 identical rows to avoid that
     x0_same = x0[:1].expand(2, -1).contiguous()
     model2 = Recorder()
-    a = diffusion_loss(model2, x0_same, t=t, generator=g()).loss
+    a = diffusion_loss(model2, x0_same, MaskNoise(t=t, generator=g())).loss
     masked_any = (model2.seen == 10).any(0)
     model2.table[:16][~masked_any] += 7.0
-    b = diffusion_loss(model2, x0_same, t=t, generator=g()).loss
+    b = diffusion_loss(model2, x0_same, MaskNoise(t=t, generator=g())).loss
     assert torch.equal(a, b)
     assert base.isfinite()
 
@@ -82,7 +82,7 @@ def test_weight_is_one_over_t():
     gen = lambda: torch.Generator().manual_seed(1)
     # With t=0.4 vs 0.8 the masks differ; compare against the formula instead on each.
     for t in (0.4, 0.8):
-        out = diffusion_loss(model, x0, t=torch.tensor([t]), generator=gen())
+        out = diffusion_loss(model, x0, MaskNoise(t=torch.tensor([t]), generator=gen()))
         want = spec_loss(model.table[:32][None], x0, model.seen, torch.tensor([t]), 10, [32])
         assert out.loss.item() == pytest.approx(want, rel=1e-5)
     assert not xt_mask.any()
@@ -96,7 +96,7 @@ def test_sft_never_masks_prompt_and_normalises_by_response():
     prompt[1, :12] = True
     prompt[2, :1] = True
     t = torch.ones(3)  # t = 1: every maskable position is masked
-    out = diffusion_loss(model, x0, t=t, prompt_mask=prompt, generator=torch.Generator().manual_seed(0))
+    out = diffusion_loss(model, x0, MaskNoise(t=t, generator=torch.Generator().manual_seed(0)), prompt_mask=prompt)
     xt = model.seen
     assert (xt[prompt] == x0[prompt]).all()
     assert (xt[~prompt] == 10).all()
@@ -104,7 +104,7 @@ def test_sft_never_masks_prompt_and_normalises_by_response():
     want = spec_loss(model.table[:20][None].expand(3, -1, -1), x0, xt, t, 10, resp_len)
     assert out.loss.item() == pytest.approx(want, rel=1e-5)
     for seed in range(20):  # and at random t, the prompt is never touched
-        diffusion_loss(model, x0, prompt_mask=prompt, generator=torch.Generator().manual_seed(seed))
+        diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(seed)), prompt_mask=prompt)
         assert (model.seen[prompt] == x0[prompt]).all()
 
 
@@ -130,7 +130,7 @@ def test_loss_on_real_model_is_near_log_vocab_at_init():
     cfg = ModelConfig.from_preset("tiny", vocab_size=256, num_sink_tokens=1)
     model = DiffusionLM(cfg)
     x0 = torch.randint(0, 255, (4, 64))
-    out = diffusion_loss(model, x0, t=torch.ones(4))  # all masked, weight 1: plain mean CE
+    out = diffusion_loss(model, x0, MaskNoise(t=torch.ones(4)))  # all masked, weight 1: plain mean CE
     assert out.loss.item() == pytest.approx(math.log(256), rel=0.05)
     out.loss.backward()
     assert model.sink_embeddings.grad is not None and model.sink_embeddings.grad.abs().sum() > 0
@@ -149,7 +149,7 @@ def test_head_on_masked_positions_only_equals_the_full_head(shift, sinks):
                                     mask_token_id=49, num_sink_tokens=sinks, shift_logits=shift))
     x0 = torch.randint(0, 49, (3, 12))
     t = torch.tensor([0.3, 0.6, 0.9])
-    out = diffusion_loss(model, x0, t=t, generator=torch.Generator().manual_seed(1))
+    out = diffusion_loss(model, x0, MaskNoise(t=t, generator=torch.Generator().manual_seed(1)))
     grads = torch.autograd.grad(out.loss, model.lm_head.weight)[0]
     xt, masked = forward_mask(x0, t, 49, torch.ones_like(x0, dtype=torch.bool) if not shift else
                               torch.ones_like(x0, dtype=torch.bool).index_fill_(1, torch.tensor([0]), False),

@@ -28,6 +28,7 @@ from sinkdlm.analysis.analyzer import analyze
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.loss import diffusion_loss
+from sinkdlm.diffusion.noise import MaskNoise
 from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.io.files import CheckpointError
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
@@ -181,7 +182,7 @@ def test_llada_generate_loglikelihood_loss_and_bf16(llada_dir, tok):
     ll = loglikelihood(model, [5, 6, 7], [8, 9], mc_num=4, seed=0)
     assert math.isfinite(float(ll.logprob)) and float(ll.logprob) < 0
     with torch.no_grad():
-        assert math.isfinite(float(diffusion_loss(model, ids(), generator=torch.Generator().manual_seed(0)).loss))
+        assert math.isfinite(float(diffusion_loss(model, ids(), MaskNoise(generator=torch.Generator().manual_seed(0))).loss))
     bf16 = DiffusionLM.from_pretrained(path, dtype="bfloat16")
     assert bf16.dtype == torch.bfloat16 and bf16(ids()).logits.shape == (2, 9, V)
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.diffusion.loss import diffusion_loss, masked_loss, plan_masks
+from sinkdlm.diffusion.noise import MaskNoise
 from helpers import OpCounter
 
 VARIANTS = {
@@ -103,14 +104,14 @@ def test_a_loss_step_planned_on_the_host_has_no_host_syncing_op(switches, shift)
     model = DiffusionLM(tiny(**switches)).train()
     x0 = torch.randint(0, 100, (4, 48))
     gen = torch.Generator().manual_seed(0)
-    plan = plan_masks(x0, mask_id=model.config.mask_token_id, shift_logits=shift, generator=gen)
+    plan = plan_masks(x0, MaskNoise(generator=gen), mask_id=model.config.mask_token_id, shift_logits=shift)
     with OpCounter() as ops:
         out = masked_loss(model, plan)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     assert not ops.syncs, dict(ops.syncs)
     # the same loss, to the bit, as diffusion_loss drawing the same noise itself (eq. 3-4 unchanged)
-    again = diffusion_loss(model, x0, shift_logits=shift, generator=torch.Generator().manual_seed(0))
+    again = diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(0)), shift_logits=shift)
     assert torch.equal(out.loss, again.loss)
 
 

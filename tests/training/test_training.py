@@ -248,6 +248,7 @@ def test_annealed_mask_goes_from_causal_to_full():
 
 def test_shift_logits_scores_position_i_with_the_logits_of_i_minus_1():
     from sinkdlm.diffusion.loss import diffusion_loss
+    from sinkdlm.diffusion.noise import MaskNoise
 
     class Fixed(torch.nn.Module):
         config = type("C", (), {"mask_token_id": 9})()
@@ -263,8 +264,8 @@ def test_shift_logits_scores_position_i_with_the_logits_of_i_minus_1():
     m = Fixed()
     m.x0 = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
     t = torch.ones(1)
-    shifted = diffusion_loss(m, m.x0, t=t, shift_logits=True).loss
-    plain = diffusion_loss(m, m.x0, t=t).loss
+    shifted = diffusion_loss(m, m.x0, MaskNoise(t=t), shift_logits=True).loss
+    plain = diffusion_loss(m, m.x0, MaskNoise(t=t)).loss
     assert shifted.item() < 1e-6 < plain.item()
 
 
