@@ -101,8 +101,10 @@ def test_batched_requests_equal_one_at_a_time():
 
 def test_sink_cache_on_equals_off_and_seed_repeats():
     model = tiny_model(num_sink_tokens=2)
-    a = loglikelihood(model, PREFIX, CONT, mc_num=32, seed=3, use_sink_cache=True)
-    b = loglikelihood(model, PREFIX, CONT, mc_num=32, seed=3, use_sink_cache=False)
+    with model.sink_cache_mode(True):
+        a = loglikelihood(model, PREFIX, CONT, mc_num=32, seed=3)
+    with model.sink_cache_mode(False):
+        b = loglikelihood(model, PREFIX, CONT, mc_num=32, seed=3)
     assert torch.equal(a.logprob, b.logprob) and torch.equal(a.stderr, b.stderr)
     c = loglikelihood(model, PREFIX, CONT, mc_num=32, seed=4)
     assert not torch.equal(a.logprob, c.logprob)
@@ -117,7 +119,8 @@ def test_shift_logits_scores_with_the_previous_position():
         logp = torch.log_softmax(model(x).logits, -1)
     p = len(PREFIX)
     want = float(logp[0, p - 1, 21] + logp[1, p, 8])  # position i-1 predicts token i
-    got = loglikelihood(model, PREFIX, cont, method="chain", shift_logits=True)
+    model.config.shift_logits = True  # read from the model, as every estimator does
+    got = loglikelihood(model, PREFIX, cont, method="chain")
     assert float(got.logprob) == pytest.approx(want, rel=1e-6)
 
 
@@ -133,10 +136,14 @@ def test_shift_logits_scores_with_the_previous_position():
         ((PREFIX, [[1], [2]]), {}, "both be one sequence or both N"),
         (([1] * 62, CONT), {}, "is longer than the model.s .* positions"),
         ((PREFIX, [99]), {}, "vocab_size"),
-        (([], CONT), dict(shift_logits=True), "shift_logits needs a prefix"),
+        (([], CONT), dict(shift_logits=True), "shift_logits needs a prefix"),  # a model config field
         ((torch.tensor([1.0]), CONT), {}, "integer token ids"),
     ],
 )
 def test_bad_input_raises_clear_errors(args, kwargs, match):
+    model = tiny_model()
+    kwargs = dict(kwargs)
+    if kwargs.pop("shift_logits", False):
+        model.config.shift_logits = True
     with pytest.raises(ValueError, match=match):
-        loglikelihood(tiny_model(), *args, **kwargs)
+        loglikelihood(model, *args, **kwargs)

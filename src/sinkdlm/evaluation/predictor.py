@@ -121,7 +121,6 @@ class DLMPredictor:
         seed: int = 0,
         progress: bool = False,
         max_length: int | None = None,
-        shift_logits: bool | None = None,
         cache: str | None = None,
         threshold: float | None = None,
     ):
@@ -140,7 +139,7 @@ class DLMPredictor:
         self.model, self.tokenizer = model, tokenizer
         self.mc_num, self.method, self.batch_size = mc_num, method, batch_size
         self.gen_steps, self.seed, self.progress = gen_steps, seed, progress
-        self.max_length, self.shift_logits = limit, shift_logits
+        self.max_length = limit
         self.cache, self.threshold = cache, threshold
         self.eos_id = tokenizer.eos_token_id
         self._warned_truncation = False
@@ -224,7 +223,6 @@ class DLMPredictor:
                 res = elbo(
                     self.model, [fitted[i][0] for i in chunk], [fitted[i][1] for i in chunk], mc_num=samples,
                     method=self.method, batch_size=self.batch_size, seed=self.seed + call,
-                    shift_logits=self.shift_logits,
                 )
                 call += 1
                 for i, v in zip(chunk, res.logprob.tolist()):
@@ -277,7 +275,7 @@ class DLMPredictor:
             res = sample(
                 self.model, [rows[i] for i in chunk], gen_length=padded, steps=None if threshold is not None else steps,
                 block_length=block_length, temperature=temperature, seed=self.seed + k,
-                shift_logits=self.shift_logits, return_dict=True, threshold=threshold,
+                return_dict=True, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
             )
             new = res.sequences[:, res.prompt_length: res.prompt_length + gen_length].tolist()
