@@ -24,6 +24,7 @@ non-sink fraction per ϵ, sink token types, training curves) are computed here t
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -214,11 +215,18 @@ def minimum_detectable_effect(se: float, df: float, power: float = MDE_POWER, al
     when the mean difference has standard error `se` with `df` degrees of freedom (docs/method.md §7):
     `se · λ`, λ the noncentrality at which 1 - F(t_c; df, λ) + F(-t_c; df, λ) = power, F the noncentral
     t distribution and t_c = t_{1 - alpha/2, df}. Large df: (z_{1-alpha/2} + z_power) · se."""
+    if not (se > 0 and df > 0 and math.isfinite(se)):
+        return math.nan
+    return se * _noncentrality(float(df), power, alpha)
+
+
+@functools.lru_cache(maxsize=256)
+def _noncentrality(df: float, power: float, alpha: float) -> float:
+    """λ of `minimum_detectable_effect`: it depends on (df, power, alpha) only, and a report asks for the
+    same few df many times (each root costs ~100 noncentral-t evaluations)."""
     from scipy import optimize
     from scipy import stats as st
 
-    if not (se > 0 and df > 0 and math.isfinite(se)):
-        return math.nan
     tc = float(st.t.ppf(1 - alpha / 2, df))
 
     def shortfall(lam: float) -> float:
@@ -229,7 +237,7 @@ def minimum_detectable_effect(se: float, df: float, power: float = MDE_POWER, al
     hi = tc + 4.0
     while shortfall(hi) < 0:
         hi *= 2
-    return se * float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))
+    return float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))
 
 
 def comparison_mde(entry: dict[str, Any]) -> float | None:
