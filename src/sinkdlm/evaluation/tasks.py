@@ -115,11 +115,17 @@ def is_content_line(line: str) -> bool:
     return len(WORD.findall(text)) >= MIN_LINE_WORDS
 
 
+def _whole_content_line(line: str) -> tuple[str, str] | None:
+    """The next-line task's ending: a content line, all of it the answer."""
+    return ("", line.strip()) if is_content_line(line) else None
+
+
 def _join(lines) -> str:
     return "\n".join(lines).strip("\n")
 
 
-def _passages(min_words: int, ending) -> list[tuple[int, int, str, str]]:
+@lru_cache(maxsize=8)  # per (task rule): an experiment scores every run on the same items
+def _passages(min_words: int, ending) -> tuple[tuple[int, int, str, str], ...]:
     """Non-overlapping (work, line, context, answer) in text order. `ending(line)` says whether a line
     can end an item: None, or (the part of the line that stays in the context, the answer). The
     context is the fewest whole lines before it (after the previous item) that hold >= `min_words`
@@ -143,7 +149,7 @@ def _passages(min_words: int, ending) -> list[tuple[int, int, str, str]]:
                 first += 1
             out.append((w, i, _join([*lines[first:i], head] if head else lines[first:i]), answer))
             start = i + 1
-    return out
+    return tuple(out)
 
 
 def case_class(word: str) -> str:
@@ -216,7 +222,7 @@ class ShakespeareCloze(Task):
         m = LAST_WORD.match(line.strip()) if is_content_line(line) else None
         return (m.group(1), m.group(2)) if m and len(m.group(2)) >= 2 else None
 
-    def _positions(self) -> list[tuple[int, int, str, str]]:
+    def _positions(self) -> tuple[tuple[int, int, str, str], ...]:
         return _passages(CLOZE_MIN_WORDS, self._ending)
 
     def items(self, limit: int | None = None, seed: int = 0) -> list[ChoiceItem]:
@@ -293,8 +299,8 @@ class ShakespeareNextLine(LineChoiceTask):
             by_len[len(WORD.findall(text))].append(k)
         return pool, by_len
 
-    def _positions(self) -> list[tuple[int, int, str, str]]:
-        return _passages(NEXT_LINE_MIN_WORDS, lambda line: ("", line.strip()) if is_content_line(line) else None)
+    def _positions(self) -> tuple[tuple[int, int, str, str], ...]:
+        return _passages(NEXT_LINE_MIN_WORDS, _whole_content_line)
 
     def items(self, limit: int | None = None, seed: int = 0) -> list[ChoiceItem]:
         check_optional_int("limit", limit, 1, none_means="all items")
@@ -331,7 +337,7 @@ class ShakespeareWordOrder(LineChoiceTask):
         ok = is_content_line(line) and len(line.split()) >= WORD_ORDER_MIN_WORDS
         return ("", line.strip()) if ok else None
 
-    def _positions(self) -> list[tuple[int, int, str, str]]:
+    def _positions(self) -> tuple[tuple[int, int, str, str], ...]:
         return _passages(WORD_ORDER_CONTEXT_WORDS, self._ending)
 
     def items(self, limit: int | None = None, seed: int = 0) -> list[ChoiceItem]:
