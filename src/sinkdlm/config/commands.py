@@ -30,7 +30,26 @@ class ModelOptions(DeviceOption):
 
 
 @dataclass(kw_only=True)
-class SampleConfig:
+class RemaskingOptions:
+    """Which masked positions a reverse step commits and how it predicts them (docs/method.md §2,
+    `sinkdlm.diffusion.remasking`): part of `SampleConfig`, and of `EvalConfig` for its generation tasks."""
+
+    remasking: str | None = None
+    """low_confidence | random (LLaDA) | maskgit_plus | topk_margin | entropy | origin (Dream's alg). Default: the model family's (ModelConfig.family: entropy for Dream, low_confidence otherwise; maskgit_plus for Dream with --threshold)."""
+    schedule: str | None = None
+    """Commits per step: llada (a block's masks split evenly over its steps) | dream (Dream's timesteps linspace(1, eps, steps+1), int(n*(1-s/t)) per step). Default: the model family's."""
+    eps: float = 1e-3
+    """Dream's last timestep (--schedule dream), in (0, 1)."""
+    alg_temp: float = 0.0
+    """Draw the committed positions from softmax(confidence / alg_temp) (Dream's alg_temp); 0 commits the most confident."""
+    top_p: float | None = None
+    """Sample only from the most likely tokens whose probability sums to top_p, in (0, 1] (Dream's top_p)."""
+    top_k: int | None = None
+    """Sample only from the top_k most likely tokens (Dream's top_k)."""
+
+
+@dataclass(kw_only=True)
+class SampleConfig(RemaskingOptions):
     """How to decode (docs/method.md §2): the settings of `sinkdlm.generate`."""
 
     gen_length: int
@@ -41,8 +60,6 @@ class SampleConfig:
     """Semi-autoregressive block length (default: one block)."""
     temperature: float = 0.0
     """0 = greedy; > 0 samples (Gumbel, float64)."""
-    remasking: str = "low_confidence"
-    """low_confidence | random"""
     threshold: float | None = None
     """Confidence-threshold parallel decoding (e.g. 0.9)."""
     cache: str | None = None
@@ -148,7 +165,7 @@ def _as_text(values) -> str | None:
 
 
 @dataclass(kw_only=True)
-class EvalConfig(ModelOptions):
+class EvalConfig(ModelOptions, RemaskingOptions):
     """`sinkdlm eval`: offline tasks scored with the ELBO or by generation (docs/method.md §7)."""
 
     tasks: str

@@ -296,7 +296,7 @@ def config_from_raw(raw: dict, path: Path | str = CONFIG_NAME) -> tuple[ModelCon
         check_qwen2_fields(raw, path)
         if fmt == "dream":  # Qwen2 layout, QKV bias always on (DreamAttention), logits shifted
             return qwen2_config(raw, qkv_bias=True, mask_token_id=_mask_id(raw, "dream", path), shift_logits=True,
-                                extra={"source_format": "dream"}), fmt
+                                family="dream", extra={"source_format": "dream"}), fmt
         qkv_bias = fmt == "qwen2" or bool(raw.get("attention_bias", False))
         return qwen2_config(raw, qkv_bias=qkv_bias, mask_token_id=None, causal=True, shift_logits=True,
                             extra={"source_format": fmt}), fmt
