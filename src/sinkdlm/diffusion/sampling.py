@@ -391,7 +391,7 @@ def generate(
     for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
         lo, hi = p + blk * block_length, p + (blk + 1) * block_length
         schedule = transfer_schedule(block_length, block_steps) if threshold is None else None
-        timesteps = dream_timesteps(block_steps, settings.eps) if schedule_name == "dream" else None
+        timesteps = dream_timesteps(block_steps, settings.eps) if schedule_name == "dream" and schedule else None
         # this block's cached content keys/values, recorded by its first (full) forward
         kv = KVCache(record=True) if cache is not None else None
         for i in range(block_steps) if threshold is None else itertools.count():
