@@ -47,6 +47,10 @@ class RemaskingOptions:
     top_k: int | None = None
     """Sample only from the top_k most likely tokens (Dream's top_k)."""
 
+    def remasking_options(self) -> dict:
+        """{field: value} of these settings, as `generate(**...)` takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(RemaskingOptions)}
+
 
 @dataclass(kw_only=True)
 class SampleConfig(RemaskingOptions):
@@ -103,10 +107,11 @@ class AnalyzeConfig(ModelOptions):
         "steps": "Denoising steps (default: --gen-length, one token per step; an autoregressive model always "
                  "takes one step per token).",
         "block_length": None,
+        **{f.name: None for f in dataclasses.fields(RemaskingOptions)},
     })
-    """How to decode (`SampleConfig`; required unless --compare): its --gen-length, --steps and --block-length
-    are this command's flags; `steps` None means one token per step, and `seed` is not used (the analysis's
-    `seed` seeds the sampler)."""
+    """How to decode (`SampleConfig`; required unless --compare): its --gen-length, --steps, --block-length and
+    remasking settings (--remasking, --schedule, --eps, --alg-temp, --top-p, --top-k) are this command's flags;
+    `steps` None means one token per step, and `seed` is not used (the analysis's `seed` seeds the sampler)."""
     epsilon: float = 3.0
     """Sink threshold ϵ (Rulli et al. eq. 3)."""
     scale: str = "sum"
@@ -210,8 +215,9 @@ class ConvertConfig(_ConvertSwitchFields):
 
 
 @dataclass(kw_only=True)
-class ExperimentConfig(DeviceOption):
-    """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change."""
+class ExperimentConfig(DeviceOption, RemaskingOptions):
+    """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change (the
+    remasking settings, when given, replace the preset's in its analysis and generation tasks)."""
 
     preset: str = "demo"
     """smoke | demo | study | study-gpu | real | real-gpu | ablation | paper-0.5b"""

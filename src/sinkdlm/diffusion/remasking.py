@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 
 REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin")
-DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy", "origin")  # Dream's `alg` names
 SCHEDULES = ("llada", "dream")
 # The rules whose confidence is the probability of the predicted token: what threshold decoding compares.
 PROBABILITY_RULES = ("low_confidence", "maskgit_plus")

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from sinkdlm.data.tokenizer import check_tokenizer_matches, encode_texts
 from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.diffusion.likelihood import loglikelihood as elbo
+from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.validation import check_int, check_optional_int
@@ -107,6 +108,9 @@ class DLMPredictor:
                  decoding and uses neither the cache nor the threshold.
     threshold    Fast-dLLM confidence-threshold decoding for generation (e.g. 0.9); the step count
                  then adapts and `gen_steps` is a no-op.
+    remasking    the sampler's remasking settings for generation (`RemaskingOptions.remasking_options()`:
+                 remasking, schedule, eps, alg_temp, top_p, top_k); None = `generate`'s defaults, those
+                 of the model's family. The greedy check keeps its one-commit-per-step LLaDA rule.
     """
 
     def __init__(
@@ -124,9 +128,15 @@ class DLMPredictor:
         shift_logits: bool | None = None,
         cache: str | None = None,
         threshold: float | None = None,
+        remasking: dict | None = None,
     ):
         cfg = model.config
         check_decoding_options(cache, threshold)
+        self.remasking = dict(remasking or {})
+        if self.remasking and not cfg.causal:  # its errors before any work (`generate` checks them so)
+            rule = resolve_rule(cfg.family, self.remasking.get("schedule"), self.remasking.get("remasking"), threshold)
+            check_rule(*rule, threshold=threshold, temperature=0.0, **{k: v for k, v in self.remasking.items()
+                                                                        if k in ("alg_temp", "top_p", "top_k", "eps")})
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -249,7 +259,7 @@ class DLMPredictor:
 
         The length is rounded up to a whole number of blocks and the extra tokens dropped; prompts are
         cut from the left to leave room; `steps` defaults to `gen_steps`, else one token per step.
-        `fast=True` applies the predictor's `cache` and `threshold` (the greedy check does not).
+        `fast=True` applies the predictor's `cache`, `threshold` and `remasking` (the greedy check does not).
         """
         padded = gen_length
         if block_length is not None and block_length < gen_length:
@@ -279,6 +289,7 @@ class DLMPredictor:
                 block_length=block_length, temperature=temperature, seed=self.seed + k,
                 shift_logits=self.shift_logits, return_dict=True, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
+                **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")),
             )
             new = res.sequences[:, res.prompt_length: res.prompt_length + gen_length].tolist()
             for i, ids in zip(chunk, new):
