@@ -24,7 +24,7 @@ class ModelOptions(DeviceOption):
     """Which model to open, and where."""
 
     model: Path | None = None
-    """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."""
+    """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a .gguf file (llama, qwen2; dream, llada diffusion LMs)."""
     dtype: str | None = None
     """float32 | bfloat16 | float16 (default: as stored)."""
 
