@@ -1,15 +1,18 @@
-"""The reverse process (docs/method.md §2): LLaDA samplers, semi-autoregressive blocks, Fast-dLLM threshold
-decoding and a per-step callback.
+"""The reverse process (docs/method.md §2): LLaDA's and Dream's samplers, semi-autoregressive blocks,
+Fast-dLLM threshold decoding and a per-step callback.
 
 Start from `prompt + [MASK] * gen_length`; at every step predict the masked positions of the
-current block and commit some of them:
+current block and commit some of them (the rules are in `diffusion/remasking.py`):
   * `remasking="low_confidence"`: the k masked positions whose predicted token has the highest
-    probability (LLaDA); `"random"`: k random masked positions;
-  * k follows LLaDA's schedule, which spreads a block's masked count evenly over its steps
-    (`transfer_schedule`); with `threshold`, every masked position whose confidence exceeds it,
-    at least one (Fast-dLLM), and the step count adapts;
+    probability (LLaDA); `"random"`: k random masked positions; Dream's `maskgit_plus`,
+    `topk_margin`, `entropy` (ranked by their confidence) and `origin` (each mask revealed with
+    probability 1 - s/t);
+  * k follows the schedule: LLaDA's spreads a block's masked count evenly over its steps
+    (`transfer_schedule`), Dream's commits int(n (1 - s/t)) at the step t -> s of
+    linspace(1, eps, steps + 1); with `threshold`, every masked position whose confidence exceeds
+    it, at least one (Fast-dLLM), and the step count adapts;
   * `temperature > 0` samples the prediction with LLaDA's float64 Gumbel trick
-    (`argmax exp(logits) / (-log u)^T`, `add_gumbel_noise`).
+    (`argmax exp(logits) / (-log u)^T`, `add_gumbel_noise`), after Dream's top-p/top-k filters.
 
 What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/test_sampling.py):
   * probabilities, noise and selection are computed for the current block only (the later
@@ -240,9 +243,12 @@ def generate(
     block_length   semi-autoregressive blocks (default: one block); each is finished before the
                    next may commit. Must divide gen_length.
     temperature    0 = argmax; > 0 samples with float64 Gumbel noise (LLaDA).
-    remasking      "low_confidence" | "random".
+    remasking      "low_confidence" | "random" (LLaDA) | "maskgit_plus" | "topk_margin" | "entropy" |
+                   "origin" (Dream's alg); None: the model family's (`ModelConfig.family`).
+    schedule       "llada" (even split per block) | "dream" (Dream's timesteps, `eps`); None: the family's.
+    alg_temp, top_p, top_k: Dream's sampling controls (`sinkdlm.diffusion.remasking`).
     threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
-                   confidence exceeds it, at least one per step (low_confidence only).
+                   confidence exceeds it, at least one per step (low_confidence / maskgit_plus).
     generator/seed the randomness (Gumbel noise, random remasking): a `generator`, else one seeded
                    with `seed` (SampleConfig's default 0; None: torch's global generator); a fixed
                    seed repeats the output. Passing both `generator` and a `seed=` keyword is refused.
