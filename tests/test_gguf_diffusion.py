@@ -20,9 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from sinkdlm import DiffusionLM, generate
+from sinkdlm import CheckpointError, DiffusionLM, generate
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
-from sinkdlm.files import CheckpointError
 
 TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 30,
          "to be or not to be: that is the question; whether tis nobler. " * 30]
