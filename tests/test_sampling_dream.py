@@ -288,3 +288,26 @@ def test_family_is_checked_and_saved(tmp_path):
     from sinkdlm import DiffusionLM
 
     assert DiffusionLM.from_pretrained(tmp_path).config.family == "dream"
+
+
+# ----------------------------------------------------------------------------- the other samplers and commands
+def test_top_k_one_makes_autoregressive_sampling_greedy():
+    """top-k applies to the autoregressive path too: with k = 1 a draw at any temperature is the argmax."""
+    model = tiny_model(causal=True, shift_logits=True, mask_token_id=None)
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in (5, 3)]
+    greedy = generate(model, rows, gen_length=6)
+    assert torch.equal(generate(model, rows, gen_length=6, temperature=1.5, top_k=1, seed=4), greedy)
+    assert not torch.equal(generate(model, rows, gen_length=6, temperature=1.5, seed=4), greedy)
+
+
+def test_analyze_flags_build_the_sample_config():
+    """`sinkdlm analyze --remasking ... --top-p ...` (flattened options) land in its SampleConfig."""
+    from sinkdlm.cli.options import build_config
+    from sinkdlm.config import AnalyzeConfig
+
+    cfg = build_config(AnalyzeConfig, dict(gen_length=8, steps=None, block_length=None, remasking="topk_margin",
+                                           schedule="dream", eps=None, alg_temp=0.3, top_p=0.9, top_k=None,
+                                           out="o"))
+    s = cfg.sample
+    assert (s.remasking, s.schedule, s.eps, s.alg_temp, s.top_p, s.top_k) == ("topk_margin", "dream", 1e-3, 0.3, 0.9, None)
