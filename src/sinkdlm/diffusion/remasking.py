@@ -40,9 +40,9 @@ def resolve_rule(family: str, schedule: str | None, remasking: str | None, thres
     """(schedule, remasking) with None filled from the model family; threshold decoding, which compares
     a probability, takes the family's probability rule (Fast-dLLM's)."""
     default_schedule, default_remasking = FAMILY_DEFAULTS[family]
-    if remasking is None:
-        remasking = default_remasking if threshold is None else PROBABILITY_RULES[family == "dream"]
-    return schedule or default_schedule, remasking
+    if remasking is None and threshold is not None:
+        remasking = "maskgit_plus" if family == "dream" else "low_confidence"
+    return schedule or default_schedule, remasking or default_remasking
 
 
 def check_rule(schedule, remasking, *, threshold, temperature, alg_temp, top_p, top_k, eps) -> None:

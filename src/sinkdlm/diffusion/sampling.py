@@ -282,8 +282,8 @@ def generate(
     `block_length` and `remasking` do not apply; callbacks, hooks and key masks see the causal maps
     of each step's input (the prompt and the tokens so far), docs/method.md §10.
 
-    Logits. The LM head runs only where its output is used: at temperature 0 with low-confidence
-    remasking on the block columns that some row still has masked, otherwise on the whole block
+    Logits. The LM head runs only where its output is used: at temperature 0 with a confidence rule
+    (no alg_temp) on the block columns that some row still has masked, otherwise on the whole block
     (so the seeded noise draws keep their `[B, block_length, V]` shape). A callback without a cache
     receives every column's logits, as the analysis expects.
     """

@@ -37,7 +37,7 @@ from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.validation import check_int, check_optional_int
-from sinkdlm.config.commands import EvalConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import EvalConfig, RemaskingOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
 
@@ -134,9 +134,10 @@ class DLMPredictor:
         check_decoding_options(cache, threshold)
         self.remasking = dict(remasking or {})
         if self.remasking and not cfg.causal:  # its errors before any work (`generate` checks them so)
-            rule = resolve_rule(cfg.family, self.remasking.get("schedule"), self.remasking.get("remasking"), threshold)
-            check_rule(*rule, threshold=threshold, temperature=0.0, **{k: v for k, v in self.remasking.items()
-                                                                        if k in ("alg_temp", "top_p", "top_k", "eps")})
+            full = {**RemaskingOptions().remasking_options(), **self.remasking}
+            check_rule(*resolve_rule(cfg.family, full["schedule"], full["remasking"], threshold), threshold=threshold,
+                       temperature=0.0, alg_temp=full["alg_temp"], top_p=full["top_p"], top_k=full["top_k"],
+                       eps=full["eps"])
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
