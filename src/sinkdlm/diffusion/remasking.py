@@ -32,7 +32,7 @@ SCHEDULES = ("llada", "dream")
 # The rules whose confidence is the probability of the predicted token: what threshold decoding compares.
 PROBABILITY_RULES = ("low_confidence", "maskgit_plus")
 # Each model family's sampler when `schedule`/`remasking` are not given (`ModelConfig.family`);
-# Dream's default alg is "entropy" (its README and generation config).
+# Dream's is "entropy", the alg of its README's examples (`diffusion_generate`'s own fallback is "origin").
 FAMILY_DEFAULTS = {"llada": ("llada", "low_confidence"), "dream": ("dream", "entropy")}
 
 
@@ -61,7 +61,7 @@ def check_rule(schedule, remasking, *, threshold, temperature, alg_temp, top_p, 
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise ValueError(f"eps must lie in (0, 1) (Dream's last timestep, default 1e-3), got {eps!r}")
+        raise ValueError(f"eps must lie in (0, 1) (Dream's last timestep), got {eps!r}")
     if remasking == "origin" and schedule != "dream":
         raise ValueError("remasking='origin' reveals each mask with probability 1 - s/t, which only "
                          "schedule='dream' defines; use schedule='dream'")

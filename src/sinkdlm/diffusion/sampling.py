@@ -19,7 +19,8 @@ What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/te
     blocks' predictions are never used), and top-k is batched instead of a loop over rows;
   * "masked" is tracked as a boolean state, so a prompt that contains the `[MASK]` id is never
     changed; the `[MASK]` id is never predicted, so no mask is left at the end;
-  * steps that would commit nothing (steps per block > block_length) are not run;
+  * the even split's steps that would commit nothing (steps per block > block_length) are not run
+    (Dream's zero-commit steps are, as Dream runs them);
   * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, docs/method.md §3).
 Mixed-length prompts are left-padded with an attention mask; padding is invisible to the model
 and rotary positions restart at each row's first real token, so every row gets the tokens it
