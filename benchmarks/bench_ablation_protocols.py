@@ -29,7 +29,7 @@ from sinkdlm.data import encode_texts, load_documents
 from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.analysis import prompts_from_documents
 from sinkdlm.experiment.presets import ANALYSIS_PROMPT_TOKENS
-from sinkdlm.loading import load_model_and_tokenizer
+from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
 
 def main() -> None:

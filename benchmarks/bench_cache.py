@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
-from sinkdlm.atomic import atomic_write_json
+from sinkdlm.io.atomic import atomic_write_json
 
 PROMPT, GEN, BLOCK = 448, 64, 16
 OUT = Path(__file__).resolve().parent / "results" / "bench_cache.json"

@@ -6,7 +6,7 @@ in batches of up to 8 problems of equal prompt length (no padding, so the refere
 too; Fast-dLLM reports batch 1, which on a CPU measures Python overhead more than decoding) with, at
 each generation length (blocks of 32):
 
-  reference loop      LLaDA's `generate()` written plainly (tests/test_sampling.py), one token per step
+  reference loop      LLaDA's `generate()` written plainly (tests/diffusion/test_sampling.py), one token per step
   generate            `sinkdlm.generate`, one token per step            (must give identical tokens)
   threshold 0.9       Fast-dLLM parallel decoding: every masked token above 0.9 confidence
   prefix / dual       Fast-dLLM KV caches, one token per step
@@ -37,11 +37,11 @@ sys.path.insert(0, str(ROOT.parent / "tests"))
 from test_sampling import reference_generate  # noqa: E402  (the reference loop the tests check against)
 
 from sinkdlm import generate  # noqa: E402
-from sinkdlm.atomic import atomic_write_json  # noqa: E402
+from sinkdlm.io.atomic import atomic_write_json  # noqa: E402
 from sinkdlm.data.sft import arithmetic_dataset  # noqa: E402
 from sinkdlm.evaluation.predictor import DLMPredictor  # noqa: E402
 from sinkdlm.evaluation.scoring import answer_matches  # noqa: E402
-from sinkdlm.loading import load_model_and_tokenizer  # noqa: E402
+from sinkdlm.checkpoint.manager import load_model_and_tokenizer  # noqa: E402
 from sinkdlm.stats import accuracy_interval, paired_accuracy_difference, verdict  # noqa: E402
 
 OUT = ROOT / "results" / "bench_decoding.json"

@@ -32,6 +32,7 @@ from bench_train import model_flops_per_step  # noqa: E402
 
 from sinkdlm import DiffusionLM, ModelConfig  # noqa: E402
 from sinkdlm.diffusion.loss import diffusion_loss  # noqa: E402
+from sinkdlm.diffusion.noise import MaskNoise  # noqa: E402
 from sinkdlm.training import TrainConfig  # noqa: E402
 from sinkdlm.training.distributed import check_compile, prepare_blocks  # noqa: E402
 from sinkdlm.training.trainer import build_optimizer, global_noise  # noqa: E402
@@ -122,7 +123,7 @@ def main() -> None:
 
         def step():
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = diffusion_loss(model, ids_host, t=t, u=u).loss  # host batch: no host sync in the step
+                loss = diffusion_loss(model, ids_host, MaskNoise(t=t, u=u)).loss  # host batch: no host sync in the step
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()

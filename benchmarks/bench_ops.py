@@ -53,15 +53,17 @@ def count(batch: int, seq_len: int) -> dict:
         row = {"ops": ops.total, "kernels": ops.kernels}
         try:  # the loss step (this tree's API; older trees have no MaskPlan)
             from sinkdlm.diffusion.loss import masked_loss, plan_masks
+            from sinkdlm.diffusion.noise import MaskNoise
 
-            plan = plan_masks(ids, mask_id=model.config.mask_token_id, generator=torch.Generator().manual_seed(0))
+            plan = plan_masks(ids, MaskNoise(generator=torch.Generator().manual_seed(0)), mask_id=model.config.mask_token_id)
             with OpCounter() as step:
                 masked_loss(model, plan).loss.backward()
         except ImportError:
             from sinkdlm.diffusion.loss import diffusion_loss
+            from sinkdlm.diffusion.noise import MaskNoise
 
             with OpCounter() as step:
-                diffusion_loss(model, ids, generator=torch.Generator().manual_seed(0)).loss.backward()
+                diffusion_loss(model, ids, MaskNoise(generator=torch.Generator().manual_seed(0))).loss.backward()
         row["loss_step_syncs"] = sum(step.syncs.values())
         rows[name] = row
     base = rows["vanilla"]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm.diffusion.loss import diffusion_loss
-from sinkdlm.example_model import fetch_example_model
+from sinkdlm.checkpoint.example_model import fetch_example_model
 from sinkdlm.model.hf import convert_hf_model
 
 
@@ -58,9 +58,9 @@ def main() -> None:
     def ours(masked_head: bool):
         g = torch.Generator().manual_seed(0)
         if masked_head:
-            loss = diffusion_loss(dlm, x0, generator=g).loss
+            loss = diffusion_loss(dlm, x0, MaskNoise(generator=g)).loss
         else:  # the previous path: head on every position, CE read at the masked ones
-            from sinkdlm.diffusion.noise import forward_mask, sample_t
+            from sinkdlm.diffusion.noise import MaskNoise, forward_mask, sample_t
 
             t = sample_t(b, 1e-3, False, generator=g)
             xt, masked = forward_mask(x0, t, dlm.config.mask_token_id, torch.ones_like(x0, dtype=torch.bool), generator=g)

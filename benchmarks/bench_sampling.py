@@ -1,6 +1,6 @@
 """Sampling throughput (issue 4): gen_length 128, steps 128, block 32; every ratio measured in one run.
 
-  1. `sinkdlm.generate` vs the plain LLaDA loop of tests/test_sampling.py (identical tokens asserted),
+  1. `sinkdlm.generate` vs the plain LLaDA loop of tests/diffusion/test_sampling.py (identical tokens asserted),
      both recomputing the sinks every step, so the ratio is the sampler's own;
   2. `generate` with the sink cache vs without (docs/method.md §3);
   3. threshold decoding (Fast-dLLM, 0.9) vs one token per step: speed-up, forwards, outputs that differ;

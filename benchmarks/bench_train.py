@@ -25,6 +25,7 @@ import torch
 from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.data import PackedTokens, batch_for_step, pack_corpus, train_bpe_tokenizer, load_documents
 from sinkdlm.diffusion.loss import diffusion_loss
+from sinkdlm.diffusion.noise import MaskNoise
 from sinkdlm.training import TrainConfig
 from sinkdlm.training.trainer import build_optimizer, global_noise
 
@@ -77,7 +78,7 @@ def main() -> None:
                 x0 = data.get_batch(batch_for_step(step, len(data), args.batch_size, 0))
                 t, u = global_noise(tcfg, step, args.batch_size, args.seq_len)
                 t1 = time.perf_counter()
-                loss = diffusion_loss(model, x0, t=t, u=u).loss
+                loss = diffusion_loss(model, x0, MaskNoise(t=t, u=u)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()

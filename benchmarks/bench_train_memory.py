@@ -26,6 +26,7 @@ import torch
 
 from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.diffusion.loss import diffusion_loss
+from sinkdlm.diffusion.noise import MaskNoise
 from sinkdlm.training import TrainConfig
 from sinkdlm.training.distributed import check_compile, prepare_blocks
 from sinkdlm.training.trainer import build_optimizer, global_noise
@@ -40,7 +41,7 @@ VARIANTS = {
 
 def one_step(model, opt, tcfg, x0, step):
     t, u = global_noise(tcfg, step, x0.shape[0], x0.shape[1])
-    loss = diffusion_loss(model, x0, t=t.to(x0.device), u=u.to(x0.device)).loss
+    loss = diffusion_loss(model, x0, MaskNoise(t=t.to(x0.device), u=u.to(x0.device))).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

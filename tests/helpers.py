@@ -1,5 +1,8 @@
 """Helpers shared by several test files (the one-thread setting lives in conftest.py)."""
 
+from __future__ import annotations
+
+import json
 from pathlib import Path
 
 import torch
@@ -81,7 +84,7 @@ def example_gguf_or_skip() -> Path:
     """The example SmolLM2 GGUF (fetched once into the cache), or the test is skipped saying why."""
     import pytest
 
-    from sinkdlm.example_model import ExampleModelError, example_model_path, fetch_example_model
+    from sinkdlm.checkpoint.example_model import ExampleModelError, example_model_path, fetch_example_model
 
     path = example_model_path()
     if not path.is_file():
@@ -103,3 +106,50 @@ def assert_logits_and_greedy_equal_hf(model, hf) -> None:
         for _ in range(4):
             seq = torch.cat([seq, hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(generate(model, [5, 6, 7], gen_length=4, steps=4), seq)
+
+
+# --- training runs (tests/training, tests/model/test_cuda.py) ---
+# A really small model so each run takes a second or two on 2 cores.
+SMALL = dict(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+
+
+def write_corpus(path: Path, n_docs: int = 40) -> Path:
+    rng = torch.Generator().manual_seed(0)
+    words = "the king queen sword crown night day love death fair foul sleep dream castle ghost".split()
+    lines = []
+    for d in range(n_docs):
+        idx = torch.randint(0, len(words), (120,), generator=rng).tolist()
+        lines.append(json.dumps({"text": " ".join(words[i] for i in idx) + f" {d}."}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cfg_for(tmp_path: Path, corpus: Path, **kw):
+    from sinkdlm.training import TrainConfig
+
+    base = dict(
+        out=str(tmp_path / "run"), data=str(corpus), cache_dir=str(tmp_path / "cache"), model_overrides=SMALL,
+        max_steps=12, batch_size=4, seq_len=32, log_every=1, eval_every=4, save_every=4, eval_batches=1,
+        num_sink_tokens=1, seed=3, tensorboard=False,
+    )
+    base.update(kw)
+    return TrainConfig.resolve(**base)
+
+
+def read_metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line]
+
+
+# --- a word-level tokenizer for CLI runs (tests/integration, tests/cli) ---
+WORDS = [f"w{i}" for i in range(44)]
+
+
+def word_tokenizer():
+    """A whitespace word-level tokenizer: [UNK]=0, [PAD]=1, w0..w43, [MASK]=46 (= the model's mask id)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}, "[MASK]": 46}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", mask_token="[MASK]")

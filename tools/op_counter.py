@@ -10,7 +10,7 @@ on a CPU too, through a `TorchDispatchMode` that sees every op below autograd (b
     ops.total, ops.kernels, ops.syncs
 
 This is the CPU proxy of the GPU properties `benchmarks/bench_ops.py` tabulates and
-`tests/test_gpu_proxies.py` pins. A developer's instrument, kept out of the package: PyTorch offers
+`tests/model/test_gpu_proxies.py` pins. A developer's instrument, kept out of the package: PyTorch offers
 `TorchDispatchMode` only from a private module.
 """
 

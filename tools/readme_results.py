@@ -4,7 +4,7 @@ Each block sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and
 `docs/results/NAME/`: an experiment's `results.json` (`sinkdlm.experiment.report.markdown_summary`)
 or an analysis over prompts' `intervals.json` (`sinkdlm.analysis.over_prompts_report.markdown_headline`);
 the `bench/...` blocks of docs/benchmarks.md from `benchmarks/results/*.json` (`COMBINED`).
-`tests/test_readme_results.py` checks that every block equals what this file generates.
+`tests/project/test_readme_results.py` checks that every block equals what this file generates.
 
     .venv/bin/python tools/readme_results.py          # what `make readme-results` runs
 """

@@ -22,7 +22,7 @@ _LAZY = {
     "loglikelihood": "sinkdlm.diffusion.likelihood",
     "generate": "sinkdlm.diffusion.sampling",
     "StepProbe": "sinkdlm.diffusion.sampling",
-    "CheckpointError": "sinkdlm.files",
+    "CheckpointError": "sinkdlm.io.files",
     "DiffusionLM": "sinkdlm.model.transformer",
     "DiffusionLMOutput": "sinkdlm.model.transformer",
 }

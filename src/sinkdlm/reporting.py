@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from sinkdlm.atomic import atomic_write_bytes
+from sinkdlm.io.atomic import atomic_write_bytes
 from pathlib import Path
 
 

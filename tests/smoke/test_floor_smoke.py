@@ -59,7 +59,7 @@ def _tiny_hf(arch: str):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_saved_hf_directory_gives_transformers_logits_and_greedy_tokens(tmp_path, tokenizer, arch):
-    from sinkdlm.loading import load_model_and_tokenizer
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
     hf = _tiny_hf(arch)
     hf.save_pretrained(str(tmp_path))
@@ -74,7 +74,7 @@ def test_example_gguf_loads_tokenizes_like_transformers_and_generates():
     from transformers import AutoTokenizer
 
     from sinkdlm.diffusion.sampling import generate
-    from sinkdlm.loading import load_model_and_tokenizer
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
     path = example_gguf_or_skip()
     model, tok = load_model_and_tokenizer(path, device="cpu")
@@ -95,7 +95,7 @@ def test_example_gguf_loads_tokenizes_like_transformers_and_generates():
 
 def test_two_training_steps_save_a_checkpoint_that_loads_and_resumes(tmp_path):
     from sinkdlm.config import TrainConfig
-    from sinkdlm.loading import load_checkpoint
+    from sinkdlm.checkpoint.manager import load_checkpoint
     from sinkdlm.training import train
 
     corpus = tmp_path / "docs.jsonl"

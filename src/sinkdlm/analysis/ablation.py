@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from sinkdlm.analysis.metrics import exclusive_mean, received_attention
-from sinkdlm.validation import check_epsilon, check_int, check_scale
+from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw

@@ -24,8 +24,8 @@ import torch
 from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.report import write_analysis_report, write_figures
-from sinkdlm.atomic import atomic_write, atomic_write_json
-from sinkdlm.validation import check_epsilon, check_int, check_scale
+from sinkdlm.io.atomic import atomic_write, atomic_write_json
+from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 SCHEMA_VERSION = 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from sinkdlm.analysis.analyzer import ANALYSIS_KEYS, ARRAYS_NAME, mean_over_layers
 from sinkdlm.analysis.report import write_comparison_figures, write_comparison_report
-from sinkdlm.atomic import atomic_write_json
+from sinkdlm.io.atomic import atomic_write_json
 
 
 def _read_run(path: Path) -> tuple[dict, dict | None]:

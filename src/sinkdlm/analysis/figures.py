@@ -23,7 +23,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from sinkdlm.atomic import atomic_write
+from sinkdlm.io.atomic import atomic_write
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 DPI = 120

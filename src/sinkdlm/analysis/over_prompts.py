@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sinkdlm.atomic import atomic_write_json
+from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.stats import benjamini_hochberg, mean_interval, paired_difference
 

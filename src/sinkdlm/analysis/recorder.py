@@ -49,7 +49,7 @@ from sinkdlm.analysis.metrics import (
     value_norms,
 )
 from sinkdlm.model.sink import sink_indices
-from sinkdlm.validation import check_epsilon, check_epsilons, check_scale
+from sinkdlm.config.checks import check_epsilon, check_epsilons, check_scale
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 EXTRA_SINK_ID = -1  # token id used for the extra sink token(s) in token-type counts

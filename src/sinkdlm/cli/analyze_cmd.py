@@ -16,12 +16,12 @@ from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.cli.out_lock import exclusive_out
-from sinkdlm.validation import check_prompt_size, check_seed
+from sinkdlm.config.checks import check_prompt_size, check_seed
 
 
 def read_prompts(path: Path) -> list[str]:
     """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text"."""
-    from sinkdlm.validation import read_text_file
+    from sinkdlm.config.checks import read_text_file
 
     lines = read_text_file(path, "--prompts").splitlines()
     if path.suffix != ".jsonl":
@@ -49,7 +49,7 @@ def read_prompts(path: Path) -> list[str]:
 def analyze(cfg: AnalyzeConfig) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
     from sinkdlm.analysis import check_options
-    from sinkdlm.validation import check_output_dir
+    from sinkdlm.config.checks import check_output_dir
 
     out = cfg.out
     check_output_dir(out)
@@ -75,7 +75,7 @@ def analyze(cfg: AnalyzeConfig) -> None:
 
     from sinkdlm.analysis import analyze as run, prompts_from_documents
     from sinkdlm.data import load_documents
-    from sinkdlm.loading import load_model_and_tokenizer
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.training.checkpointing import run_label
 
     cfg = dataclasses.replace(cfg, label=cfg.label or run_label(cfg.model))

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         # Not standalone: click's usage errors come here, to be printed as one line like ours.
         code = group.main(args=args, prog_name="sinkdlm", standalone_mode=False)
     except ValueError as e:
-        from sinkdlm.validation import cli_message
+        from sinkdlm.config.checks import cli_message
 
         message = cli_message(str(e), _command_flags(args))
         typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)

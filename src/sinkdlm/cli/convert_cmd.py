@@ -15,7 +15,7 @@ def convert(cfg: ConvertConfig) -> None:
     """Copy an autoregressive checkpoint's weights into a bidirectional DLM (+[MASK], + sinks)."""
     from sinkdlm.config import check_model_switches
     from sinkdlm.model.hf import convert_hf_checkpoint
-    from sinkdlm.validation import check_output_dir, check_seed
+    from sinkdlm.config.checks import check_output_dir, check_seed
 
     check_seed(cfg.seed, "--seed")
     check_model_switches(cfg.switches(), where="--")  # before reading --from-hf, in the flags' own names

@@ -11,7 +11,7 @@ import typer
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import EvalConfig
-from sinkdlm.validation import check_writable_ancestor
+from sinkdlm.config.checks import check_writable_ancestor
 
 
 def check_output_path(out: Path) -> Path:
@@ -30,7 +30,7 @@ def eval_command(cfg: EvalConfig) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""
     from sinkdlm.evaluation import evaluate_dir, format_table
     from sinkdlm.evaluation.evaluator import task_names
-    from sinkdlm.atomic import atomic_write_json
+    from sinkdlm.io.atomic import atomic_write_json
 
     out = check_output_path(cfg.out)
     names = task_names(cfg.tasks)

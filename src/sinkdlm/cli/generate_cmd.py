@@ -35,8 +35,8 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 def generate(cfg: GenerateConfig) -> None:
     """Generate a continuation of a prompt with a masked diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.diffusion.sampling import generate as sample
-    from sinkdlm.loading import load_model_and_tokenizer
-    from sinkdlm.validation import check_prompt_size, check_seed
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+    from sinkdlm.config.checks import check_prompt_size, check_seed
 
     prompt, prompt_file, gen_length, steps, threshold = cfg.prompt, cfg.prompt_file, cfg.gen_length, cfg.steps, cfg.threshold
     model = cfg.model  # required by the command line
@@ -44,7 +44,7 @@ def generate(cfg: GenerateConfig) -> None:
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     check_seed(cfg.seed, "--seed")
     if prompt_file is not None:
-        from sinkdlm.validation import read_text_file
+        from sinkdlm.config.checks import read_text_file
 
         prompt = read_text_file(prompt_file, "--prompt-file")
     net, tokenizer = load_model_and_tokenizer(model, device=cfg.device, dtype=cfg.dtype)

@@ -40,7 +40,7 @@ def _run(ctx: typer.Context, cfg) -> None:
     printed by the trainer) exit with the shell's 128 + signal code."""
     from sinkdlm.training import train
     from sinkdlm.training.rundir import TrainingStopped
-    from sinkdlm.validation import check_output_dir
+    from sinkdlm.config.checks import check_output_dir
 
     if isinstance(cfg.out, (str, Path)):  # a file there: say so before any work (else train() says)
         check_output_dir(cfg.out)
@@ -70,7 +70,7 @@ def tokenizer_train(
 ) -> None:
     """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
     from sinkdlm.data import iter_documents, train_bpe_tokenizer
-    from sinkdlm.validation import check_int, check_output_dir
+    from sinkdlm.config.checks import check_int, check_output_dir
 
     check_int("--vocab-size", vocab_size, 1, 2**31 - 1)  # the tokenizers library overflows past its int
     check_output_dir(out)

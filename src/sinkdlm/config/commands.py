@@ -146,7 +146,7 @@ class AnalyzeConfig(ModelOptions):
     def settings(self) -> dict:
         """The resolved settings (K lists parsed, --steps defaulting to --gen-length), as `analyze` runs
         them and an experiment records them; --gen-length is required."""
-        from sinkdlm.validation import parse_int_list
+        from sinkdlm.config.checks import parse_int_list
 
         if self.sample is None:
             raise ValueError("--gen-length is required (AnalyzeConfig.sample)")

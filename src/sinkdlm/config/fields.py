@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 import typing
 from dataclasses import field
@@ -127,6 +128,22 @@ def with_overrides(cls: type, config: Any, overrides: dict[str, Any], where: str
 def flag_of(f: dataclasses.Field) -> str:
     """The long option of a field: its metadata's `flag`, else `--field-name`."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+# `--device`: `auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`; placed by
+# `sinkdlm.model.loader.resolve_device`, checked here without touching CUDA.
+DEVICE_CHOICES = "auto | cpu | cuda | cuda:N"
+_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def check_device(name) -> str:
+    """The device spelling, checked without touching CUDA; `None` becomes `"auto"`."""
+    if name is None:
+        return "auto"
+    text = str(name)
+    if not _PATTERN.match(text):
+        raise ValueError(f"--device must be one of {DEVICE_CHOICES}, got {text!r}")
+    return text
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from sinkdlm.config.fields import DeviceOption, option
 from sinkdlm.config.model import MODEL_SWITCHES, PRESETS, SWITCHES_BY_NAME, check_model_switches, switch_fields
-from sinkdlm.device import check_device
+from sinkdlm.config.fields import check_device
 
 SCRATCH_LR = (2e-4, 2e-5)
 AR_INIT_LR = (1e-4, 1e-5)
@@ -137,7 +137,7 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         return cfg
 
     def validate(self) -> None:
-        from sinkdlm.validation import check_seed
+        from sinkdlm.config.checks import check_seed
 
         if self.preset not in PRESETS and self.init_from is None:
             raise ValueError(f"unknown model preset {self.preset!r}; choose one of {sorted(PRESETS)}")
@@ -192,7 +192,7 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
 def read_config_file(path: str | Path) -> dict[str, Any]:
     import yaml  # only a --config file needs it
 
-    from sinkdlm.validation import read_text_file
+    from sinkdlm.config.checks import read_text_file
 
     path = Path(path)
     text = read_text_file(path, "--config")

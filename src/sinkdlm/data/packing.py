@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 from sinkdlm.config.train import TrainConfig  # the one home of text_field
 from .corpus import check_split, corpus_fingerprint, iter_documents
 from .tokenizer import encode_texts, tokenizer_fingerprint
-from sinkdlm.files import default_cache_dir  # noqa: F401  (re-exported: sinkdlm.data.default_cache_dir)
-from sinkdlm.validation import check_int
+from sinkdlm.io.files import default_cache_dir  # noqa: F401  (re-exported: sinkdlm.data.default_cache_dir)
+from sinkdlm.config.checks import check_int
 
 # Bump when the packing layout changes (separator, dtype rule, document splitting), so old
 # cache files are never read as new ones.

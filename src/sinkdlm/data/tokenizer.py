@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from sinkdlm.files import CONFIG_NAME, read_json
+from sinkdlm.io.files import CONFIG_NAME, read_json
 
 # Special tokens of tokenizers trained here. The end-of-text token separates documents in
 # the packed corpus and pads SFT responses; [MASK] is the diffusion mask (docs/method.md §1).
@@ -39,7 +39,7 @@ def _wrap(tok: Tokenizer, **special: str) -> PreTrainedTokenizerFast:
 def load_tokenizer(path: str | Path, *, sinkdlm_checkpoint: bool = False) -> PreTrainedTokenizerFast:
     """Load a Hugging Face tokenizer directory, a single `tokenizer.json` or a `.gguf` file's tokenizer,
     local files only. `sinkdlm_checkpoint=True`: the caller has parsed the directory's config.json
-    already (`sinkdlm.loading`), so it is not read again."""
+    already (`sinkdlm.checkpoint.manager`), so it is not read again."""
     path = Path(path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return gguf_tokenizer(path)
@@ -203,7 +203,7 @@ def gguf_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTra
     `AutoTokenizer.from_pretrained(..., gguf_file=...)` in tests/test_gguf.py and tests/test_real_model.py).
     Any other kind (a sentencepiece vocabulary) goes through that public transformers API. The roles
     bos/eos/unk/pad come from the file's `tokenizer.ggml.*_token_id`."""
-    from sinkdlm.gguf_file import read_tokenizer_metadata
+    from sinkdlm.io.gguf_file import read_tokenizer_metadata
 
     path = Path(path)
     meta = read_tokenizer_metadata(path)

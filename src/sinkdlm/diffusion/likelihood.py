@@ -29,7 +29,7 @@ import torch
 from sinkdlm.config.train import TrainConfig  # the one home of eps
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
-from sinkdlm.validation import check_int
+from sinkdlm.config.checks import check_int
 
 MC_NUM = 128  # Monte-Carlo samples per request: LLaDA's setting, the default of loglikelihood and lm-eval
 
@@ -75,9 +75,8 @@ class _Batcher:
     (`weighted_masked_ce`, the eq. 4 numerator).
     """
 
-    def __init__(self, model, batch_size: int, shift_logits: bool, use_sink_cache: bool):
-        self.model, self.batch_size = model, batch_size
-        self.shift_logits, self.use_sink_cache = shift_logits, use_sink_cache
+    def __init__(self, model, batch_size: int, shift_logits: bool):
+        self.model, self.batch_size, self.shift_logits = model, batch_size, shift_logits
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.num_pending = 0
         self.values: list[torch.Tensor] = []  # per request [slots] float64 log-probability terms
@@ -131,8 +130,9 @@ class _Batcher:
         cols = score.any(0).nonzero().squeeze(-1)  # [K]
         attn = None if real.all() else real
         shift = 1 if self.shift_logits else 0  # logits[:, i-1] predicts x0[:, i]
-        with model.sink_cache_mode(self.use_sink_cache):
-            logits = model(xt, attention_mask=attn, logits_index=cols - shift).logits  # [m, K, V]
+        # The sinks' keys/values come from the sink cache outside training (bitwise equal to recomputing
+        # them; `with model.sink_cache_mode(False):` around the call recomputes)
+        logits = model(xt, attention_mask=attn, logits_index=cols - shift).logits  # [m, K, V]
         per_row = -weighted_masked_ce(logits, x0[:, cols], score[:, cols], t).cpu()
         self.num_forward += len(xt)
         start = 0
@@ -168,10 +168,7 @@ def loglikelihood(
     method: str = "mc",
     batch_size: int = 32,
     eps: float = TrainConfig.eps,
-    generator: torch.Generator | None = None,
     seed: int | None = None,
-    shift_logits: bool | None = None,
-    use_sink_cache: bool = True,
 ) -> LoglikelihoodOutput:
     """log p(continuation | prefix) of a masked diffusion LM (docs/method.md §1). See the module docstring.
 
@@ -183,8 +180,10 @@ def loglikelihood(
                    "chain" (chain rule, |y| forwards per request).
     batch_size     model rows per forward.
     eps            "mc": t ~ U(eps, 1] as in training (bounds the 1/t weight).
-    generator/seed the (CPU) randomness of t and the masks: a fixed seed repeats the estimate.
-    shift_logits   position i-1 predicts token i; None (default): the model's `config.shift_logits`.
+    seed           the (CPU) randomness of t and the masks: a fixed seed repeats the estimate (None:
+                   torch's global generator).
+    Read from the model: `config.shift_logits` (position i-1 predicts token i) and its sink-cache mode
+    (`with model.sink_cache_mode(False):` recomputes the sinks' keys/values; the numbers are the same).
 
     An autoregressive model (`config.causal`) gets its exact log-likelihood, one forward per request
     (`method` is then reported as "exact", with standard error 0), docs/method.md §10.
@@ -196,9 +195,7 @@ def loglikelihood(
     check_int("batch_size", batch_size, 1)
     if not 0.0 <= eps < 1.0:
         raise ValueError(f"eps must lie in [0, 1), got {eps}")
-    if generator is not None and seed is not None:
-        raise ValueError("pass either generator or seed, not both")
-    shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
+    shift_logits = cfg.shift_logits
     prefixes, single_p = _rows(prefix_ids, "prefix_ids")
     conts, single_c = _rows(continuation_ids, "continuation_ids")
     if single_p != single_c or len(prefixes) != len(conts):
@@ -219,11 +216,10 @@ def loglikelihood(
                 f"request {i}: prefix + continuation = {len(both)} tokens is longer than the model's "
                 f"{cfg.content_length_note()} positions; truncate the prefix"
             )
-    if seed is not None:
-        generator = torch.Generator().manual_seed(seed)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)  # None: torch's global generator
 
     mask_id = cfg.mask_token_id
-    batcher = _Batcher(model, batch_size, shift_logits, use_sink_cache)
+    batcher = _Batcher(model, batch_size, shift_logits)
     for pre, cont in zip(prefixes, conts):
         seq = torch.cat([pre, cont])  # [L]
         lp, n, length = len(pre), len(cont), len(pre) + len(cont)

@@ -12,8 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from sinkdlm.config import TrainConfig
-from sinkdlm.diffusion.noise import forward_mask, sample_t
+from sinkdlm.diffusion.noise import MaskNoise, forward_mask
 
 
 @dataclass
@@ -33,16 +32,12 @@ def weighted_masked_ce(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Ten
 def diffusion_loss(
     model,
     x0: torch.Tensor,
+    noise: MaskNoise | None = None,
     *,
     mask_id: int | None = None,
-    eps: float = TrainConfig.eps,
-    t: torch.Tensor | None = None,
-    low_discrepancy: bool = False,
     prompt_mask: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     shift_logits: bool | None = None,
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,
     **forward_kwargs,
 ) -> LossOutput:
     """eq. 3-4 on a batch `x0 [B, L]`.
@@ -51,7 +46,8 @@ def diffusion_loss(
                    the response length (SFT, LLaDA); otherwise by L.
     attention_mask `[B, L]` True = real token; padding is never masked nor counted. Or a 4-D
                    `[B|1, 1, L, L]` content-to-content mask (attention annealing), handed to the model.
-    t, u           the noise, when the caller draws it (else from `generator`).
+    noise          t and the masks' uniforms (`MaskNoise`: given, or drawn from its generator; default:
+                   a fresh draw from torch's global generator).
     Host tensors (a data loader's batch) are planned on the host and moved to the model's device, so
     the device step has no host sync (`MaskPlan`); tensors already on the device are planned there.
     shift_logits   position i predicts token i+1 (an AR-initialised head, docs/method.md §5): the logits
@@ -64,8 +60,8 @@ def diffusion_loss(
     if mask_id is None:
         raise ValueError("this is an autoregressive model (no [MASK] token): the diffusion loss needs a DLM; "
                          "train from it with `--init-from DIR`, which converts it")
-    plan = plan_masks(x0, mask_id=mask_id, eps=eps, t=t, low_discrepancy=low_discrepancy, prompt_mask=prompt_mask,
-                      attention_mask=attention_mask, shift_logits=shift_logits, generator=generator, u=u)
+    plan = plan_masks(x0, noise, mask_id=mask_id, prompt_mask=prompt_mask, attention_mask=attention_mask,
+                      shift_logits=shift_logits)
     device = _device_of(model, x0.device)
     if device != x0.device:
         plan = plan.to(device)
@@ -99,21 +95,17 @@ class MaskPlan:
 
 def plan_masks(
     x0: torch.Tensor,
+    noise: MaskNoise | None = None,
     *,
     mask_id: int,
-    eps: float = TrainConfig.eps,
-    t: torch.Tensor | None = None,
-    low_discrepancy: bool = False,
     prompt_mask: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     shift_logits: bool = False,
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,
 ) -> MaskPlan:
     """q(xt | x0) for a batch and the masked positions as index tensors, on `x0`'s device (see `MaskPlan`)."""
     b, l = x0.shape
-    if t is None:
-        t = sample_t(b, eps, low_discrepancy, generator=generator, device=x0.device)
+    noise = MaskNoise() if noise is None else noise
+    t = noise.draw_t(b, device=x0.device)
     maskable = torch.ones_like(x0, dtype=torch.bool)
     if prompt_mask is not None:
         maskable &= ~prompt_mask.bool()
@@ -121,7 +113,7 @@ def plan_masks(
         maskable &= attention_mask.bool()
     if shift_logits:  # logits[:, i-1] predicts x0[:, i]; position 0 is never masked
         maskable[:, 0] = False
-    xt, masked = forward_mask(x0, t, mask_id, maskable, generator=generator, u=u)
+    xt, masked = forward_mask(x0, t, mask_id, maskable, generator=noise.generator, u=noise.u)
     rows, cols = masked.nonzero(as_tuple=True)  # row-major, on the host for a host batch
     norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full((b,), l, device=x0.device)
     return MaskPlan(xt=xt, t=t, rows=rows, cols=cols, head_cols=cols - 1 if shift_logits else cols,

@@ -6,6 +6,8 @@ by `mask_id` independently with probability `t`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sinkdlm.config.train import TrainConfig  # the one home of eps
@@ -55,3 +57,23 @@ def forward_mask(
         masked &= maskable.bool()
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
     return xt, masked
+
+
+@dataclass
+class MaskNoise:
+    """One batch's noise (eq. 1-3): `t [B]`, each sequence's masking probability, and `u [B, L]`, the
+    uniforms a position is masked by (`u < t`). Give `t` and/or `u` to fix them (a data-parallel trainer
+    draws them for the global batch); what is not given is drawn from `generator`: t ~ U(eps, 1], or
+    low-discrepancy (`sample_t`), and u ~ U[0, 1)."""
+
+    t: torch.Tensor | None = None
+    u: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+    eps: float = TrainConfig.eps
+    low_discrepancy: bool = False
+
+    def draw_t(self, batch: int, device=None) -> torch.Tensor:
+        """`t [B]`: the given one, or a fresh draw."""
+        if self.t is not None:
+            return self.t
+        return sample_t(batch, self.eps, self.low_discrepancy, generator=self.generator, device=device)

@@ -58,7 +58,7 @@ from sinkdlm.diffusion.remasking import (
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
-from sinkdlm.validation import check_int
+from sinkdlm.config.checks import check_int
 
 CACHES = ("prefix", "dual")
 

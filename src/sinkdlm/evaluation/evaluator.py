@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.evaluation.tasks import resolve_tasks
-from sinkdlm.validation import check_int, check_optional_int, check_seed
+from sinkdlm.config.checks import check_int, check_optional_int, check_seed
 from sinkdlm.config.commands import EvalConfig
 
 def task_names(tasks: str) -> list[str]:
@@ -86,7 +86,7 @@ def evaluate_dir(config: EvalConfig) -> dict[str, dict[str, dict]]:
     Task names and options are checked first, then the model's files (a `CheckpointError` names the
     missing file; config.json is parsed once, for the whole load), and only then is the model loaded.
     """
-    from sinkdlm.loading import load_model_and_tokenizer, open_source
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer, open_source
 
     _check_options(config)
     if config.model is None:

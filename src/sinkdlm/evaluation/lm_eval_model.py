@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.evaluation.tasks import GEN_BLOCK_LENGTH
-from sinkdlm.device import resolve_device
+from sinkdlm.model.loader import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class SinkDLMEvalModel(LM):
     ):
         super().__init__()
         from sinkdlm.data import load_tokenizer
-        from sinkdlm.loading import load_checkpoint, load_tokenizer_for
+        from sinkdlm.checkpoint.manager import load_checkpoint, load_tokenizer_for
 
         if unknown:
             raise ValueError(
@@ -160,12 +160,12 @@ class SinkDLMEvalModel(LM):
         block_length = None if block_length is None else _int_arg("block_length", block_length)
         if str(method) not in METHODS:
             raise ValueError(f"model_args method={method!r} must be one of {', '.join(METHODS)}")
+        shift_logits = None if shift_logits is None else _bool_arg("shift_logits", shift_logits)
         options = dict(  # every argument parsed before the checkpoint is read
             mc_num=_int_arg("mc_num", mc_num), method=str(method), batch_size=batch_size,
             gen_steps=None if gen_steps is None else _int_arg("gen_steps", gen_steps),
             seed=_int_arg("seed", seed, minimum=0),
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
-            shift_logits=None if shift_logits is None else _bool_arg("shift_logits", shift_logits),
             cache=None if cache in (None, "", "none", "None") else str(cache),
             threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
             remasking=_remasking_args(remasking=remasking, schedule=schedule, eps=eps, alg_temp=alg_temp,
@@ -180,6 +180,8 @@ class SinkDLMEvalModel(LM):
         self.model = load_checkpoint(
             Path(str(pretrained)), device=self._device, dtype=DTYPES.get(str(dtype)) if dtype else None
         ).eval()
+        if shift_logits is not None:  # this loaded model's head is read the other way (every estimator reads the config)
+            self.model.config.shift_logits = shift_logits
         self.tokenizer = load_tokenizer(Path(str(tokenizer))) if tokenizer else load_tokenizer_for(Path(str(pretrained)))
         self.predictor = DLMPredictor(self.model, self.tokenizer, progress=True, **options)
         self.block_length = block_length

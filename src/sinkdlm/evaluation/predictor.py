@@ -36,7 +36,7 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
-from sinkdlm.validation import check_int, check_optional_int
+from sinkdlm.config.checks import check_int, check_optional_int
 from sinkdlm.config.commands import EvalConfig, RemaskingOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
@@ -125,7 +125,6 @@ class DLMPredictor:
         seed: int = 0,
         progress: bool = False,
         max_length: int | None = None,
-        shift_logits: bool | None = None,
         cache: str | None = None,
         threshold: float | None = None,
         remasking: dict | None = None,
@@ -151,7 +150,7 @@ class DLMPredictor:
         self.model, self.tokenizer = model, tokenizer
         self.mc_num, self.method, self.batch_size = mc_num, method, batch_size
         self.gen_steps, self.seed, self.progress = gen_steps, seed, progress
-        self.max_length, self.shift_logits = limit, shift_logits
+        self.max_length = limit
         self.cache, self.threshold = cache, threshold
         self.eos_id = tokenizer.eos_token_id
         self._warned_truncation = False
@@ -235,7 +234,6 @@ class DLMPredictor:
                 res = elbo(
                     self.model, [fitted[i][0] for i in chunk], [fitted[i][1] for i in chunk], mc_num=samples,
                     method=self.method, batch_size=self.batch_size, seed=self.seed + call,
-                    shift_logits=self.shift_logits,
                 )
                 call += 1
                 for i, v in zip(chunk, res.logprob.tolist()):
@@ -288,7 +286,7 @@ class DLMPredictor:
             res = sample(
                 self.model, [rows[i] for i in chunk], gen_length=padded, steps=None if threshold is not None else steps,
                 block_length=block_length, temperature=temperature, seed=self.seed + k,
-                shift_logits=self.shift_logits, return_dict=True, threshold=threshold,
+                return_dict=True, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
                 **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")),
             )

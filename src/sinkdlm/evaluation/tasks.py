@@ -48,7 +48,7 @@ from pathlib import Path
 from sinkdlm.data import arithmetic_dataset, load_documents, load_gsm8k_jsonl
 from sinkdlm.evaluation.predictor import GenRequest, Predictor
 from sinkdlm.evaluation.scoring import answer_matches, choice_outcomes, items_digest, score
-from sinkdlm.validation import check_optional_int
+from sinkdlm.config.checks import check_optional_int
 
 CLOZE_MIN_WORDS = 50
 CLOZE_DISTRACTORS = 4

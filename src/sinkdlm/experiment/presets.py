@@ -83,7 +83,7 @@ class ExperimentPreset:
     lm_eval_tasks: tuple[str, ...] = ()  # lm-evaluation-harness tasks (need their datasets locally)
     needs: tuple[str, ...] = field(default=())  # options the user must supply (paper-0.5b)
     # The checkpoint every variant is converted from when --init-from is not given: "example" is the
-    # example real model (SmolLM2-135M GGUF, `sinkdlm.example_model`, fetched on first use).
+    # example real model (SmolLM2-135M GGUF, `sinkdlm.checkpoint.example_model`, fetched on first use).
     default_init_from: str | None = None
     validation: Validation = Validation()
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sinkdlm.atomic import atomic_write_json
+from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.experiment.summary import (
     ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, SINK_TOKEN_TYPES, analysis_record, epsilon_intervals,
     experiment_timing, extra_sink_mass, pooled_value_norm_difference, seed_interval, summarise, task_chance,

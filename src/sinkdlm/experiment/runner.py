@@ -32,9 +32,9 @@ from sinkdlm.config.commands import ExperimentConfig, RemaskingOptions
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
-from sinkdlm.atomic import atomic_write_json
-from sinkdlm.files import ensure_writable_dir
-from sinkdlm.loading import load_model_and_tokenizer
+from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.files import ensure_writable_dir
+from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
 DONE = "DONE.json"
 VAL = "val.json"  # a run's fixed validation (docs/method.md §1)
@@ -57,7 +57,7 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
             "Hugging Face Qwen2.5-0.5B directory (config.json + *.safetensors) or a .gguf; nothing is downloaded here"
         )
     if init_from:
-        from sinkdlm.loading import open_source
+        from sinkdlm.checkpoint.manager import open_source
 
         source = open_source(init_from, flag="--init-from")  # a missing or unreadable model: one line, now
         if not source.is_autoregressive and source.fmt != "sinkdlm":
@@ -194,7 +194,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     `resume_command`: what an interrupted training stage tells the user to run (the CLI's command).
     `config.variants`: run only these of the preset's variants (by name), e.g. to split an experiment over
     two processes on the same `out`; a last call without it finds every stage done and writes the report."""
-    from sinkdlm.validation import check_optional_int, check_seed, parse_int_list
+    from sinkdlm.config.checks import check_optional_int, check_seed, parse_int_list
 
     seeds = parse_int_list(config.seeds, "--seeds")
     for s in seeds or ():
@@ -224,11 +224,11 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                                      evaluation=dataclasses.replace(preset.evaluation, **rule))
     out = Path(out)
     if init_from is None and preset.default_init_from == "example":
-        from sinkdlm.example_model import fetch_example_model
+        from sinkdlm.checkpoint.example_model import fetch_example_model
 
         init_from = str(fetch_example_model())  # cached after the first call; one clear line when offline
     check_inputs(preset, out, init_from, data, gsm8k)
-    from sinkdlm.device import check_device
+    from sinkdlm.config.fields import check_device
 
     check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)

@@ -3,7 +3,7 @@ the Fast-dLLM key/value cache (`cache`), attention probing (`probe`), checkpoint
 opening a model file (`loader`, the body of `DiffusionLM.from_pretrained`) and Hugging Face integration
 (`hf`)."""
 
-from sinkdlm.files import CheckpointError
+from sinkdlm.io.files import CheckpointError
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.probe import Probe
 from sinkdlm.model.sink import SinkCache

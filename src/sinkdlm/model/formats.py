@@ -1,7 +1,7 @@
 """Checkpoint layouts as pure mappings: each format's config -> `ModelConfig`, and one state-dict
 adapter per format (`from_hf`: the file's tensor names -> sinkdlm's).
 
-Nothing here opens a file: `sinkdlm.files` and `sinkdlm.gguf_file` read bytes, `sinkdlm.loading`
+Nothing here opens a file: `sinkdlm.io.files` and `sinkdlm.io.gguf_file` read bytes, `sinkdlm.checkpoint.manager`
 detects the format once and calls these mappings with what it parsed. sinkdlm's parameter names
 are Hugging Face Qwen2 names without the `model.` prefix, so `load_checkpoint` and everything
 above it (`generate`, `loglikelihood`, `eval`, `analyze`, `train --init-from`) open every layout
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from sinkdlm.config import MODEL_TYPE, ModelConfig
-from sinkdlm.files import CONFIG_NAME, CheckpointError
+from sinkdlm.io.files import CONFIG_NAME, CheckpointError
 
 # model_type as written in config.json -> our format name (Dream writes "Dream").
 FORMATS = {"sinkdlm": "sinkdlm", "llada": "llada", "dream": "dream", "qwen2": "qwen2", "llama": "llama"}

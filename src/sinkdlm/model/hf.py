@@ -6,7 +6,7 @@
 * `convert_hf_checkpoint()` turns a local Qwen2 or LLaMA causal LM (a safetensors directory, sharded
   too, or a llama/qwen2 `.gguf` file) into a sinkdlm checkpoint: same weights, bidirectional
   attention, a `[MASK]` token and the sink embeddings (docs/method.md §5). The weights are read by
-  the loader (`sinkdlm.loading`) with the format's state-dict adapter, as `load_checkpoint` reads them.
+  the loader (`sinkdlm.checkpoint.manager`) with the format's state-dict adapter, as `load_checkpoint` reads them.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
 from sinkdlm.config import MODEL_SWITCH_DEFAULTS, MODEL_TYPE, ModelConfig, check_model_switches
-from sinkdlm.files import CheckpointError
-from sinkdlm.loading import ModelSource, load_tokenizer_for, open_source, read_tensors
+from sinkdlm.io.files import CheckpointError
+from sinkdlm.checkpoint.manager import ModelSource, load_tokenizer_for, open_source, read_tensors
 from sinkdlm.model.transformer import DiffusionLM
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")

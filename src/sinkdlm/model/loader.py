@@ -3,10 +3,10 @@ map its weights (the body of `DiffusionLM.from_pretrained`).
 
 The format is detected once (`open_source` parses `config.json` or the GGUF header a single time) and the
 parsed `ModelSource` is handed down to the pure mappings in `sinkdlm.model.formats` and the byte readers
-in `sinkdlm.files` / `sinkdlm.gguf_file`. Only JSON, safetensors and GGUF are read — never pickle, never
+in `sinkdlm.io.files` / `sinkdlm.io.gguf_file`. Only JSON, safetensors and GGUF are read — never pickle, never
 a checkpoint's own Python code (docs/method.md §10). The model class is an argument (`build_model`), so
 this module imports no architecture and `DiffusionLM.from_pretrained` calls it without an import cycle;
-the tokenizer side lives a layer up, in `sinkdlm.loading`.
+the tokenizer side lives a layer up, in `sinkdlm.checkpoint.manager`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from sinkdlm.config import ModelConfig
-from sinkdlm.files import (
+from sinkdlm.config.fields import check_device
+from sinkdlm.io.files import (
     CONFIG_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
@@ -67,7 +68,7 @@ def open_source(path: str | Path, flag: str = "--model") -> ModelSource:
         return path
     path = check_model_path(path, flag)
     if path.is_file():  # a .gguf (check_model_path refused every other file)
-        from sinkdlm.gguf_file import GGUFFile
+        from sinkdlm.io.gguf_file import GGUFFile
 
         gguf = GGUFFile(path)
         config = formats.gguf_config(gguf.metadata, gguf.tensor_names, path)
@@ -131,3 +132,22 @@ def build_model(model_class: type, path: str | Path | ModelSource, device=None, 
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()
     return model.to(device) if device is not None else model
+
+
+def resolve_device(name=None):
+    """`torch.device` for a `--device` value (`None`/`"auto"`: CUDA when available, else CPU)."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    text = check_device(name)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {text}: CUDA is not available on this machine; use --device cpu or auto")
+        index = int(text.split(":")[1]) if ":" in text else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
+    return torch.device(text)

@@ -14,7 +14,7 @@ this is exact):
      joined to the content's keys in layout order.
 Attention backends and masks are chosen by name (`attention.py`); the Fast-dLLM key/value cache is
 `cache.KVCache` and everything the analysis asks of a pass (key masks, maps, hooks) is `probe.Probe`;
-checkpoints live in `files.py`. Parameter names match Hugging Face Qwen2 without the `model.` prefix.
+checkpoints live in `io/files.py`. Parameter names match Hugging Face Qwen2 without the `model.` prefix.
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ class DiffusionLM(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory, tokenizer=None) -> None:
-        from sinkdlm.files import save_checkpoint
+        from sinkdlm.io.files import save_checkpoint
 
         save_checkpoint(self, directory, tokenizer=tokenizer)
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from sinkdlm.atomic import atomic_write_json
-from sinkdlm.files import CheckpointError, save_checkpoint, save_state_dict
+from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.files import CheckpointError, save_checkpoint, save_state_dict
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 OPTIMIZER_NAME = "optimizer.safetensors"

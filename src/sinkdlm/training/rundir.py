@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from sinkdlm.config import MODEL_SWITCHES
-from sinkdlm.files import ensure_writable_dir
+from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.training.checkpointing import STATE_NAME, STEP_DIR
 
 try:  # POSIX; Windows has no flock, and a run there goes on unlocked (said once)

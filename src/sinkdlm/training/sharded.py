@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from sinkdlm.atomic import atomic_write_json
-from sinkdlm.files import CheckpointError, save_checkpoint
+from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.files import CheckpointError, save_checkpoint
 from sinkdlm.training.checkpointing import STATE_NAME, _fsync_dir, publish_checkpoint
 
 SHARDED_DIR = "sharded"

@@ -40,18 +40,18 @@ from sinkdlm.data import (
 )
 from sinkdlm.data.packing import default_cache_dir
 from sinkdlm.diffusion.loss import diffusion_loss, to_device
-from sinkdlm.diffusion.noise import sample_t
+from sinkdlm.diffusion.noise import MaskNoise, sample_t
 from sinkdlm.model import DiffusionLM
 from sinkdlm.model.attention import annealed_mask
-from sinkdlm.atomic import atomic_write_bytes, atomic_write_json
-from sinkdlm.files import ensure_writable_dir
-from sinkdlm.loading import ModelSource, load_checkpoint, load_tokenizer_for, open_source
+from sinkdlm.io.atomic import atomic_write_bytes, atomic_write_json
+from sinkdlm.io.files import ensure_writable_dir
+from sinkdlm.checkpoint.manager import ModelSource, load_checkpoint, load_tokenizer_for, open_source
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.config.train import TrainConfig
 from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
-from sinkdlm.device import resolve_device
+from sinkdlm.model.loader import resolve_device
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -251,7 +251,7 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
         x0, pm = val.get((i * bs + rows).tolist())
         with _autocast(cfg, device):
             out = diffusion_loss(
-                model, to_device(x0, device), t=to_device(t[rows], device), u=to_device(u[rows], device),
+                model, to_device(x0, device), MaskNoise(t=to_device(t[rows], device), u=to_device(u[rows], device)),
                 shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else to_device(pm, device),
             )
         # the loss is a mean over rows: a rank's share weighs len(rows) / bs (exactly 1 alone)
@@ -417,7 +417,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
                 # host tensors: the loss plans the masked positions on the host and moves only what
                 # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
                 out_loss = diffusion_loss(
-                    wrapped, x0, mask_id=model.config.mask_token_id, t=t_all[sl], u=u_all[sl], prompt_mask=pm,
+                    wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl]), mask_id=model.config.mask_token_id, prompt_mask=pm,
                     shift_logits=model.config.shift_logits, attention_mask=content_mask,
                 )
                 (out_loss.loss / cfg.grad_accum).backward()

@@ -1,0 +1,165 @@
+"""Checkpoint files at the bottom of the stack: names, `CheckpointError`, JSON and safetensors I/O.
+
+A checkpoint directory holds `config.json` + `model.safetensors` (or shards listed in
+`model.safetensors.index.json`) + tokenizer files. This module reads and writes those files and
+nothing else: it imports no model, tokenizer or format code, so everything above (the format
+adapters in `sinkdlm.model.formats`, the loader in `sinkdlm.checkpoint.manager`) can use it without cycles.
+Writes are atomic (temp file + `os.replace`). Only JSON and safetensors are ever read — never
+pickle. Every failure names the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+from sinkdlm.io.atomic import atomic_write, atomic_write_json
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+GGUF_SUFFIX = ".gguf"
+
+
+def default_cache_dir() -> Path:
+    """Where packed corpora, trained tokenizers and the example model are cached: $SINKDLM_CACHE
+    or ~/.cache/sinkdlm."""
+    return Path(os.environ.get("SINKDLM_CACHE") or Path.home() / ".cache" / "sinkdlm")
+
+
+class CheckpointError(ValueError):
+    """A model (directory or .gguf file) that cannot be read; the message names the file."""
+
+
+def read_json(path: str | Path, what: str = "config") -> dict:
+    """A JSON object from `path`, or a CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: a model directory needs its {CONFIG_NAME}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} must hold a JSON object (the model {what}), got {type(raw).__name__}")
+    return raw
+
+
+def check_model_path(path: str | Path, flag: str = "--model") -> Path:
+    """`path` as a Path when it can name a model (a directory or a .gguf file), else one clear line."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        if path.suffix.lower() == GGUF_SUFFIX:
+            return path
+        raise CheckpointError(
+            f"{flag} {str(path)!r} is a file, not a model: pass a model directory ({CONFIG_NAME} + "
+            f"safetensors weights) or a {GGUF_SUFFIX} file"
+        )
+    raise CheckpointError(
+        f"{flag} {str(path)!r} does not exist: pass a model directory ({CONFIG_NAME} + safetensors "
+        f"weights) or a {GGUF_SUFFIX} file"
+    )
+
+
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Read `model.safetensors`, or the shards listed in `model.safetensors.index.json`."""
+    directory = Path(directory)
+    single, index = directory / WEIGHTS_NAME, directory / WEIGHTS_INDEX_NAME
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError, TypeError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map'): {e}") from e
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+    else:
+        pickled = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt")]
+        hint = (
+            f" (found {pickled}: pickle files are never read; re-save them as safetensors)" if pickled else ""
+        )
+        raise CheckpointError(f"{single} is missing{hint}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing (listed in {index.name})")
+        try:
+            loaded = safetensors.torch.load_file(str(f))
+        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{f} is corrupt or truncated ({e}); re-save or re-download it") from e
+        for name in list(loaded):  # one at a time: peak memory grows by one tensor, not the model
+            tensors[name] = aligned(loaded.pop(name))
+    return tensors
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy in torch's own (64-byte aligned) memory when safetensors' buffer is not aligned.
+
+    safetensors allocates tensors at 8-byte alignment; CPU kernels then take other SIMD paths,
+    and a reloaded model's logits differ from the saved model's in the last bits (seen on the
+    batch-1 sink stream). Aligned copies make save -> load bit-exact.
+    """
+    return t.clone() if t.data_ptr() % 64 else t
+
+
+def save_state_dict(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+    """safetensors `save_file`, atomically."""
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    # save_file is looked up on the module at call time (not imported by name) so tests can
+    # simulate a crash in the middle of the write.
+    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp, metadata=metadata))
+
+
+def model_state_dict(model, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The state dict to store: a tied head is stored once (as `embed_tokens.weight`).
+
+    `state_dict`: the model's full state dict when it was gathered elsewhere (FSDP).
+    """
+    sd = dict(model.state_dict() if state_dict is None else state_dict)
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def save_checkpoint(model, directory: str | Path, tokenizer=None, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """config.json + model.safetensors (+ tokenizer). `state_dict`: as for `model_state_dict`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_state_dict(model_state_dict(model, state_dict), directory / WEIGHTS_NAME, metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+    # config.json last: a directory with a config has complete weights beside it.
+    atomic_write_json(directory / CONFIG_NAME, model.config.to_dict())
+    return directory
+
+
+def ensure_writable_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create `path` if needed and prove we can write into it — before any work starts."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {path} is not writable ({e.strerror}); choose another directory") from e
+    return path
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """None / "auto" (the `transformers` idiom) = as stored; a `torch.dtype` or its name otherwise."""
+    if dtype is None or dtype == "auto":
+        return None
+    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(
+            f"dtype {dtype!r} is not a floating-point torch dtype; use e.g. torch.bfloat16, 'float32' or 'auto'"
+        )
+    return resolved

@@ -1,0 +1,274 @@
+"""`sinkdlm experiment`: the smoke preset runs the whole path (train -> eval -> analyse -> report)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import sinkdlm.cli  # noqa: F401  (registers the commands)
+from sinkdlm.cli.app import app
+from sinkdlm.experiment import get_preset, run_experiment
+from sinkdlm.config import ExperimentConfig
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "smoke"
+    os.environ["SINKDLM_CACHE"] = str(out.parent / "cache")
+    results = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
+    return out, results
+
+
+def test_smoke_analyses_the_shared_prompt_windows(smoke):
+    """The runner draws its analysis prompts with `prompts_from_documents` (as `analyze --data` does):
+    the analysed prompts' token counts are those of the extractor's windows, re-encoded here."""
+    from sinkdlm.analysis import prompts_from_documents
+    from sinkdlm.data import encode_texts, load_documents
+    from sinkdlm.experiment.presets import ANALYSIS_PROMPT_TOKENS
+    from sinkdlm.checkpoint.manager import load_tokenizer_for
+
+    out, results = smoke
+    n = get_preset("smoke").analysis.num_prompts
+    assert results["analysis_prompts"]["prompt_length"] == ANALYSIS_PROMPT_TOKENS
+    for v in results["variants"].values():
+        first = next(iter(v["seeds"].values()))
+        tok = load_tokenizer_for(first["checkpoint"])
+        windows = prompts_from_documents(load_documents("shakespeare", "validation"), tok, n, ANALYSIS_PROMPT_TOKENS, seed=0)
+        lengths = [len(ids) for ids in encode_texts(tok, windows)]
+        setup = json.loads((Path(first["analysis_dir"]) / "analysis.json").read_text())["setup"]
+        assert setup["num_prompts"] == n
+        assert setup["prompt_tokens"] == {"min": min(lengths), "mean": sum(lengths) / n, "max": max(lengths)}
+        assert abs(setup["prompt_tokens"]["mean"] - ANALYSIS_PROMPT_TOKENS) <= 2  # token windows, not characters
+
+
+def test_regenerate_finds_the_figures_of_a_moved_experiment(smoke, tmp_path):
+    """A moved (or committed) experiment no longer has the directory its runs were started in:
+    regenerate links each variant's analysis figures from the experiment directory itself."""
+    import shutil
+
+    from sinkdlm.experiment.report import regenerate
+
+    out, _ = smoke
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    results = json.loads((moved / "results.json").read_text())
+    for v in results["variants"].values():
+        for rec in v["seeds"].values():
+            rec["analysis_dir"] = str(tmp_path / "gone" / "analysis")  # the path it was run at, now gone
+    (moved / "results.json").write_text(json.dumps(results))
+    regenerate(moved)
+    md = (moved / "report.md").read_text()
+    for name, v in results["variants"].items():
+        seed = next(iter(v["seeds"]))
+        figures = json.loads((moved / "runs" / f"{name}-s{seed}" / "analysis" / "analysis.json").read_text())["figures"]
+        assert figures and all(f"](runs/{name}-s{seed}/analysis/{f})" in md for f in figures.values())
+
+
+def test_smoke_writes_every_file_and_key(smoke):
+    out, results = smoke
+    preset = get_preset("smoke")
+    for name in ("results.json", "report.md", "report.html", "figures/val_loss.png", "figures/scores.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    saved = json.loads((out / "results.json").read_text())
+    for key in ("preset", "seeds", "variants", "comparisons", "machine", "elapsed_s", "stage_seconds", "compare_dir",
+                "timing", "multiplicity"):
+        assert key in saved, key
+    # what the experiment cost: every run's stage seconds, kept on disk, summed; the real elapsed time
+    timing = saved["timing"]
+    per_run = [json.loads((out / "runs" / f"{v}-s{s}" / "timing.json").read_text())
+               for v in saved["variants"] for s in preset.seeds]
+    assert all({"train", "eval", "analysis"} <= set(t) for t in per_run)
+    assert timing["compute_s"] == pytest.approx(sum(sum(t.values()) for t in per_run))
+    assert timing["runs"] == timing["runs_timed"] == len(per_run) and timing["note"] is None
+    assert timing["elapsed_s"] >= timing["last_invocation_s"] > 0
+    assert set(saved["variants"]) == {v.name for v in preset.variants}
+    # the fixed validation (docs/method.md §1): one set and one noise for every run, recorded
+    assert set(saved["validation"]) == {"tokens", "draws", "noise_seed", "estimator"}
+    assert saved["validation"]["draws"] == preset.validation.draws
+    assert saved["validation"]["tokens"] >= preset.validation.tokens
+    for v in saved["variants"].values():
+        for s in v["seeds"].values():
+            val = json.loads((Path(s["checkpoint"]).parents[2] / "val.json").read_text())
+            assert s["val_loss"] == val["val_loss"] and s["val_loss_se"] == val["val_loss_se"] > 0
+            assert len(val["per_sequence"]) * 32 == saved["validation"]["tokens"]
+    for c in saved["comparisons"]:  # every comparison states its power
+        assert "mde" in c and (c["mde"] is None or c["mde"] > 0)
+    for v in saved["variants"].values():
+        assert set(v["seeds"]) == {str(s) for s in preset.seeds}
+        assert {"val_loss", "shakespeare_cloze/acc", "shakespeare_next_line/acc", "shakespeare_word_order/acc"} <= set(v["summary"])
+        for s in v["seeds"].values():
+            assert Path(s["checkpoint"]).is_dir()
+            assert set(s["eval"]) == set(preset.eval_tasks)
+        first = v["seeds"][str(preset.seeds[0])]
+        analysis = json.loads((Path(first["analysis_dir"]) / "analysis.json").read_text())
+        assert {"non_sink_fraction", "value_norm", "moving", "ablation", "figures"} <= set(analysis)
+        # results.json is self-contained: every seed's analysis summary and per-item outcomes
+        for s in v["seeds"].values():
+            a = s["analysis"]
+            assert set(a) == {"non_sink_fraction", "non_sink_fraction_by_epsilon", "moving", "value_norm",
+                              "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate"}
+            assert a["non_sink_fraction"] == pytest.approx(
+                json.loads((Path(s["analysis_dir"]) / "analysis.json").read_text())["non_sink_fraction"])
+            assert {"sink_set_change_rate", "sink_set_jaccard", "content_sink_set_change_rate",
+                    "content_sink_set_jaccard"} <= set(a["moving"])
+            assert {"sink_mean", "normal_mean", "per_layer"} <= set(a["value_norm"])
+            assert len(a["value_norm"]["per_layer"]["sink_mean"]) == 2  # the micro model's layers
+            if a["extra_sink"] is not None:
+                assert len(a["extra_sink"]["value_norm"]) == len(a["extra_sink"]["others_value_norm"]) == 2
+            assert set(a["ablation"]) >= {"scores", "delta", "protocol"} and a["ablation"]["protocol"] == "clean"
+            assert (a["extra_sink"] is None) == (v["switches"].get("num_sink_tokens", 0) == 0)
+            cloze = s["eval"]["shakespeare_cloze"]["acc"]
+            assert len(cloze["per_item"]) == cloze["n"] and cloze["items"]
+        for metric in ("val_loss", "shakespeare_cloze/acc", "non_sink_fraction"):
+            assert {"mean", "low", "high", "n"} <= set(v["summary"][metric])
+    assert (out / "compare" / "report.html").is_file()
+    # one comparison per (pair, metric), each with its interval and a verdict from sinkdlm.stats
+    pairs = {tuple(c["pair"]) for c in saved["comparisons"]}
+    assert pairs == set(preset.comparisons)
+    for c in saved["comparisons"]:
+        assert {"metric", "mean", "low", "high", "n", "verdict", "excludes_zero"} <= set(c)
+        assert c["n"] == len(preset.seeds)
+        # a direction only for a comparison that survives the adjustment of the report's family
+        assert c.get("survives", False) == c["verdict"].startswith(("lower", "higher"))
+        if c.get("survives"):
+            assert c["excludes_zero"] and c["p_adjusted"] < 0.05
+        elif not c.get("in_family", True):
+            assert c["verdict"].startswith("not tested")
+        elif c.get("degenerate"):
+            assert c["verdict"].startswith("inconclusive (no variance estimate)")
+        elif c.get("in_family", True) and not c["excludes_zero"]:
+            assert c["verdict"].startswith(f"inconclusive with {len(preset.seeds)} seeds")
+    assert {c["metric"] for c in saved["comparisons"]} >= {"val_loss", "shakespeare_cloze/acc", "non_sink_fraction"}
+    report = (out / "report.md").read_text()
+    assert "95 % CI" in report and "Paired comparisons" in report
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 2
+
+
+def test_rerun_resumes_without_retraining(smoke, monkeypatch):
+    out, first = smoke
+    import sinkdlm.training as training
+
+    def boom(*a, **k):
+        raise AssertionError("a finished variant was retrained")
+
+    monkeypatch.setattr(training, "train", boom)
+    again = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
+    assert again["variants"].keys() == first["variants"].keys()
+    assert again["stage_seconds"]["eval"] == 0.0
+
+
+def test_interrupted_training_resumes_from_checkpoint(smoke):
+    out, _ = smoke
+    run = out / "runs" / "vanilla-s0" / "train"
+    (run / "DONE.json").unlink()  # as if killed after the last checkpoint but before DONE
+    results = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
+    assert (run / "DONE.json").is_file()
+    assert results["variants"]["vanilla"]["seeds"]["0"]["checkpoint"].endswith("step-3")
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--preset", "nope"], "unknown experiment preset"),
+        (["--preset", "paper-0.5b"], "--init-from"),
+        (["--preset", "smoke", "--out", "/proc/x/y"], "not writable"),
+        (["--preset", "smoke", "--remasking", "origin"], "only schedule='dream' defines"),
+        (["--preset", "smoke", "--top-p", "2"], "must lie in (0, 1]"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, args, match):
+    if "--out" not in args:
+        args = args + ["--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, ["experiment", *args])
+    assert result.exit_code != 0
+    assert match in str(result.exception) + result.output
+
+
+def test_paper_preset_validates_its_inputs(tmp_path):
+    qwen = str(_fake_hf(tmp_path))
+    with pytest.raises(ValueError, match="--data"):
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=qwen))
+    with pytest.raises(ValueError, match="config.json"):
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=str(tmp_path), data=str(tmp_path)))
+    with pytest.raises(ValueError, match="--gsm8k DIR"):
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=qwen, data=str(tmp_path)))
+    (tmp_path / "gsm").mkdir()
+    (tmp_path / "gsm" / "train.jsonl").write_text("")
+    with pytest.raises(ValueError, match="test.jsonl is missing"):
+        run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "o"), init_from=str(tmp_path / "qwen"),
+                                        data=str(tmp_path), gsm8k=str(tmp_path / "gsm")))
+    preset = get_preset("paper-0.5b")  # the paper's Table 1 tasks through lm-eval, GSM8K after SFT
+    assert set(preset.lm_eval_tasks) >= {"arc_easy", "arc_challenge", "hellaswag", "piqa", "race", "siqa"}
+    assert preset.sft.data == "gsm8k" and "gsm8k" in preset.eval_tasks
+
+
+def _fake_hf(tmp_path: Path) -> Path:
+    d = tmp_path / "qwen"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({  # a complete config: --init-from is parsed before any work
+        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 48}))
+    return d
+
+
+def test_device_auto_reaches_every_stage(smoke):
+    """`--device auto` trains, evaluates and analyses (it once reached `model.to("auto")`)."""
+    out, _ = smoke
+    run = out / "runs" / "vanilla-s0"
+    (run / "train" / "DONE.json").unlink()  # training resumes on the resolved device
+    (run / "eval.json").unlink()  # evaluation loads the checkpoint with device="auto"
+    result = CliRunner().invoke(app, ["experiment", "--preset", "smoke", "--out", str(out), "--device", "auto"])
+    assert result.exit_code == 0, result.output
+    assert (run / "eval.json").is_file() and (run / "train" / "DONE.json").is_file()
+
+
+def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_path, monkeypatch):
+    """From an AR checkpoint, `variants[v]["step0"]` is the converted model before training: its fixed
+    validation (same set, same noise as the runs) and its sink analysis."""
+    import dataclasses
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sinkdlm.data import load_documents, train_bpe_tokenizer
+    from sinkdlm.diffusion.likelihood import validation_elbo
+    from sinkdlm.experiment.presets import SINK, VANILLA
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+    from sinkdlm.training.trainer import load_batches
+    from sinkdlm.config import TrainConfig
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
+    ar = tmp_path / "ar"
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 tie_word_embeddings=True)).save_pretrained(str(ar))
+    tok.save_pretrained(str(ar))
+    smoke_preset = get_preset("smoke")
+    preset = dataclasses.replace(
+        smoke_preset, variants=(VANILLA, SINK), seeds=(0,), comparisons=((SINK.name, VANILLA.name),),
+        train=dataclasses.replace(smoke_preset.train, model_overrides={}, shift_logits=True),
+    )
+    out = tmp_path / "exp"
+    results = run_experiment(ExperimentConfig(preset=preset, out=str(out), init_from=str(ar)))
+    for name, v in results["variants"].items():
+        step0 = v["step0"]
+        assert {"val_loss", "val_loss_se", "analysis"} <= set(step0)
+        assert step0["analysis"]["non_sink_fraction"] is not None
+        # the same protocol, recomputed here: the converted checkpoint, run as training runs it (shift_logits)
+        model, tk = load_model_and_tokenizer(step0["checkpoint"])
+        model.config.shift_logits = True
+        cfg = TrainConfig(data="shakespeare", seq_len=preset.train.seq_len, max_tokens=preset.train.max_tokens)
+        val = load_batches(cfg, tk, model.config.max_content_length, "validation")
+        rows = results["validation"]["tokens"] // preset.train.seq_len
+        want = validation_elbo(model, val.get(list(range(rows)))[0], preset.validation.draws,
+                               preset.validation.noise_seed)
+        assert step0["val_loss"] == pytest.approx(want.val_loss, rel=1e-6)
+        assert step0["val_loss_se"] == pytest.approx(want.val_loss_se, rel=1e-6)
+        assert step0["val_loss"] != v["seeds"]["0"]["val_loss"]  # training changed the model
