@@ -94,10 +94,13 @@ def reference_logits(model, x, frozen, fresh, attn=None):
 
 
 @torch.no_grad()
-def reference_generate(model, prompt, gen_length, steps, block_length, cache, threshold=None, shift=False, attn=None):
+def reference_generate(model, prompt, gen_length, steps, block_length, cache, threshold=None, shift=False, attn=None,
+                       dream_entropy=False, eps=1e-3):
     """Fast-dLLM's cached loop at temperature 0, recomputing everything: per step, the fresh window is
     the whole sequence (no cache, or the block's first step), `[block start - shift, end)` ("prefix")
-    or `[block start - shift, block end)` ("dual"); the rest comes from the block-start sequence."""
+    or `[block start - shift, block end)` ("dual"); the rest comes from the block-start sequence.
+    `dream_entropy`: Fast-dLLM's dream/ loop instead: per block, timesteps linspace(1, eps, steps + 1), the
+    step t -> s commits int(n_masked (1 - s/t)) (all at the last step) of the highest negative entropies."""
     mask_id = model.config.mask_token_id
     b, p = prompt.shape
     length = p + gen_length
@@ -123,6 +126,11 @@ def reference_generate(model, prompt, gen_length, steps, block_length, cache, th
             x0 = logits.argmax(-1)
             conf = torch.softmax(logits, -1).gather(-1, x0[..., None]).squeeze(-1)
             is_m = x[:, lo:hi] == mask_id
+            if dream_entropy:
+                probs = torch.softmax(logits, -1)
+                conf = (probs * torch.log(probs + 1e-10)).sum(-1)
+                ts, n = torch.linspace(1, eps, bs + 1), is_m.sum() / b
+                sched = [None] * i + [int(n * (1 - ts[i + 1] / ts[i])) if i < bs - 1 else int(n)]
             conf = conf.masked_fill(~is_m, float("-inf"))
             for r in range(b):
                 if not is_m[r].any():
@@ -149,6 +157,28 @@ def test_cache_matches_reference(model, cache, steps, threshold):
     # the reference's uncached path is the plain sampler (checks the reference itself)
     plain = generate(model, prompt, gen_length=16, steps=steps, block_length=4, threshold=threshold)
     assert torch.equal(plain, reference_generate(model, prompt, 16, steps, 4, None, threshold=threshold))
+
+
+@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+@pytest.mark.parametrize("steps", [8, 12])
+def test_dream_schedule_with_a_cache_matches_fast_dllm_dream(cache, steps):
+    """Dream's schedule per block under the caches (Fast-dLLM's dream/ block loop), shifted logits, padding."""
+    model = tiny_model(num_sink_tokens=1, shift_logits=True, family="dream")
+    prompt = prompts(2, 5, model)
+    attn = torch.tensor([[False, True, True, True, True], [True] * 5])
+    got = generate(model, prompt, gen_length=16, steps=steps, block_length=4, cache=cache, attention_mask=attn)
+    want = reference_generate(model, prompt, 16, steps, 4, cache, shift=True, attn=attn, dream_entropy=True)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+def test_threshold_decoding_of_a_dream_model_uses_the_probability(cache):
+    """With a threshold a Dream model's default rule is maskgit_plus (the chosen token's probability), as
+    Fast-dLLM's dream/ threshold loop; at temperature 0 it commits what low_confidence commits."""
+    model = tiny_model(num_sink_tokens=1, shift_logits=True, family="dream")
+    prompt = prompts(2, 5, model)
+    got = generate(model, prompt, gen_length=16, block_length=4, threshold=0.3, cache=cache)
+    assert torch.equal(got, reference_generate(model, prompt, 16, None, 4, cache, threshold=0.3, shift=True))
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])

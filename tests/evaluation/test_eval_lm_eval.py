@@ -166,6 +166,14 @@ def test_generate_until_with_cache_and_threshold_is_the_cached_sampler(setup):
         assert sample["resps"][0][0] == text
 
 
+def test_generate_until_uses_the_remasking_model_args(setup):
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    lm = SinkDLMEvalModel(pretrained=str(setup["ckpt"]), schedule="dream", remasking="topk_margin", top_k="5",
+                          alg_temp="0")
+    assert lm.predictor.remasking == dict(schedule="dream", remasking="topk_margin", top_k=5, alg_temp=0.0)
+
+
 @torch.no_grad()
 def test_loglikelihood_rolling_sums_window_likelihoods(setup):
     tok, model = setup["tok"], setup["model"]
@@ -205,6 +213,12 @@ def test_bad_model_args_are_clear(setup, tmp_path):
         SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), cache="full")
     with pytest.raises(ValueError, match="threshold='high' must be a number"):
         SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), threshold="high")
+    with pytest.raises(ValueError, match="top_k='all' must be an integer"):
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), top_k="all")
+    with pytest.raises(ValueError, match=r"must lie in \(0, 1\]"):  # the range, once the model is read
+        SinkDLMEvalModel(pretrained=str(setup["ckpt"]), top_p="1.5")
+    with pytest.raises(ValueError, match="schedule must be one of llada, dream"):
+        SinkDLMEvalModel(pretrained=str(setup["ckpt"]), schedule="cosine")
 
 
 def test_sinkdlm_lm_eval_command_forwards_to_lm_eval_with_the_model_registered(monkeypatch):

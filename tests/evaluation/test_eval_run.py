@@ -154,3 +154,19 @@ def test_eval_command_errors_are_one_line_before_any_work(tiny, tmp_path, case, 
     err = capsys.readouterr().err
     assert err.startswith("error: ") and pattern in err and "Traceback" not in err
     assert not (tmp_path / "s.json").exists()
+
+
+def test_generation_tasks_use_the_remasking_settings(tiny):
+    """EvalConfig's remasking settings reach the sampler of the generation tasks (the greedy check keeps
+    LLaDA's one commit per step), and a bad one is refused before any item is scored."""
+    model, tok, _ = tiny
+    rule = EvalConfig(tasks="arithmetic", schedule="dream", remasking="topk_margin", top_k=7).remasking_options()
+    pred = DLMPredictor(model, tok, remasking=rule)
+    prompt = tok("1 + 2 =")["input_ids"]
+    got = pred.generate_ids([prompt], 8, steps=4)
+    want = generate(model, [prompt], gen_length=8, steps=4, seed=0, **rule)[0, len(prompt):].tolist()
+    assert got == [want]
+    assert got != DLMPredictor(model, tok).generate_ids([prompt], 8, steps=4)  # the LLaDA default differs here
+    with pytest.raises(ValueError, match="only schedule='dream' defines"):
+        evaluate(model, tok, EvalConfig(tasks="arithmetic", limit=1, remasking="origin", schedule="llada",
+                                        progress=False))

@@ -177,6 +177,8 @@ def test_interrupted_training_resumes_from_checkpoint(smoke):
         (["--preset", "nope"], "unknown experiment preset"),
         (["--preset", "paper-0.5b"], "--init-from"),
         (["--preset", "smoke", "--out", "/proc/x/y"], "not writable"),
+        (["--preset", "smoke", "--remasking", "origin"], "only schedule='dream' defines"),
+        (["--preset", "smoke", "--top-p", "2"], "must lie in (0, 1]"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, match):

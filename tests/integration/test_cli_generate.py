@@ -64,6 +64,23 @@ def test_json_output_matches_the_library(checkpoint, extra):
         assert out["steps_taken"] == 8
 
 
+@pytest.mark.parametrize("extra,kw", [
+    (["--schedule", "dream", "--remasking", "topk_margin"], dict(schedule="dream", remasking="topk_margin")),
+    (["--schedule", "dream", "--remasking", "entropy", "--eps", "0.01", "--top-k", "5", "--top-p", "0.9"],
+     dict(schedule="dream", remasking="entropy", eps=0.01, top_k=5, top_p=0.9)),
+    (["--remasking", "maskgit_plus", "--alg-temp", "0.5", "--temperature", "0.8"],
+     dict(remasking="maskgit_plus", alg_temp=0.5, temperature=0.8)),
+])
+def test_dream_sampler_flags_match_the_library(checkpoint, extra, kw):
+    directory, model, tok = checkpoint
+    result = run("--model", str(directory), "--prompt", PROMPT, "--gen-length", "8", "--steps", "4", "--json",
+                 "--device", "cpu", *extra)
+    assert result.exit_code == 0, result.output
+    ids = tok(PROMPT)["input_ids"]
+    want = generate(model, ids, gen_length=8, steps=4, **kw)
+    assert json.loads(result.stdout)["tokens"] == want[0, len(ids):].tolist()
+
+
 def test_plain_text_and_prompt_file(checkpoint, tmp_path):
     directory, model, tok = checkpoint
     (tmp_path / "p.txt").write_text(PROMPT)
@@ -100,6 +117,9 @@ def test_show_steps_prints_the_text_filling_in(checkpoint):
         (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "not a floating-point torch dtype"),
         (["--gen-length", "8", "--steps", "8", "--cache", "full"], "cache must be None, 'prefix' or 'dual'"),
         (["--gen-length", "8", "--steps", "8", "--cache", "dual"], "pass a --block-length"),
+        (["--gen-length", "8", "--steps", "8", "--remasking", "conf"], "low_confidence, random, maskgit_plus, topk_margin"),
+        (["--gen-length", "8", "--steps", "8", "--schedule", "cosine"], "must be one of llada, dream"),
+        (["--gen-length", "8", "--steps", "8", "--top-p", "1.5"], "must lie in (0, 1]"),
     ],
 )
 def test_user_errors_exit_2_with_a_message(checkpoint, capsys, args, match):

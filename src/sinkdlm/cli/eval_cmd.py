@@ -39,7 +39,8 @@ def eval_command(cfg: EvalConfig) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, {
         "model": str(cfg.model), "tasks": names, "limit": cfg.limit, "seed": cfg.seed, "mc_num": cfg.mc_num,
-        "gen_steps": cfg.gen_steps, "cache": cfg.cache, "threshold": cfg.threshold, "scores": scores,
+        "gen_steps": cfg.gen_steps, "cache": cfg.cache, "threshold": cfg.threshold, **cfg.remasking_options(),
+        "scores": scores,
     })
     typer.echo(f"wrote {out}")
 

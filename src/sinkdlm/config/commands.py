@@ -24,13 +24,36 @@ class ModelOptions(DeviceOption):
     """Which model to open, and where."""
 
     model: Path | None = None
-    """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a llama/qwen2 .gguf file."""
+    """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a .gguf file (llama, qwen2; dream, llada diffusion LMs)."""
     dtype: str | None = None
     """float32 | bfloat16 | float16 (default: as stored)."""
 
 
 @dataclass(kw_only=True)
-class SampleConfig:
+class RemaskingOptions:
+    """Which masked positions a reverse step commits and how it predicts them (docs/method.md §2,
+    `sinkdlm.diffusion.remasking`): part of `SampleConfig`, and of `EvalConfig` for its generation tasks."""
+
+    remasking: str | None = None
+    """low_confidence | random (LLaDA) | maskgit_plus | topk_margin | entropy | origin (Dream's alg). Default: the model family's (ModelConfig.family: entropy for Dream, low_confidence otherwise; maskgit_plus for Dream with --threshold)."""
+    schedule: str | None = None
+    """Commits per step: llada (a block's masks split evenly over its steps) | dream (Dream's timesteps linspace(1, eps, steps+1), int(n*(1-s/t)) per step). Default: the model family's."""
+    eps: float = 1e-3
+    """Dream's last timestep (--schedule dream), in (0, 1)."""
+    alg_temp: float = 0.0
+    """Draw the committed positions from softmax(confidence / alg_temp) (Dream's alg_temp); 0 commits the most confident."""
+    top_p: float | None = None
+    """Sample only from the most likely tokens whose probability sums to top_p, in (0, 1] (Dream's top_p)."""
+    top_k: int | None = None
+    """Sample only from the top_k most likely tokens (Dream's top_k)."""
+
+    def remasking_options(self) -> dict:
+        """{field: value} of these settings, as `generate(**...)` takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(RemaskingOptions)}
+
+
+@dataclass(kw_only=True)
+class SampleConfig(RemaskingOptions):
     """How to decode (docs/method.md §2): the settings of `sinkdlm.generate`."""
 
     gen_length: int
@@ -41,8 +64,6 @@ class SampleConfig:
     """Semi-autoregressive block length (default: one block)."""
     temperature: float = 0.0
     """0 = greedy; > 0 samples (Gumbel, float64)."""
-    remasking: str = "low_confidence"
-    """low_confidence | random"""
     threshold: float | None = None
     """Confidence-threshold parallel decoding (e.g. 0.9)."""
     cache: str | None = None
@@ -86,10 +107,11 @@ class AnalyzeConfig(ModelOptions):
         "steps": "Denoising steps (default: --gen-length, one token per step; an autoregressive model always "
                  "takes one step per token).",
         "block_length": None,
+        **{f.name: None for f in dataclasses.fields(RemaskingOptions)},
     })
-    """How to decode (`SampleConfig`; required unless --compare): its --gen-length, --steps and --block-length
-    are this command's flags; `steps` None means one token per step, and `seed` is not used (the analysis's
-    `seed` seeds the sampler)."""
+    """How to decode (`SampleConfig`; required unless --compare): its --gen-length, --steps, --block-length and
+    remasking settings (--remasking, --schedule, --eps, --alg-temp, --top-p, --top-k) are this command's flags;
+    `steps` None means one token per step, and `seed` is not used (the analysis's `seed` seeds the sampler)."""
     epsilon: float = 3.0
     """Sink threshold ϵ (Rulli et al. eq. 3)."""
     scale: str = "sum"
@@ -148,7 +170,7 @@ def _as_text(values) -> str | None:
 
 
 @dataclass(kw_only=True)
-class EvalConfig(ModelOptions):
+class EvalConfig(ModelOptions, RemaskingOptions):
     """`sinkdlm eval`: offline tasks scored with the ELBO or by generation (docs/method.md §7)."""
 
     tasks: str
@@ -193,8 +215,9 @@ class ConvertConfig(_ConvertSwitchFields):
 
 
 @dataclass(kw_only=True)
-class ExperimentConfig(DeviceOption):
-    """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change."""
+class ExperimentConfig(DeviceOption, RemaskingOptions):
+    """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change (the
+    remasking settings, when given, replace the preset's in its analysis and generation tasks)."""
 
     preset: str = "demo"
     """smoke | demo | study | study-gpu | real | real-gpu | ablation | paper-0.5b"""

@@ -21,6 +21,7 @@ from sinkdlm.config.fields import field_docs, field_types, switch
 
 MODEL_TYPE = "sinkdlm"
 SINK_POSITIONS = ("front", "end")
+FAMILIES = ("llada", "dream")  # `ModelConfig.family`: whose sampler defaults apply (diffusion/remasking.py)
 
 
 @dataclass
@@ -75,6 +76,10 @@ class ModelConfig:
     causal: bool = False
     """An autoregressive model (a Qwen2/LLaMA causal LM opened as is): causal attention, next-token
     head, greedy left-to-right generation; the AR contrast of the sink analysis (§10)."""
+    family: str = "llada"
+    """The diffusion family whose sampler `generate` uses when no schedule/remasking is given: llada (even split,
+    low_confidence) | dream (Dream's timestep schedule, entropy remasking). Set when a Dream checkpoint or GGUF is
+    opened, and saved with the model (docs/method.md §2)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (e.g. the HF checkpoint it was converted from); not used by the model."""
 
@@ -116,6 +121,8 @@ class ModelConfig:
         for name in ("shift_logits", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelConfig.family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         if self.causal and not self.shift_logits:
             raise ValueError("ModelConfig.causal=True needs shift_logits=True: a causal model's position i "
                              "predicts token i+1 (it cannot see token i+1 itself)")

@@ -1,22 +1,26 @@
-"""The reverse process (docs/method.md §2): LLaDA samplers, semi-autoregressive blocks, Fast-dLLM threshold
-decoding and a per-step callback.
+"""The reverse process (docs/method.md §2): LLaDA's and Dream's samplers, semi-autoregressive blocks,
+Fast-dLLM threshold decoding and a per-step callback.
 
 Start from `prompt + [MASK] * gen_length`; at every step predict the masked positions of the
-current block and commit some of them:
+current block and commit some of them (the rules are in `diffusion/remasking.py`):
   * `remasking="low_confidence"`: the k masked positions whose predicted token has the highest
-    probability (LLaDA); `"random"`: k random masked positions;
-  * k follows LLaDA's schedule, which spreads a block's masked count evenly over its steps
-    (`transfer_schedule`); with `threshold`, every masked position whose confidence exceeds it,
-    at least one (Fast-dLLM), and the step count adapts;
+    probability (LLaDA); `"random"`: k random masked positions; Dream's `maskgit_plus`,
+    `topk_margin`, `entropy` (ranked by their confidence) and `origin` (each mask revealed with
+    probability 1 - s/t);
+  * k follows the schedule: LLaDA's spreads a block's masked count evenly over its steps
+    (`transfer_schedule`), Dream's commits int(n (1 - s/t)) at the step t -> s of
+    linspace(1, eps, steps + 1); with `threshold`, every masked position whose confidence exceeds
+    it, at least one (Fast-dLLM), and the step count adapts;
   * `temperature > 0` samples the prediction with LLaDA's float64 Gumbel trick
-    (`argmax exp(logits) / (-log u)^T`, `add_gumbel_noise`).
+    (`argmax exp(logits) / (-log u)^T`, `add_gumbel_noise`), after Dream's top-p/top-k filters.
 
 What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/test_sampling.py):
   * probabilities, noise and selection are computed for the current block only (the later
     blocks' predictions are never used), and top-k is batched instead of a loop over rows;
   * "masked" is tracked as a boolean state, so a prompt that contains the `[MASK]` id is never
     changed; the `[MASK]` id is never predicted, so no mask is left at the end;
-  * steps that would commit nothing (steps per block > block_length) are not run;
+  * the even split's steps that would commit nothing (steps per block > block_length) are not run
+    (Dream's zero-commit steps are, as Dream runs them);
   * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, docs/method.md §3).
 Mixed-length prompts are left-padded with an attention mask; padding is invisible to the model
 and rotary positions restart at each row's first real token, so every row gets the tokens it
@@ -30,6 +34,7 @@ previous state when `key_masks_fn` is given), so memory stays flat across steps.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,12 +42,24 @@ import torch
 
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
+from sinkdlm.diffusion.remasking import (
+    add_gumbel_noise,
+    check_rule,
+    dream_timesteps,
+    dream_transfer_count,
+    filter_logits,
+    predict,
+    resolve_rule,
+    reveal_probability,
+    select,
+    steps_per_block,
+    transfer_schedule,
+)
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
 from sinkdlm.config.checks import check_int
 
-REMASKING = ("low_confidence", "random")
 CACHES = ("prefix", "dual")
 
 
@@ -124,57 +141,6 @@ class StepProbe:
                 raise ValueError(f"both probes set {name}; combine them into one function first")
         return StepProbe(key_masks=self.key_masks or other.key_masks, hook=self.hook or other.hook,
                          attentions=self.attentions or other.attentions, values=self.values or other.values)
-
-
-# ----------------------------------------------------------------------------- schedule & noise
-def transfer_schedule(num_masked: int, steps: int) -> list[int]:
-    """LLaDA's `get_num_transfer_tokens`: `num_masked` spread over `steps`, remainder first."""
-    base, rem = divmod(num_masked, steps)
-    return [base + (1 if i < rem else 0) for i in range(steps)]
-
-
-def steps_per_block(steps: int, num_blocks: int) -> list[int]:
-    """`steps / num_blocks` per block (LLaDA); a remainder goes to the first blocks."""
-    base, rem = divmod(steps, num_blocks)
-    return [base + (1 if b < rem else 0) for b in range(num_blocks)]
-
-
-def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None):
-    """LLaDA's float64 Gumbel-max: `argmax exp(l) / (-log u)^T` samples softmax(l / T).
-
-    float64 because in low precision the perturbation collapses ties and hurts quality (LLaDA).
-    """
-    if temperature == 0:
-        return logits
-    logits = logits.to(torch.float64)
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float64)
-    return logits.exp() / (-torch.log(u)) ** temperature
-
-
-def _predict(
-    logits: torch.Tensor, temperature: float, remasking: str, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block logits `[B, n, V]` -> (predicted tokens `[B, n]`, confidence `[B, n]`)."""
-    x0 = add_gumbel_noise(logits, temperature, generator).argmax(-1)
-    if remasking == "low_confidence":
-        p = torch.softmax(logits, dim=-1)
-        conf = p.gather(-1, x0[..., None]).squeeze(-1)
-    else:  # random remasking: a uniform score per position
-        conf = torch.rand(x0.shape, generator=generator, device=x0.device, dtype=torch.float64)
-    return x0, conf
-
-
-def _select(conf: torch.Tensor, masked: torch.Tensor, k: int | None, threshold: float | None) -> torch.Tensor:
-    """Which masked positions to commit, `[B, n]` bool (never an unmasked one)."""
-    conf = conf.masked_fill(~masked, float("-inf"))
-    if threshold is None:  # the k most confident; every row has >= k masked (the schedule)
-        idx = conf.topk(k, dim=-1).indices
-    else:  # Fast-dLLM: all above the threshold, plus the most confident one
-        idx = conf.argmax(-1, keepdim=True)
-    pick = torch.zeros_like(masked).scatter_(-1, idx, True)
-    if threshold is not None:
-        pick |= conf > threshold
-    return pick & masked
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -278,9 +244,12 @@ def generate(
     block_length   semi-autoregressive blocks (default: one block); each is finished before the
                    next may commit. Must divide gen_length.
     temperature    0 = argmax; > 0 samples with float64 Gumbel noise (LLaDA).
-    remasking      "low_confidence" | "random".
+    remasking      "low_confidence" | "random" (LLaDA) | "maskgit_plus" | "topk_margin" | "entropy" |
+                   "origin" (Dream's alg); None: the model family's (`ModelConfig.family`).
+    schedule       "llada" (even split per block) | "dream" (Dream's timesteps, `eps`); None: the family's.
+    alg_temp, top_p, top_k: Dream's sampling controls (`sinkdlm.diffusion.remasking`).
     threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
-                   confidence exceeds it, at least one per step (low_confidence only).
+                   confidence exceeds it, at least one per step (low_confidence / maskgit_plus).
     generator/seed the randomness (Gumbel noise, random remasking): a `generator`, else one seeded
                    with `seed` (SampleConfig's default 0; None: torch's global generator); a fixed
                    seed repeats the output. Passing both `generator` and a `seed=` keyword is refused.
@@ -314,8 +283,8 @@ def generate(
     `block_length` and `remasking` do not apply; callbacks, hooks and key masks see the causal maps
     of each step's input (the prompt and the tokens so far), docs/method.md §10.
 
-    Logits. The LM head runs only where its output is used: at temperature 0 with low-confidence
-    remasking on the block columns that some row still has masked, otherwise on the whole block
+    Logits. The LM head runs only where its output is used: at temperature 0 with a confidence rule
+    (no alg_temp) on the block columns that some row still has masked, otherwise on the whole block
     (so the seeded noise draws keep their `[B, block_length, V]` shape). A callback without a cache
     receives every column's logits, as the analysis expects.
     """
@@ -354,14 +323,12 @@ def generate(
     else:
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
-        if remasking != "low_confidence":
-            raise ValueError("threshold decoding needs remasking='low_confidence' (a random score has no confidence)")
         if steps is not None:
             check_int("steps", steps, 1)
-    if remasking not in REMASKING:
-        raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    schedule_name, remasking = resolve_rule(cfg.family, settings.schedule, remasking, threshold)
+    alg_temp, top_p, top_k = settings.alg_temp, settings.top_p, settings.top_k
+    check_rule(schedule_name, remasking, threshold=threshold, temperature=temperature, alg_temp=alg_temp,
+               top_p=top_p, top_k=top_k, eps=settings.eps)
     if cfg.causal and (cache is not None or threshold is not None):
         raise ValueError(
             "this is an autoregressive model (config.causal): it decodes one token per step left to right, "
@@ -410,6 +377,7 @@ def generate(
     if cfg.causal:
         return _generate_autoregressive(
             model, prompt, prompt_mask, gen_length, temperature, generator, callback, probe, use_sink_cache, return_dict,
+            top_p, top_k,
         )
 
     # ---- state
@@ -422,17 +390,29 @@ def generate(
     work_dtype = torch.promote_types(model.dtype, torch.float32)
     want_state = callback is not None or key_masks_fn is not None
     full_logits = callback is not None and cache is None  # the callback's documented [B, L, V]
-    narrow = temperature == 0 and remasking == "low_confidence"  # masked columns only (no noise drawn)
+    # masked columns only when nothing is drawn (no noise, no random scores or positions)
+    narrow = temperature == 0 and not alg_temp and remasking not in ("random", "origin")
     shift = 1 if shift_logits else 0  # logits at column c - shift predict column c
     step, prev_state = 0, None
 
     for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
         lo, hi = p + blk * block_length, p + (blk + 1) * block_length
         schedule = transfer_schedule(block_length, block_steps) if threshold is None else None
+        timesteps = dream_timesteps(block_steps, settings.eps) if schedule_name == "dream" and schedule else None
         # this block's cached content keys/values, recorded by its first (full) forward
         kv = KVCache(record=True) if cache is not None else None
-        i = 0
-        while masked[:, lo:hi].any():  # zero-commit steps of the schedule come last: skipped here
+        for i in range(block_steps) if threshold is None else itertools.count():
+            if not masked[:, lo:hi].any():  # LLaDA's zero-commit steps come last: not run
+                break
+            # how many to commit (k), or origin's revealed positions (drawn before the step's noise).
+            # Dream's schedule can commit nothing at a step (int(n * (1 - s/t)) = 0); such a step is run,
+            # as Dream runs it, so a schedule of `steps` takes `steps` forwards.
+            k, reveal = None if schedule is None else schedule[i], None
+            if timesteps is not None and remasking == "origin":
+                u = torch.rand((b, hi - lo), generator=generator, device=device, dtype=torch.float64)
+                reveal = masked[:, lo:hi] & (u < reveal_probability(timesteps, i))  # [B, n]
+            elif timesteps is not None:
+                k = dream_transfer_count(masked[:, lo:hi].sum() / b, timesteps, i)
             cached_step = kv is not None and not kv.record
             if narrow and not full_logits and not (compiled and cached_step):
                 cols = lo + masked[:, lo:hi].any(0).nonzero().squeeze(-1)  # [K]
@@ -465,9 +445,11 @@ def generate(
                 block_logits = logits
             block_logits = block_logits.to(work_dtype, copy=True)  # [B, K, V]
             block_logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
-            x0, conf = _predict(block_logits, temperature, remasking, generator)
-            pick = _select(conf, masked[:, cols], schedule[i] if schedule else None, threshold)
-            i += 1
+            x0, conf = predict(block_logits, remasking, temperature, top_p, top_k, generator)
+            if reveal is not None:
+                pick = reveal[:, cols - lo]
+            else:
+                pick = select(conf, masked[:, cols], k, threshold, alg_temp, generator)
             masked_before = masked.clone() if want_state else None
             x[:, cols] = torch.where(pick, x0, x[:, cols])
             masked[:, cols] &= ~pick
@@ -495,7 +477,7 @@ def generate(
 
 
 def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature, generator, callback,
-                             probe: StepProbe, use_sink_cache, return_dict):
+                             probe: StepProbe, use_sink_cache, return_dict, top_p=None, top_k=None):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
     whole prefix, so the analysis sees each step's complete causal maps)."""
     b, p = prompt.shape
@@ -515,6 +497,9 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
             out = model(x, attention_mask=attn, logits_index=slice(width - 1, width),
                         probe=probe.forward_probe(key_masks, hook))
         logits = out.logits[:, -1].to(work_dtype)  # [B, V]: the last position predicts the next token
+        if top_p is not None or top_k is not None:  # Dream's filters, on the tempered distribution
+            keep = filter_logits(logits / temperature if temperature else logits, top_p, top_k) > float("-inf")
+            logits = logits.masked_fill(~keep, float("-inf"))
         nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
         x = torch.cat([x, nxt[:, None]], dim=1)
         if attn is not None:

@@ -57,6 +57,8 @@ def evaluate(model, tokenizer, config: EvalConfig) -> dict[str, dict[str, dict]]
     batch_size model rows per forward (default 64: a CPU-friendly size for the tiny preset).
     cache / threshold: Fast-dLLM decoding for the generation tasks: KV cache None | "prefix" | "dual"
                and confidence threshold (e.g. 0.9); see `DLMPredictor`.
+    remasking, schedule, eps, alg_temp, top_p, top_k: the generation tasks' sampler (`RemaskingOptions`,
+               docs/method.md §2); None = the model family's.
     progress   progress bars.
     The likelihood estimator is "mc_count" (LLaDA's lower-variance form of the ELBO).
 
@@ -71,6 +73,7 @@ def evaluate(model, tokenizer, config: EvalConfig) -> dict[str, dict[str, dict]]
         predictor = DLMPredictor(
             model, tokenizer, mc_num=samples, batch_size=config.batch_size, gen_steps=config.gen_steps,
             seed=config.seed, progress=config.progress, cache=config.cache, threshold=config.threshold,
+            remasking=config.remasking_options(),
         )
         results[task.name] = task.evaluate(predictor, limit=config.limit, seed=config.seed)
     return results

@@ -34,7 +34,8 @@ batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" m
 max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
 bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
 positions minus its sinks), check_greedy (True), seed (0), shift_logits (default: the model's own config.shift_logits), tokenizer (directory;
-default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9).
+default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9), and the sampler's
+remasking, schedule, eps, alg_temp, top_p, top_k (docs/method.md §2; default: the model family's).
 The likelihood runs the LM head only on the masked continuation tokens (`loglikelihood`).
 """
 
@@ -69,6 +70,22 @@ def _int_arg(name: str, value, minimum: int = 1) -> int:
         raise ValueError(f"model_args {name}={value!r} must be an integer") from None
     if out < minimum or isinstance(value, bool) or (isinstance(value, float) and value != out):
         raise ValueError(f"model_args {name}={value!r} must be an integer >= {minimum}")
+    return out
+
+
+def _remasking_args(**given) -> dict:
+    """The sampler's remasking settings (`RemaskingOptions`) from model_args strings; unset ones are left out
+    (the model family's defaults apply). Their ranges are checked by `DLMPredictor`, before any request."""
+    out = {}
+    for name, value in given.items():
+        if value in (None, "", "none", "None"):
+            continue
+        if name in ("remasking", "schedule"):
+            out[name] = str(value)
+        elif name == "top_k":
+            out[name] = _int_arg(name, value)
+        else:
+            out[name] = _float_arg(name, value)
     return out
 
 
@@ -110,6 +127,12 @@ class SinkDLMEvalModel(LM):
         tokenizer: str | None = None,
         cache: str | None = None,
         threshold: float | str | None = None,
+        remasking: str | None = None,
+        schedule: str | None = None,
+        eps: float | str | None = None,
+        alg_temp: float | str | None = None,
+        top_p: float | str | None = None,
+        top_k: int | str | None = None,
         **unknown,
     ):
         super().__init__()
@@ -120,7 +143,7 @@ class SinkDLMEvalModel(LM):
             raise ValueError(
                 f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: pretrained, mc_num, "
                 "method, batch_size, device, dtype, gen_steps, block_length, max_length, check_greedy, seed, "
-                "shift_logits, tokenizer, cache, threshold"
+                "shift_logits, tokenizer, cache, threshold, remasking, schedule, eps, alg_temp, top_p, top_k"
             )
         if pretrained is None:
             raise ValueError(f"--model {NAME} needs model_args pretrained=PATH (a model directory or a .gguf file)")
@@ -145,6 +168,8 @@ class SinkDLMEvalModel(LM):
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
             cache=None if cache in (None, "", "none", "None") else str(cache),
             threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
+            remasking=_remasking_args(remasking=remasking, schedule=schedule, eps=eps, alg_temp=alg_temp,
+                                      top_p=top_p, top_k=top_k),
         )
         check_decoding_options(options["cache"], options["threshold"])
         self.check_greedy = _bool_arg("check_greedy", check_greedy)

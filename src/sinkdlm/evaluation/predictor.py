@@ -33,10 +33,11 @@ from tqdm.auto import tqdm
 from sinkdlm.data.tokenizer import check_tokenizer_matches, encode_texts
 from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.diffusion.likelihood import loglikelihood as elbo
+from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.diffusion.sampling import CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.config.checks import check_int, check_optional_int
-from sinkdlm.config.commands import EvalConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import EvalConfig, RemaskingOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
 
@@ -107,6 +108,9 @@ class DLMPredictor:
                  decoding and uses neither the cache nor the threshold.
     threshold    Fast-dLLM confidence-threshold decoding for generation (e.g. 0.9); the step count
                  then adapts and `gen_steps` is a no-op.
+    remasking    the sampler's remasking settings for generation (`RemaskingOptions.remasking_options()`:
+                 remasking, schedule, eps, alg_temp, top_p, top_k); None = `generate`'s defaults, those
+                 of the model's family. The greedy check keeps its one-commit-per-step LLaDA rule.
     """
 
     def __init__(
@@ -123,9 +127,16 @@ class DLMPredictor:
         max_length: int | None = None,
         cache: str | None = None,
         threshold: float | None = None,
+        remasking: dict | None = None,
     ):
         cfg = model.config
         check_decoding_options(cache, threshold)
+        self.remasking = dict(remasking or {})
+        if self.remasking and not cfg.causal:  # its errors before any work (`generate` checks them so)
+            full = {**RemaskingOptions().remasking_options(), **self.remasking}
+            check_rule(*resolve_rule(cfg.family, full["schedule"], full["remasking"], threshold), threshold=threshold,
+                       temperature=0.0, alg_temp=full["alg_temp"], top_p=full["top_p"], top_k=full["top_k"],
+                       eps=full["eps"])
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -247,7 +258,7 @@ class DLMPredictor:
 
         The length is rounded up to a whole number of blocks and the extra tokens dropped; prompts are
         cut from the left to leave room; `steps` defaults to `gen_steps`, else one token per step.
-        `fast=True` applies the predictor's `cache` and `threshold` (the greedy check does not).
+        `fast=True` applies the predictor's `cache`, `threshold` and `remasking` (the greedy check does not).
         """
         padded = gen_length
         if block_length is not None and block_length < gen_length:
@@ -277,6 +288,7 @@ class DLMPredictor:
                 block_length=block_length, temperature=temperature, seed=self.seed + k,
                 return_dict=True, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
+                **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")),
             )
             new = res.sequences[:, res.prompt_length: res.prompt_length + gen_length].tolist()
             for i, ids in zip(chunk, new):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from sinkdlm.config.commands import ExperimentConfig
+from sinkdlm.config.commands import ExperimentConfig, RemaskingOptions
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
@@ -211,6 +211,17 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             raise ValueError(f"--variants {','.join(unknown)}: not in preset {preset.name!r}; choose from {sorted(known)}")
         preset = dataclasses.replace(preset, variants=tuple(known[n] for n in variants),
                                      comparisons=tuple(p for p in preset.comparisons if set(p) <= set(variants)))
+    rule = non_default_fields(RemaskingOptions(**config.remasking_options()))  # what the command line set
+    if rule:  # the sampler of the analysis and of the generation tasks (docs/method.md §2)
+        from sinkdlm.diffusion.remasking import check_rule, resolve_rule
+
+        # every model an experiment trains is of the llada family (sinkdlm's own, or converted from an AR LM)
+        check_rule(*resolve_rule("llada", config.schedule, config.remasking, preset.evaluation.threshold),
+                   threshold=preset.evaluation.threshold, temperature=0.0, alg_temp=config.alg_temp,
+                   top_p=config.top_p, top_k=config.top_k, eps=config.eps)
+        sample = preset.analysis.sample and dataclasses.replace(preset.analysis.sample, **rule)
+        preset = dataclasses.replace(preset, analysis=dataclasses.replace(preset.analysis, sample=sample),
+                                     evaluation=dataclasses.replace(preset.evaluation, **rule))
     out = Path(out)
     if init_from is None and preset.default_init_from == "example":
         from sinkdlm.checkpoint.example_model import fetch_example_model

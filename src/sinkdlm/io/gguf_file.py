@@ -22,7 +22,8 @@ from sinkdlm.io.files import CheckpointError
 # quantize produces for LLaMA/Qwen2 files). Anything else is refused by name before reading.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# Causal LMs, and the diffusion LMs llama.cpp runs with llama-diffusion-cli (bidirectional, a [MASK] id).
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "dream", "llada")
 # Rows dequantised at a time: about this many bytes of float32 (the transient of a load).
 _BLOCK_BYTES = 8 << 20
 
@@ -52,7 +53,7 @@ class GGUFFile:
     and `tensors()` to dequantise them one by one.
 
     Opening refuses, with one line naming the file: a file that is not GGUF or is truncated (every
-    tensor's bytes must lie inside the file), an architecture other than llama/qwen2, and a tensor
+    tensor's bytes must lie inside the file), an architecture outside `SUPPORTED_ARCHITECTURES`, and a tensor
     type outside `SUPPORTED_TYPES`.
     """
 

@@ -14,6 +14,7 @@ as they open a sinkdlm checkpoint (docs/method.md §10):
 | `Dream`      | Dream-v0 (Qwen2 names)        | bidirectional | shifted (i predicts i+1)      |
 | `qwen2`, `llama` | autoregressive causal LMs | causal        | shifted (next-token head)     |
 | `gguf`       | a llama.cpp `.gguf` file of architecture llama or qwen2: causal, shifted, dequantised |
+|              | or dream / llada (llama-diffusion-cli's): bidirectional, `diffusion.shift_logits`, the file's mask id |
 
 Only `config.json`, `tokenizer*.json`, safetensors and GGUF are read. A checkpoint's `auto_map` (its
 own Python modeling files) is never imported or run: the layouts are mapped here by name. Whatever a
@@ -159,8 +160,22 @@ _LLADA_KEY = re.compile(r"^(?:model\.)?transformer\.(?:blocks\.(\d+)\.(\w+)\.(we
 
 
 # ----------------------------------------------------------------------------- GGUF (llama.cpp)
+def _gguf_head(meta: dict, arch: str, path) -> dict[str, Any]:
+    """The head fields of a GGUF: a causal LM (llama, qwen2), or a diffusion LM of llama.cpp's (dream, llada):
+    bidirectional, its [MASK] id from `tokenizer.ggml.mask_token_id`, shifted as `diffusion.shift_logits` says
+    (absent: Dream shifts, LLaDA does not, as llama.cpp's converter writes them), Dream's sampler for dream."""
+    if arch not in ("dream", "llada"):
+        return dict(mask_token_id=None, causal=True, shift_logits=True)
+    mask = meta.get("tokenizer.ggml.mask_token_id")
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        raise _error(f"{path}: a {arch} GGUF needs tokenizer.ggml.mask_token_id (the [MASK] id; the released model "
+                     f"uses {RELEASED_MASK_IDS[arch]}); write it with GGUFWriter.add_mask_token_id")
+    shift = meta.get("diffusion.shift_logits", arch == "dream")
+    return dict(mask_token_id=mask, causal=False, shift_logits=bool(shift), family="dream" if arch == "dream" else "llada")
+
+
 def gguf_config(meta: dict, tensor_names: list[str], path) -> ModelConfig:
-    """A GGUF file's `{arch}.*` metadata -> ModelConfig of the causal LM it holds (docs/method.md §10)."""
+    """A GGUF file's `{arch}.*` metadata -> ModelConfig of the model it holds (docs/method.md §10)."""
     arch = meta["general.architecture"]
 
     def get(key, default=None):
@@ -185,7 +200,7 @@ def gguf_config(meta: dict, tensor_names: list[str], path) -> ModelConfig:
             # llama.cpp stores no output.weight when the head is the embedding
             tie_word_embeddings="output.weight" not in tensor_names,
             qkv_bias="blk.0.attn_q.bias" in tensor_names,
-            mask_token_id=None, causal=True, shift_logits=True,
+            **_gguf_head(meta, arch, path),
             extra={"source_format": "gguf", "gguf_architecture": arch},
         )
     except (TypeError, ValueError) as e:
@@ -205,8 +220,13 @@ _GGUF_TOP = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "
 _GGUF_KEY = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
+# The architectures whose Q/K rows convert_hf_to_gguf.py permutes (LlamaModel.permute; LLaDAModel's own copy);
+# qwen2 and dream keep Hugging Face's order (their rotary is NEOX-style in llama.cpp).
+ROTARY_PERMUTED = ("llama", "llada")
+
+
 def unpermute_rotary_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row permutation for its interleaved rotary (LLaMA files only).
+    """Undo llama.cpp's Q/K row permutation for its interleaved rotary (LLaMA and LLaDA files).
 
     convert_hf_to_gguf.py stores each head's rows as (pairs, 2) interleaved, from HF's half-split
     order: `w.reshape(h, 2, d/2, ...).swapaxes(1, 2)`. The inverse reads (d/2, 2) and swaps back.
@@ -263,19 +283,19 @@ class LLaDAAdapter(StateDictAdapter):
 
 
 class GGUFAdapter(StateDictAdapter):
-    """llama.cpp names (`blk.i.attn_q.weight`, ...); LLaMA files get their Q/K rows un-permuted."""
+    """llama.cpp names (`blk.i.attn_q.weight`, ...); LLaMA and LLaDA files get their Q/K rows un-permuted."""
 
     def from_hf(self, name, tensor):
         m = _GGUF_KEY.match(name)
         if m and m.group(2) in _GGUF_BLOCK:
             stem = _GGUF_BLOCK[m.group(2)]
-            if self.config.extra.get("gguf_architecture") == "llama" and stem in ("self_attn.q_proj", "self_attn.k_proj"):
+            if self.config.extra.get("gguf_architecture") in ROTARY_PERMUTED and stem in ("self_attn.q_proj", "self_attn.k_proj"):
                 heads = self.config.num_attention_heads if stem.endswith("q_proj") else self.config.num_key_value_heads
                 tensor = unpermute_rotary_rows(tensor, heads)
             return f"layers.{m.group(1)}.{stem}.{m.group(3)}", tensor
         if name in _GGUF_TOP:
             return _GGUF_TOP[name], tensor
-        raise _error(f"{self.path}: unexpected GGUF tensor {name!r} (not a LLaMA/Qwen2 tensor sinkdlm maps)")
+        raise _error(f"{self.path}: unexpected GGUF tensor {name!r} (not a LLaMA/Qwen2/Dream/LLaDA tensor sinkdlm maps)")
 
 
 ADAPTERS: dict[str, type[StateDictAdapter]] = {
@@ -296,7 +316,7 @@ def config_from_raw(raw: dict, path: Path | str = CONFIG_NAME) -> tuple[ModelCon
         check_qwen2_fields(raw, path)
         if fmt == "dream":  # Qwen2 layout, QKV bias always on (DreamAttention), logits shifted
             return qwen2_config(raw, qkv_bias=True, mask_token_id=_mask_id(raw, "dream", path), shift_logits=True,
-                                extra={"source_format": "dream"}), fmt
+                                family="dream", extra={"source_format": "dream"}), fmt
         qkv_bias = fmt == "qwen2" or bool(raw.get("attention_bias", False))
         return qwen2_config(raw, qkv_bias=qkv_bias, mask_token_id=None, causal=True, shift_logits=True,
                             extra={"source_format": fmt}), fmt

@@ -51,6 +51,9 @@ def _open_causal_source(src: str | Path) -> ModelSource:
             f"{source.config_file}: model_type {source.raw.get('model_type', source.fmt)!r} is not supported; "
             f"convert one of {SUPPORTED_ARCHITECTURES} (a directory or a .gguf file)"
         )
+    if not source.config.causal:  # a dream/llada GGUF is already a diffusion LM
+        raise CheckpointError(f"{source.path}: a {source.gguf.architecture} GGUF is already a diffusion LM; open it "
+                              f"directly (--model), no conversion is needed")
     return source
 
 
