@@ -41,7 +41,7 @@ def load_tokenizer_for(path: str | Path | ModelSource):
 def load_model_and_tokenizer(path: str | Path | ModelSource, device=None, dtype: str | torch.dtype | None = None):
     """(DiffusionLM in eval mode, its tokenizer) from one model, checked to agree.
 
-    `path`: a sinkdlm, LLaDA, Dream or Qwen2/LLaMA directory, or a llama/qwen2 `.gguf` file.
+    `path`: a sinkdlm, LLaDA, Dream or Qwen2/LLaMA directory, or a `.gguf` file (llama, qwen2, or llama.cpp's diffusion architectures dream and llada).
     `device`: a `--device` value (None or "auto": CUDA when available, `sinkdlm.model.loader.resolve_device`);
     `dtype` as for `load_checkpoint`.
     """
