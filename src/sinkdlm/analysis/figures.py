@@ -152,36 +152,40 @@ def plot_attention_maps(
     return save_figure(fig, path)
 
 
-def plot_value_norm_scatter(
-    sink_norms, normal_norms, path, *, max_points: int = 10_000, seed: int = 0, title: str | None = None
-) -> Path:
+def plot_value_norm_scatter(sink_norms, normal_norms, path, *, title: str | None = None) -> Path:
     """Value-space norms of sink vs normal tokens (One-Token Fig. 1 right), means in the legend.
 
     ``sink_norms`` / ``normal_norms``: 1-D values (any shape is flattened), or dicts
-    ``label -> values`` with the same labels for one panel per model. At most
-    ``max_points`` per population are drawn (seeded subsample); means use all values.
+    ``label -> values`` with the same labels for one panel per model. Drawn as the distribution of
+    the norm (x: the norm, y: the share of each population per bin, one set of bins per panel), so
+    the x-axis says something: a scatter against the sample index would not. Every value is
+    counted (the recorder's samples are bounded).
     """
     sinks, normals = _models(sink_norms, "sink_norms"), _models(normal_norms, "normal_norms")
     _same_models("sink_norms", sinks, "normal_norms", normals)
-    rng = np.random.default_rng(seed)
     fig = Figure(figsize=(4.5 * len(sinks), 3.6), layout="constrained")
     axes = fig.subplots(1, len(sinks), squeeze=False, sharey=True)[0]
     for ax, label in zip(axes, sinks):
-        if _np(sinks[label], "sink_norms").size == 0:
+        pops = [("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
+                ("sink tokens", _np(sinks[label], "sink_norms").ravel(), "tab:red")]
+        if pops[1][1].size == 0:
             say_empty(ax, "no sinks detected\n(only normal tokens shown)")
-        for name, values, colour in (
-            ("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
-            ("sink tokens", _np(sinks[label], "sink_norms").ravel(), "tab:red"),
-        ):
-            shown = values if values.size <= max_points else rng.choice(values, max_points, replace=False)
+        every = np.concatenate([v for _, v, _ in pops])
+        bins = np.histogram_bin_edges(every, bins=40) if every.size else np.linspace(0, 1, 41)
+        for name, values, colour in pops:
             mean = f"mean {values.mean():.2f}" if values.size else "none"
-            ax.scatter(np.arange(shown.size), shown, s=4, alpha=0.4, color=colour,
-                       label=f"{name} ({mean}, n={values.size})")
-        ax.set_xlabel("sampled token")
-        ax.set_ylabel("value-space L2 norm (eq. 16)")
+            if values.size:  # the share of the population in each bin (sums to 1 per population)
+                ax.hist(values, bins=bins, weights=np.full(values.size, 1.0 / values.size), histtype="stepfilled",
+                        alpha=0.35, color=colour, edgecolor=colour, label=f"{name} ({mean}, n={values.size})")
+                ax.axvline(values.mean(), color=colour, linestyle="--", linewidth=1)
+            else:
+                ax.plot([], [], color=colour, label=f"{name} ({mean}, n=0)")
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_xlabel("value-space L2 norm, mean over heads (eq. 16)")
+        ax.set_ylabel("share of the population per bin")
         if label:
             ax.set_title(label)
-        ax.legend(fontsize=8, markerscale=3)
+        ax.legend(fontsize=8)
     _title(fig, title)
     return save_figure(fig, path)
 
@@ -256,9 +260,12 @@ def plot_non_sink_fraction(
 
 def plot_largest_sink_positions(
     positions, path, *, num_positions: int | None = None, extra_sink_positions: Sequence[int] = (),
-    title: str | None = None,
+    title: str | None = None, step_label: str | Mapping[str, str] = "denoising step",
 ) -> Path:
-    """Largest-sink position vs denoising step, as a heatmap.
+    """Largest-sink position vs step, as a heatmap.
+
+    ``step_label`` names the x-axis, one for every panel or ``label -> name`` per model: a DLM's
+    steps are denoising steps, an autoregressive model's are decoding steps (one token each).
 
     ``positions``: ``[T, ...]`` integer positions (e.g. ``[T, L, H]`` from
     ``largest_sink_positions``; -1 = no sink), or a dict ``label -> [T, ...]`` for one
@@ -308,7 +315,7 @@ def plot_largest_sink_positions(
             twin.set_ylabel("no sink (white line)", fontsize=9)
         integer_ticks(ax, "x")
         integer_ticks(ax, "y")
-        ax.set_xlabel("denoising step")
+        ax.set_xlabel(step_label.get(label, "step") if isinstance(step_label, Mapping) else step_label)
         ax.set_ylabel("largest-sink position")
         if label:
             ax.set_title(label)
