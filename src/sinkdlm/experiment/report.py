@@ -18,8 +18,8 @@ from typing import Any
 from sinkdlm.atomic import atomic_write_json
 from sinkdlm.experiment.summary import (
     ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, SINK_TOKEN_TYPES, analysis_record, epsilon_intervals,
-    experiment_timing, extra_sink_mass, pooled_value_norm_difference, seed_interval, summarise, task_chance,
-    task_metrics, token_type_intervals, training_curves,
+    experiment_timing, extra_sink_mass, masking_intervals, pooled_value_norm_difference, seed_interval, summarise,
+    task_chance, task_metrics, token_type_intervals, training_curves,
 )
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
@@ -189,9 +189,29 @@ def _layer_values(layers: list[dict], key: str, digits: int = 1) -> str:
     return "/".join("–" if lay.get(key) is None else f"{lay[key]:.{digits}f}" for lay in layers)
 
 
+def _per_layer_finding(lay: dict, sinks: str, others: str) -> str:
+    """"lower in a, higher in b, no difference detected in c of n layers" from the per-layer paired
+    intervals over seeds, a direction only where a layer survives Benjamini-Hochberg over the layers."""
+    tests = lay.get("per_layer_tests") or {}
+    n = lay["compared_layers"]
+    if len(lay["seeds"]) < 2 or not tests.get("tested"):
+        return (f"{sinks} above {others} in {lay['positive_layers']} and below in {lay['negative_layers']} of {n} layers "
+                f"(point estimates: per-layer values from {len(lay['seeds'])} seed, no interval)")
+    lower, higher = tests["lower"], tests["higher"]
+    rest = tests["tested"] - len(lower) - len(higher)
+
+    def which(layers):
+        return f" (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})" if layers else ""
+
+    return (f"per layer, {sinks} lower than {others} in {len(lower)}{which(lower)}, higher in {len(higher)}{which(higher)}, "
+            f"no difference detected in {rest} of {tests['tested']} layers (paired t over {len(lay['seeds'])} seeds "
+            f"per layer, Benjamini-Hochberg over the {tests['tested']} layers)")
+
+
 def value_norm_lines(results: dict[str, Any]) -> list[str]:
-    """The value-norm findings, per layer (One-Token Fig. 3): sinks vs normal tokens in every model,
-    and the extra sink vs the other tokens from the second layer on."""
+    """The value-norm findings, stated per layer (One-Token Fig. 3): sinks vs normal tokens in every model,
+    and the extra sink vs the other tokens from the second layer on, each with the step-0 control (the
+    converted model before training) or a note that this run did not measure it."""
     lines = []
     vn = [(v, v["summary"]["value_norm_layers"]) for v in results["variants"].values() if v["summary"].get("value_norm_layers")]
     if vn:
@@ -199,21 +219,25 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
         for v, lay in vn:
             label, seeds = v["label"], lay["seeds"]
             pooled = pooled_value_norm_difference(v, seeds)  # the same seeds, for contrast
-            text = (f"{label}: per layer {_layer_values(lay['layers'], 'a')} vs {_layer_values(lay['layers'], 'b')} "
-                    f"(sink above normal in {lay['positive_layers']} of {lay['compared_layers']} layers with sinks")
+            text = (f"{label}: {_per_layer_finding(lay, 'sinks', 'normal tokens')}; mean per layer "
+                    f"{_layer_values(lay['layers'], 'a')} vs {_layer_values(lay['layers'], 'b')}")
             if len(seeds) < len(results["seeds"]):
-                text += f"; per-layer norms recorded for seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} only"
-            text += f"), mean over layers {lay['layer_mean']['verdict']}" if lay.get("layer_mean") else ")"
-            if pooled is not None:
-                text += f"; pooled over layers (weighted by sink counts), the same seeds: {signed(pooled)}"
+                text += f" (per-layer norms recorded for seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} only)"
             s0 = v["summary"].get("step0_value_norm_layers")
             if s0:  # one model, no interval: what the converted model had before training
-                text += (f"; step-0 control {_layer_values(s0['layers'], 'a')} vs {_layer_values(s0['layers'], 'b')} "
-                         f"(sink above normal in {s0['positive_layers']} of {s0['compared_layers']} layers)")
+                text += (f"; step-0 control (one model, no interval) {_layer_values(s0['layers'], 'a')} vs "
+                         f"{_layer_values(s0['layers'], 'b')} (sink above normal in {s0['positive_layers']} of "
+                         f"{s0['compared_layers']} layers)")
+            else:
+                text += "; step-0 control: not measured in this run"
+            if lay.get("layer_mean"):
+                text += (f"; the unweighted mean over layers of sink − normal (a summary, not a statement about every "
+                         f"layer) {lay['layer_mean']['verdict']}")
+            if pooled is not None:
+                text += f"; pooled over layers (weighted by sink counts), the same seeds: {signed(pooled)}"
             parts.append(text)
         lines.append("- **Do sinks carry smaller value vectors than normal tokens?** (value norm of sinks vs of "
-                     "normal tokens, paired within layer and seed, mean over seeds per layer; then the unweighted mean "
-                     "over layers of sink − normal, interval over seeds) " + "; ".join(parts) + ".")
+                     "normal tokens, paired within layer and seed) " + "; ".join(parts) + ".")
     extra = [(name, v["label"], v["summary"]["extra_sink_layers"]) for name, v in results["variants"].items()
              if v["summary"].get("extra_sink_layers")]
     if extra:
@@ -224,20 +248,76 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
             vo = e.get("value_norm_vs_others")
             if vo:
                 later = vo["layers"][vo["from_layer"]:]
-                text += (f"; its value norm per layer from the second on {_layer_values(later, 'a')} vs the other "
-                         f"tokens' {_layer_values(later, 'b')} (below in {vo['negative_layers']} of {vo['compared_layers']} "
-                         f"layers; seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
-                if vo.get("layer_mean"):
-                    text += f", mean over those layers {vo['layer_mean']['verdict']}"
+                text += (f"; from the second layer on, {_per_layer_finding(vo, 'the extra sink', 'the other tokens')}; "
+                         f"mean per layer {_layer_values(later, 'a')} vs {_layer_values(later, 'b')} "
+                         f"(seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
                 s0 = (results["variants"][name]["summary"].get("step0_extra_sink_layers") or {}).get("value_norm_vs_others")
                 if s0:
-                    text += f"; step-0 control: below in {s0['negative_layers']} of {s0['compared_layers']} layers"
+                    s0_later = s0["layers"][s0["from_layer"]:]
+                    text += (f"; step-0 control (one model, no interval) {_layer_values(s0_later, 'a')} vs "
+                             f"{_layer_values(s0_later, 'b')} (below in {s0['negative_layers']} of {s0['compared_layers']} "
+                             "layers)")
+                else:
+                    text += "; step-0 control: not measured in this run"
+                if vo.get("layer_mean"):
+                    text += f"; the unweighted mean over those layers {vo['layer_mean']['verdict']}"
             else:
                 text += "; its value norm per layer was not recorded for these runs"
             parts.append(text)
         lines.append("- **Is the extra sink's value norm below the other tokens' from the second layer on "
                      "(One-Token Fig. 3)?** " + "; ".join(parts) + ".")
     return lines
+
+
+MASKING_METRICS = {"continuation_elbo_per_token": "continuation ELBO / token (nats)",
+                   "continuation_logprob_per_token": "continuation log-likelihood / token (nats)"}
+
+
+def masking_table(results: dict[str, Any]) -> tuple[str, list[str], list[list[str]]] | None:
+    """The sink-masking curve of every variant (Rulli et al. Table 1): (what the score is, header, rows),
+    one row per variant, setting of the extra sink and K; None when no variant ran the ablation."""
+    rows, metrics = [], set()
+    for v in results["variants"].values():
+        m = v["summary"].get("masking")
+        if not m:
+            continue
+        metrics.add(m["metric"])
+        has_extra = bool(v.get("switches", {}).get("num_sink_tokens"))
+        for setting in m["settings"]:
+            extra = ("masked when among the top K" if setting["include_extra_sink"] else "never masked") if has_extra else "–"
+            if not setting["measured"]:
+                rows.append([v["label"], extra, "–", "not measured in this run",
+                             "not measured in this run", "–"])
+                continue
+            for k, row in setting["k"].items():
+                d = row["delta"]
+                if d.get("missing"):
+                    delta = (("–" if d.get("mean") is None else f"{signed(d['mean'], 3)} (mean over seeds)")
+                             + ": per-request scores not recorded, no interval")
+                    word = "no interval"
+                else:
+                    delta = _fmt_diff(d, bold=False) if not d.get("degenerate") else _fmt_interval(d)
+                    word = _short_verdict(d)
+                rows.append([v["label"], extra, k, delta, _fmt_interval(row["masked_keys_per_head"], 1.0, 2), word])
+    if not rows:
+        return None
+    what = " / ".join(MASKING_METRICS.get(m, f"`{m}`") for m in sorted(metrics))
+    header = ["variant", "extra sink", "K", f"Δ {what} vs K = 0 [95 % CI, seeds × prompts]",
+              "keys masked per (row, layer, head) [95 % CI over seeds]", "verdict"]
+    return what, header, rows
+
+
+def masking_note(results: dict[str, Any]) -> str:
+    from sinkdlm.config import AnalyzeConfig
+
+    eps = results.get("analysis_settings", {}).get("epsilon", AnalyzeConfig.epsilon)
+    return (f"Sink masking (Rulli et al. Table 1): the top-K sinks (ϵ = {eps:g}) of every layer and head get -inf pre-softmax "
+            "logits, detected on the unablated forward of the same noised input; a head with fewer than K sinks has "
+            "only its sinks masked, so the column of masked keys says how many K really hid. A variant with an extra "
+            "sink token is scored twice: with the extra sink never masked (it holds most of the attention, so sparing "
+            "it makes masking look cheap) and with it a candidate like any other key. Δ is paired within seed and "
+            "held-out request and its interval is over seeds × prompts (two-way random effects, t with seeds − 1 df); "
+            "a direction only where it survives the report's adjustment.")
 
 
 def questions_list(results: dict[str, Any]) -> list[str]:
@@ -385,41 +465,86 @@ def markdown_summary(results: dict[str, Any]) -> str:
         pivot = pivot_comparisons(results, ["non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard"])
         if pivot:
             parts += ["", _md_table(*pivot)]
+    masking = masking_table(results)
+    if masking:
+        parts += ["", masking_note(results), "", _md_table(*masking[1:])]
     return "\n".join(parts) + "\n"
 
 
 def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
-    """Rulli et al.'s contrast on one set of weights: the AR model (intervals over prompts, from
-    `analyze --per-prompt`) beside the DLMs adapted from it (intervals over seeds, from the experiment's
-    results.json). Different units and models: side by side, not a paired test."""
+    """Rulli et al.'s contrast on one set of weights, split by kind so that every table compares like with
+    like: the AR model alone (decoding steps, exact log-likelihood, intervals over prompts, from
+    `analyze --per-prompt`), then the DLMs adapted from it side by side (denoising steps, ELBO,
+    intervals over seeds, or seeds × prompts for the masking Δ, from the experiment's results.json).
+    No number of one table is compared with the other's: the steps, the score and the unit differ."""
     from sinkdlm.analysis.over_prompts_report import fmt_interval as _fmt
 
-    def over_seeds(variant: str, get, share: bool = False) -> str:
-        iv = seed_interval(dlm["variants"][variant], get, share)
+    s = ar["summary"]
+    n_prompts = ar["setup"]["num_prompts"]
+    ab = s.get("ablation") or {}
+    ks = [k for k in ("1", "10") if k in ab]
+    ar_rows = [["sink-set change rate between consecutive decoding steps (content keys)",
+                _fmt(s["moving"].get("content_sink_set_change_rate") or s["moving"].get("sink_set_change_rate"), 1, 4)],
+               ["largest-sink position change rate between consecutive decoding steps",
+                _fmt(s["moving"].get("largest_sink_change_rate"), 1, 4)]]
+    for k in ks:
+        ar_rows.append([f"Δ continuation log-likelihood / token (nats), top-{k} sinks masked in every head",
+                        _fmt(ab[k].get("delta"), 1, 3)])
+        ar_rows.append([f"keys masked per (row, layer, head) at K = {k}", _fmt(ab[k].get("masked_keys_per_head"), 1, 2)])
+    lines = [f"The AR model ({ar['model'].get('label', 'model')}), greedy decoding, one token per step; mean over "
+             f"{n_prompts} prompts [95 % CI, Student t over prompts; Δ paired within prompt]:", "",
+             "| measure | AR |", "|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in ar_rows]
+
+    names = [n for n, v in dlm["variants"].items() if v["seeds"]]
+    variants = [dlm["variants"][n] for n in names]
+
+    def over_seeds(v: dict, get, share: bool = False) -> str:
+        iv = seed_interval(v, get, share)
         return "n/a" if iv is None else _fmt(iv, 1, 4 if share else 3)
 
-    s = ar["summary"]
-    names = [n for n in ("vanilla", "sink1-front") if n in dlm["variants"]]
-    labels = [dlm["variants"][n]["label"] for n in names]
-    rows = []
-    for key, what in (("content_sink_set_change_rate", "sink-set change rate between consecutive steps (content keys)"),
-                      ("largest_sink_change_rate", "largest-sink position change rate")):
-        rows.append([what, _fmt(s["moving"].get(key), 1, 4)]
-                    + [over_seeds(n, lambda a, k=key: (a.get("moving") or {}).get(k), True) for n in names])
-    for k in ("1", "10"):
-        ar_delta = (s.get("ablation") or {}).get(k, {}).get("delta")
-        rows.append([f"Δ score, top-{k} sink(s) masked per head (AR: log-prob / token; DLM: ELBO / token)",
-                     _fmt(ar_delta, 1, 3)]
-                    + [over_seeds(n, lambda a, k=k: ((a.get("ablation") or {}).get("delta") or {}).get(k)) for n in names])
-    rows.append(["share of all attention on the extra sink token", "–"]
-                + [over_seeds(n, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
-                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
-    rows.append(["share of heads whose largest sink is the extra sink", "–"]
-                + [over_seeds(n, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
-                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
-    header = ["measure", f"AR ({ar['setup']['num_prompts']} prompts)"] + [f"{lab} ({len(dlm['seeds'])} seeds)" for lab in labels]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    def masking(v: dict) -> dict | None:
+        return v["summary"].get("masking") or masking_intervals(v)
+
+    def masking_cell(v: dict, include: bool, k: str, what: str) -> str:
+        m = masking(v)
+        if not v.get("switches", {}).get("num_sink_tokens") and include:
+            return "– (no extra sink)"
+        setting = next((st for st in (m or {}).get("settings", []) if st["include_extra_sink"] == include), None)
+        if setting is None or not setting["measured"]:
+            return "not measured in this run"
+        row = setting["k"].get(k)
+        if row is None:
+            return "–"
+        if what == "masked":
+            return _fmt_interval(row["masked_keys_per_head"], 1.0, 2) if row["masked_keys_per_head"] else "not recorded"
+        d = row["delta"]
+        return "no interval (per-request scores not recorded)" if d.get("missing") else _fmt_interval(d, 1.0, 3)
+
+    dlm_rows = [["sink-set change rate between consecutive denoising steps (content keys)"]
+                + [over_seeds(v, lambda a: (a.get("moving") or {}).get("content_sink_set_change_rate")
+                              or (None if v["switches"].get("num_sink_tokens") else (a.get("moving") or {}).get("sink_set_change_rate")),
+                              True) for v in variants],
+                ["largest-sink position change rate between consecutive denoising steps"]
+                + [over_seeds(v, lambda a: (a.get("moving") or {}).get("largest_sink_change_rate"), True) for v in variants]]
+    for k in ks:
+        for include, which in ((False, "an extra sink never masked"), (True, "the extra sink a candidate too")):
+            dlm_rows.append([f"Δ continuation ELBO / token (nats), top-{k} sinks masked in every head, {which} "
+                             "[seeds × prompts]"] + [masking_cell(v, include, k, "delta") for v in variants])
+            dlm_rows.append([f"keys masked per (row, layer, head) at K = {k}, {which}"]
+                            + [masking_cell(v, include, k, "masked") for v in variants])
+    dlm_rows.append(["share of all attention on the extra sink token"]
+                    + [over_seeds(v, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
+                       if v["switches"].get("num_sink_tokens") else "–" for v in variants])
+    dlm_rows.append(["share of heads whose largest sink is the extra sink"]
+                    + [over_seeds(v, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
+                       if v["switches"].get("num_sink_tokens") else "–" for v in variants])
+    header = ["measure"] + [v["label"] for v in variants]
+    lines += ["", f"The DLMs adapted from it (preset `{dlm['preset']}`), {dlm['train'].get('max_steps', '?')} training "
+              f"steps, analysed while denoising; mean over {len(dlm['seeds'])} seeds [95 % CI, Student t over "
+              "seeds; the masking Δ paired within seed and request, its interval over seeds × prompts]:", "",
+              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in dlm_rows]
     return "\n".join(lines) + "\n"
 
 
@@ -526,16 +651,11 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
     if types:
         doc.heading("What the sinks sit on (Rulli et al. Table 2)", 3)
         doc.table(*types)
-    abl_rows = []
-    for v in results["variants"].values():
-        first = next(iter(v["seeds"].values()))
-        abl = (first.get("analysis") or {}).get("ablation")
-        if abl and abl.get("scores"):
-            abl_rows.append([v["label"], f"`{abl.get('metric')}` ({abl.get('protocol')})",
-                             ", ".join(f"K={k}: {s:.3f}" for k, s in abl["scores"].items() if isinstance(s, (int, float)))])
-    if abl_rows:
-        doc.heading("Sink-masking ablation (first seed)", 3)
-        doc.table(["variant", "score (protocol)", "score by K"], abl_rows)
+    masking = masking_table(results)
+    if masking:
+        doc.heading("Sink-masking ablation (Rulli et al. Table 1)", 3)
+        doc.paragraph(masking_note(results))
+        doc.table(*masking[1:])
     samples = [(v["label"], seed, rec["analysis"]) for v in results["variants"].values()
                for seed, rec in list(v["seeds"].items())[:1] if (rec.get("analysis") or {}).get("samples")]
     if samples:
