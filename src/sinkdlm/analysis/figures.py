@@ -325,28 +325,69 @@ def plot_largest_sink_positions(
 
 
 def plot_training_curves(
-    curves: Mapping[str, tuple], path, *, ylabel: str = "validation loss (ELBO bound / token)", title: str | None = None
+    curves: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "validation loss (ELBO bound / token)",
+    title: str | None = None,
 ) -> Path:
-    """Mean ± std over seeds of a metric vs step, one line per model.
+    """A metric vs training step, every seed drawn: one colour per model, one thin line per seed, and
+    the mean over the seeds (thick, at the steps every seed logged).
 
-    ``curves``: ``label -> (steps [T], mean [T], std [T])``.
+    ``curves``: ``label -> {seed: (steps [T], values [T])}``.
     """
     if not curves:
         raise ValueError("curves is empty; pass at least one model")
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
-    for label, (steps, mean, std) in curves.items():
-        steps, mean, std = _np(steps, "steps"), _np(mean, "mean"), _np(std, "std")
-        ax.plot(steps, mean, marker="o", markersize=3, label=label)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    for i, (label, seeds) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
+        series = {seed: dict(zip(_np(st, "steps").tolist(), _np(v, "values").tolist())) for seed, (st, v) in seeds.items()}
+        for seed, c in series.items():
+            ax.plot(list(c), list(c.values()), color=colour, linewidth=0.8, alpha=0.45)
+        common = sorted(set.intersection(*(set(c) for c in series.values()))) if series else []
+        if common:
+            ax.plot(common, [float(np.mean([c[st] for c in series.values()])) for st in common], color=colour,
+                    linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seeds; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     integer_ticks(ax)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_paired_differences(
+    differences: Sequence[Mapping], path, *, xlabel: str = "Δ validation loss (variant − baseline, nats / token)",
+    title: str | None = None,
+) -> Path:
+    """One row per compared pair: the per-seed paired differences (dots, labelled by seed) and the mean
+    with its 95 % interval over seeds (bar; none when it has no bounds), against a line at 0.
+
+    ``differences``: ``[{"label", "per_seed": {seed: d}, "interval": {"mean", "low", "high"}}]``.
+    """
+    if not differences:
+        raise ValueError("differences is empty; pass at least one compared pair")
+    fig = Figure(figsize=(7.0, 1.2 + 0.55 * len(differences)), layout="constrained")
+    ax = fig.subplots()
+    for row, entry in enumerate(reversed(list(differences))):
+        iv = entry["interval"]
+        if iv.get("low") is not None and iv.get("high") is not None:
+            ax.errorbar([iv["mean"]], [row], xerr=[[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]], fmt="s",
+                        color="black", capsize=4, markersize=5, label="mean, 95 % CI over seeds" if row == 0 else None)
+        else:
+            ax.plot([iv["mean"]], [row], "s", color="black", label="mean (no interval)" if row == 0 else None)
+        for seed, d in entry["per_seed"].items():
+            ax.plot([d], [row + 0.18], "o", color="tab:orange", markersize=4, alpha=0.8)
+            ax.annotate(str(seed), (d, row + 0.18), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    ax.plot([], [], "o", color="tab:orange", label="one seed (labelled)")
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(differences)), [e["label"] for e in reversed(list(differences))], fontsize=8)
+    ax.set_ylim(-0.6, len(differences) - 0.3)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    _title(fig, title)
     return save_figure(fig, path)
 
 

@@ -136,17 +136,15 @@ def _argmax_label(top: dict) -> str:
 
 def markdown_headline(result: dict) -> str:
     """At most five rows for a README: the numbers a reader of Rulli et al. looks for first."""
-    from sinkdlm.analysis.over_prompts import sink_mass_argmax
-
     s, setup, model = result["summary"], result["setup"], result["model"]
     mass = s["sink_mass_per_layer"]
-    # an intervals.json from before the argmax had an interval: computed from its per-prompt records
-    top = s["sink_mass_argmax"] if "sink_mass_argmax" in s else sink_mass_argmax(result["per_prompt"])
+    top = s.get("sink_mass_argmax")  # an older intervals.json: re-summarise it (over_prompts.write_summary)
     v = s["value_norm_verdict"]
     moving = s["moving"].get("content_sink_set_change_rate") or s["moving"].get("sink_set_change_rate")
     rows = [
         ("non-sink fraction at ϵ = 3 (%)", fmt_interval(s["non_sink_fraction"], 100)),
-        (_argmax_label(top), fmt_interval(mass[top["layer"]], 100, 1)),
+        (_argmax_label(top), fmt_interval(mass[top["layer"]], 100, 1)) if top else
+        ("layer of most attention on detected sinks", "not computed for this file: re-summarise it (write_summary)"),
         ("layers where sinks' value norm is lower / higher than other tokens' (BH over layers)",
          f"{len(v['sinks_lower'])} / {len(v['sinks_higher'])} of {v['layers_tested']}"),
         ("sink-set change rate between consecutive decoding steps", fmt_interval(moving, 1, 4)),

@@ -19,7 +19,7 @@ from sinkdlm.atomic import atomic_write_json
 from sinkdlm.experiment.summary import (
     ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, SINK_TOKEN_TYPES, analysis_record, epsilon_intervals,
     experiment_timing, extra_sink_mass, masking_intervals, pooled_value_norm_difference, seed_interval, summarise,
-    task_chance, task_metrics, token_type_intervals, training_curves,
+    paired_val_loss_differences, task_chance, task_metrics, token_type_intervals, training_curves,
 )
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
@@ -194,18 +194,21 @@ def _per_layer_finding(lay: dict, sinks: str, others: str) -> str:
     intervals over seeds, a direction only where a layer survives Benjamini-Hochberg over the layers."""
     tests = lay.get("per_layer_tests") or {}
     n = lay["compared_layers"]
-    if len(lay["seeds"]) < 2 or not tests.get("tested"):
+    if len(lay["seeds"]) < 2:
         return (f"{sinks} above {others} in {lay['positive_layers']} and below in {lay['negative_layers']} of {n} layers "
-                f"(point estimates: per-layer values from {len(lay['seeds'])} seed, no interval)")
-    lower, higher = tests["lower"], tests["higher"]
-    rest = tests["tested"] - len(lower) - len(higher)
+                "(point estimates from 1 seed: no interval, no verdict)")
+    tested = tests.get("tested", 0)
+    lower, higher = tests.get("lower", []), tests.get("higher", [])
 
     def which(layers):
         return f" (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})" if layers else ""
 
-    return (f"per layer, {sinks} lower than {others} in {len(lower)}{which(lower)}, higher in {len(higher)}{which(higher)}, "
-            f"no difference detected in {rest} of {tests['tested']} layers (paired t over {len(lay['seeds'])} seeds "
-            f"per layer, Benjamini-Hochberg over the {tests['tested']} layers)")
+    text = (f"per layer, {sinks} lower than {others} in {len(lower)}{which(lower)}, higher in {len(higher)}{which(higher)}, "
+            f"no difference detected in {tested - len(lower) - len(higher)} of {tested} layers tested (paired t over "
+            f"{len(lay['seeds'])} seeds per layer, Benjamini-Hochberg over those layers)")
+    if n > tested:
+        text += f"; {n - tested} more without a variance estimate (every seed alike) or with sinks in one seed only"
+    return text
 
 
 def value_norm_lines(results: dict[str, Any]) -> list[str]:
@@ -550,7 +553,7 @@ def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
 
 # ----------------------------------------------------------------------------- the report
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    from sinkdlm.analysis.figures import plot_score_bars, plot_training_curves
+    from sinkdlm.analysis.figures import plot_paired_differences, plot_score_bars, plot_training_curves
 
     out = Path(out)
     fig_dir = out / "figures"
@@ -597,8 +600,16 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     curves = training_curves(results)
     if curves:
         doc.heading("Training")
-        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), ("Validation loss of the training loop (its own per-run noise, not the fixed validation) vs "
-                  "step: mean over seeds, error bars ± 1 standard deviation over seeds (not a confidence interval)"))
+        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"),
+                  "Validation loss of the training loop (its own per-run noise, not the fixed validation) vs step: "
+                  "one thin line per seed and the mean over seeds (thick); no interval is drawn, the paired "
+                  "comparison is the next figure")
+    diffs = paired_val_loss_differences(results)
+    if diffs:
+        doc.image(plot_paired_differences(diffs, fig_dir / "val_loss_paired.png"),
+                  f"Paired differences of the final `val_loss` (variant − baseline on the same seed): each seed's "
+                  f"difference (dots, labelled by seed) and the mean with its 95 % interval ({METHOD_SEEDS}); an "
+                  "interval that crosses 0 detects no difference")
     bars = {}
     for k in task_metrics(results):
         per = {}

@@ -594,14 +594,27 @@ def pooled_value_norm_difference(variant: dict[str, Any], seeds: list[str]) -> f
     return _mean_or_none([sink_vn[s] - normal_vn[s] for s in seeds if s in sink_vn and s in normal_vn])
 
 
-def training_curves(results: dict[str, Any]) -> dict[str, tuple[list[int], list[float], list[float]]]:
-    """{variant label: (steps, mean, std over seeds)} of the validation loss, at the steps every seed logged."""
+def training_curves(results: dict[str, Any]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """{variant label: {seed: (steps, validation loss)}} of the training loop's curve, every seed drawn
+    (with 2-3 seeds a ± SD band says little: the seeds themselves are shown)."""
     curves = {}
     for v in results["variants"].values():
-        per_seed = [dict(map(tuple, s["curve"])) for s in v["seeds"].values() if s.get("curve")]
-        steps = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
-        if steps:
-            means = [statistics.fmean(c[s] for c in per_seed) for s in steps]
-            stds = [statistics.stdev([c[s] for c in per_seed]) if len(per_seed) > 1 else 0.0 for s in steps]
-            curves[v["label"]] = (steps, means, stds)
+        per_seed = {seed: [tuple(x) for x in rec["curve"]] for seed, rec in v["seeds"].items() if rec.get("curve")}
+        if per_seed:
+            curves[v["label"]] = {seed: ([int(st) for st, _ in c], [float(x) for _, x in c]) for seed, c in per_seed.items()}
     return curves
+
+
+def paired_val_loss_differences(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every compared pair's `val_loss` difference: the per-seed differences (variant − baseline, the
+    same seed) and the stored paired interval over seeds (`comparisons`), for the figure of paired
+    differences. Pairs with a missing seed are left out."""
+    out = []
+    for c in results.get("comparisons", []):
+        if c["metric"] != "val_loss" or c.get("missing") or c.get("mean") is None:
+            continue
+        a, b = (results["variants"][name] for name in c["pair"])
+        va, vb = _seed_values(a, "val_loss"), _seed_values(b, "val_loss")
+        out.append({"label": f"{c['variant']} − {c['baseline']}", "per_seed": {s: va[s] - vb[s] for s in sorted(va, key=str)},
+                    "interval": {k: c.get(k) for k in ("mean", "low", "high", "n", "degenerate", "survives")}})
+    return out
