@@ -295,19 +295,26 @@ def masking_table(results: dict[str, Any]) -> tuple[str, list[str], list[list[st
             for k, row in setting["k"].items():
                 d = row["delta"]
                 if d.get("missing"):
-                    delta = (("–" if d.get("mean") is None else f"{signed(d['mean'], 3)} (mean over seeds)")
+                    delta = (("–" if d.get("mean") is None else f"{signed(d['mean'], 3)} (mean over {_seeds(d['seeds'])})")
                              + ": per-request scores not recorded, no interval")
                     word = "no interval"
                 else:
                     delta = _fmt_diff(d, bold=False) if not d.get("degenerate") else _fmt_interval(d)
                     word = _short_verdict(d)
-                rows.append([v["label"], extra, k, delta, _fmt_interval(row["masked_keys_per_head"], 1.0, 2), word])
+                masked = _fmt_interval(row["masked_keys_per_head"], 1.0, 2)
+                if row["seeds"] < len(v["seeds"]):
+                    masked += f" ({_seeds(row['seeds'])} recorded it)"
+                rows.append([v["label"], extra, k, delta, masked, word])
     if not rows:
         return None
     what = " / ".join(MASKING_METRICS.get(m, f"`{m}`") for m in sorted(metrics))
     header = ["variant", "extra sink", "K", f"Δ {what} vs K = 0 [95 % CI, seeds × prompts]",
               "keys masked per (row, layer, head) [95 % CI over seeds]", "verdict"]
     return what, header, rows
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
 
 
 def masking_note(results: dict[str, Any]) -> str:

@@ -385,7 +385,8 @@ def masking_intervals(variant: dict[str, Any], confidence: float = 0.95) -> dict
                                     "verdict": verdict(iv, lower_is_better=False)}
                 else:
                     gone = [s for s, p in per.items() if not (p and key in p)]
-                    row["delta"] = {"mean": _mean_or_none([b["delta"].get(key) for b in blocks.values() if b]),
+                    means = [b["delta"][key] for b in blocks.values() if b and b["delta"].get(key) is not None]
+                    row["delta"] = {"mean": _mean_or_none(means), "seeds": len(means),
                                     "missing": gone or seeds, "verdict": "missing: per-request scores not recorded "
                                     "for these runs (no interval over seeds × prompts)"}
                 entry["k"][key] = row
