@@ -163,7 +163,7 @@ def plot_value_norm_scatter(sink_norms, normal_norms, path, *, title: str | None
     """
     sinks, normals = _models(sink_norms, "sink_norms"), _models(normal_norms, "normal_norms")
     _same_models("sink_norms", sinks, "normal_norms", normals)
-    fig = Figure(figsize=(4.5 * len(sinks), 3.6), layout="constrained")
+    fig = Figure(figsize=(max(7.0, 4.8 * len(sinks)), 3.8), layout="constrained")  # room for the model's title
     axes = fig.subplots(1, len(sinks), squeeze=False, sharey=True)[0]
     for ax, label in zip(axes, sinks):
         pops = [("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
