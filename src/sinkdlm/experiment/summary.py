@@ -341,13 +341,15 @@ def extra_sink_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def _ablation_setting(rec: dict[str, Any], include_extra_sink: bool) -> dict[str, Any] | None:
-    """One seed's scored setting of the masking ablation (the headline or its `alternative`), or None."""
+def _ablation_setting(rec: dict[str, Any], include_extra_sink: bool | None) -> dict[str, Any] | None:
+    """One seed's scored setting of the masking ablation (the headline or its `alternative`), or None;
+    `include_extra_sink` None: the headline (a model without extra sinks has one setting only)."""
     abl = (rec.get("analysis") or {}).get("ablation")
     if not abl:
         return None
     for block in (abl, abl.get("alternative")):
-        if block and bool(block.get("include_extra_sink")) == include_extra_sink and block.get("delta"):
+        if block and block.get("delta") and (include_extra_sink is None
+                                             or bool(block.get("include_extra_sink")) == include_extra_sink):
             return block
     return None
 
@@ -363,12 +365,12 @@ def masking_intervals(variant: dict[str, Any], confidence: float = 0.95) -> dict
     if not recs:
         return None
     first = recs[0]["analysis"]["ablation"]
-    settings = [False, True] if _has_extra_sinks(variant) else [False]
+    settings = [False, True] if _has_extra_sinks(variant) else [None]
     out = {"metric": first.get("metric"), "settings": []}
     seeds = sorted(variant["seeds"], key=str)
     for include in settings:
         blocks = {seed: _ablation_setting(variant["seeds"][seed], include) for seed in seeds}
-        entry: dict[str, Any] = {"include_extra_sink": include, "measured": any(blocks.values()), "k": {}}
+        entry: dict[str, Any] = {"include_extra_sink": bool(include), "measured": any(blocks.values()), "k": {}}
         if entry["measured"]:
             ks = sorted({int(k) for b in blocks.values() if b for k in b["delta"]} - {0})
             for k in ks:
