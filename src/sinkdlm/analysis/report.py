@@ -295,28 +295,36 @@ def _ablation_section(doc: Document, ablations: Mapping[str, dict], extra_sinks:
 
 
 # ----------------------------------------------------------------------------- compare
-def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | None = None) -> Path:
-    """Δ score vs K, one line per model (with ±1 s.e. bars when the ablation has them)."""
+def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | None = None,
+                        extra_sinks: Mapping[str, int] | None = None) -> Path:
+    """Δ score vs K, one line per model and scored setting of its extra sink (`extra_sinks`: label ->
+    number of extra sink tokens, to name the setting), with ±1 s.e. bars when the ablation has them.
+    The legend sits under the axes (a study compares nine models) and the title is wrapped."""
+    import textwrap
+
     from matplotlib.figure import Figure
 
     from sinkdlm.analysis.figures import save_figure
 
-    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    lines = [(label, ab, setting) for label, ab in ablations.items() for setting in ablation_settings(ab)]
+    metrics = sorted({ab["metric"] for ab in ablations.values()})
+    fig = Figure(figsize=(7.5, 4.0 + 0.22 * len(lines)), layout="constrained")
     ax = fig.subplots()
-    for label, ab in ablations.items():
+    for label, ab, setting in lines:
         ks = [int(k) for k in ab["k"]]
-        for setting in ablation_settings(ab):
-            delta = _floats([(setting["delta"] or {}).get(str(k)) for k in ks])
-            se = _floats([((setting.get("delta_stderr") or {}).get(str(k))) for k in ks])
-            which = "" if len(ablation_settings(ab)) == 1 else (
-                ", extra sink masked" if setting["include_extra_sink"] else ", extra sink kept")
-            ax.errorbar(ks, delta, yerr=np.nan_to_num(se), marker="o", capsize=3,
-                        linestyle="--" if setting["include_extra_sink"] else "-", label=f"{label}{which} ({ab['metric']})")
+        delta = _floats([(setting["delta"] or {}).get(str(k)) for k in ks])
+        se = _floats([((setting.get("delta_stderr") or {}).get(str(k))) for k in ks])
+        which = "" if not (extra_sinks or {}).get(label) else (
+            ", extra sink masked" if setting["include_extra_sink"] else ", extra sink never masked")
+        metric = f" ({ab['metric']})" if len(metrics) > 1 else ""
+        ax.errorbar(ks, delta, yerr=np.nan_to_num(se), marker="o", capsize=3,
+                    linestyle="--" if setting["include_extra_sink"] else "-", label=f"{label}{which}{metric}")
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set(xlabel="K (top-K sinks masked per layer and head)", ylabel="Δ score vs K = 0 (± 1 s.e. over requests)")
-    ax.legend(fontsize=7)
+    score = metrics[0] if len(metrics) == 1 else "score"
+    ax.set(xlabel="K (top-K sinks masked per layer and head)", ylabel=f"Δ {score} vs K = 0\n(± 1 s.e. over requests)")
+    fig.legend(loc="outside lower center", fontsize=7, ncols=2)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     return save_figure(fig, path)
 
 
@@ -366,7 +374,8 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
             figs["attention_maps"] = FIGURES["attention_maps"]
     ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
     if ablations:
-        plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve")
+        plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve",
+                            extra_sinks={k: a["model"]["num_sink_tokens"] for k, a in analyses.items()})
         figs["ablation_curve"] = "ablation_curve.png"
     return figs
 
