@@ -5,8 +5,8 @@ the K sinks with the largest received attention get key mask False, so their pre
 are -inf at every query of that head (`DiffusionLM.forward(probe=Probe(key_masks=...))`). Fewer than K sinks:
 only the sinks are masked (a non-sink key is never masked). The extra sink token(s) are neither
 masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks nothing. A model with
-extra sink tokens is scored both ways (`run_ablation`: the other setting under `alternative`): its
-extra sink is where most attention goes, so sparing it makes masking look cheap (issue 30).
+extra sink tokens is scored both ways (`run_ablation`: the other setting under `alternative`): in the
+heads where the extra sink is the largest sink, sparing it makes masking look cheap (issue 30).
 
 Two ways to score, both paired (the same prompts / noise for every K, K = 0 included):
 

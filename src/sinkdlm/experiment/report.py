@@ -244,7 +244,7 @@ def markdown_summary(results: dict[str, Any]) -> str:
             parts += ["", md_table(*pivot)]
     masking = masking_table(results)
     if masking:
-        parts += ["", masking_note(results), "", md_table(*masking[1:])]
+        parts += ["", masking_note(results), "", md_table(*masking)]
     return "\n".join(parts) + "\n"
 
 
@@ -363,7 +363,7 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
     if masking:
         doc.heading("Sink-masking ablation (Rulli et al. Table 1)", 3)
         doc.paragraph(masking_note(results))
-        doc.table(*masking[1:])
+        doc.table(*masking)
     samples = [(v["label"], seed, rec["analysis"]) for v in results["variants"].values()
                for seed, rec in list(v["seeds"].items())[:1] if (rec.get("analysis") or {}).get("samples")]
     if samples:

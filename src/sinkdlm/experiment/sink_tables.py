@@ -148,8 +148,8 @@ MASKING_METRICS = {"continuation_elbo_per_token": "continuation ELBO / token (na
                    "continuation_logprob_per_token": "continuation log-likelihood / token (nats)"}
 
 
-def masking_table(results: dict[str, Any]) -> tuple[str, list[str], list[list[str]]] | None:
-    """The sink-masking curve of every variant (Rulli et al. Table 1): (what the score is, header, rows),
+def masking_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """The sink-masking curve of every variant (Rulli et al. Table 1): (header, rows),
     one row per variant, setting of the extra sink and K; None when no variant ran the ablation."""
     rows, metrics = [], set()
     for v in results["variants"].values():
@@ -182,7 +182,7 @@ def masking_table(results: dict[str, Any]) -> tuple[str, list[str], list[list[st
     what = " / ".join(MASKING_METRICS.get(m, f"`{m}`") for m in sorted(metrics))
     header = ["variant", "extra sink", "K", f"Δ {what} vs K = 0 [95 % CI, seeds × prompts]",
               "keys masked per (row, layer, head) [95 % CI over seeds]", "verdict"]
-    return what, header, rows
+    return header, rows
 
 
 def _seeds(n: int) -> str:
@@ -196,8 +196,8 @@ def masking_note(results: dict[str, Any]) -> str:
     return (f"Sink masking (Rulli et al. Table 1): the top-K sinks (ϵ = {eps:g}) of every layer and head get -inf pre-softmax "
             "logits, detected on the unablated forward of the same noised input; a head with fewer than K sinks has "
             "only its sinks masked, so the column of masked keys says how many K really hid. A variant with an extra "
-            "sink token is scored twice: with the extra sink never masked (it holds most of the attention, so sparing "
-            "it makes masking look cheap) and with it a candidate like any other key. Δ is paired within seed and "
+            "sink token is scored twice: with the extra sink never masked (in the heads where it is the largest sink, "
+            "masking then spares the sink that matters) and with it a candidate like any other key. Δ is paired within seed and "
             "held-out request and its interval is over seeds × prompts (two-way random effects, t with seeds − 1 df); "
             "a direction only where it survives the report's adjustment.")
 
