@@ -28,7 +28,7 @@ def _ar_vs_dlm(results_root: Path) -> str | None:
     ar, dlm = results_root / "smollm2" / "ar" / "intervals.json", results_root / "smollm2" / "dlm" / "results.json"
     if not (ar.is_file() and dlm.is_file()):
         return None
-    from sinkdlm.experiment.report import ar_vs_dlm_markdown
+    from sinkdlm.experiment.sink_tables import ar_vs_dlm_markdown
 
     return ar_vs_dlm_markdown(json.loads(ar.read_text()), json.loads(dlm.read_text()))
 

@@ -276,3 +276,42 @@ def test_causal_ablation_is_finite_for_every_k():
     for k in ("0", "1", "5", "10"):
         assert res["scores"][k] == pytest.approx(res["scores"][k]) and abs(res["scores"][k]) < 1e6  # not NaN/inf
     assert res["masked_keys_per_head"]["1"] > 0
+
+
+def test_a_sink_model_is_scored_with_and_without_masking_its_extra_sink():
+    """issue 30: sparing the extra sink makes masking look cheap, so a model with one is scored both ways.
+    The `alternative` setting equals a direct call with the extra sink a candidate (same noise: the same
+    K = 0), and its masked-key count per (row, layer, head) equals plain loops over the unablated maps
+    of the very draws `continuation_elbo` makes (`mc_draw` with the same seed)."""
+    from sinkdlm.config.train import TrainConfig
+    from sinkdlm.diffusion.likelihood import mc_draw
+
+    model = tiny_model(num_sink_tokens=1)
+    cfg = model.config
+    prefixes, conts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]], [[11, 12, 13], [14, 15]]
+    res = run_ablation(model, [1, 3], epsilon=0.0, prefixes=prefixes, continuations=conts, mc_num=4, seed=2)
+    assert res["include_extra_sink"] is False and res["alternative"]["include_extra_sink"] is True
+    direct = continuation_elbo(model, prefixes, conts, [1, 3], mc_num=4, epsilon=0.0, seed=2, include_extra_sink=True)
+    for k in ("0", "1", "3"):
+        assert res["alternative"]["per_request"][k] == pytest.approx(direct["elbo"][int(k)].tolist(), abs=1e-12)
+    assert res["alternative"]["per_request"]["0"] == pytest.approx(res["per_request"]["0"], abs=1e-12)
+    assert res["alternative"]["scores"] != res["scores"]  # masking the extra sink changes the score
+
+    gen = torch.Generator().manual_seed(2)
+    hidden = {False: {1: 0, 3: 0}, True: {1: 0, 3: 0}}
+    slots = 0
+    for pre, cont in zip(prefixes, conts):
+        xt, _, masked, _ = mc_draw(torch.tensor(pre + cont), len(pre), 4, TrainConfig.eps, cfg.mask_token_id, gen)
+        rows = masked.any(-1)
+        with torch.no_grad():
+            maps = model(xt[rows], probe=Probe(attentions=True)).attentions
+        slots += int(rows.sum()) * cfg.num_hidden_layers * cfg.num_attention_heads
+        for include in (False, True):
+            for k in (1, 3):
+                hidden[include][k] += sum(int((~reference_masks(a, k, 0.0, () if include else {0}, sink_rows={0})).sum())
+                                          for a in maps)
+    for include, block in ((False, res), (True, res["alternative"])):
+        for k in (1, 3):
+            assert block["masked_keys_per_head"][str(k)] == pytest.approx(hidden[include][k] / slots)
+    assert "alternative" not in run_ablation(tiny_model(), [1], epsilon=0.0, prefixes=prefixes, continuations=conts,
+                                             mc_num=2)  # no extra sink: one setting

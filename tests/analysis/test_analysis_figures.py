@@ -11,6 +11,8 @@ from sinkdlm.analysis.figures import (
     plot_largest_sink_positions,
     plot_layer_bars,
     plot_non_sink_fraction,
+    plot_paired_differences,
+    plot_training_curves,
     plot_value_norm_scatter,
 )
 
@@ -173,3 +175,15 @@ def test_score_bars_draw_an_asymmetric_interval_as_given(tmp_path, monkeypatch):
     assert path.is_file()
     below, above = seen[0]
     assert list(below) == pytest.approx([0.3, 0.1]) and list(above) == pytest.approx([0.2, 0.1])
+
+
+def test_training_curves_per_seed_and_paired_differences(tmp_path):
+    curves = {"dlm": {"0": ([10, 20], [6.0, 5.5]), "1": ([10, 20, 30], [6.1, 5.7, 5.4])}, "sink": {"0": ([10], [5.9])}}
+    path = tmp_path / "curves.png"
+    check_png(path, plot_training_curves(curves, path))
+    diffs = [{"label": "sink − dlm", "per_seed": {"0": -0.2, "1": 0.1}, "interval": {"mean": -0.05, "low": -1.9, "high": 1.8}},
+             {"label": "one seed", "per_seed": {"0": 0.3}, "interval": {"mean": 0.3, "low": None, "high": None}}]
+    path = tmp_path / "diffs.png"
+    check_png(path, plot_paired_differences(diffs, path))
+    with pytest.raises(ValueError, match="at least one"):
+        plot_paired_differences([], tmp_path / "x.png")

@@ -53,3 +53,24 @@ def test_shares_stay_in_bounds_near_zero():
 def test_needs_two_prompts(tmp_path):
     with pytest.raises(ValueError, match="at least 2 prompts"):
         analyze_over_prompts(None, None, ["one"], AnalyzeConfig(sample=SampleConfig(gen_length=4), out=tmp_path))
+
+
+def test_the_top_layer_is_tested_against_the_runner_up_before_the_headline_calls_it_the_most():
+    """issue 30: "layer 23 (the most)" needs an interval. Layer 0 is the largest mean; the headline calls it
+    the most only when its paired difference to the runner-up (t over prompts, written out here) excludes 0."""
+    from sinkdlm.analysis.over_prompts_report import markdown_headline
+
+    close = [record(m, 1.0, 2.0, 0.0) for m in (0.52, 0.47, 0.56, 0.51)]  # layer 1 is 0.5 in every prompt
+    far = [record(m, 1.0, 2.0, 0.0) for m in (0.80, 0.85, 0.78, 0.83)]
+    for recs, established in ((close, False), (far, True)):
+        s = summarise_prompts(recs)
+        top = s["sink_mass_argmax"]
+        m, lo, hi = t_interval([r["sink_mass_per_layer"][0] - 0.5 for r in recs])
+        assert (top["layer"], top["runner_up"]) == (0, 1)
+        assert (top["difference"]["mean"], top["difference"]["low"], top["difference"]["high"]) == pytest.approx((m, lo, hi))
+        assert top["established"] is established and established == bool(lo > 0)
+        result = {"summary": s, "setup": {"num_prompts": len(recs)}, "model": {"label": "m", "causal": True}}
+        text = markdown_headline(result)
+        assert ("layer 0, the most (" in text) is established
+        assert ("not established as the most" in text) is (not established)
+        assert f"[{100 * lo:+.1f}, {100 * hi:+.1f}] points" in text

@@ -272,3 +272,25 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
         assert step0["val_loss"] == pytest.approx(want.val_loss, rel=1e-6)
         assert step0["val_loss_se"] == pytest.approx(want.val_loss_se, rel=1e-6)
         assert step0["val_loss"] != v["seeds"]["0"]["val_loss"]  # training changed the model
+
+
+def test_smoke_scores_the_sink_model_with_and_without_masking_its_extra_sink(smoke):
+    """issue 30: the sink variant's masking ablation runs both ways, results.json keeps the per-request
+    scores (the interval over seeds × prompts) and the report shows both settings and the keys masked,
+    and the paired val_loss figure is drawn."""
+    out, results = smoke
+    saved = json.loads((out / "results.json").read_text())
+    sink = saved["variants"]["sink1-front"]
+    for rec in sink["seeds"].values():
+        abl = rec["analysis"]["ablation"]
+        assert abl["include_extra_sink"] is False and abl["alternative"]["include_extra_sink"] is True
+        assert set(abl["per_request"]) == set(abl["alternative"]["per_request"]) == {"0", "1"}
+        assert abl["per_request"]["0"] == pytest.approx(abl["alternative"]["per_request"]["0"])  # the same noise
+    assert "alternative" not in {k for rec in saved["variants"]["vanilla"]["seeds"].values()
+                                 for k, v in rec["analysis"]["ablation"].items() if v}
+    settings = sink["summary"]["masking"]["settings"]
+    assert [(s["include_extra_sink"], s["measured"]) for s in settings] == [(False, True), (True, True)]
+    assert settings[1]["k"]["1"]["delta"]["method_label"].startswith("seeds × prompts")
+    md = (out / "report.md").read_text()
+    assert "| DLM + 1 sink (front) | masked when among the top K | 1 |" in md
+    assert (out / "figures" / "val_loss_paired.png").is_file()

@@ -140,7 +140,16 @@ def test_value_norms_per_layer_where_pooling_flips_the_sign():
     results = _results({"planted": variant}, [0, 1, 2])
     summarise(results)
     line = markdown_summary(results)
-    assert "sink above normal in 2 of 2 layers" in line and "pooled over layers" in line
+    # per layer: paired t over the 3 seeds, then Benjamini-Hochberg over the 2 layers (by hand: m = 2)
+    p = [sps.ttest_1samp([pl[0] - pl[1] if i == 0 else pl[2] - pl[3] for pl in plants.values()], 0).pvalue for i in (0, 1)]
+    q = sorted(p)
+    adjusted = {q[1]: q[1], q[0]: min(2 * q[0], q[1])}
+    higher = [i for i in (0, 1) if adjusted[p[i]] < 0.05]
+    tests = layers["per_layer_tests"]
+    assert tests["tested"] == 2 and tests["higher"] == higher and tests["lower"] == []
+    assert [layers["layers"][i]["diff"]["p_adjusted"] for i in (0, 1)] == pytest.approx([adjusted[x] for x in p])
+    assert f"per layer, sinks lower than normal tokens in 0, higher in {len(higher)}" in line
+    assert f"no difference detected in {2 - len(higher)} of 2 layers tested" in line and "pooled over layers" in line
     assert variant["summary"]["value_norm_sink_minus_normal_pooled"]["mean"] < 0
 
 
@@ -257,7 +266,9 @@ def test_step0_control_value_norms_are_stated_per_layer():
     s0 = res["variants"]["v0"]["summary"]["step0_value_norm_layers"]
     assert [lay["diff"]["mean"] for lay in s0["layers"]] == pytest.approx([-1.0, 2.0])  # sink − normal per layer
     text = markdown_summary(res)
-    assert "step-0 control 1.0/3.0 vs 2.0/1.0 (sink above normal in 1 of 2 layers)" in text
+    assert "step-0 control (one model, no interval) 1.0/3.0 vs 2.0/1.0 (sink above normal in 1 of 2 layers)" in text
+    # every seed alike in both layers: no layer is a test, and the line says so rather than a direction
+    assert "no difference detected in 0 of 0 layers tested" in text and "2 more without a variance estimate" in text
     assert "8.000 ± 0.010 (MC SE)" in text  # the step-0 table
 
 
@@ -272,3 +283,62 @@ def test_above_chance_for_one_variant_only_points_to_the_paired_test():
     assert [v["summary"]["shakespeare_word_order/acc"]["above_chance"] for v in res["variants"].values()] == [False, True]
     assert "(`shakespeare_word_order/acc`) is a difference in significance, not a significant difference" in \
         markdown_summary(res)
+
+
+def _ablation(rng, n_requests: int, shift: float, include: bool, alternative: dict | None = None) -> dict:
+    base = rng.normal(-4.0, 0.5, n_requests)
+    k1 = base + shift + rng.normal(0, 0.2, n_requests)
+    return {"metric": "continuation_elbo_per_token", "protocol": "clean", "include_extra_sink": include,
+            "scores": {"0": float(base.mean()), "1": float(k1.mean())}, "delta": {"0": 0.0, "1": float((k1 - base).mean())},
+            "masked_keys_per_head": {"0": 0.0, "1": float(rng.uniform(0.2, 1.2))},
+            "per_request": {"0": base.tolist(), "1": k1.tolist()}, "alternative": alternative}
+
+
+def test_the_masking_curve_is_paired_over_seeds_and_prompts_and_shows_both_extra_sink_settings():
+    """issue 30: the masking Δ's interval is over seeds × prompts (two-way random effects, written out
+    here), the keys actually masked are reported, and a sink variant whose extra sink was never masked
+    says "not measured in this run" for that setting instead of a number."""
+    rng = np.random.default_rng(5)
+    res = _null_results(rng, n_variants=2, seeds=3)
+    van, sink = res["variants"]["v0"], res["variants"]["v1"]
+    sink["switches"] = {"num_sink_tokens": 1}
+    for seed, rec in van["seeds"].items():
+        rec["analysis"]["ablation"] = _ablation(rng, 6, -0.3 - 0.2 * int(seed), False)
+    summarise(res)
+    m = van["summary"]["masking"]
+    assert [s["include_extra_sink"] for s in m["settings"]] == [False]
+    row = m["settings"][0]["k"]["1"]
+    d = np.array([np.subtract(van["seeds"][s]["analysis"]["ablation"]["per_request"]["1"],
+                              van["seeds"][s]["analysis"]["ablation"]["per_request"]["0"]) for s in ("0", "1", "2")])
+    S, I = d.shape
+    mean, rows, cols = d.mean(), d.mean(1), d.mean(0)
+    ms_s = I * ((rows - mean) ** 2).sum() / (S - 1)
+    ms_i = S * ((cols - mean) ** 2).sum() / (I - 1)
+    ms_e = ((d - rows[:, None] - cols[None, :] + mean) ** 2).sum() / ((S - 1) * (I - 1))
+    half = sps.t.ppf(0.975, S - 1) * math.sqrt((ms_s + max(ms_i - ms_e, 0)) / (S * I))
+    assert (row["delta"]["mean"], row["delta"]["low"], row["delta"]["high"]) == pytest.approx((mean, mean - half, mean + half))
+    masked = [van["seeds"][s]["analysis"]["ablation"]["masked_keys_per_head"]["1"] for s in ("0", "1", "2")]
+    assert row["masked_keys_per_head"]["mean"] == pytest.approx(np.mean(masked))
+    assert "p_adjusted" in row["delta"]  # in the report's family
+    # the sink variant: never-masked only (an older run) -> the other setting is "not measured in this run"
+    for rec in sink["seeds"].values():
+        rec["analysis"]["ablation"] = _ablation(rng, 6, -0.05, False)
+    summarise(res)
+    settings = sink["summary"]["masking"]["settings"]
+    assert [(s["include_extra_sink"], s["measured"]) for s in settings] == [(False, True), (True, False)]
+    text = markdown_summary(res)
+    assert "| V1 | masked when among the top K | – | not measured in this run | not measured in this run | – |" in text
+    assert f"| V0 | – | 1 | {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] | {np.mean(masked):.2f} [" in text
+    # scored both ways (a new run): the masked setting has its own interval, in the family too
+    for rec in sink["seeds"].values():
+        alt = _ablation(rng, 6, -0.8, True)
+        rec["analysis"]["ablation"] = _ablation(rng, 6, -0.05, False, alternative={k: alt[k] for k in (
+            "include_extra_sink", "scores", "delta", "masked_keys_per_head", "per_request")})
+    size_before = res["multiplicity"]["size"]
+    summarise(res)
+    settings = sink["summary"]["masking"]["settings"]
+    assert settings[1]["measured"] and settings[1]["k"]["1"]["delta"]["mean"] < settings[0]["k"]["1"]["delta"]["mean"]
+    assert res["multiplicity"]["size"] == size_before + 1
+    kept = analysis_record({"ablation": {**rec["analysis"]["ablation"], "k": [0, 1], "epsilon": 3.0}})["ablation"]
+    assert kept["per_request"] == rec["analysis"]["ablation"]["per_request"]  # results.json keeps what the interval needs
+    assert kept["alternative"]["per_request"] == rec["analysis"]["ablation"]["alternative"]["per_request"]

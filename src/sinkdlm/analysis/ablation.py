@@ -4,7 +4,9 @@ Masks. From an attention map `[B, H, S, S]` of every layer, the sinks at ϵ (eq.
 the K sinks with the largest received attention get key mask False, so their pre-softmax logits
 are -inf at every query of that head (`DiffusionLM.forward(probe=Probe(key_masks=...))`). Fewer than K sinks:
 only the sinks are masked (a non-sink key is never masked). The extra sink token(s) are neither
-masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks nothing.
+masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks nothing. A model with
+extra sink tokens is scored both ways (`run_ablation`: the other setting under `alternative`): in the
+heads where the extra sink is the largest sink, sparing it makes masking look cheap (issue 30).
 
 Two ways to score, both paired (the same prompts / noise for every K, K = 0 included):
 
@@ -306,12 +308,44 @@ def run_ablation(
     protocol: str = "clean",
 ) -> dict:
     """Score per K (the `ablation` entry of analysis.json): with `ablation_task` its score
-    through `SinkMasker` generations, else the mean per-token continuation ELBO."""
+    through `SinkMasker` generations, else the mean per-token continuation ELBO.
+
+    A model with extra sink tokens is scored with both settings of `include_extra_sink`: the one asked
+    for at the top level, the other under `alternative` (the same keys: `include_extra_sink`, `scores`,
+    `delta`, `masked_keys_per_head`, and for the ELBO `stderr`, `delta_stderr`, `per_request`). Both use
+    the same noise draws, so K = 0 is the same number in both."""
     ks = check_ks(ks)
     check_protocol(protocol)
-    common = {"k": ks, "epsilon": float(epsilon), "scale": scale, "include_extra_sink": include_extra_sink,
-              "higher_is_better": True}
     cfg = model.config
+    if ablation_task is None and (not prefixes or continuations is None):
+        raise ValueError("the ELBO ablation needs held-out (prefix, continuation) pairs; none was given")
+    settings = [include_extra_sink] + ([not include_extra_sink] if cfg.num_sink_tokens else [])
+    scored = [_ablation_scores(model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include, ablation_task=ablation_task,
+                               prefixes=prefixes, continuations=continuations, mc_num=mc_num, batch_size=batch_size,
+                               seed=seed, shift_logits=shift_logits, progress=progress, protocol=protocol)
+              for include in settings]
+    common = {"k": ks, "epsilon": float(epsilon), "scale": scale, "higher_is_better": True}
+    if ablation_task is not None:
+        out = {**common, "source": "task", "metric": getattr(ablation_task, "name", type(ablation_task).__name__),
+               "protocol": protocol, "protocol_description": PROTOCOLS[protocol], "stderr": None, **scored[0]}
+    else:
+        out = {
+            **common, "source": "elbo",
+            "metric": "continuation_logprob_per_token" if cfg.causal else "continuation_elbo_per_token",
+            "protocol": "clean", "protocol_description": "sinks from the un-ablated forward of the same noised input, then masked",
+            **scored[0],
+            "num_requests": len(continuations), "mc_num": 1 if cfg.causal else mc_num,
+            "mean_continuation_tokens": sum(len(c) for c in continuations) / len(continuations),
+        }
+    if len(scored) > 1:
+        out["alternative"] = scored[1]
+    return out
+
+
+def _ablation_scores(model, ks: list[int], *, epsilon, scale, include_extra_sink: bool, ablation_task, prefixes,
+                     continuations, mc_num, batch_size, seed, shift_logits, progress, protocol) -> dict:
+    """One setting of `include_extra_sink`: the per-K scores, their deltas to K = 0 and the keys masked
+    per (row, layer, head) slot (for the ELBO also the standard errors and every request's score)."""
     if ablation_task is not None:
         scores, masked = {}, {}
         for k in ks:
@@ -321,24 +355,16 @@ def run_ablation(
             masked[k] = masker.masked_keys / masker.head_slots if masker.head_slots else 0.0
             if progress is not None:
                 progress(1)
-        return {
-            **common, "source": "task", "metric": getattr(ablation_task, "name", type(ablation_task).__name__),
-            "protocol": protocol, "protocol_description": PROTOCOLS[protocol],
-            "scores": {str(k): v for k, v in scores.items()},
-            "delta": {str(k): scores[k] - scores[0] for k in ks},
-            "stderr": None, "masked_keys_per_head": {str(k): v for k, v in masked.items()},
-        }
-    if not prefixes or continuations is None:
-        raise ValueError("the ELBO ablation needs held-out (prefix, continuation) pairs; none was given")
+        return {"include_extra_sink": include_extra_sink, "scores": {str(k): v for k, v in scores.items()},
+                "delta": {str(k): scores[k] - scores[0] for k in ks},
+                "masked_keys_per_head": {str(k): v for k, v in masked.items()}}
     res = continuation_elbo(model, prefixes, continuations, ks, mc_num=mc_num, epsilon=epsilon, scale=scale,
                             include_extra_sink=include_extra_sink, batch_size=batch_size, seed=seed,
                             shift_logits=shift_logits, progress=progress)
     stats = {k: _mean_se(v) for k, v in res["elbo"].items()}
     base = res["elbo"][0]
     return {
-        **common, "source": "elbo",
-        "metric": "continuation_logprob_per_token" if cfg.causal else "continuation_elbo_per_token",
-        "protocol": "clean", "protocol_description": "sinks from the un-ablated forward of the same noised input, then masked",
+        "include_extra_sink": include_extra_sink,
         "scores": {str(k): s[0] for k, s in stats.items()},
         "delta": {str(k): float((res["elbo"][k] - base).mean()) for k in ks},
         "stderr": {str(k): s[1] for k, s in stats.items()},
@@ -346,7 +372,5 @@ def run_ablation(
                          for k in ks},
         "masked_keys_per_head": {str(k): (res["masked_keys"][k] / res["head_slots"] if res["head_slots"] else 0.0)
                                  for k in ks},
-        "num_requests": len(continuations), "mc_num": 1 if cfg.causal else mc_num,
-        "mean_continuation_tokens": sum(len(c) for c in continuations) / len(continuations),
         "per_request": {str(k): [float(x) for x in v] for k, v in res["elbo"].items()},
     }

@@ -191,6 +191,7 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
     if ks is not None:
         start = time.perf_counter()
         total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else mc_num)
+        total *= 2 if cfg.num_sink_tokens else 1  # scored with and without masking the extra sink
         with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
             ablation = run_ablation(
                 model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,

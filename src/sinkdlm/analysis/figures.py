@@ -152,36 +152,40 @@ def plot_attention_maps(
     return save_figure(fig, path)
 
 
-def plot_value_norm_scatter(
-    sink_norms, normal_norms, path, *, max_points: int = 10_000, seed: int = 0, title: str | None = None
-) -> Path:
+def plot_value_norm_scatter(sink_norms, normal_norms, path, *, title: str | None = None) -> Path:
     """Value-space norms of sink vs normal tokens (One-Token Fig. 1 right), means in the legend.
 
     ``sink_norms`` / ``normal_norms``: 1-D values (any shape is flattened), or dicts
-    ``label -> values`` with the same labels for one panel per model. At most
-    ``max_points`` per population are drawn (seeded subsample); means use all values.
+    ``label -> values`` with the same labels for one panel per model. Drawn as the distribution of
+    the norm (x: the norm, y: the share of each population per bin, one set of bins per panel), so
+    the x-axis says something: a scatter against the sample index would not. Every value is
+    counted (the recorder's samples are bounded).
     """
     sinks, normals = _models(sink_norms, "sink_norms"), _models(normal_norms, "normal_norms")
     _same_models("sink_norms", sinks, "normal_norms", normals)
-    rng = np.random.default_rng(seed)
-    fig = Figure(figsize=(4.5 * len(sinks), 3.6), layout="constrained")
+    fig = Figure(figsize=(max(7.0, 4.8 * len(sinks)), 3.8), layout="constrained")  # room for the model's title
     axes = fig.subplots(1, len(sinks), squeeze=False, sharey=True)[0]
     for ax, label in zip(axes, sinks):
-        if _np(sinks[label], "sink_norms").size == 0:
+        pops = [("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
+                ("sink tokens", _np(sinks[label], "sink_norms").ravel(), "tab:red")]
+        if pops[1][1].size == 0:
             say_empty(ax, "no sinks detected\n(only normal tokens shown)")
-        for name, values, colour in (
-            ("normal tokens", _np(normals[label], "normal_norms").ravel(), "tab:blue"),
-            ("sink tokens", _np(sinks[label], "sink_norms").ravel(), "tab:red"),
-        ):
-            shown = values if values.size <= max_points else rng.choice(values, max_points, replace=False)
+        every = np.concatenate([v for _, v, _ in pops])
+        bins = np.histogram_bin_edges(every, bins=40) if every.size else np.linspace(0, 1, 41)
+        for name, values, colour in pops:
             mean = f"mean {values.mean():.2f}" if values.size else "none"
-            ax.scatter(np.arange(shown.size), shown, s=4, alpha=0.4, color=colour,
-                       label=f"{name} ({mean}, n={values.size})")
-        ax.set_xlabel("sampled token")
-        ax.set_ylabel("value-space L2 norm (eq. 16)")
+            if values.size:  # the share of the population in each bin (sums to 1 per population)
+                ax.hist(values, bins=bins, weights=np.full(values.size, 1.0 / values.size), histtype="stepfilled",
+                        alpha=0.35, color=colour, edgecolor=colour, label=f"{name} ({mean}, n={values.size})")
+                ax.axvline(values.mean(), color=colour, linestyle="--", linewidth=1)
+            else:
+                ax.plot([], [], color=colour, label=f"{name} ({mean}, n=0)")
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_xlabel("value-space L2 norm, mean over heads (eq. 16)")
+        ax.set_ylabel("share of the population per bin")
         if label:
             ax.set_title(label)
-        ax.legend(fontsize=8, markerscale=3)
+        ax.legend(fontsize=8)
     _title(fig, title)
     return save_figure(fig, path)
 
@@ -256,9 +260,12 @@ def plot_non_sink_fraction(
 
 def plot_largest_sink_positions(
     positions, path, *, num_positions: int | None = None, extra_sink_positions: Sequence[int] = (),
-    title: str | None = None,
+    title: str | None = None, step_label: str | Mapping[str, str] = "denoising step",
 ) -> Path:
-    """Largest-sink position vs denoising step, as a heatmap.
+    """Largest-sink position vs step, as a heatmap.
+
+    ``step_label`` names the x-axis, one for every panel or ``label -> name`` per model: a DLM's
+    steps are denoising steps, an autoregressive model's are decoding steps (one token each).
 
     ``positions``: ``[T, ...]`` integer positions (e.g. ``[T, L, H]`` from
     ``largest_sink_positions``; -1 = no sink), or a dict ``label -> [T, ...]`` for one
@@ -308,7 +315,7 @@ def plot_largest_sink_positions(
             twin.set_ylabel("no sink (white line)", fontsize=9)
         integer_ticks(ax, "x")
         integer_ticks(ax, "y")
-        ax.set_xlabel("denoising step")
+        ax.set_xlabel(step_label.get(label, "step") if isinstance(step_label, Mapping) else step_label)
         ax.set_ylabel("largest-sink position")
         if label:
             ax.set_title(label)
@@ -318,28 +325,69 @@ def plot_largest_sink_positions(
 
 
 def plot_training_curves(
-    curves: Mapping[str, tuple], path, *, ylabel: str = "validation loss (ELBO bound / token)", title: str | None = None
+    curves: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "validation loss (ELBO bound / token)",
+    title: str | None = None,
 ) -> Path:
-    """Mean ± std over seeds of a metric vs step, one line per model.
+    """A metric vs training step, every seed drawn: one colour per model, one thin line per seed, and
+    the mean over the seeds (thick, at the steps every seed logged).
 
-    ``curves``: ``label -> (steps [T], mean [T], std [T])``.
+    ``curves``: ``label -> {seed: (steps [T], values [T])}``.
     """
     if not curves:
         raise ValueError("curves is empty; pass at least one model")
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
-    for label, (steps, mean, std) in curves.items():
-        steps, mean, std = _np(steps, "steps"), _np(mean, "mean"), _np(std, "std")
-        ax.plot(steps, mean, marker="o", markersize=3, label=label)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    for i, (label, seeds) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
+        series = {seed: dict(zip(_np(st, "steps").tolist(), _np(v, "values").tolist())) for seed, (st, v) in seeds.items()}
+        for seed, c in series.items():
+            ax.plot(list(c), list(c.values()), color=colour, linewidth=0.8, alpha=0.45)
+        common = sorted(set.intersection(*(set(c) for c in series.values()))) if series else []
+        if common:
+            ax.plot(common, [float(np.mean([c[st] for c in series.values()])) for st in common], color=colour,
+                    linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seeds; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     integer_ticks(ax)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_paired_differences(
+    differences: Sequence[Mapping], path, *, xlabel: str = "Δ validation loss (variant − baseline, nats / token)",
+    title: str | None = None,
+) -> Path:
+    """One row per compared pair: the per-seed paired differences (dots, labelled by seed) and the mean
+    with its 95 % interval over seeds (bar; none when it has no bounds), against a line at 0.
+
+    ``differences``: ``[{"label", "per_seed": {seed: d}, "interval": {"mean", "low", "high"}}]``.
+    """
+    if not differences:
+        raise ValueError("differences is empty; pass at least one compared pair")
+    fig = Figure(figsize=(7.0, 1.2 + 0.55 * len(differences)), layout="constrained")
+    ax = fig.subplots()
+    for row, entry in enumerate(reversed(list(differences))):
+        iv = entry["interval"]
+        if iv.get("low") is not None and iv.get("high") is not None:
+            ax.errorbar([iv["mean"]], [row], xerr=[[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]], fmt="s",
+                        color="black", capsize=4, markersize=5, label="mean, 95 % CI over seeds" if row == 0 else None)
+        else:
+            ax.plot([iv["mean"]], [row], "s", color="black", label="mean (no interval)" if row == 0 else None)
+        for seed, d in entry["per_seed"].items():
+            ax.plot([d], [row + 0.18], "o", color="tab:orange", markersize=4, alpha=0.8)
+            ax.annotate(str(seed), (d, row + 0.18), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    ax.plot([], [], "o", color="tab:orange", label="one seed (labelled)")
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(differences)), [e["label"] for e in reversed(list(differences))], fontsize=8)
+    ax.set_ylim(-0.6, len(differences) - 0.3)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    _title(fig, title)
     return save_figure(fig, path)
 
 

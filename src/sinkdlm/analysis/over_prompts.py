@@ -58,6 +58,25 @@ def per_prompt_record(analysis: dict) -> dict:
     }
 
 
+def sink_mass_argmax(records: Sequence[dict]) -> dict | None:
+    """Which layer puts the most attention on detected sinks, with an interval (issue 30): the layer with
+    the largest mean over prompts, the runner-up, and their paired difference within prompt (top −
+    runner-up, Student t over prompts). `established` only when that interval excludes 0; both layers
+    are picked on the same prompts, so the test leans towards finding a gap: a gap that it does not find
+    is not there at this sample size. None with fewer than 2 layers or prompts."""
+    n_layers = len(records[0]["sink_mass_per_layer"]) if records else 0
+    means = []
+    for i in range(n_layers):
+        vals = [r["sink_mass_per_layer"][i] for r in records]
+        means.append(None if any(v is None for v in vals) else sum(vals) / len(vals))
+    ranked = sorted((i for i in range(n_layers) if means[i] is not None), key=lambda i: -means[i])
+    if len(ranked) < 2 or len(records) < 2:
+        return None
+    top, second = ranked[:2]
+    diff = _paired([r["sink_mass_per_layer"][top] for r in records], [r["sink_mass_per_layer"][second] for r in records])
+    return {"layer": top, "runner_up": second, "difference": diff, "established": bool(diff["excludes_zero"])}
+
+
 def summarise_prompts(records: Sequence[dict]) -> dict:
     """Intervals over prompts for every number of `per_prompt_record` (see the module docstring)."""
     n_layers = len(records[0]["sink_mass_per_layer"])
@@ -67,6 +86,7 @@ def summarise_prompts(records: Sequence[dict]) -> dict:
         eps: _iv([r["non_sink_fraction_by_epsilon"][eps] for r in records], SHARE)
         for eps in records[0]["non_sink_fraction_by_epsilon"]}
     out["sink_mass_per_layer"] = [_iv([r["sink_mass_per_layer"][i] for r in records], SHARE) for i in range(n_layers)]
+    out["sink_mass_argmax"] = sink_mass_argmax(records)
     out["sinks_per_head_per_layer"] = [_iv([r["sinks_per_head"][i] for r in records]) for i in range(n_layers)]
     # Value norms per layer, sinks against the other tokens of the same prompt and layer (paired).
     layers = []

@@ -88,6 +88,10 @@ def write_report(result: dict, out_dir: Path) -> None:
     doc.heading("Where attention goes")
     doc.image(plot_layers(s, figs / "layers.png", label), "Per layer: attention on detected sinks (left) and value norms "
               "of sinks vs other tokens (right); bands are 95 % intervals over prompts.")
+    top = s.get("sink_mass_argmax")
+    if top:
+        doc.paragraph(_argmax_label(top).removeprefix("attention on detected sinks in ").removesuffix(" (%)").capitalize()
+                      + ": the layer with the largest mean attention on its sinks, tested against the runner-up.")
     doc.table(["ϵ", "non-sink fraction %"], [[e, fmt_interval(iv, 100)] for e, iv in s["non_sink_fraction_by_epsilon"].items()])
     doc.image(plot_epsilon_sweep(s, figs / "epsilon_sweep.png", label), "Share of keys that are not sinks, by ϵ.")
     v = s["value_norm_verdict"]
@@ -117,16 +121,30 @@ def write_report(result: dict, out_dir: Path) -> None:
     doc.write(out_dir)
 
 
+def _argmax_label(top: dict) -> str:
+    """The headline's layer of most attention on sinks, with the interval that decides whether it is the most."""
+    from sinkdlm.stats import signed
+
+    d = top["difference"]
+    gap = (f"layer {top['layer']} − layer {top['runner_up']}: {signed(100 * d['mean'], 1)} "
+           f"[{signed(100 * d['low'], 1)}, {signed(100 * d['high'], 1)}] points, paired within prompt")
+    if top["established"]:
+        return f"attention on detected sinks in layer {top['layer']}, the most ({gap}) (%)"
+    return (f"attention on detected sinks in layer {top['layer']}, the largest mean; not established as the most "
+            f"({gap}) (%)")
+
+
 def markdown_headline(result: dict) -> str:
     """At most five rows for a README: the numbers a reader of Rulli et al. looks for first."""
     s, setup, model = result["summary"], result["setup"], result["model"]
     mass = s["sink_mass_per_layer"]
-    top = max(range(len(mass)), key=lambda i: -1 if mass[i] is None else mass[i]["mean"])
+    top = s.get("sink_mass_argmax")  # an older intervals.json: re-summarise it (over_prompts.write_summary)
     v = s["value_norm_verdict"]
     moving = s["moving"].get("content_sink_set_change_rate") or s["moving"].get("sink_set_change_rate")
     rows = [
         ("non-sink fraction at ϵ = 3 (%)", fmt_interval(s["non_sink_fraction"], 100)),
-        (f"attention on detected sinks, layer {top} (the most) (%)", fmt_interval(mass[top], 100, 1)),
+        (_argmax_label(top), fmt_interval(mass[top["layer"]], 100, 1)) if top else
+        ("layer of most attention on detected sinks", "not computed for this file: re-summarise it (write_summary)"),
         ("layers where sinks' value norm is lower / higher than other tokens' (BH over layers)",
          f"{len(v['sinks_lower'])} / {len(v['sinks_higher'])} of {v['layers_tested']}"),
         ("sink-set change rate between consecutive decoding steps", fmt_interval(moving, 1, 4)),

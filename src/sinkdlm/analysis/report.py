@@ -49,6 +49,12 @@ def _extra_positions(analysis: dict) -> list[int]:
 HEAD_CHOICE = "head shown: the one of this layer with the largest received attention (strongest sink)"
 
 
+def step_name(analysis: dict) -> str:
+    """What one step of the analysed generation is: an autoregressive model has no denoising steps; it
+    decodes one token per step (docs/method.md §10)."""
+    return "decoding step (one token each)" if analysis["model"].get("causal") else "denoising step"
+
+
 def _map_marks(analysis: dict, size: int) -> tuple[list[int], int | None]:
     """(extra-sink positions, first generated position) inside the figure row's `[S', S']` map."""
     m, setup = analysis["model"], analysis["setup"]
@@ -65,7 +71,8 @@ def write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]
     written = {}
     if "attention_maps" in arrays:
         layer, head = (int(x) for x in arrays["attention_map_layer_head"])
-        titles = [f"layer {layer}, head {head}, step {int(s)}" for s in arrays["attention_map_steps"]]
+        step = step_name(analysis).split(" (")[0]
+        titles = [f"layer {layer}, head {head}, {step} {int(s)}" for s in arrays["attention_map_steps"]]
         sinks, prompt_end = _map_marks(analysis, arrays["attention_maps"].shape[-1])
         F.plot_attention_maps(list(arrays["attention_maps"]), titles, out_dir / FIGURES["attention_maps"],
                               sink_positions=sinks, prompt_end=prompt_end, note=HEAD_CHOICE,
@@ -90,7 +97,8 @@ def write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]
     F.plot_largest_sink_positions(arrays["largest_sink_positions"], out_dir / FIGURES["largest_sink_positions"],
                                   num_positions=analysis["setup"]["max_sequence_positions"],
                                   extra_sink_positions=_extra_positions(analysis),
-                                  title=f"{label}: largest sink over denoising steps")
+                                  title=f"{label}: largest sink over {step_name(analysis).split(' (')[0]}s",
+                                  step_label=step_name(analysis))
     written["largest_sink_positions"] = FIGURES["largest_sink_positions"]
     return written
 
@@ -150,15 +158,17 @@ def _pct(x) -> str:
 
 
 FIGURE_CAPTIONS = {
-    "attention_maps": "Attention map of one head at two denoising steps (One-Token Fig. 1): bright columns are "
+    "attention_maps": "Attention map of one head at two {step}s (One-Token Fig. 1): bright columns are "
                       "sinks; a moving sink changes column between steps.",
-    "value_norm_scatter": "Value-space L2 norms (eq. 16) of sink tokens vs normal tokens (One-Token Fig. 1), "
-                          "a uniform sample of each.",
+    "value_norm_scatter": "Distribution of the value-space L2 norm (eq. 16, x-axis) of sink tokens vs normal tokens "
+                          "(One-Token Fig. 1): the share of each population per bin, from a uniform sample of each over "
+                          "steps, layers and prompts; dashed lines: the means. Pooled over layers (docs/method.md §6: "
+                          "compare per layer, as the tables do).",
     "layer_bars": "Per layer: mean value norm of the sink vs the other tokens, and the share of attention "
                   "on the sink (One-Token Fig. 3; detected sinks when the model has no extra sink token).",
     "non_sink_fraction": "Share of (step, layer, head, key) that are not sinks, as a function of ϵ "
                          "(Rulli et al. Fig. 10).",
-    "largest_sink_positions": "Position of the largest sink at every denoising step: share of (row, layer, "
+    "largest_sink_positions": "Position of the largest sink at every {step}: share of (row, layer, "
                               "head) whose largest sink sits at that position (-1 = no sink at ϵ).",
 }
 
@@ -167,7 +177,7 @@ def _setup_text(a: dict) -> str:
     s, m = a["setup"], a["model"]
     sinks = (f"{m['num_sink_tokens']} extra sink token(s) ({m['sink_position']})" if m["num_sink_tokens"]
              else "no extra sink token")
-    return (f"Measured on the attention maps of every layer and head at every denoising step of "
+    return (f"Measured on the attention maps of every layer and head at every {step_name(a)} of "
             f"{s['num_prompts']} generations ({s['prompt_tokens']['mean']:.0f} prompt tokens on average, "
             f"{s['gen_length']} generated tokens, {s['steps_taken']} steps, block length {s['block_length']}) "
             f"of `{m['label']}` ({m['num_hidden_layers']} layers × {m['num_attention_heads']} heads, {sinks}). "
@@ -233,52 +243,88 @@ def _analysis_doc(a: dict, sinks_per_head: float | None, out_dir: Path) -> Docum
     if types["top_tokens"]:
         doc.table(["top sink token", "id", "count"], [[_text(t["text"]), t["id"], t["count"]] for t in types["top_tokens"]])
     if a["ablation"] is not None:
-        _ablation_section(doc, {a["model"]["label"]: a["ablation"]})
+        _ablation_section(doc, {a["model"]["label"]: a["ablation"]}, {a["model"]["label"]: a["model"]["num_sink_tokens"]})
     doc.heading("Figures")
     for name, file in a["figures"].items():
-        doc.image(out_dir / file, FIGURE_CAPTIONS[name])
+        doc.image(out_dir / file, FIGURE_CAPTIONS[name].format(step=step_name(a).split(" (")[0]))
     if a["samples"]:
         doc.heading("Sample generations")
         doc.bullets([f"`{_text(s)}`" for s in a["samples"][:3]])
     return doc
 
 
-def _ablation_section(doc: Document, ablations: Mapping[str, dict]) -> None:
+def ablation_settings(ab: dict) -> list[dict]:
+    """The ablation's scored settings of the extra sink, the headline first: each a dict with
+    `include_extra_sink`, `scores`, `delta`, `masked_keys_per_head` (and `delta_stderr` for the ELBO).
+    Files from before both settings were scored hold only the headline one."""
+    head = {**ab, "include_extra_sink": bool(ab.get("include_extra_sink"))}
+    return [head] + ([ab["alternative"]] if ab.get("alternative") else [])
+
+
+def _extra_sink_setting(include_extra_sink: bool, has_extra_sink: bool) -> str:
+    if not has_extra_sink:
+        return "– (no extra sink)"
+    return "masked when among the top K" if include_extra_sink else "never masked"
+
+
+def _ablation_section(doc: Document, ablations: Mapping[str, dict], extra_sinks: Mapping[str, int]) -> None:
     first = next(iter(ablations.values()))
     doc.heading("Sink-masking ablation (Rulli et al. Table 1)")
-    extra = "including" if first["include_extra_sink"] else "never masking"
     doc.paragraph(f"Score: `{first['metric']}` (higher is better). Protocol: {first['protocol']}; the top-K sinks at "
-          f"ϵ = {first['epsilon']:g} of every (layer, head) get -inf pre-softmax logits, {extra} the extra sink "
-          f"token. Δ = score(K) − score(0), paired over the same inputs.")
-    header = ["model", "K", "score", "Δ", "± s.e. of Δ", "masked keys / head"]
+                  f"ϵ = {first['epsilon']:g} of every (layer, head) get -inf pre-softmax logits (fewer than K sinks: "
+                  "only the sinks; the column \"masked keys / head\" says how many were masked per (row, layer, head) "
+                  "on average). A model with an extra sink token is scored twice, with the extra sink never masked and "
+                  "with it a candidate like any key. Δ = score(K) − score(0), paired over the same inputs; ± s.e. over "
+                  "this run's requests (one model: no interval over training seeds).")
+    header = ["model", "extra sink", "K", "score", "Δ", "± s.e. of Δ", "masked keys / head"]
     rows = []
     for label, ab in ablations.items():
-        for k in ab["k"]:
-            se = (ab.get("delta_stderr") or {}).get(str(k))
-            rows.append([label, k, _num(ab["scores"][str(k)]), _num(ab["delta"][str(k)]), _num(se, 2),
-                         _num(ab["masked_keys_per_head"][str(k)], 3)])
+        has_extra = bool(extra_sinks.get(label))
+        settings = ablation_settings(ab)
+        for setting in settings:
+            for k in ab["k"]:
+                se = (setting.get("delta_stderr") or {}).get(str(k))
+                rows.append([label, _extra_sink_setting(setting["include_extra_sink"], has_extra), k,
+                             _num(setting["scores"][str(k)]),
+                             _num(setting["delta"][str(k)]), _num(se, 2),
+                             _num(setting["masked_keys_per_head"][str(k)], 3)])
+        if has_extra and len(settings) == 1:  # an older file: the other setting was not scored
+            rows.append([label, _extra_sink_setting(not settings[0]["include_extra_sink"], True), "–",
+                         "not measured in this run", "–", "–", "–"])
     doc.table(header, rows)
 
 
 # ----------------------------------------------------------------------------- compare
-def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | None = None) -> Path:
-    """Δ score vs K, one line per model (with ±1 s.e. bars when the ablation has them)."""
+def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | None = None,
+                        extra_sinks: Mapping[str, int] | None = None) -> Path:
+    """Δ score vs K, one line per model and scored setting of its extra sink (`extra_sinks`: label ->
+    number of extra sink tokens, to name the setting), with ±1 s.e. bars when the ablation has them.
+    The legend sits under the axes (a study compares nine models) and the title is wrapped."""
+    import textwrap
+
     from matplotlib.figure import Figure
 
     from sinkdlm.analysis.figures import save_figure
 
-    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    lines = [(label, ab, setting) for label, ab in ablations.items() for setting in ablation_settings(ab)]
+    metrics = sorted({ab["metric"] for ab in ablations.values()})
+    fig = Figure(figsize=(7.5, 4.0 + 0.22 * len(lines)), layout="constrained")
     ax = fig.subplots()
-    for label, ab in ablations.items():
+    for label, ab, setting in lines:
         ks = [int(k) for k in ab["k"]]
-        delta = _floats([(ab["delta"] or {}).get(str(k)) for k in ks])
-        se = _floats([((ab.get("delta_stderr") or {}).get(str(k))) for k in ks])
-        ax.errorbar(ks, delta, yerr=np.nan_to_num(se), marker="o", capsize=3, label=f"{label} ({ab['metric']})")
+        delta = _floats([(setting["delta"] or {}).get(str(k)) for k in ks])
+        se = _floats([((setting.get("delta_stderr") or {}).get(str(k))) for k in ks])
+        which = "" if not (extra_sinks or {}).get(label) else (
+            ", extra sink masked" if setting["include_extra_sink"] else ", extra sink never masked")
+        metric = f" ({ab['metric']})" if len(metrics) > 1 else ""
+        ax.errorbar(ks, delta, yerr=np.nan_to_num(se), marker="o", capsize=3,
+                    linestyle="--" if setting["include_extra_sink"] else "-", label=f"{label}{which}{metric}")
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set(xlabel="K (top-K sinks masked per layer and head)", ylabel="Δ score vs K = 0")
-    ax.legend(fontsize=7)
+    score = metrics[0] if len(metrics) == 1 else "score"
+    ax.set(xlabel="K (top-K sinks masked per layer and head)", ylabel=f"Δ {score} vs K = 0\n(± 1 s.e. over requests)")
+    fig.legend(loc="outside lower center", fontsize=7, ncols=2)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     return save_figure(fig, path)
 
 
@@ -313,12 +359,14 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
         F.plot_largest_sink_positions(
             {k: v["largest_sink_positions"] for k, v in arrays.items()}, out_dir / FIGURES["largest_sink_positions"],
             num_positions=max(a["setup"]["max_sequence_positions"] for a in analyses.values()),
-            title=f"{versus}: largest sink over denoising steps")
+            title=f"{versus}: largest sink over the steps of each generation",
+            step_label={k: step_name(a) for k, a in analyses.items()})
         figs["largest_sink_positions"] = FIGURES["largest_sink_positions"]
         if all("attention_maps" in v for v in arrays.values()):
             maps = [v["attention_maps"] for v in arrays.values()]
             titles = [[f"L{int(v['attention_map_layer_head'][0])} H{int(v['attention_map_layer_head'][1])} "
-                       f"step {int(s)}" for s in v["attention_map_steps"]] for v in arrays.values()]
+                       f"{step_name(analyses[k]).split(' (')[0]} {int(s)}" for s in v["attention_map_steps"]]
+                      for k, v in arrays.items()]
             marks = [_map_marks(analyses[k], v["attention_maps"].shape[-1]) for k, v in arrays.items()]
             F.plot_attention_maps(maps, titles, out_dir / FIGURES["attention_maps"], row_labels=list(arrays),
                                   sink_positions=[m[0] for m in marks], prompt_end=[m[1] for m in marks],
@@ -326,7 +374,8 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
             figs["attention_maps"] = FIGURES["attention_maps"]
     ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
     if ablations:
-        plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve")
+        plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve",
+                            extra_sinks={k: a["model"]["num_sink_tokens"] for k, a in analyses.items()})
         figs["ablation_curve"] = "ablation_curve.png"
     return figs
 
@@ -373,22 +422,27 @@ def _compare_doc(analyses: dict[str, dict], sink_mass: dict[str, float | None], 
                                          else "–" for a in analyses.values())] for i in range(n_layers)])
     ablations = {k: a["ablation"] for k, a in analyses.items() if a["ablation"] is not None}
     if ablations:
-        _ablation_section(doc, ablations)
+        _ablation_section(doc, ablations, {k: a["model"]["num_sink_tokens"] for k, a in analyses.items()})
         ks = sorted({int(k) for ab in ablations.values() for k in ab["k"]} - {0})
         doc.heading("Masking curve: Δ score vs K")
-        doc.paragraph("Δ = score(K) − score(0) of each model's own metric (per-token continuation ELBO for a "
-                      "diffusion model, exact per-token log-likelihood for an autoregressive one; Rulli et al. "
-                      "Table 1: masking sinks cripples an AR model and barely hurts a DLM).")
-        doc.table(["model", "metric", *(f"K = {k}" for k in ks)],
-                  [[label, ab["metric"], *(_num((ab["delta"] or {}).get(str(k))) for k in ks)]
-                   for label, ab in ablations.items()])
+        doc.paragraph("Δ = score(K) − score(0) of each model's own metric, paired over the same requests (per-token "
+                      "continuation ELBO for a diffusion model, exact per-token log-likelihood for an autoregressive "
+                      "one: different units, so models of different kinds are not compared by these numbers). Each "
+                      "row is one model's run; the ± s.e. in the table above is over its requests, with no interval "
+                      "over training seeds (the experiment report has those).")
+        doc.table(["model", "metric", "extra sink", *(f"K = {k}" for k in ks)],
+                  [[label, ab["metric"], _extra_sink_setting(setting["include_extra_sink"], bool(analyses[label]["model"]["num_sink_tokens"])),
+                    *(_num((setting["delta"] or {}).get(str(k))) for k in ks)]
+                   for label, ab in ablations.items() for setting in ablation_settings(ab)])
     doc.heading("Figures")
     captions = {**FIGURE_CAPTIONS, "sink_mass_layers": "Per layer, every model: value norm of detected sinks vs "
                 "normal tokens, and the share of attention on detected sinks.",
                 "layer_bars": "Models with an extra sink token: its value norm vs the other tokens and its share "
                 "of attention per layer (One-Token Fig. 3).",
-                "ablation_curve": "Sink-masking ablation: change of each model's score when the top-K sinks of "
-                "the previous step are masked in every layer and head (Rulli et al. Table 1)."}
+                "ablation_curve": "Sink-masking ablation (Rulli et al. Table 1): Δ score = score(K) − score(K = 0) "
+                "of each model's own metric when its top-K sinks are masked in every layer and head, one line per "
+                "model (and per extra-sink setting); error bars ± 1 s.e. over that run's requests, not an interval "
+                "over training seeds. An AR model's log-likelihood and a DLM's ELBO are different units."}
     for name, file in figs.items():
-        doc.image(out_dir / file, captions[name])
+        doc.image(out_dir / file, captions[name].format(step="step"))
     return doc

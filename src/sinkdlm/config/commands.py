@@ -119,7 +119,7 @@ class AnalyzeConfig(ModelOptions):
     ablation_k: str | None = None
     """Sink-masking ablation for these K, e.g. 1,5,10."""
     include_extra_sink: bool = False
-    """Let the ablation mask the extra sink token."""
+    """Let the ablation mask the extra sink token (a model with one is scored both ways; this picks the headline)."""
     mc_num: int = ELBO_SAMPLES
     """Monte-Carlo samples of the ablation's continuation ELBO."""
     batch_size: int = 8

@@ -2,10 +2,10 @@
 
 Every number and verdict comes from `sinkdlm.experiment.summary` (`summarise` stores them in
 results.json; the intervals the tables add beside them are computed there on demand); this module
-only formats them. `markdown_summary` renders the tables that the README shows, from a results.json
-alone (a test regenerates the README's tables from the committed file), and `ar_vs_dlm_markdown` the
-README's table of an experiment's DLMs beside the autoregressive model they came from (analysed over
-prompts); `regenerate` rebuilds a committed experiment's results.json and report from its stored records.
+only formats them (`formatting` holds the shared number formats, `sink_tables` the sink-analysis tables and
+the README's AR-vs-DLM tables). `markdown_summary` renders the tables that the README shows, from a
+results.json alone (a test regenerates the README's tables from the committed file); `regenerate`
+rebuilds a committed experiment's results.json and report from its stored records.
 """
 
 from __future__ import annotations
@@ -16,31 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict
+from sinkdlm.experiment.sink_tables import (
+    epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_lines,
+)
 from sinkdlm.experiment.summary import (
-    ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, SINK_TOKEN_TYPES, analysis_record, epsilon_intervals,
-    experiment_timing, extra_sink_mass, pooled_value_norm_difference, seed_interval, summarise, task_chance,
-    task_metrics, token_type_intervals, training_curves,
+    ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, analysis_record, experiment_timing, paired_val_loss_differences,
+    summarise, task_chance, task_metrics, training_curves,
 )
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
 
 
 # ----------------------------------------------------------------------------- formatting
-def _fmt_interval(s: dict | None, scale: float = 1.0, digits: int = 3) -> str:
-    if not s or s.get("mean") is None:
-        return "–"
-    text = f"{scale * s['mean']:.{digits}f}"
-    text = text[1:] if text.startswith("-") and float(text) == 0 else text  # never "-0.0"
-    if s.get("degenerate"):
-        return text + " (no spread)"
-    if s.get("low") is not None and s.get("high") is not None:
-        low, high = (signed(scale * s[k], digits).lstrip("+") for k in ("low", "high"))
-        text += f" [{low}, {high}]"
-    elif s.get("n", 2) < 2:  # one seed: no interval (not the whole range)
-        text += " [–]"
-    return text
-
-
 def _setting(results: dict[str, Any], key: str) -> Any:
     """A training setting of the experiment: results.json keeps only what the preset set, the rest are
     TrainConfig's defaults (so a report never prints "None sequences")."""
@@ -52,22 +40,6 @@ def _setting(results: dict[str, Any], key: str) -> Any:
         field = next(f for f in dataclasses.fields(TrainConfig) if f.name == key)
         value = field_default(field)
     return value
-
-
-def _fmt_diff(c: dict, bold: bool = True) -> str:
-    """"Δ [low, high]" of a comparison, and its direction in bold when it survives the adjustment."""
-    if c.get("missing"):
-        return c["verdict"].removeprefix("missing: ")
-    scale = c.get("scale", 1.0)
-    digits = 1 if scale != 1.0 else 3
-    cell = signed(scale * c["mean"], digits)
-    if c.get("degenerate"):
-        return cell + " (no variance)"
-    if c["low"] is not None:
-        cell += f" [{signed(scale * c['low'], digits)}, {signed(scale * c['high'], digits)}]"
-    if bold and c.get("survives"):
-        cell += f" **{c['verdict'].split(' ')[0]}**"
-    return cell
 
 
 def _is_pct(metric: str) -> bool:
@@ -82,23 +54,9 @@ def results_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         return f"`{m}`" + ((" %" + (f" (chance {100 * chance:.0f})" if chance else "")) if _is_pct(m) else " (↓)")
 
     header = ["variant"] + [head(m) for m in metrics]
-    rows = [[v["label"]] + [_fmt_interval(v["summary"].get(m), 100.0 if _is_pct(m) else 1.0, 1 if _is_pct(m) else 3)
+    rows = [[v["label"]] + [fmt_interval(v["summary"].get(m), 100.0 if _is_pct(m) else 1.0, 1 if _is_pct(m) else 3)
                             for m in metrics] for v in variants.values()]
     return header, rows
-
-
-def _short_verdict(c: dict) -> str:
-    if c.get("missing"):
-        return "missing"
-    if not c.get("in_family", True):
-        return "not tested (alternative)"
-    if c.get("degenerate"):
-        return "no variance estimate"
-    if c.get("survives"):
-        return c["verdict"].split(" (")[0].split(" by ")[0]
-    if c.get("excludes_zero"):
-        return f"inconclusive after BH (adjusted p = {c['p_adjusted']:.2g})" if c.get("p_adjusted") is not None else "inconclusive"
-    return f"no difference detected ({c['n']} seeds)"
 
 
 def comparisons_table(results: dict[str, Any], metrics: set[str] | None = None) -> tuple[list[str], list[list[str]]]:
@@ -113,55 +71,9 @@ def comparisons_table(results: dict[str, Any], metrics: set[str] | None = None) 
         adj = "–" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.2g}"
         mde = "–" if c.get("mde") is None else f"{scale * c['mde']:.{digits}f}"
         rows.append([f"{c['variant']} − {c['baseline']}", f"`{c['metric']}`", mean, ci, mde, adj,
-                     c.get("method_label", "–"), _short_verdict(c)])
+                     c.get("method_label", "–"), short_verdict(c)])
     return ["difference", "metric", "Δ", "95 % CI (raw)", "MDE (80 % power)", "BH-adjusted p", "interval",
             "verdict"], rows
-
-
-def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    rows = []
-    for v in results["variants"].values():
-        s = v["summary"]
-        if "non_sink_fraction" not in s:
-            continue
-        rows.append([
-            v["label"], _fmt_interval(s.get("non_sink_fraction"), 100.0, 1),
-            _fmt_interval(s.get("content_sink_set_change_rate")), _fmt_interval(s.get("content_sink_set_jaccard")),
-            f"{_fmt_interval(s.get('sink_set_change_rate'))} / {_fmt_interval(s.get('sink_set_jaccard'))}",
-            _fmt_interval(extra_sink_mass(v), 100.0, 1),
-        ])
-    if not rows:
-        return None
-    return (["variant", "non-sink fraction %", "sink-set change rate (content keys)", "consecutive Jaccard (content keys)",
-             "change rate / Jaccard over every key", "attention on the extra sink %"], rows)
-
-
-def epsilon_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    """Rulli et al. Fig. 10: non-sink fraction vs ϵ, mean [95 % CI] over seeds."""
-    eps_keys: list[str] = []  # the first analysed variant's ϵ, every row on the same columns
-    rows = []
-    for v in results["variants"].values():
-        curve = epsilon_intervals(v, eps_keys)
-        if curve is None:
-            continue
-        eps_keys = eps_keys or list(curve)
-        rows.append([v["label"]] + [_fmt_interval(curve[e], 100.0, 1) for e in eps_keys])
-    return (["variant"] + [f"ϵ = {e}" for e in eps_keys], rows) if rows else None
-
-
-def token_type_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    """Rulli et al. Table 2: what tokens the sinks sit on, share mean [95 % CI] over seeds."""
-    rows = []
-    for v in results["variants"].values():
-        shares = token_type_intervals(v)
-        if shares is not None:
-            rows.append([v["label"]] + [_fmt_interval(shares[t], 100.0, 1) for t in SINK_TOKEN_TYPES])
-    return (["variant"] + [f"{t} %" for t in SINK_TOKEN_TYPES], rows) if rows else None
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list[str], list[list[str]]] | None:
@@ -176,68 +88,13 @@ def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list
     metrics = [m for m in metrics if any(m in per for per in by_pair.values())]
     if not by_pair or not metrics:
         return None
-    rows = [[labels[key]] + [_fmt_diff(per[m]) if m in per else "–" for m in metrics] for key, per in by_pair.items()]
+    rows = [[labels[key]] + [fmt_diff(per[m]) if m in per else "–" for m in metrics] for key, per in by_pair.items()]
     header = ["difference"] + [f"`{m}`" + (" (points)" if _is_pct(m) else "") for m in metrics]
     return header, rows
 
 
 QUESTION_METRICS = ("val_loss", "shakespeare_word_order/acc", "shakespeare_next_line/acc_norm", "shakespeare_cloze/acc",
                     "non_sink_fraction", "content_sink_set_change_rate")
-
-
-def _layer_values(layers: list[dict], key: str, digits: int = 1) -> str:
-    return "/".join("–" if lay.get(key) is None else f"{lay[key]:.{digits}f}" for lay in layers)
-
-
-def value_norm_lines(results: dict[str, Any]) -> list[str]:
-    """The value-norm findings, per layer (One-Token Fig. 3): sinks vs normal tokens in every model,
-    and the extra sink vs the other tokens from the second layer on."""
-    lines = []
-    vn = [(v, v["summary"]["value_norm_layers"]) for v in results["variants"].values() if v["summary"].get("value_norm_layers")]
-    if vn:
-        parts = []
-        for v, lay in vn:
-            label, seeds = v["label"], lay["seeds"]
-            pooled = pooled_value_norm_difference(v, seeds)  # the same seeds, for contrast
-            text = (f"{label}: per layer {_layer_values(lay['layers'], 'a')} vs {_layer_values(lay['layers'], 'b')} "
-                    f"(sink above normal in {lay['positive_layers']} of {lay['compared_layers']} layers with sinks")
-            if len(seeds) < len(results["seeds"]):
-                text += f"; per-layer norms recorded for seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} only"
-            text += f"), mean over layers {lay['layer_mean']['verdict']}" if lay.get("layer_mean") else ")"
-            if pooled is not None:
-                text += f"; pooled over layers (weighted by sink counts), the same seeds: {signed(pooled)}"
-            s0 = v["summary"].get("step0_value_norm_layers")
-            if s0:  # one model, no interval: what the converted model had before training
-                text += (f"; step-0 control {_layer_values(s0['layers'], 'a')} vs {_layer_values(s0['layers'], 'b')} "
-                         f"(sink above normal in {s0['positive_layers']} of {s0['compared_layers']} layers)")
-            parts.append(text)
-        lines.append("- **Do sinks carry smaller value vectors than normal tokens?** (value norm of sinks vs of "
-                     "normal tokens, paired within layer and seed, mean over seeds per layer; then the unweighted mean "
-                     "over layers of sink − normal, interval over seeds) " + "; ".join(parts) + ".")
-    extra = [(name, v["label"], v["summary"]["extra_sink_layers"]) for name, v in results["variants"].items()
-             if v["summary"].get("extra_sink_layers")]
-    if extra:
-        parts = []
-        for name, label, e in extra:
-            mass = "/".join("–" if m is None else _fmt_interval(m, 100.0, 1) for m in e["attention_mass"])
-            text = f"{label}: attention on it per layer {mass} % (over seeds {', '.join(e['attention_mass_seeds'])})"
-            vo = e.get("value_norm_vs_others")
-            if vo:
-                later = vo["layers"][vo["from_layer"]:]
-                text += (f"; its value norm per layer from the second on {_layer_values(later, 'a')} vs the other "
-                         f"tokens' {_layer_values(later, 'b')} (below in {vo['negative_layers']} of {vo['compared_layers']} "
-                         f"layers; seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
-                if vo.get("layer_mean"):
-                    text += f", mean over those layers {vo['layer_mean']['verdict']}"
-                s0 = (results["variants"][name]["summary"].get("step0_extra_sink_layers") or {}).get("value_norm_vs_others")
-                if s0:
-                    text += f"; step-0 control: below in {s0['negative_layers']} of {s0['compared_layers']} layers"
-            else:
-                text += "; its value norm per layer was not recorded for these runs"
-            parts.append(text)
-        lines.append("- **Is the extra sink's value norm below the other tokens' from the second layer on "
-                     "(One-Token Fig. 3)?** " + "; ".join(parts) + ".")
-    return lines
 
 
 def questions_list(results: dict[str, Any]) -> list[str]:
@@ -321,9 +178,9 @@ def step0_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | 
         a0 = s0.get("analysis") or {}
         nsf0 = a0.get("non_sink_fraction")
         rows.append([v["label"], f"{s0['val_loss']:.3f} ± {s0['val_loss_se']:.3f} (MC SE)",
-                     _fmt_interval(v["summary"].get("val_loss")),
+                     fmt_interval(v["summary"].get("val_loss")),
                      "–" if nsf0 is None else f"{100 * nsf0:.1f}",
-                     _fmt_interval(v["summary"].get("non_sink_fraction"), 100.0, 1)])
+                     fmt_interval(v["summary"].get("non_sink_fraction"), 100.0, 1)])
     if not rows:
         return None
     return ["variant", "step 0 `val_loss`", "trained `val_loss` [95 % CI]", "step 0 non-sink %",
@@ -344,13 +201,13 @@ def markdown_summary(results: dict[str, Any]) -> str:
         f"Mean [95 % CI]: validation loss over the {n} seeds (Student t); accuracies over seeds and items "
         "(two-way random effects, so the CI says whether an accuracy is above chance).",
         "",
-        _md_table(*results_table(results)),
+        md_table(*results_table(results)),
         "",
         validation_note(results),
     ]
     step0 = step0_table(results)
     if step0:
-        parts += ["", "Step-0 control (the converted model before training, the same protocol):", "", _md_table(*step0)]
+        parts += ["", "Step-0 control (the converted model before training, the same protocol):", "", md_table(*step0)]
     chance_lines = []
     for m in tasks:
         chance = task_chance(m)
@@ -373,7 +230,7 @@ def markdown_summary(results: dict[str, Any]) -> str:
     if pivot:
         parts += ["", "Paired differences, Δ [raw 95 % CI] (validation loss: t over seeds; accuracies: over seeds and "
                   "items; a direction in bold only where the comparison survives the Benjamini-Hochberg adjustment "
-                  "below):", "", _md_table(*pivot)]
+                  "below):", "", md_table(*pivot)]
     questions = questions_list(results)
     if questions:
         parts += ["", "What held and what did not (a direction only where the comparison survives the adjustment):",
@@ -381,51 +238,19 @@ def markdown_summary(results: dict[str, Any]) -> str:
     sinks = sinks_table(results)
     if sinks:
         parts += ["", "Attention sinks (ϵ = 3, every seed's model, mean [95 % CI] over seeds; shares kept in [0, 1]):",
-                  "", _md_table(*sinks)]
+                  "", md_table(*sinks)]
         pivot = pivot_comparisons(results, ["non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard"])
         if pivot:
-            parts += ["", _md_table(*pivot)]
+            parts += ["", md_table(*pivot)]
+    masking = masking_table(results)
+    if masking:
+        parts += ["", masking_note(results), "", md_table(*masking)]
     return "\n".join(parts) + "\n"
-
-
-def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
-    """Rulli et al.'s contrast on one set of weights: the AR model (intervals over prompts, from
-    `analyze --per-prompt`) beside the DLMs adapted from it (intervals over seeds, from the experiment's
-    results.json). Different units and models: side by side, not a paired test."""
-    from sinkdlm.analysis.over_prompts_report import fmt_interval as _fmt
-
-    def over_seeds(variant: str, get, share: bool = False) -> str:
-        iv = seed_interval(dlm["variants"][variant], get, share)
-        return "n/a" if iv is None else _fmt(iv, 1, 4 if share else 3)
-
-    s = ar["summary"]
-    names = [n for n in ("vanilla", "sink1-front") if n in dlm["variants"]]
-    labels = [dlm["variants"][n]["label"] for n in names]
-    rows = []
-    for key, what in (("content_sink_set_change_rate", "sink-set change rate between consecutive steps (content keys)"),
-                      ("largest_sink_change_rate", "largest-sink position change rate")):
-        rows.append([what, _fmt(s["moving"].get(key), 1, 4)]
-                    + [over_seeds(n, lambda a, k=key: (a.get("moving") or {}).get(k), True) for n in names])
-    for k in ("1", "10"):
-        ar_delta = (s.get("ablation") or {}).get(k, {}).get("delta")
-        rows.append([f"Δ score, top-{k} sink(s) masked per head (AR: log-prob / token; DLM: ELBO / token)",
-                     _fmt(ar_delta, 1, 3)]
-                    + [over_seeds(n, lambda a, k=k: ((a.get("ablation") or {}).get("delta") or {}).get(k)) for n in names])
-    rows.append(["share of all attention on the extra sink token", "–"]
-                + [over_seeds(n, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
-                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
-    rows.append(["share of heads whose largest sink is the extra sink", "–"]
-                + [over_seeds(n, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
-                   if dlm["variants"][n]["switches"].get("num_sink_tokens") else "–" for n in names])
-    header = ["measure", f"AR ({ar['setup']['num_prompts']} prompts)"] + [f"{lab} ({len(dlm['seeds'])} seeds)" for lab in labels]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- the report
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    from sinkdlm.analysis.figures import plot_score_bars, plot_training_curves
+    from sinkdlm.analysis.figures import plot_paired_differences, plot_score_bars, plot_training_curves
 
     out = Path(out)
     fig_dir = out / "figures"
@@ -472,8 +297,16 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     curves = training_curves(results)
     if curves:
         doc.heading("Training")
-        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"), ("Validation loss of the training loop (its own per-run noise, not the fixed validation) vs "
-                  "step: mean over seeds, error bars ± 1 standard deviation over seeds (not a confidence interval)"))
+        doc.image(plot_training_curves(curves, fig_dir / "val_loss.png"),
+                  "Validation loss of the training loop (its own per-run noise, not the fixed validation) vs step: "
+                  "one thin line per seed and the mean over seeds (thick); no interval is drawn, the paired "
+                  "comparison is the next figure")
+    diffs = paired_val_loss_differences(results)
+    if diffs:
+        doc.image(plot_paired_differences(diffs, fig_dir / "val_loss_paired.png"),
+                  f"Paired differences of the final `val_loss` (variant − baseline on the same seed): each seed's "
+                  f"difference (dots, labelled by seed) and the mean with its 95 % interval ({METHOD_SEEDS}); an "
+                  "interval that crosses 0 detects no difference")
     bars = {}
     for k in task_metrics(results):
         per = {}
@@ -526,16 +359,11 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
     if types:
         doc.heading("What the sinks sit on (Rulli et al. Table 2)", 3)
         doc.table(*types)
-    abl_rows = []
-    for v in results["variants"].values():
-        first = next(iter(v["seeds"].values()))
-        abl = (first.get("analysis") or {}).get("ablation")
-        if abl and abl.get("scores"):
-            abl_rows.append([v["label"], f"`{abl.get('metric')}` ({abl.get('protocol')})",
-                             ", ".join(f"K={k}: {s:.3f}" for k, s in abl["scores"].items() if isinstance(s, (int, float)))])
-    if abl_rows:
-        doc.heading("Sink-masking ablation (first seed)", 3)
-        doc.table(["variant", "score (protocol)", "score by K"], abl_rows)
+    masking = masking_table(results)
+    if masking:
+        doc.heading("Sink-masking ablation (Rulli et al. Table 1)", 3)
+        doc.paragraph(masking_note(results))
+        doc.table(*masking)
     samples = [(v["label"], seed, rec["analysis"]) for v in results["variants"].values()
                for seed, rec in list(v["seeds"].items())[:1] if (rec.get("analysis") or {}).get("samples")]
     if samples:
@@ -543,7 +371,7 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
         for label, seed, a in samples:
             rate = "–" if a.get("repetition_rate") is None else f"{a['repetition_rate']:.2f}"
             doc.paragraph(f"{label}, seed {seed}: repetition rate {rate}; over seeds "
-                          f"{_fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
+                          f"{fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
             doc.bullets([f"`{x[:160]!r}`" for x in a["samples"][:4]])
     for name, v in results["variants"].items():
         seed, first = next(iter(v["seeds"].items()))

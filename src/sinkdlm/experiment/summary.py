@@ -70,6 +70,12 @@ METHOD_SEEDS = "Student t over seeds (n − 1 df)"
 METHOD_ITEMS = "seeds × items (two-way random effects, t with n − 1 df)"
 
 
+# What results.json keeps of each scored setting of the masking ablation: the per-request scores give
+# the interval over seeds × prompts, the masked-key counts say how many keys "top-K" really hid.
+ABLATION_KEYS = ("include_extra_sink", "scores", "delta", "stderr", "delta_stderr", "masked_keys_per_head", "per_request")
+METHOD_SEEDS_PROMPTS = "seeds × prompts (two-way random effects, t with n − 1 df)"
+
+
 _PIECE = re.compile(r"\w+|[^\w ]")  # words, and every other character but the space (newlines, commas) alone
 
 
@@ -97,7 +103,9 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
         "extra_sink": None if not extra else {k: extra.get(k) for k in (
             "mean_attention_mass", "attention_mass", "value_norm", "others_value_norm")},
         "sink_token_types": (a.get("sink_token_types") or {}).get("shares"),
-        "ablation": None if not abl else {k: abl.get(k) for k in ("metric", "protocol", "scores", "delta", "stderr")},
+        "ablation": None if not abl else {**{k: abl.get(k) for k in ABLATION_KEYS + ("metric", "protocol", "num_requests")},
+                                          "alternative": None if not abl.get("alternative") else {
+                                              k: abl["alternative"].get(k) for k in ABLATION_KEYS}},
         # the generations themselves (the report shows them) and how degenerate they are
         "samples": list(samples),
         "repetition_rate": statistics.fmean(rates) if rates else None,
@@ -302,9 +310,19 @@ def _paired_lists(a: dict[str, list], b: dict[str, list], from_layer: int = 0) -
         summary = {**iv.to_dict(), "method_label": METHOD_SEEDS,
                    "verdict": verdict(iv, lower_is_better=None), "seeds": sorted(per_seed, key=str)}
     shown = [lay for lay in layers[from_layer:] if lay["diff"] is not None]
+    # Per layer, a direction only where the layer's paired interval survives Benjamini-Hochberg over the
+    # layers compared (its own family, as the analysis over prompts does; docs/method.md §6-7).
+    tested = [lay for lay in shown if lay["diff"].get("p") is not None and lay["seeds"] >= 2]
+    for lay, q in zip(tested, benjamini_hochberg([lay["diff"]["p"] for lay in tested])):
+        lay["diff"]["p_adjusted"] = q
+        lay["diff"]["survives"] = bool(q < 0.05 and lay["diff"]["excludes_zero"])
     return {"from_layer": from_layer, "seeds": seeds, "layers": layers, "layer_mean": summary,
             "positive_layers": sum(lay["diff"]["mean"] > 0 for lay in shown),
-            "negative_layers": sum(lay["diff"]["mean"] < 0 for lay in shown), "compared_layers": len(shown)}
+            "negative_layers": sum(lay["diff"]["mean"] < 0 for lay in shown), "compared_layers": len(shown),
+            "per_layer_tests": {
+                "tested": len(tested), "family": "the layers compared (Benjamini-Hochberg, q = 0.05)",
+                "lower": [lay["layer"] for lay in tested if lay["diff"]["survives"] and lay["diff"]["mean"] < 0],
+                "higher": [lay["layer"] for lay in tested if lay["diff"]["survives"] and lay["diff"]["mean"] > 0]}}
 
 
 def value_norm_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
@@ -328,6 +346,61 @@ def extra_sink_layers(variant: dict[str, Any]) -> dict[str, Any] | None:
     out = {"attention_mass": per_layer_mass, "attention_mass_seeds": sorted(mass, key=str)}
     out["value_norm_vs_others"] = _paired_lists(_layer_lists(variant, ("extra_sink", "value_norm")),
                                                 _layer_lists(variant, ("extra_sink", "others_value_norm")), from_layer=1)
+    return out
+
+
+def _ablation_setting(rec: dict[str, Any], include_extra_sink: bool | None) -> dict[str, Any] | None:
+    """One seed's scored setting of the masking ablation (the headline or its `alternative`), or None;
+    `include_extra_sink` None: the headline (a model without extra sinks has one setting only)."""
+    abl = (rec.get("analysis") or {}).get("ablation")
+    if not abl:
+        return None
+    for block in (abl, abl.get("alternative")):
+        if block and block.get("delta") and (include_extra_sink is None
+                                             or bool(block.get("include_extra_sink")) == include_extra_sink):
+            return block
+    return None
+
+
+def masking_intervals(variant: dict[str, Any], confidence: float = 0.95) -> dict[str, Any] | None:
+    """The sink-masking curve of a variant (Rulli et al. Table 1) with intervals: per scored setting of
+    the extra sink (kept; and masked, for a variant with extra sink tokens) and per K > 0, Δ = score(K) −
+    score(0) paired over seeds × prompts (every seed scores the same held-out requests: two-way random
+    effects, `paired_accuracy_difference`), and the keys masked per (row, layer, head) with their
+    interval over seeds. A setting no seed scored is `measured: False` ("not measured in this run");
+    seeds without per-request scores leave the interval `missing`. None when no seed ran the ablation."""
+    recs = [rec for rec in variant["seeds"].values() if (rec.get("analysis") or {}).get("ablation")]
+    if not recs:
+        return None
+    first = recs[0]["analysis"]["ablation"]
+    settings = [False, True] if _has_extra_sinks(variant) else [None]
+    out = {"metric": first.get("metric"), "settings": []}
+    seeds = sorted(variant["seeds"], key=str)
+    for include in settings:
+        blocks = {seed: _ablation_setting(variant["seeds"][seed], include) for seed in seeds}
+        entry: dict[str, Any] = {"include_extra_sink": bool(include), "measured": any(blocks.values()), "k": {}}
+        if entry["measured"]:
+            ks = sorted({int(k) for b in blocks.values() if b for k in b["delta"]} - {0})
+            for k in ks:
+                key = str(k)
+                masked = [b["masked_keys_per_head"][key] for b in blocks.values()
+                          if b and (b.get("masked_keys_per_head") or {}).get(key) is not None]
+                row: dict[str, Any] = {"masked_keys_per_head": interval_of(masked), "seeds": len(masked)}
+                per = {s: b.get("per_request") for s, b in blocks.items()}
+                if all(p and key in p and "0" in p for p in per.values()) and len({len(p[key]) for p in per.values()}) == 1:
+                    iv = paired_accuracy_difference({s: p[key] for s, p in per.items()}, {s: p["0"] for s, p in per.items()},
+                                                    confidence)
+                    row["delta"] = {**iv.to_dict(), "method_label": METHOD_SEEDS_PROMPTS, "lower_is_better": False,
+                                    "scale": 1.0, "unit": "",
+                                    "verdict": verdict(iv, lower_is_better=False)}
+                else:
+                    gone = [s for s, p in per.items() if not (p and key in p)]
+                    means = [b["delta"][key] for b in blocks.values() if b and b["delta"].get(key) is not None]
+                    row["delta"] = {"mean": _mean_or_none(means), "seeds": len(means),
+                                    "missing": gone or seeds, "verdict": "missing: per-request scores not recorded "
+                                    "for these runs (no interval over seeds × prompts)"}
+                entry["k"][key] = row
+        out["settings"].append(entry)
     return out
 
 
@@ -420,6 +493,11 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             step0 = {"seeds": {"step0": v["step0"]}}
             summary["step0_value_norm_layers"] = value_norm_layers(step0)
             summary["step0_extra_sink_layers"] = extra_sink_layers(step0)
+        masking = masking_intervals(v, confidence)
+        if masking:
+            summary["masking"] = masking
+            family += [row["delta"] for setting in masking["settings"] for row in setting["k"].values()
+                       if not row["delta"].get("missing")]
         extra = extra_sink_layers(v)
         if extra:
             summary["extra_sink_layers"] = extra
@@ -440,8 +518,9 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
     results["multiplicity"] = {
         **adjust_family(comparisons + family, confidence),
         "family": ("every paired comparison the report gives a verdict for: each compared pair of variants × metric "
-                   "(validation loss, accuracies, sink metrics), and per variant the per-layer value norm of sinks − "
-                   "normal tokens and of the extra sink − the other tokens"),
+                   "(validation loss, accuracies, sink metrics), per variant the mean over layers of the value norm of "
+                   "sinks − normal tokens and of the extra sink − the other tokens, and each K of the masking curve "
+                   "against K = 0"),
     }
 
 
@@ -526,14 +605,27 @@ def pooled_value_norm_difference(variant: dict[str, Any], seeds: list[str]) -> f
     return _mean_or_none([sink_vn[s] - normal_vn[s] for s in seeds if s in sink_vn and s in normal_vn])
 
 
-def training_curves(results: dict[str, Any]) -> dict[str, tuple[list[int], list[float], list[float]]]:
-    """{variant label: (steps, mean, std over seeds)} of the validation loss, at the steps every seed logged."""
+def training_curves(results: dict[str, Any]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """{variant label: {seed: (steps, validation loss)}} of the training loop's curve, every seed drawn
+    (with 2-3 seeds a ± SD band says little: the seeds themselves are shown)."""
     curves = {}
     for v in results["variants"].values():
-        per_seed = [dict(map(tuple, s["curve"])) for s in v["seeds"].values() if s.get("curve")]
-        steps = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
-        if steps:
-            means = [statistics.fmean(c[s] for c in per_seed) for s in steps]
-            stds = [statistics.stdev([c[s] for c in per_seed]) if len(per_seed) > 1 else 0.0 for s in steps]
-            curves[v["label"]] = (steps, means, stds)
+        per_seed = {seed: [tuple(x) for x in rec["curve"]] for seed, rec in v["seeds"].items() if rec.get("curve")}
+        if per_seed:
+            curves[v["label"]] = {seed: ([int(st) for st, _ in c], [float(x) for _, x in c]) for seed, c in per_seed.items()}
     return curves
+
+
+def paired_val_loss_differences(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every compared pair's `val_loss` difference: the per-seed differences (variant − baseline, the
+    same seed) and the stored paired interval over seeds (`comparisons`), for the figure of paired
+    differences. Pairs with a missing seed are left out."""
+    out = []
+    for c in results.get("comparisons", []):
+        if c["metric"] != "val_loss" or c.get("missing") or c.get("mean") is None:
+            continue
+        a, b = (results["variants"][name] for name in c["pair"])
+        va, vb = _seed_values(a, "val_loss"), _seed_values(b, "val_loss")
+        out.append({"label": f"{c['variant']} − {c['baseline']}", "per_seed": {s: va[s] - vb[s] for s in sorted(va, key=str)},
+                    "interval": {k: c.get(k) for k in ("mean", "low", "high", "n", "degenerate", "survives")}})
+    return out

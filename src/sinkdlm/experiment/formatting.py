@@ -1,0 +1,57 @@
+"""Formatting of an experiment's stored numbers: an interval, a paired difference, a verdict word, a
+Markdown table. Nothing here computes a statistic (`sinkdlm.experiment.summary` does); the report
+modules (`report`, `sink_tables`) share these so every table prints numbers the same way."""
+
+from __future__ import annotations
+
+from sinkdlm.stats import signed
+
+
+def fmt_interval(s: dict | None, scale: float = 1.0, digits: int = 3) -> str:
+    if not s or s.get("mean") is None:
+        return "–"
+    text = f"{scale * s['mean']:.{digits}f}"
+    text = text[1:] if text.startswith("-") and float(text) == 0 else text  # never "-0.0"
+    if s.get("degenerate"):
+        return text + " (no spread)"
+    if s.get("low") is not None and s.get("high") is not None:
+        low, high = (signed(scale * s[k], digits).lstrip("+") for k in ("low", "high"))
+        text += f" [{low}, {high}]"
+    elif s.get("n", 2) < 2:  # one seed: no interval (not the whole range)
+        text += " [–]"
+    return text
+
+
+def fmt_diff(c: dict, bold: bool = True) -> str:
+    """"Δ [low, high]" of a comparison, and its direction in bold when it survives the adjustment."""
+    if c.get("missing"):
+        return c["verdict"].removeprefix("missing: ")
+    scale = c.get("scale", 1.0)
+    digits = 1 if scale != 1.0 else 3
+    cell = signed(scale * c["mean"], digits)
+    if c.get("degenerate"):
+        return cell + " (no variance)"
+    if c["low"] is not None:
+        cell += f" [{signed(scale * c['low'], digits)}, {signed(scale * c['high'], digits)}]"
+    if bold and c.get("survives"):
+        cell += f" **{c['verdict'].split(' ')[0]}**"
+    return cell
+
+
+def short_verdict(c: dict) -> str:
+    if c.get("missing"):
+        return "missing"
+    if not c.get("in_family", True):
+        return "not tested (alternative)"
+    if c.get("degenerate"):
+        return "no variance estimate"
+    if c.get("survives"):
+        return c["verdict"].split(" (")[0].split(" by ")[0]
+    if c.get("excludes_zero"):
+        return f"inconclusive after BH (adjusted p = {c['p_adjusted']:.2g})" if c.get("p_adjusted") is not None else "inconclusive"
+    return f"no difference detected ({c['n']} seeds)"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

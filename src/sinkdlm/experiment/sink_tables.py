@@ -1,0 +1,279 @@
+"""The sink-analysis tables of an experiment's report: attention sinks per variant (Rulli et al. Fig. 10,
+Table 2), the value norms stated per layer with the step-0 control (One-Token Fig. 3), the sink-masking
+curve over seeds × prompts with the keys it really masked (Rulli et al. Table 1), and the AR model beside
+the DLMs adapted from it, one table per kind (README). Numbers come from `sinkdlm.experiment.summary`
+(stored in results.json, or computed there on demand); this module only formats them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, short_verdict
+from sinkdlm.experiment.summary import (
+    SINK_TOKEN_TYPES, epsilon_intervals, extra_sink_mass, masking_intervals, pooled_value_norm_difference, seed_interval,
+    token_type_intervals,
+)
+from sinkdlm.stats import signed
+
+
+def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    rows = []
+    for v in results["variants"].values():
+        s = v["summary"]
+        if "non_sink_fraction" not in s:
+            continue
+        rows.append([
+            v["label"], fmt_interval(s.get("non_sink_fraction"), 100.0, 1),
+            fmt_interval(s.get("content_sink_set_change_rate")), fmt_interval(s.get("content_sink_set_jaccard")),
+            f"{fmt_interval(s.get('sink_set_change_rate'))} / {fmt_interval(s.get('sink_set_jaccard'))}",
+            fmt_interval(extra_sink_mass(v), 100.0, 1),
+        ])
+    if not rows:
+        return None
+    return (["variant", "non-sink fraction %", "sink-set change rate (content keys)", "consecutive Jaccard (content keys)",
+             "change rate / Jaccard over every key", "attention on the extra sink %"], rows)
+
+
+def epsilon_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Rulli et al. Fig. 10: non-sink fraction vs ϵ, mean [95 % CI] over seeds."""
+    eps_keys: list[str] = []  # the first analysed variant's ϵ, every row on the same columns
+    rows = []
+    for v in results["variants"].values():
+        curve = epsilon_intervals(v, eps_keys)
+        if curve is None:
+            continue
+        eps_keys = eps_keys or list(curve)
+        rows.append([v["label"]] + [fmt_interval(curve[e], 100.0, 1) for e in eps_keys])
+    return (["variant"] + [f"ϵ = {e}" for e in eps_keys], rows) if rows else None
+
+
+def token_type_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Rulli et al. Table 2: what tokens the sinks sit on, share mean [95 % CI] over seeds."""
+    rows = []
+    for v in results["variants"].values():
+        shares = token_type_intervals(v)
+        if shares is not None:
+            rows.append([v["label"]] + [fmt_interval(shares[t], 100.0, 1) for t in SINK_TOKEN_TYPES])
+    return (["variant"] + [f"{t} %" for t in SINK_TOKEN_TYPES], rows) if rows else None
+
+
+def _layer_values(layers: list[dict], key: str, digits: int = 1) -> str:
+    return "/".join("–" if lay.get(key) is None else f"{lay[key]:.{digits}f}" for lay in layers)
+
+
+def _per_layer_finding(lay: dict, sinks: str, others: str) -> str:
+    """"lower in a, higher in b, no difference detected in c of n layers" from the per-layer paired
+    intervals over seeds, a direction only where a layer survives Benjamini-Hochberg over the layers."""
+    tests = lay.get("per_layer_tests") or {}
+    n = lay["compared_layers"]
+    if len(lay["seeds"]) < 2:
+        return (f"{sinks} above {others} in {lay['positive_layers']} and below in {lay['negative_layers']} of {n} layers "
+                "(point estimates from 1 seed: no interval, no verdict)")
+    tested = tests.get("tested", 0)
+    lower, higher = tests.get("lower", []), tests.get("higher", [])
+
+    def which(layers):
+        return f" (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})" if layers else ""
+
+    text = (f"per layer, {sinks} lower than {others} in {len(lower)}{which(lower)}, higher in {len(higher)}{which(higher)}, "
+            f"no difference detected in {tested - len(lower) - len(higher)} of {tested} layers tested (paired t over "
+            f"{len(lay['seeds'])} seeds per layer, Benjamini-Hochberg over those layers)")
+    if n > tested:
+        text += f"; {n - tested} more without a variance estimate (every seed alike) or with sinks in one seed only"
+    return text
+
+
+def value_norm_lines(results: dict[str, Any]) -> list[str]:
+    """The value-norm findings, stated per layer (One-Token Fig. 3): sinks vs normal tokens in every model,
+    and the extra sink vs the other tokens from the second layer on, each with the step-0 control (the
+    converted model before training) or a note that this run did not measure it."""
+    lines = []
+    vn = [(v, v["summary"]["value_norm_layers"]) for v in results["variants"].values() if v["summary"].get("value_norm_layers")]
+    if vn:
+        parts = []
+        for v, lay in vn:
+            label, seeds = v["label"], lay["seeds"]
+            pooled = pooled_value_norm_difference(v, seeds)  # the same seeds, for contrast
+            text = (f"{label}: {_per_layer_finding(lay, 'sinks', 'normal tokens')}; mean per layer "
+                    f"{_layer_values(lay['layers'], 'a')} vs {_layer_values(lay['layers'], 'b')}")
+            if len(seeds) < len(results["seeds"]):
+                text += f" (per-layer norms recorded for seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} only)"
+            s0 = v["summary"].get("step0_value_norm_layers")
+            if s0:  # one model, no interval: what the converted model had before training
+                text += (f"; step-0 control (one model, no interval) {_layer_values(s0['layers'], 'a')} vs "
+                         f"{_layer_values(s0['layers'], 'b')} (sink above normal in {s0['positive_layers']} of "
+                         f"{s0['compared_layers']} layers)")
+            else:
+                text += "; step-0 control: not measured in this run"
+            if lay.get("layer_mean"):
+                text += (f"; the unweighted mean over layers of sink − normal (a summary, not a statement about every "
+                         f"layer) {lay['layer_mean']['verdict']}")
+            if pooled is not None:
+                text += f"; pooled over layers (weighted by sink counts), the same seeds: {signed(pooled)}"
+            parts.append(text)
+        lines.append("- **Do sinks carry smaller value vectors than normal tokens?** (value norm of sinks vs of "
+                     "normal tokens, paired within layer and seed) " + "; ".join(parts) + ".")
+    extra = [(name, v["label"], v["summary"]["extra_sink_layers"]) for name, v in results["variants"].items()
+             if v["summary"].get("extra_sink_layers")]
+    if extra:
+        parts = []
+        for name, label, e in extra:
+            mass = "/".join("–" if m is None else fmt_interval(m, 100.0, 1) for m in e["attention_mass"])
+            text = f"{label}: attention on it per layer {mass} % (over seeds {', '.join(e['attention_mass_seeds'])})"
+            vo = e.get("value_norm_vs_others")
+            if vo:
+                later = vo["layers"][vo["from_layer"]:]
+                text += (f"; from the second layer on, {_per_layer_finding(vo, 'the extra sink', 'the other tokens')}; "
+                         f"mean per layer {_layer_values(later, 'a')} vs {_layer_values(later, 'b')} "
+                         f"(seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
+                s0 = (results["variants"][name]["summary"].get("step0_extra_sink_layers") or {}).get("value_norm_vs_others")
+                if s0:
+                    s0_later = s0["layers"][s0["from_layer"]:]
+                    text += (f"; step-0 control (one model, no interval) {_layer_values(s0_later, 'a')} vs "
+                             f"{_layer_values(s0_later, 'b')} (below in {s0['negative_layers']} of {s0['compared_layers']} "
+                             "layers)")
+                else:
+                    text += "; step-0 control: not measured in this run"
+                if vo.get("layer_mean"):
+                    text += f"; the unweighted mean over those layers {vo['layer_mean']['verdict']}"
+            else:
+                text += "; its value norm per layer was not recorded for these runs"
+            parts.append(text)
+        lines.append("- **Is the extra sink's value norm below the other tokens' from the second layer on "
+                     "(One-Token Fig. 3)?** " + "; ".join(parts) + ".")
+    return lines
+
+
+MASKING_METRICS = {"continuation_elbo_per_token": "continuation ELBO / token (nats)",
+                   "continuation_logprob_per_token": "continuation log-likelihood / token (nats)"}
+
+
+def masking_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """The sink-masking curve of every variant (Rulli et al. Table 1): (header, rows),
+    one row per variant, setting of the extra sink and K; None when no variant ran the ablation."""
+    rows, metrics = [], set()
+    for v in results["variants"].values():
+        m = v["summary"].get("masking")
+        if not m:
+            continue
+        metrics.add(m["metric"])
+        has_extra = bool(v.get("switches", {}).get("num_sink_tokens"))
+        for setting in m["settings"]:
+            extra = ("masked when among the top K" if setting["include_extra_sink"] else "never masked") if has_extra else "–"
+            if not setting["measured"]:
+                rows.append([v["label"], extra, "–", "not measured in this run",
+                             "not measured in this run", "–"])
+                continue
+            for k, row in setting["k"].items():
+                d = row["delta"]
+                if d.get("missing"):
+                    delta = (("–" if d.get("mean") is None else f"{signed(d['mean'], 3)} (mean over {_seeds(d['seeds'])})")
+                             + ": per-request scores not recorded, no interval")
+                    word = "no interval"
+                else:
+                    delta = fmt_diff(d, bold=False) if not d.get("degenerate") else fmt_interval(d)
+                    word = short_verdict(d)
+                masked = fmt_interval(row["masked_keys_per_head"], 1.0, 2)
+                if row["seeds"] < len(v["seeds"]):
+                    masked += f" ({_seeds(row['seeds'])} recorded it)"
+                rows.append([v["label"], extra, k, delta, masked, word])
+    if not rows:
+        return None
+    what = " / ".join(MASKING_METRICS.get(m, f"`{m}`") for m in sorted(metrics))
+    header = ["variant", "extra sink", "K", f"Δ {what} vs K = 0 [95 % CI, seeds × prompts]",
+              "keys masked per (row, layer, head) [95 % CI over seeds]", "verdict"]
+    return header, rows
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def masking_note(results: dict[str, Any]) -> str:
+    from sinkdlm.config import AnalyzeConfig
+
+    eps = results.get("analysis_settings", {}).get("epsilon", AnalyzeConfig.epsilon)
+    return (f"Sink masking (Rulli et al. Table 1): the top-K sinks (ϵ = {eps:g}) of every layer and head get -inf pre-softmax "
+            "logits, detected on the unablated forward of the same noised input; a head with fewer than K sinks has "
+            "only its sinks masked, so the column of masked keys says how many K really hid. A variant with an extra "
+            "sink token is scored twice: with the extra sink never masked (in the heads where it is the largest sink, "
+            "masking then spares the sink that matters) and with it a candidate like any other key. Δ is paired within seed and "
+            "held-out request and its interval is over seeds × prompts (two-way random effects, t with seeds − 1 df); "
+            "a direction only where it survives the report's adjustment.")
+
+
+def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
+    """Rulli et al.'s contrast on one set of weights, split by kind so that every table compares like with
+    like: the AR model alone (decoding steps, exact log-likelihood, intervals over prompts, from
+    `analyze --per-prompt`), then the DLMs adapted from it side by side (denoising steps, ELBO,
+    intervals over seeds, or seeds × prompts for the masking Δ, from the experiment's results.json).
+    No number of one table is compared with the other's: the steps, the score and the unit differ."""
+    from sinkdlm.analysis.over_prompts_report import fmt_interval as _fmt
+
+    s = ar["summary"]
+    n_prompts = ar["setup"]["num_prompts"]
+    ab = s.get("ablation") or {}
+    ks = [k for k in ("1", "10") if k in ab]
+    ar_rows = [["sink-set change rate between consecutive decoding steps (content keys)",
+                _fmt(s["moving"].get("content_sink_set_change_rate") or s["moving"].get("sink_set_change_rate"), 1, 4)],
+               ["largest-sink position change rate between consecutive decoding steps",
+                _fmt(s["moving"].get("largest_sink_change_rate"), 1, 4)]]
+    for k in ks:
+        ar_rows.append([f"Δ continuation log-likelihood / token (nats), top-{k} sinks masked in every head",
+                        _fmt(ab[k].get("delta"), 1, 3)])
+        ar_rows.append([f"keys masked per (row, layer, head) at K = {k}", _fmt(ab[k].get("masked_keys_per_head"), 1, 2)])
+    lines = [f"The AR model ({ar['model'].get('label', 'model')}), greedy decoding, one token per step; mean over "
+             f"{n_prompts} prompts [95 % CI, Student t over prompts; Δ paired within prompt]:", "",
+             "| measure | AR |", "|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in ar_rows]
+
+    names = [n for n, v in dlm["variants"].items() if v["seeds"]]
+    variants = [dlm["variants"][n] for n in names]
+
+    def over_seeds(v: dict, get, share: bool = False) -> str:
+        iv = seed_interval(v, get, share)
+        return "n/a" if iv is None else _fmt(iv, 1, 4 if share else 3)
+
+    def masking(v: dict) -> dict | None:
+        return v["summary"].get("masking") or masking_intervals(v)
+
+    def masking_cell(v: dict, include: bool, k: str, what: str) -> str:
+        m = masking(v)
+        if not v.get("switches", {}).get("num_sink_tokens") and include:
+            return "– (no extra sink)"
+        setting = next((st for st in (m or {}).get("settings", []) if st["include_extra_sink"] == include), None)
+        if setting is None or not setting["measured"]:
+            return "not measured in this run"
+        row = setting["k"].get(k)
+        if row is None:
+            return "–"
+        if what == "masked":
+            return fmt_interval(row["masked_keys_per_head"], 1.0, 2) if row["masked_keys_per_head"] else "not recorded"
+        d = row["delta"]
+        return "no interval (per-request scores not recorded)" if d.get("missing") else fmt_interval(d, 1.0, 3)
+
+    dlm_rows = [["sink-set change rate between consecutive denoising steps (content keys)"]
+                + [over_seeds(v, lambda a: (a.get("moving") or {}).get("content_sink_set_change_rate")
+                              or (None if v["switches"].get("num_sink_tokens") else (a.get("moving") or {}).get("sink_set_change_rate")),
+                              True) for v in variants],
+                ["largest-sink position change rate between consecutive denoising steps"]
+                + [over_seeds(v, lambda a: (a.get("moving") or {}).get("largest_sink_change_rate"), True) for v in variants]]
+    for k in ks:
+        for include, which in ((False, "an extra sink never masked"), (True, "the extra sink a candidate too")):
+            dlm_rows.append([f"Δ continuation ELBO / token (nats), top-{k} sinks masked in every head, {which} "
+                             "[seeds × prompts]"] + [masking_cell(v, include, k, "delta") for v in variants])
+            dlm_rows.append([f"keys masked per (row, layer, head) at K = {k}, {which}"]
+                            + [masking_cell(v, include, k, "masked") for v in variants])
+    dlm_rows.append(["share of all attention on the extra sink token"]
+                    + [over_seeds(v, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
+                       if v["switches"].get("num_sink_tokens") else "–" for v in variants])
+    dlm_rows.append(["share of heads whose largest sink is the extra sink"]
+                    + [over_seeds(v, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
+                       if v["switches"].get("num_sink_tokens") else "–" for v in variants])
+    header = ["measure"] + [v["label"] for v in variants]
+    lines += ["", f"The DLMs adapted from it (preset `{dlm['preset']}`), {dlm['train'].get('max_steps', '?')} training "
+              f"steps, analysed while denoising; mean over {len(dlm['seeds'])} seeds [95 % CI, Student t over "
+              "seeds; the masking Δ paired within seed and request, its interval over seeds × prompts]:", "",
+              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in dlm_rows]
+    return "\n".join(lines) + "\n"
