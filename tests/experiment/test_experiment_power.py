@@ -31,3 +31,40 @@ def test_mde_tends_to_the_normal_formula_and_reads_back_from_an_interval():
     want = minimum_detectable_effect(d.std(ddof=1) / 2, 3)
     assert comparison_mde(iv) == pytest.approx(want, rel=1e-9)
     assert comparison_mde(paired_difference([1.0], [0.5]).to_dict()) is None  # one seed: no spread, no mde
+
+
+@pytest.mark.parametrize("sd,target", [(0.116, 0.05), (0.418, 0.05), (0.03, 0.05)])
+def test_seeds_for_mde_is_the_fewest_seeds_whose_t_test_reaches_the_target(sd, target):
+    """By the definition: n seeds detect `target` with 80 % power (noncentral t), n - 1 do not; and for many
+    seeds the count approaches the normal formula ((z_0.975 + z_0.8) sd / target)^2."""
+    from sinkdlm.experiment.summary import seeds_for_mde
+
+    n = seeds_for_mde(sd, target)
+    assert minimum_detectable_effect(sd / math.sqrt(n), n - 1) <= target
+    assert n == 2 or minimum_detectable_effect(sd / math.sqrt(n - 1), n - 2) > target
+    normal = ((st.norm.ppf(0.975) + st.norm.ppf(0.8)) * sd / target) ** 2
+    assert normal <= n <= normal + 4  # the t correction adds a few seeds at most
+    assert seeds_for_mde(0.0, target) is None
+
+
+def test_the_report_says_what_the_target_would_take():
+    """The sizing reads each val_loss comparison's interval back to the spread of its per-seed differences
+    and prices the seeds with the study's measured compute per run."""
+    from sinkdlm.experiment.report import sizing_note
+    from sinkdlm.experiment.summary import TARGET_MDE, seeds_for_mde, study_sizing
+
+    diffs = [-0.30, 0.05, -0.12]
+    vanilla = {str(s): {"val_loss": 5.0, "seconds": {"train": 600.0}} for s in range(3)}
+    sink = {str(s): {"val_loss": 5.0 + d, "seconds": {"train": 600.0}} for s, d in enumerate(diffs)}
+    iv = paired_difference([5.0 + d for d in diffs], [5.0] * 3).to_dict()
+    results = {"variants": {"vanilla": {"seeds": vanilla}, "sink1-front": {"seeds": sink}},
+               "timing": {"compute_s": 3600.0, "compute_parts": ["train"], "runs": 6, "runs_timed": 6},
+               "comparisons": [{"pair": ["sink1-front", "vanilla"], "metric": "val_loss", **iv, "mde": None}]}
+    sizing = study_sizing(results)
+    row = sizing["pairs"][0]
+    assert row["sd"] == pytest.approx(float(np.std(diffs, ddof=1)), rel=1e-9)
+    assert row["seeds"] == seeds_for_mde(row["sd"], TARGET_MDE)
+    assert row["compute_h"] == pytest.approx(2 * row["seeds"] * 600.0 / 3600)  # two runs per seed, 10 min each
+    results["sizing"] = sizing
+    note = sizing_note(results)
+    assert f"needs {row['seeds']:,} seeds per variant" in note and "this study ran 3" in note

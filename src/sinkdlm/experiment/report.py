@@ -187,6 +187,31 @@ def step0_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | 
             "trained non-sink % [95 % CI]"], rows
 
 
+def sizing_note(results: dict[str, Any]) -> str | None:
+    """What detecting the target val_loss difference would take (summary.study_sizing), in one paragraph."""
+    sz = results.get("sizing")
+    if not sz:
+        return None
+    parts = []
+    for row in sz["pairs"]:
+        a, b = (results["variants"].get(n, {}).get("label", n) for n in row["pair"])
+        pair = f"{a} − {b}"
+        if row["seeds"] is None:
+            parts.append(f"{pair}: no spread to size from")
+            continue
+        met = row["mde"] is not None and row["mde"] <= sz["target"]
+        hours = row["compute_h"]
+        cost = "" if hours is None else f", about {hours:,.0f} h" if hours >= 10 else f", about {hours:.1f} h"
+        cost += " of compute for the two variants" if cost else ""
+        parts.append(f"{pair}: {'met with' if met else 'needs'} {row['seeds']:,} seeds per variant{cost} "
+                     f"(this study ran {row['seeds_run']}; spread of the per-seed differences {row['sd']:.3f})")
+    per_run = sz.get("per_run_compute_s")
+    run = "" if per_run is None else (f" A run took {per_run / 60:,.1f} min of compute here "
+                                      f"({', '.join(sz.get('compute_parts') or [])}).")
+    return (f"**Sizing.** To detect a `val_loss` difference of {sz['target']:g} nats with {100 * sz['power']:.0f} % "
+            f"power (two-sided 5 %) at the observed spread: " + "; ".join(parts) + "." + run)
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     t = results["train"]
@@ -290,6 +315,9 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     )
     header, rows = comparisons_table(results)
     doc.table(header, rows) if rows else doc.paragraph("Only one variant: nothing to compare.")
+    sizing = sizing_note(results)
+    if sizing:
+        doc.paragraph(sizing)
     note = multiplicity_note(results)
     if note:
         doc.paragraph(note)

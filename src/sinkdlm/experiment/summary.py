@@ -248,6 +248,50 @@ def _noncentrality(df: float, power: float, alpha: float) -> float:
     return float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))
 
 
+# The val_loss difference a study should be able to detect (nats): the paper-sized effect of one sink token
+# is about 0.1, so a study that cannot detect half of it cannot decide the claim (docs/method.md §7).
+TARGET_MDE = 0.05
+
+
+def seeds_for_mde(sd: float, target: float, power: float = MDE_POWER, alpha: float = 0.05) -> int | None:
+    """The fewest seeds whose paired t test over seeds (df = n - 1) has `minimum_detectable_effect` <= `target`
+    when the per-seed differences spread with standard deviation `sd` (None for no finite spread)."""
+    if not (sd > 0 and math.isfinite(sd) and target > 0):
+        return None
+    z = statistics.NormalDist()
+    n = max(2, math.ceil(((z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * sd / target) ** 2))  # large-n start
+    while minimum_detectable_effect(sd / math.sqrt(n), n - 1, power, alpha) > target:
+        n += max(1, n // 50)  # the t correction adds a few seeds; step coarsely where n is large
+    while n > 2 and minimum_detectable_effect(sd / math.sqrt(n - 1), n - 2, power, alpha) <= target:
+        n -= 1
+    return n
+
+
+def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[str, Any] | None:
+    """What detecting a val_loss difference of `target` would take at the observed spread: per compared pair,
+    the seeds per variant (`seeds_for_mde`) and their compute on the machine that ran the study (two runs per
+    seed, at the measured mean compute per run). None without a val_loss comparison that has an interval."""
+    timing = experiment_timing(results)
+    runs = timing.get("runs_timed") or timing.get("runs") or 0
+    per_run = timing["compute_s"] / runs if runs and timing.get("compute_s") else None
+    rows = []
+    for c in results.get("comparisons", []):
+        if c.get("metric") != "val_loss" or c.get("low") is None or not c.get("df"):
+            continue
+        n = int(c["df"]) + 1  # paired over seeds
+        from scipy import stats as st
+
+        se = (c["high"] - c["low"]) / (2 * float(st.t.ppf(0.5 + c.get("confidence", 0.95) / 2, c["df"])))
+        sd = se * math.sqrt(n)
+        seeds = seeds_for_mde(sd, target, alpha=1 - c.get("confidence", 0.95))
+        rows.append({"pair": c["pair"], "seeds_run": n, "sd": sd, "mde": c.get("mde"), "seeds": seeds,
+                     "compute_h": None if seeds is None or per_run is None else 2 * seeds * per_run / 3600})
+    if not rows:
+        return None
+    return {"target": target, "power": MDE_POWER, "per_run_compute_s": per_run,
+            "compute_parts": timing.get("compute_parts"), "machine": results.get("machine"), "pairs": rows}
+
+
 def comparison_mde(entry: dict[str, Any]) -> float | None:
     """`mde` of a stored comparison: its standard error read back from its interval and df (None
     without an interval: one seed, a degenerate variance, or missing values)."""
@@ -514,6 +558,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             if c is not None:
                 comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
     results["comparisons"] = comparisons
+    results["sizing"] = study_sizing(results)  # what the val_loss target would take at this spread
     results["constant_metrics"] = constant_metrics(results)
     results["multiplicity"] = {
         **adjust_family(comparisons + family, confidence),
