@@ -27,6 +27,7 @@ Two ways to score, both paired (the same prompts / noise for every K, K = 0 incl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -37,7 +38,8 @@ from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.likelihood import mc_draw
-from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig  # the one home of the defaults (their field docstrings)
+from sinkdlm.config.fields import with_overrides
 from sinkdlm.config.train import TrainConfig  # the one home of eps
 from sinkdlm.model.probe import Probe
 from sinkdlm.diffusion.sampling import StepProbe
@@ -204,17 +206,11 @@ def continuation_elbo(
     prefixes: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
     ks: Sequence[int],
+    settings: AnalyzeConfig | None = None,
     *,
-    mc_num: int = AnalyzeConfig.mc_num,
-    epsilon: float = AnalyzeConfig.epsilon,
-    scale: str = AnalyzeConfig.scale,
-    include_extra_sink: bool = False,
     batch_size: int = 16,
-    eps: float = TrainConfig.eps,
-    seed: int = 0,
-    shift_logits: bool | None = None,
     progress: Callable[[int], None] | None = None,
-    protocol: str = "clean",
+    **overrides,
 ) -> dict:
     """Per-token continuation ELBO of every request under top-K sink masking, for every K.
 
@@ -224,15 +220,19 @@ def continuation_elbo(
     with `sink_key_masks` of that attention. Rows that mask nothing contribute 0 and are skipped.
     Returns `{"elbo": {K: [N] per-token ELBO}, "masked_keys": {K: int}, "head_slots": int}`.
     An autoregressive model (`config.causal`) is scored by its exact log-likelihood (one clean row per
-    request, no noise); `shift_logits` None: the model's own `config.shift_logits`.
+    request, no noise). The settings (ϵ, scale, include_extra_sink, mc_num, seed) are `AnalyzeConfig`'s, and
+    keyword overrides are its fields (`continuation_elbo(model, p, c, ks, epsilon=0.0)`); `batch_size` counts
+    noised rows per forward. The head's shift is the model's `config.shift_logits`.
     """
+    settings = with_overrides(AnalyzeConfig, settings, overrides, "continuation_elbo")
+    epsilon, scale, include_extra_sink = settings.epsilon, settings.scale, settings.include_extra_sink
     ks = check_ks(ks)
     cfg = model.config
-    shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
+    shift_logits = cfg.shift_logits
     if len(prefixes) != len(continuations) or not continuations:
         raise ValueError("give one prefix per continuation, and at least one pair")
     mask_id = cfg.mask_token_id
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(settings.seed)
     device = model.device
     elbo = {k: [] for k in ks}
     masked_keys = {k: 0 for k in ks}
@@ -248,8 +248,8 @@ def continuation_elbo(
             masked = torch.zeros(1, len(seq), dtype=torch.bool)
             masked[:, lp:] = True
         else:
-            samples = mc_num
-            xt, x0, masked, t = mc_draw(seq, lp, mc_num, eps, mask_id, generator)  # loglikelihood's "mc" draw
+            samples = settings.mc_num
+            xt, x0, masked, t = mc_draw(seq, lp, samples, TrainConfig.eps, mask_id, generator)  # loglikelihood's "mc" draw
         rows = masked.any(-1).nonzero().squeeze(-1)
         totals = {k: torch.zeros(samples, dtype=torch.float64) for k in ks}
         for start in range(0, len(rows), batch_size):
@@ -293,19 +293,14 @@ def _mean_se(x: torch.Tensor) -> tuple[float, float | None]:
 def run_ablation(
     model,
     ks: Sequence[int],
+    settings: AnalyzeConfig | None = None,
     *,
-    epsilon: float = AnalyzeConfig.epsilon,
-    scale: str = AnalyzeConfig.scale,
-    include_extra_sink: bool = False,
     ablation_task: AblationTask | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     continuations: Sequence[Sequence[int]] | None = None,
-    mc_num: int = AnalyzeConfig.mc_num,
     batch_size: int = 16,
-    seed: int = 0,
-    shift_logits: bool | None = None,
     progress: Callable[[int], None] | None = None,
-    protocol: str = "clean",
+    **overrides,
 ) -> dict:
     """Score per K (the `ablation` entry of analysis.json): with `ablation_task` its score
     through `SinkMasker` generations, else the mean per-token continuation ELBO.
@@ -313,17 +308,19 @@ def run_ablation(
     A model with extra sink tokens is scored with both settings of `include_extra_sink`: the one asked
     for at the top level, the other under `alternative` (the same keys: `include_extra_sink`, `scores`,
     `delta`, `masked_keys_per_head`, and for the ELBO `stderr`, `delta_stderr`, `per_request`). Both use
-    the same noise draws, so K = 0 is the same number in both."""
+    the same noise draws, so K = 0 is the same number in both. The settings (ϵ, scale, include_extra_sink,
+    mc_num, seed, ablation_protocol) are `AnalyzeConfig`'s; keyword overrides are its fields."""
+    settings = with_overrides(AnalyzeConfig, settings, overrides, "run_ablation")
+    epsilon, scale, protocol = settings.epsilon, settings.scale, settings.ablation_protocol
     ks = check_ks(ks)
     check_protocol(protocol)
     cfg = model.config
     if ablation_task is None and (not prefixes or continuations is None):
         raise ValueError("the ELBO ablation needs held-out (prefix, continuation) pairs; none was given")
-    settings = [include_extra_sink] + ([not include_extra_sink] if cfg.num_sink_tokens else [])
-    scored = [_ablation_scores(model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include, ablation_task=ablation_task,
-                               prefixes=prefixes, continuations=continuations, mc_num=mc_num, batch_size=batch_size,
-                               seed=seed, shift_logits=shift_logits, progress=progress, protocol=protocol)
-              for include in settings]
+    include = [settings.include_extra_sink] + ([not settings.include_extra_sink] if cfg.num_sink_tokens else [])
+    scored = [_ablation_scores(model, ks, dataclasses.replace(settings, include_extra_sink=i), ablation_task, prefixes,
+                               continuations, batch_size, progress)
+              for i in include]
     common = {"k": ks, "epsilon": float(epsilon), "scale": scale, "higher_is_better": True}
     if ablation_task is not None:
         out = {**common, "source": "task", "metric": getattr(ablation_task, "name", type(ablation_task).__name__),
@@ -334,7 +331,7 @@ def run_ablation(
             "metric": "continuation_logprob_per_token" if cfg.causal else "continuation_elbo_per_token",
             "protocol": "clean", "protocol_description": "sinks from the un-ablated forward of the same noised input, then masked",
             **scored[0],
-            "num_requests": len(continuations), "mc_num": 1 if cfg.causal else mc_num,
+            "num_requests": len(continuations), "mc_num": 1 if cfg.causal else settings.mc_num,
             "mean_continuation_tokens": sum(len(c) for c in continuations) / len(continuations),
         }
     if len(scored) > 1:
@@ -342,15 +339,16 @@ def run_ablation(
     return out
 
 
-def _ablation_scores(model, ks: list[int], *, epsilon, scale, include_extra_sink: bool, ablation_task, prefixes,
-                     continuations, mc_num, batch_size, seed, shift_logits, progress, protocol) -> dict:
+def _ablation_scores(model, ks: list[int], settings: AnalyzeConfig, ablation_task, prefixes, continuations,
+                     batch_size: int, progress) -> dict:
     """One setting of `include_extra_sink`: the per-K scores, their deltas to K = 0 and the keys masked
     per (row, layer, head) slot (for the ELBO also the standard errors and every request's score)."""
+    include_extra_sink = settings.include_extra_sink
     if ablation_task is not None:
         scores, masked = {}, {}
         for k in ks:
-            masker = SinkMasker(model, k, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
-                                protocol=protocol)
+            masker = SinkMasker(model, k, epsilon=settings.epsilon, scale=settings.scale,
+                                include_extra_sink=include_extra_sink, protocol=settings.ablation_protocol)
             scores[k] = float(ablation_task(model, masker.generate_kwargs))
             masked[k] = masker.masked_keys / masker.head_slots if masker.head_slots else 0.0
             if progress is not None:
@@ -358,9 +356,7 @@ def _ablation_scores(model, ks: list[int], *, epsilon, scale, include_extra_sink
         return {"include_extra_sink": include_extra_sink, "scores": {str(k): v for k, v in scores.items()},
                 "delta": {str(k): scores[k] - scores[0] for k in ks},
                 "masked_keys_per_head": {str(k): v for k, v in masked.items()}}
-    res = continuation_elbo(model, prefixes, continuations, ks, mc_num=mc_num, epsilon=epsilon, scale=scale,
-                            include_extra_sink=include_extra_sink, batch_size=batch_size, seed=seed,
-                            shift_logits=shift_logits, progress=progress)
+    res = continuation_elbo(model, prefixes, continuations, ks, settings, batch_size=batch_size, progress=progress)
     stats = {k: _mean_se(v) for k, v in res["elbo"].items()}
     base = res["elbo"][0]
     return {

@@ -123,7 +123,7 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
     settings = check_options(config)
     ks, gen_length, steps, block_length = (settings[k] for k in ("ablation_k", "gen_length", "steps", "block_length"))
     epsilon, scale, batch_size, mc_num = (settings[k] for k in ("epsilon", "scale", "batch_size", "mc_num"))
-    figure_steps, include_extra_sink = settings["figure_steps"], settings["include_extra_sink"]
+    figure_steps = settings["figure_steps"]
     seed, progress = config.seed, not config.quiet
     sample = dataclasses.replace(config.sample, steps=steps)
     # the sampler's settings beyond length, steps and blocks (temperature, remasking, ...), as recorded
@@ -194,10 +194,9 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
         total *= 2 if cfg.num_sink_tokens else 1  # scored with and without masking the extra sink
         with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
             ablation = run_ablation(
-                model, ks, epsilon=epsilon, scale=scale, include_extra_sink=include_extra_sink,
-                ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
-                continuations=[c for _, c in pairs] if pairs else None, mc_num=mc_num, batch_size=batch_size * 2,
-                seed=seed, progress=bar.update, protocol=config.ablation_protocol,
+                model, ks, config, ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
+                continuations=[c for _, c in pairs] if pairs else None, batch_size=batch_size * 2,
+                progress=bar.update,
             )
         abl_seconds = time.perf_counter() - start
     model.train(was_training)
