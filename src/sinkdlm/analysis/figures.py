@@ -74,8 +74,13 @@ def save_figure(fig: Figure, path) -> Path:
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI), suffix=".png")
 
 
+# The attention maps' power-law colour scale: a sink column takes most of each row, so a linear scale would
+# leave every other key black; power 0.4 keeps the thin columns visible beside the bright ones.
+MAP_GAMMA = 0.4
+
+
 def plot_attention_maps(
-    maps, titles, path, *, row_labels: Sequence[str] | None = None, gamma: float = 0.4,
+    maps, titles, path, *, row_labels: Sequence[str] | None = None,
     sink_positions: Sequence[int] | Sequence[Sequence[int]] = (), prompt_end: int | Sequence[int | None] | None = None,
     title: str | None = None, note: str | None = None,
 ) -> Path:
@@ -84,7 +89,7 @@ def plot_attention_maps(
     ``maps``: a sequence of ``[S, S]`` maps (one row), or a sequence of rows, each a
     sequence of maps or ``[N, S, S]`` (e.g. one row per model, one column per step).
     ``titles``: one per map (flat or nested like ``maps``). Rows are queries, columns
-    keys; a power-law colour scale (``gamma`` < 1) keeps thin sink columns visible next
+    keys; a power-law colour scale (`MAP_GAMMA` < 1) keeps thin sink columns visible next
     to the bright ones. ``sink_positions`` (the extra sink tokens, per row when nested) are
     outlined in cyan; ``prompt_end`` (the first generated position, per row when a list)
     is drawn as a white dashed line on both axes. ``note`` goes under the figure (e.g. how
@@ -116,7 +121,7 @@ def plot_attention_maps(
     if len(sinks_per_row) != len(rows) or len(ends) != len(rows):
         raise ValueError(f"sink_positions and prompt_end need one entry per row ({len(rows)} rows)")
     vmax = max(float(m.max()) for row in rows for m in row) or 1.0
-    norm = PowerNorm(gamma=gamma, vmin=0.0, vmax=vmax)  # shared by every panel
+    norm = PowerNorm(gamma=MAP_GAMMA, vmin=0.0, vmax=vmax)  # shared by every panel
 
     fig = Figure(figsize=(3.6 * n_cols + 1.0, 3.4 * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), n_cols, squeeze=False)
@@ -140,7 +145,7 @@ def plot_attention_maps(
                     line(ends[r] - 0.5, color="white", linestyle="--", linewidth=0.9)
             integer_ticks(ax, "x")
             integer_ticks(ax, "y")
-    fig.colorbar(image, ax=axes.ravel().tolist(), label=f"attention probability (power {gamma})")
+    fig.colorbar(image, ax=axes.ravel().tolist(), label=f"attention probability (power {MAP_GAMMA})")
     legend = []
     if any(sinks_per_row):
         legend.append("cyan box: extra sink token")

@@ -275,11 +275,10 @@ class SinkRecorder:
                 f"this model has {self.virtual_kind}=True: the recorder needs the virtual sink column's "
                 "probabilities (StepState.virtual_sink_attentions, filled by generate(..., probe=StepProbe(attentions=True)))"
             )
-        step, tokens, largest = self._step
         for gi, group in enumerate(self._groups):
-            self._record(step, layer, gi, group, attn, values, tokens, largest, column)
+            self._record(layer, gi, group, attn, values, column)
         if layer == self.num_layers - 1:
-            self._largest_steps.append(largest)
+            self._largest_steps.append(self._step[2])
             self._step = None
 
     def step_hook(self, step: int, input_ids: torch.Tensor, attention_mask=None):
@@ -307,7 +306,8 @@ class SinkRecorder:
         for layer, (attn, values) in enumerate(zip(state.attentions, state.values)):
             self._layer(layer, attn, values, virtual[layer] if virtual is not None else None)
 
-    def _record(self, step, layer, gi, group: RowGroup, attn, values, tokens, largest, column=None) -> None:
+    def _record(self, layer, gi, group: RowGroup, attn, values, column=None) -> None:
+        step, tokens, largest = self._step  # the step being recorded (`_begin_step`)
         a = group.sub_attention(attn)  # [b, H, S', S']
         b, h, size = a.shape[0], a.shape[1], a.shape[-1]
         # eq. 3 over the content queries only: the extra sinks' rows are forced one-hot (eq. 6)

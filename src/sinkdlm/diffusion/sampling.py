@@ -375,10 +375,8 @@ def generate(
         generator = torch.Generator(device=device).manual_seed(settings.seed)
     shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     if cfg.causal:
-        return _generate_autoregressive(
-            model, prompt, prompt_mask, gen_length, temperature, generator, callback, probe, use_sink_cache, return_dict,
-            top_p, top_k,
-        )
+        with model.sink_cache_mode(use_sink_cache):
+            return _generate_autoregressive(model, prompt, prompt_mask, settings, generator, callback, probe, return_dict)
 
     # ---- state
     x = torch.cat([prompt, prompt.new_full((b, gen_length), mask_id)], dim=1)  # [B, L]
@@ -476,10 +474,12 @@ def generate(
     return x
 
 
-def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature, generator, callback,
-                             probe: StepProbe, use_sink_cache, return_dict, top_p=None, top_k=None):
+def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig, generator, callback,
+                             probe: StepProbe, return_dict):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
-    whole prefix, so the analysis sees each step's complete causal maps)."""
+    whole prefix, so the analysis sees each step's complete causal maps). `settings` is the call's
+    resolved `SampleConfig` (gen_length, temperature, top_p, top_k); the caller sets the sink-cache mode.""" 
+    gen_length, temperature, top_p, top_k = settings.gen_length, settings.temperature, settings.top_p, settings.top_k
     b, p = prompt.shape
     x, attn = prompt, prompt_mask
     work_dtype = torch.promote_types(model.dtype, torch.float32)
@@ -493,9 +493,7 @@ def _generate_autoregressive(model, prompt, prompt_mask, gen_length, temperature
             key_masks = [None if m is None else torch.cat([m, m.new_ones(*m.shape[:2], width - m.shape[-1])], -1)
                          for m in key_masks]
         hook = probe.hook(step, x, attn) if probe.hook else None
-        with model.sink_cache_mode(use_sink_cache):
-            out = model(x, attention_mask=attn, logits_index=slice(width - 1, width),
-                        probe=probe.forward_probe(key_masks, hook))
+        out = model(x, attention_mask=attn, logits_index=slice(width - 1, width), probe=probe.forward_probe(key_masks, hook))
         logits = out.logits[:, -1].to(work_dtype)  # [B, V]: the last position predicts the next token
         if top_p is not None or top_k is not None:  # Dream's filters, on the tempered distribution
             keep = filter_logits(logits / temperature if temperature else logits, top_p, top_k) > float("-inf")
