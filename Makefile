@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 example-model: install
 	-$(PY) -m sinkdlm.checkpoint.example_model
 
+# Two workers (pytest-xdist): the suite runs torch on one thread per test (tests/conftest.py), so on the
+# 2-core machine it is built for a second worker halves the time (measured: docs/benchmarks.md).
 test: install example-model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
