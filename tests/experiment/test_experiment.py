@@ -85,6 +85,10 @@ def test_smoke_writes_every_file_and_key(smoke):
     assert timing["compute_s"] == pytest.approx(sum(sum(t.values()) for t in per_run))
     assert timing["runs"] == timing["runs_timed"] == len(per_run) and timing["note"] is None
     assert timing["elapsed_s"] >= timing["last_invocation_s"] > 0
+    # the sizing prices seeds at the whole measured compute per run (train, validation, eval, analysis)
+    if saved.get("sizing"):
+        assert saved["sizing"]["compute_parts"] == timing["compute_parts"]
+        assert saved["sizing"]["per_run_compute_s"] == pytest.approx(timing["compute_s"] / timing["runs_timed"])
     assert set(saved["variants"]) == {v.name for v in preset.variants}
     # the fixed validation (docs/method.md §1): one set and one noise for every run, recorded
     assert set(saved["validation"]) == {"tokens", "draws", "noise_seed", "estimator"}

@@ -393,10 +393,10 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
     pairs = [(a, b) for a, b in preset.comparisons] or None
     results["comparison_pairs"] = pairs or [[v.name, preset.variants[0].name] for v in preset.variants[1:]]
-    summarise(results, pairs)
     results["stage_seconds"] = stage_seconds
     results["elapsed_s"] = time.perf_counter() - t_start
     results["timing"] = run_timing_summary(results, time.time() - json.loads(started.read_text())["time"])
+    summarise(results, pairs)  # after the timing: the report's sizing prices seeds at the measured compute per run
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     _log(f"done in {results['elapsed_s'] / 60:.1f} min: report at {out / 'report.md'} and {out / 'report.html'}")
