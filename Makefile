@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 example-model: install
 	-$(PY) -m sinkdlm.checkpoint.example_model
 
-# Two workers (pytest-xdist): the suite runs torch on one thread per test (tests/conftest.py), so on the
-# 2-core machine it is built for a second worker halves the time (measured: docs/benchmarks.md).
+# Two workers (pytest-xdist): the suite runs torch on one thread per test (tests/conftest.py), so a serial
+# run leaves the second core of a 2-core machine idle (measured on one, quiet: serial 521 s, -n 2 307 s from
+# a fresh clone; --dist loadfile was slower, 324 s, its last files running alone).
 test: install example-model
 	$(PY) -m pytest -q -n 2
 

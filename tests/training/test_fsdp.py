@@ -156,6 +156,7 @@ def test_sigkill_of_a_rank_during_a_sharded_save_then_resume_on_one_process(tmp_
     assert_same_losses(reference, cfg.out)
 
 
+@pytest.mark.slow  # three torchrun launches: ~22 s on 2 cores
 def test_resume_from_one_fsdp_process_on_two_with_activation_checkpointing(tmp_path, reference):
     cfg = fsdp_cfg(tmp_path, reference)
     res = run_script(tmp_path, 1, STOP_SCRIPT, json.dumps(cfg.to_dict()), "6")

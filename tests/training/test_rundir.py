@@ -238,6 +238,7 @@ def start_blocking(tmp_path: Path, block_at: int, args: list[str]) -> tuple[subp
     return proc, marker, go
 
 
+@pytest.mark.slow  # three `sinkdlm` processes, each importing torch: ~22 s on 2 cores
 def test_second_run_on_the_same_out_is_refused_while_the_first_finishes(tmp_path, corpus):
     out = tmp_path / "run"
     args = cli_args(tmp_path, corpus, out, "--max-steps", "4", "--save-every", "2")
