@@ -18,7 +18,6 @@ the share of tokens that differ from `cache=None` is reported but says nothing a
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm.diffusion.loss import diffusion_loss
+from sinkdlm.diffusion.noise import MaskNoise
 from sinkdlm.checkpoint.example_model import fetch_example_model
 from sinkdlm.model.hf import convert_hf_model
 
@@ -60,7 +61,7 @@ def main() -> None:
         if masked_head:
             loss = diffusion_loss(dlm, x0, MaskNoise(generator=g)).loss
         else:  # the previous path: head on every position, CE read at the masked ones
-            from sinkdlm.diffusion.noise import MaskNoise, forward_mask, sample_t
+            from sinkdlm.diffusion.noise import forward_mask, sample_t
 
             t = sample_t(b, 1e-3, False, generator=g)
             xt, masked = forward_mask(x0, t, dlm.config.mask_token_id, torch.ones_like(x0, dtype=torch.bool), generator=g)

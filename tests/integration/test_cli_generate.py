@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.cli import app, main
 
-from helpers import WORDS, word_tokenizer
+from helpers import word_tokenizer
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):

@@ -20,7 +20,6 @@ from sinkdlm.analysis.ablation import (
 
 from sinkdlm.analysis.metrics import (
     DEFAULT_EPSILONS,
-    SCALES,
     TOKEN_TYPES,
     count_token_types,
     detect_sinks,
@@ -38,6 +37,7 @@ from sinkdlm.analysis.metrics import (
     value_norms,
 )
 from sinkdlm.analysis.recorder import SinkRecorder
+from sinkdlm.config.checks import SCALES  # the received-attention scales, declared beside their check
 from sinkdlm.analysis.comparison import compare
 from sinkdlm.analysis.report import FIGURES
 from sinkdlm.analysis.analyzer import ANALYSIS_KEYS, analyze, check_options, prompts_from_documents

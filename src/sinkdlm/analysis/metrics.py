@@ -18,14 +18,13 @@ CPU or CUDA alike and upcast half precision to float32 before summing.
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 import torch
 
-from sinkdlm.config.checks import SCALES, check_epsilon, check_epsilons, check_scale
+from sinkdlm.config.checks import check_epsilon, check_epsilons, check_scale
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
 
 DEFAULT_EPSILONS = (0.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0)  # Rulli et al. Fig. 10

@@ -214,7 +214,6 @@ def sizing_note(results: dict[str, Any]) -> str | None:
 
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
-    t = results["train"]
     n = len(results["seeds"])
     tasks = task_metrics(results)
     headline = ["val_loss"] + [m for m in tasks if m.endswith(("word_order/acc", "cloze/acc", "next_line/acc_norm", "/exact_match"))
