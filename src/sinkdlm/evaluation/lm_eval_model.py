@@ -41,6 +41,7 @@ The likelihood runs the LM head only on the masked continuation tokens (`loglike
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
@@ -140,10 +141,10 @@ class SinkDLMEvalModel(LM):
         from sinkdlm.checkpoint.manager import load_checkpoint, load_tokenizer_for
 
         if unknown:
+            known = [n for n, p in inspect.signature(SinkDLMEvalModel.__init__).parameters.items()
+                     if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]  # the list is this signature's
             raise ValueError(
-                f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: pretrained, mc_num, "
-                "method, batch_size, device, dtype, gen_steps, block_length, max_length, check_greedy, seed, "
-                "shift_logits, tokenizer, cache, threshold, remasking, schedule, eps, alg_temp, top_p, top_k"
+                f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: {', '.join(known)}"
             )
         if pretrained is None:
             raise ValueError(f"--model {NAME} needs model_args pretrained=PATH (a model directory or a .gguf file)")

@@ -276,12 +276,10 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[st
     per_run = timing["compute_s"] / runs if runs and timing.get("compute_s") else None
     rows = []
     for c in results.get("comparisons", []):
-        if c.get("metric") != "val_loss" or c.get("low") is None or not c.get("df"):
+        se = comparison_se(c) if c.get("metric") == "val_loss" else None
+        if se is None:
             continue
         n = int(c["df"]) + 1  # paired over seeds
-        from scipy import stats as st
-
-        se = (c["high"] - c["low"]) / (2 * float(st.t.ppf(0.5 + c.get("confidence", 0.95) / 2, c["df"])))
         sd = se * math.sqrt(n)
         seeds = seeds_for_mde(sd, target, alpha=1 - c.get("confidence", 0.95))
         rows.append({"pair": c["pair"], "seeds_run": n, "sd": sd, "mde": c.get("mde"), "seeds": seeds,
@@ -292,16 +290,23 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[st
             "compute_parts": timing.get("compute_parts"), "machine": results.get("machine"), "pairs": rows}
 
 
-def comparison_mde(entry: dict[str, Any]) -> float | None:
-    """`mde` of a stored comparison: its standard error read back from its interval and df (None
-    without an interval: one seed, a degenerate variance, or missing values)."""
+def comparison_se(entry: dict[str, Any]) -> float | None:
+    """The standard error of a stored comparison's mean difference, read back from its interval and df
+    (None without an interval: one seed, a degenerate variance, or missing values)."""
     from scipy import stats as st
 
     low, high, df, conf = entry.get("low"), entry.get("high"), entry.get("df"), entry.get("confidence", 0.95)
     if low is None or high is None or not df:
         return None
-    se = (high - low) / (2 * float(st.t.ppf(0.5 + conf / 2, df)))
-    mde = minimum_detectable_effect(se, df, alpha=1 - conf)
+    return (high - low) / (2 * float(st.t.ppf(0.5 + conf / 2, df)))
+
+
+def comparison_mde(entry: dict[str, Any]) -> float | None:
+    """`mde` of a stored comparison, from its read-back standard error (`comparison_se`) and df."""
+    se = comparison_se(entry)
+    if se is None:
+        return None
+    mde = minimum_detectable_effect(se, entry["df"], alpha=1 - entry.get("confidence", 0.95))
     return mde if math.isfinite(mde) else None
 
 
