@@ -260,7 +260,23 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
         train=dataclasses.replace(smoke_preset.train, model_overrides={}, shift_logits=True),
     )
     out = tmp_path / "exp"
+    # validated in rounds of 2 sequences (8 in the set): every model is scored up to 2, 4, 6, 8 in turn
+    from sinkdlm.experiment import runner
+
+    monkeypatch.setattr(runner, "VAL_CHUNK", 2)
+    real_fv, calls = runner.fixed_validation, []
+
+    def spy(run_dir, *a, max_sequences=None, **k):
+        if max_sequences is not None:
+            calls.append((Path(run_dir).relative_to(out).as_posix(), max_sequences))
+        return real_fv(run_dir, *a, max_sequences=max_sequences, **k)
+
+    monkeypatch.setattr(runner, "fixed_validation", spy)
     results = run_experiment(ExperimentConfig(preset=preset, out=str(out), init_from=str(ar)))
+    units = ["step0/vanilla", "step0/sink1-front", "runs/vanilla-s0", "runs/sink1-front-s0"]
+    assert calls == [(u, upto) for upto in (2, 4, 6, 8) for u in units]
+    interim = json.loads((out / "interim.json").read_text())
+    assert interim["sequences_scored"] == 8 and interim["val_loss_splits"][0]["sequences"] == 8
     for name, v in results["variants"].items():
         step0 = v["step0"]
         assert {"val_loss", "val_loss_se", "analysis"} <= set(step0)
@@ -298,3 +314,26 @@ def test_smoke_scores_the_sink_model_with_and_without_masking_its_extra_sink(smo
     md = (out / "report.md").read_text()
     assert "| DLM + 1 sink (front) | masked when among the top K | 1 |" in md
     assert (out / "figures" / "val_loss_paired.png").is_file()
+
+
+def test_smoke_splits_each_val_loss_comparison_from_the_runs_values(smoke):
+    """results.json's `val_loss_splits`: per compared pair, the variance split recomputed here from the
+    values every run's val.json keeps (the same sequences and draws on both sides)."""
+    import numpy as np
+
+    from sinkdlm.experiment.variance import variance_split
+
+    out, results = smoke
+    splits = {tuple(sp["pair"]): sp for sp in results["val_loss_splits"]}
+    assert set(splits) == {tuple(p) for p in results["comparison_pairs"]}
+    for (a, b), sp in splits.items():
+        vals = {(v, s): np.array(json.loads((out / "runs" / f"{v}-s{s}" / "val.json").read_text())["values"])
+                for v in (a, b) for s in results["seeds"]}
+        want = variance_split({str(s): vals[a, s] for s in results["seeds"]}, {str(s): vals[b, s] for s in results["seeds"]})
+        assert sp["difference"]["mean"] == pytest.approx(want["difference"]["mean"])
+        assert sp["var_total"] == pytest.approx(want["var_total"])
+        # the paired difference is the one the report compares: the runs' own val_loss
+        va = [results["variants"][a]["seeds"][str(s)]["val_loss"] for s in results["seeds"]]
+        vb = [results["variants"][b]["seeds"][str(s)]["val_loss"] for s in results["seeds"]]
+        assert sp["difference"]["mean"] == pytest.approx(np.mean(np.subtract(va, vb)), rel=1e-9)
+    assert json.loads((out / "interim.json").read_text())["val_loss_splits"] == results["val_loss_splits"]

@@ -68,3 +68,27 @@ def test_the_report_says_what_the_target_would_take():
     results["sizing"] = sizing
     note = sizing_note(results)
     assert f"needs {row['seeds']:,} seeds per variant" in note and "this study ran 3" in note
+
+
+def test_sizing_uses_the_variance_split_when_the_runs_kept_their_values():
+    """With `val_loss_splits` the sizing uses the spread projected to the whole validation set (training part
+    plus the noise of the set) and states the training part with its interval and the validation noise."""
+    from sinkdlm.experiment.report import sizing_note
+    from sinkdlm.experiment.summary import TARGET_MDE, seeds_for_mde, study_sizing
+
+    diffs = [-0.30, 0.05, -0.12]
+    iv = paired_difference([5.0 + d for d in diffs], [5.0] * 3).to_dict()
+    split = {"pair": ["sink1-front", "vanilla"], "var_total": float(np.var(diffs, ddof=1)), "var_train": 0.02,
+             "sd_train_interval": [0.07, 0.9], "validation_se_diff": 0.004, "sd_full": 0.15,
+             "seeds_for_target_upper": 4000}
+    results = {"variants": {"vanilla": {"seeds": {}}, "sink1-front": {"seeds": {}}},
+               "timing": {"compute_s": 3600.0, "compute_parts": ["train"], "runs": 6, "runs_timed": 6},
+               "comparisons": [{"pair": ["sink1-front", "vanilla"], "metric": "val_loss", **iv, "mde": None}],
+               "val_loss_splits": [split]}
+    results["sizing"] = study_sizing(results)
+    row = results["sizing"]["pairs"][0]
+    assert row["seeds"] == seeds_for_mde(0.15, TARGET_MDE)  # the projected spread, not the raw one
+    assert row["split"]["sd_train"] == pytest.approx(0.02**0.5)
+    note = sizing_note(results)
+    assert "training seeds 0.141 [95 % CI 0.070, 0.900]" in note and "validation noise of the difference 0.0040" in note
+    assert "at the interval's upper end 4,000 seeds" in note

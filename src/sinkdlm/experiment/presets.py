@@ -14,7 +14,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
                    3 seeds, paired; training sized for 2 hours on a 2-core CPU, plus the fixed validation
-                   (36 draws x 256 sequences per run and step-0 control: hours more; issue 30 resizes it).
+                   (36 draws x 256 sequences per run and step-0 control: about 2.5 h per model on one
+                   core, scored in rounds over every model; `interim.json` splits the variance as it goes).
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
                    bf16 (its run time is not measured yet: no GPU has been lent). Each run keeps only its
                    last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.

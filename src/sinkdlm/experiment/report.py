@@ -203,8 +203,17 @@ def sizing_note(results: dict[str, Any]) -> str | None:
         hours = row["compute_h"]
         cost = "" if hours is None else f", about {hours:,.0f} h" if hours >= 10 else f", about {hours:.1f} h"
         cost += " of compute for the two variants" if cost else ""
+        split = row.get("split")
+        if split:  # the fixed validation's variance split (docs/method.md §7)
+            lo, hi = split["sd_train_interval"]
+            upper = split.get("seeds_upper")
+            spread = (f"spread of the per-seed differences {row['sd']:.3f}: training seeds {split['sd_train']:.3f} "
+                      f"[95 % CI {lo:.3f}, {hi:.3f}], validation noise of the difference {split['validation_se_diff']:.4f}"
+                      + ("" if upper is None else f"; at the interval's upper end {upper:,} seeds"))
+        else:
+            spread = f"spread of the per-seed differences {row['sd']:.3f}"
         parts.append(f"{pair}: {'met with' if met else 'needs'} {row['seeds']:,} seeds per variant{cost} "
-                     f"(this study ran {row['seeds_run']}; spread of the per-seed differences {row['sd']:.3f})")
+                     f"(this study ran {row['seeds_run']}; {spread})")
     per_run = sz.get("per_run_compute_s")
     run = "" if per_run is None else (f" A run took {per_run / 60:,.1f} min of compute here "
                                       f"({', '.join(sz.get('compute_parts') or [])}).")

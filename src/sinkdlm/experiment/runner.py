@@ -104,16 +104,49 @@ def draws_for_se(draw_variance: float, sequences: int, target_se: float) -> int:
     return max(2, need + need % 2)
 
 
+def _validation_key(validation: Validation) -> dict[str, int]:
+    return {"draws": validation.draws, "noise_seed": validation.noise_seed}
+
+
+def validation_values(run_dir: Path, validation: Validation | None = None) -> list[list[float]]:
+    """The fixed validation's per-sequence, per-draw values scored so far in `run_dir` ([N][D]; [] when none):
+    the finished `val.json`'s, else the interrupted `val.partial.json`'s (`validation`: only when scored
+    with its draws and noise_seed)."""
+    for name in (VAL, VAL_PARTIAL):
+        path = run_dir / name
+        if path.is_file():
+            record = json.loads(path.read_text())
+            key = record if name == VAL else record.get("key", {})
+            if validation is not None and {k: key.get(k) for k in _validation_key(validation)} != _validation_key(validation):
+                return []
+            return record.get("values") or []
+    return []
+
+
 def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], validation: Validation,
-                     device: str | None = None) -> dict[str, Any]:
+                     device: str | None = None, *, max_sequences: int | None = None) -> dict[str, Any] | None:
     """The study's fixed validation of one checkpoint (docs/method.md §1), once: kept in `run_dir/val.json`.
 
     The sequences are the first `validation.tokens` tokens (whole rows) of the packed validation split
     of the run's corpus; the noise comes from `validation.noise_seed` only, so every run and variant of
-    the study is scored on the same masked inputs."""
+    the study is scored on the same masked inputs. `max_sequences`: stop once that many sequences are
+    scored (kept in `val.partial.json`) and return None while the set is not finished; the experiment
+    scores its runs in rounds this way, so an interrupted study has every run scored equally far."""
     path = run_dir / VAL
     if path.is_file():
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        if {k: record.get(k) for k in _validation_key(validation)} != _validation_key(validation):
+            raise ValueError(f"{path} was scored with draws={record.get('draws')}, noise_seed={record.get('noise_seed')}, "
+                             f"not this study's {_validation_key(validation)}: move it aside or use a new --out")
+        return record
+    partial_path = run_dir / VAL_PARTIAL
+    done: list[list[float]] = []
+    if partial_path.is_file():
+        partial = json.loads(partial_path.read_text())
+        if {k: partial.get("key", {}).get(k) for k in _validation_key(validation)} == _validation_key(validation):
+            done = partial["values"]
+    if max_sequences is not None and len(done) >= max_sequences:
+        return None  # this round's share is scored already (a resumed study)
     from sinkdlm.config import TrainConfig
     from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR, validation_elbo
     from sinkdlm.training.trainer import load_batches
@@ -128,22 +161,19 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     t0 = time.perf_counter()
     # Scored in chunks of sequences, each kept in val.partial.json: an interrupted validation (hours on
     # a CPU) resumes where it stopped; every sequence's noise depends on its index only, so it is the same.
-    partial_path = run_dir / VAL_PARTIAL
-    key = {"tokens": int(x0.numel()), "draws": validation.draws, "noise_seed": validation.noise_seed}
-    done: list[list[float]] = []
-    if partial_path.is_file():
-        partial = json.loads(partial_path.read_text())
-        if partial.get("key") == key:
-            done = partial["values"]
+    key = {"tokens": int(x0.numel()), **_validation_key(validation)}
     run_dir.mkdir(parents=True, exist_ok=True)
-    while len(done) < rows:
+    stop = rows if max_sequences is None else min(rows, max_sequences)
+    while len(done) < stop:
         lo = len(done)
-        hi = min(rows, lo + VAL_CHUNK)
+        hi = min(stop, lo + VAL_CHUNK)
         with torch.inference_mode():
             part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
                                    batch_size=validation.batch_size, first_sequence=lo)
         done += part.values.tolist()
         atomic_write_json(partial_path, {"key": key, "values": done})
+    if len(done) < rows:
+        return None
     from sinkdlm.diffusion.likelihood import ValidationELBO, stratified_se
 
     values = torch.tensor(done, dtype=torch.float64)  # [N, D]
@@ -155,10 +185,31 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
               "per_sequence": r.values.mean(1).tolist(), "draw_variance": draw_var,
               # the draws this model needs for a standard error of TARGET_SE at this set (docs/method.md §1)
               "draws_for_target_se": draws_for_se(draw_var, len(x0), TARGET_SE), "target_se": TARGET_SE,
-              "seconds": time.perf_counter() - t0}
+              "seconds": time.perf_counter() - t0,
+              # every (sequence, draw) value: paired with another run's, they split a comparison's
+              # variance into training seed and validation noise (experiment/variance.py)
+              "values": done}
     atomic_write_json(path, record)
     partial_path.unlink(missing_ok=True)
     return record
+
+
+def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], validation: Validation,
+                    full_sequences: int | None = None) -> list[dict[str, Any]]:
+    """Per compared pair, the variance split of the paired val_loss difference (experiment/variance.py) over
+    the sequences every run of the pair has scored so far (none: the pair is left out)."""
+    from sinkdlm.experiment.variance import variance_split
+
+    splits = []
+    for a, b in pairs:
+        vals = {(v, s): validation_values(out / "runs" / f"{v}-s{s}", validation) for v in (a, b) for s in seeds}
+        common = min(len(x) for x in vals.values())
+        if common == 0:
+            continue
+        split = variance_split({str(s): vals[a, s][:common] for s in seeds}, {str(s): vals[b, s][:common] for s in seeds},
+                               full_sequences=full_sequences or common)
+        splits.append({"pair": [a, b], **split})
+    return splits
 
 
 def _analyse(ckpt: str, adir: Path, label: str, preset: ExperimentPreset, device: str | None, tty: bool,
@@ -184,6 +235,28 @@ def _convert_for_variant(init_from: str, variant: Variant, out: Path) -> str:
     if not (target / "config.json").is_file():
         convert_hf_checkpoint(init_from, target, **variant.switches)  # unset switches: registry defaults
     return str(target)
+
+
+@dataclasses.dataclass
+class _Unit:
+    """One model the experiment scores: a trained run (`seed` set) or a variant's step-0 control."""
+
+    label: str  # for log lines
+    dir: Path  # its directory: val.json, eval.json, analysis/, timing.json
+    ckpt: str
+    kwargs: dict[str, Any]  # the TrainConfig fields it was (or would be) trained with
+    seed: int | None = None
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timing: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        path = self.dir / "timing.json"  # each stage's seconds, measured once and kept on disk
+        if path.is_file():
+            self.timing = json.loads(path.read_text())
+
+    def save_timing(self) -> None:
+        if self.seed is not None:  # the step-0 controls' time is in the study's stage_seconds only
+            atomic_write_json(self.dir / "timing.json", self.timing)
 
 
 def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
@@ -260,31 +333,22 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     }
     stage_seconds: dict[str, float] = {"train": 0.0, "sft": 0.0, "eval": 0.0, "analysis": 0.0}
     analysis_dirs: dict[str, Path] = {}
+    pairs = [(a, b) for a, b in preset.comparisons] or None
+    compared = pairs or [(v.name, preset.variants[0].name) for v in preset.variants[1:]]
     total = len(preset.variants) * len(seeds)
+
+    # Stage 1: every run's training (and each variant's converted step-0 checkpoint). Training comes first
+    # because the fixed validation costs more than it on a CPU (hours per run for `real`), and a study
+    # whose runs are all trained can be validated in rounds (stage 2) that compare every pair early.
+    step0_units: dict[str, _Unit] = {}
+    runs: dict[str, list[_Unit]] = {}
     k = 0
     for variant in preset.variants:
-        per_seed: dict[str, Any] = {}
-        step0 = None
         if init_from:  # the step-0 control: the converted model before training, same protocol
-            step0_dir = out / "step0" / variant.name
             converted = _convert_for_variant(init_from, variant, out)
-            base_kwargs = {**shared_train, **({"data": data} if data else {})}
-            if not (step0_dir / VAL).is_file():
-                _log(f"{variant.label}: step-0 control (the converted model before training) -> {step0_dir}")
-                t0 = time.perf_counter()
-                fixed_validation(step0_dir, converted, base_kwargs, preset.validation, device)
-                stage_seconds["eval"] += time.perf_counter() - t0
-            val0 = fixed_validation(step0_dir, converted, base_kwargs, preset.validation, device)  # read back
-            step0 = {"checkpoint": converted, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"]}
-            if not skip_analysis:
-                adir0 = step0_dir / "analysis"
-                if not (adir0 / "analysis.json").is_file():
-                    t0 = time.perf_counter()
-                    _analyse(converted, adir0, f"{variant.label} (step 0)", preset, device, tty,
-                             shift_logits=preset.train.shift_logits)
-                    stage_seconds["analysis"] += time.perf_counter() - t0
-                step0["analysis_dir"] = str(adir0)
-                step0["analysis"] = analysis_record(json.loads((adir0 / "analysis.json").read_text()))
+            step0_units[variant.name] = _Unit(f"{variant.label}, step-0 control", out / "step0" / variant.name,
+                                              converted, {**shared_train, **({"data": data} if data else {})})
+        runs[variant.name] = []
         for seed in seeds:
             k += 1
             run = out / "runs" / f"{variant.name}-s{seed}"
@@ -300,24 +364,64 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 train_kwargs["init_from"] = _convert_for_variant(init_from, variant, out)
                 for key in variant.switches:  # already baked into the converted checkpoint
                     train_kwargs.pop(key, None)
-            timing_path = run / "timing.json"  # each stage's seconds, measured once and kept on disk
-            run_timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+            unit = _Unit(f"({k}/{total}) {variant.label}, seed {seed}", run, "", train_kwargs, seed=seed)
             t0 = time.perf_counter()
             summary = train_stage(run / "train", train_kwargs, resume_command)
             stage_seconds["train"] += time.perf_counter() - t0
-            run_timing["train"] = summary.get("seconds")
-            ckpt = summary["checkpoint"]
+            unit.timing["train"] = summary.get("seconds")
+            unit.ckpt, unit.summary = summary["checkpoint"], summary
+            unit.save_timing()
+            runs[variant.name].append(unit)
+
+    # Stage 2: the fixed validation, in rounds of VAL_CHUNK sequences over every run and step-0 control, so
+    # an interrupted study has every run scored equally far; after each round `interim.json` holds the paired
+    # val_loss comparisons and their variance split on the sequences scored so far.
+    units = [*step0_units.values(), *(u for us in runs.values() for u in us)]
+    while pending := [u for u in units if not (u.dir / VAL).is_file()]:
+        upto = min(len(validation_values(u.dir, preset.validation)) for u in pending) + VAL_CHUNK
+        for u in pending:
+            if len(validation_values(u.dir, preset.validation)) >= upto:
+                continue
+            _log(f"{u.label}: fixed validation, sequences up to {upto} ({preset.validation.draws} draws each)")
+            t0 = time.perf_counter()
+            fixed_validation(u.dir, u.ckpt, u.kwargs, preset.validation, device, max_sequences=upto)
+            dt = time.perf_counter() - t0
+            stage_seconds["eval"] += dt
+            u.timing["validation"] = (u.timing.get("validation") or 0.0) + dt
+            u.save_timing()
+        interim = {"sequences_scored": min(len(validation_values(u.dir, preset.validation)) for u in units),
+                   "val_loss_splits": val_loss_splits(out, compared, seeds, preset.validation)}
+        atomic_write_json(out / "interim.json", interim)
+        for sp in interim["val_loss_splits"]:
+            d = sp["difference"]
+            ci = "no interval" if d["low"] is None else f"[{d['low']:+.4f}, {d['high']:+.4f}]"
+            _log(f"interim ({sp['sequences']} sequences): {sp['pair'][0]} - {sp['pair'][1]} val_loss "
+                 f"{d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
+
+    # Stage 3: per run, evaluation and the attention-sink analysis; the step-0 controls' analysis.
+    for variant in preset.variants:
+        per_seed: dict[str, Any] = {}
+        step0 = None
+        if variant.name in step0_units:
+            u0 = step0_units[variant.name]
+            val0 = fixed_validation(u0.dir, u0.ckpt, u0.kwargs, preset.validation, device)  # read back
+            step0 = {"checkpoint": u0.ckpt, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"]}
+            if not skip_analysis:
+                adir0 = u0.dir / "analysis"
+                if not (adir0 / "analysis.json").is_file():
+                    t0 = time.perf_counter()
+                    _analyse(u0.ckpt, adir0, f"{variant.label} (step 0)", preset, device, tty,
+                             shift_logits=preset.train.shift_logits)
+                    stage_seconds["analysis"] += time.perf_counter() - t0
+                step0["analysis_dir"] = str(adir0)
+                step0["analysis"] = analysis_record(json.loads((adir0 / "analysis.json").read_text()))
+        for unit in runs[variant.name]:
+            seed, run, ckpt, summary, run_timing = unit.seed, unit.dir, unit.ckpt, unit.summary, unit.timing
             curve = read_val_curve(run / "train")
             train_val_loss = summary["last"].get("val_loss")
             if train_val_loss is None and curve:  # a run resumed at its last step logs no new validation
                 train_val_loss = curve[-1][1]
-            if not (run / VAL).is_file():
-                _log(f"({k}/{total}) {variant.label}, seed {seed}: fixed validation ({preset.validation.draws} draws)")
-                t0 = time.perf_counter()
-                val = fixed_validation(run, ckpt, train_kwargs, preset.validation, device)
-                stage_seconds["eval"] += time.perf_counter() - t0
-                run_timing["validation"] = time.perf_counter() - t0
-            val = fixed_validation(run, ckpt, train_kwargs, preset.validation, device)  # read back
+            val = fixed_validation(run, ckpt, unit.kwargs, preset.validation, device)  # read back
             record: dict[str, Any] = {
                 "checkpoint": ckpt, "val_loss": val["val_loss"], "val_loss_se": val["val_loss_se"],
                 "train_val_loss": train_val_loss,
@@ -325,7 +429,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 "curve": curve,
             }
             if preset.sft is not None:
-                _log(f"({k}/{total}) {variant.label}, seed {seed}: SFT on {preset.sft.data}")
+                _log(f"{unit.label}: SFT on {preset.sft.data}")
                 t0 = time.perf_counter()
                 sft_kwargs = {**non_default_fields(preset.sft), "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
                 if sft_kwargs["data"] == "gsm8k":
@@ -338,7 +442,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
             eval_path = run / "eval.json"
             if not eval_path.is_file():
-                _log(f"({k}/{total}) {variant.label}, seed {seed}: evaluating {', '.join(preset.eval_tasks)}")
+                _log(f"{unit.label}: evaluating {', '.join(preset.eval_tasks)}")
                 t0 = time.perf_counter()
                 scores = {}
                 sft_tasks = {"arithmetic", "gsm8k"}  # scored on the fine-tuned model
@@ -359,13 +463,13 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 atomic_write_json(eval_path, scores)
                 stage_seconds["eval"] += time.perf_counter() - t0
                 run_timing["eval"] = time.perf_counter() - t0
-                atomic_write_json(timing_path, run_timing)
+                unit.save_timing()
             record["eval"] = json.loads(eval_path.read_text())
 
             if (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis:
                 adir = run / "analysis"
                 if not (adir / "analysis.json").is_file():
-                    _log(f"({k}/{total}) {variant.label}, seed {seed}: attention-sink analysis -> {adir}")
+                    _log(f"{unit.label}: attention-sink analysis -> {adir}")
                     t0 = time.perf_counter()
                     _analyse(ckpt, adir, variant.label, preset, device, tty)
                     stage_seconds["analysis"] += time.perf_counter() - t0
@@ -374,13 +478,14 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                     analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
                 record["analysis"] = analysis_record(json.loads((adir / "analysis.json").read_text()))
-            atomic_write_json(timing_path, run_timing)
+            unit.save_timing()
             record["seconds"] = run_timing
             per_seed[str(seed)] = record
             results["validation"]["tokens"] = val["tokens"]
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
         if step0 is not None:
             results["variants"][variant.name]["step0"] = step0
+    results["val_loss_splits"] = val_loss_splits(out, compared, seeds, preset.validation)
 
     if analysis_dirs and len(analysis_dirs) > 1:
         t0 = time.perf_counter()
@@ -391,8 +496,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     from sinkdlm.experiment.report import write_report
     from sinkdlm.experiment.summary import summarise
 
-    pairs = [(a, b) for a, b in preset.comparisons] or None
-    results["comparison_pairs"] = pairs or [[v.name, preset.variants[0].name] for v in preset.variants[1:]]
+    results["comparison_pairs"] = [list(p) for p in compared]
     results["stage_seconds"] = stage_seconds
     results["elapsed_s"] = time.perf_counter() - t_start
     results["timing"] = run_timing_summary(results, time.time() - json.loads(started.read_text())["time"])

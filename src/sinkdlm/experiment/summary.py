@@ -274,6 +274,9 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[st
     timing = experiment_timing(results)
     runs = timing.get("runs_timed") or timing.get("runs") or 0
     per_run = timing["compute_s"] / runs if runs and timing.get("compute_s") else None
+    # The fixed validation's variance split (experiment/variance.py), where the runs kept their values:
+    # sizing then uses the spread projected to the whole validation set and states both components.
+    splits = {tuple(sp["pair"]): sp for sp in results.get("val_loss_splits") or [] if sp.get("var_total") is not None}
     rows = []
     for c in results.get("comparisons", []):
         se = comparison_se(c) if c.get("metric") == "val_loss" else None
@@ -281,9 +284,17 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[st
             continue
         n = int(c["df"]) + 1  # paired over seeds
         sd = se * math.sqrt(n)
-        seeds = seeds_for_mde(sd, target, alpha=1 - c.get("confidence", 0.95))
-        rows.append({"pair": c["pair"], "seeds_run": n, "sd": sd, "mde": c.get("mde"), "seeds": seeds,
-                     "compute_h": None if seeds is None or per_run is None else 2 * seeds * per_run / 3600})
+        split = splits.get(tuple(c["pair"]))
+        alpha = 1 - c.get("confidence", 0.95)
+        seeds = seeds_for_mde(split["sd_full"] if split else sd, target, alpha=alpha)
+        row = {"pair": c["pair"], "seeds_run": n, "sd": sd, "mde": c.get("mde"), "seeds": seeds,
+               "compute_h": None if seeds is None or per_run is None else 2 * seeds * per_run / 3600}
+        if split:
+            upper = split.get("seeds_for_target_upper")
+            row["split"] = {"sd_train": math.sqrt(split["var_train"]), "sd_train_interval": split["sd_train_interval"],
+                            "validation_se_diff": split["validation_se_diff"], "seeds_upper": upper,
+                            "compute_h_upper": None if upper is None or per_run is None else 2 * upper * per_run / 3600}
+        rows.append(row)
     if not rows:
         return None
     return {"target": target, "power": MDE_POWER, "per_run_compute_s": per_run,

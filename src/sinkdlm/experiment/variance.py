@@ -1,0 +1,84 @@
+"""The variance split of a paired `val_loss` difference: training seed vs validation noise (docs/method.md §7).
+
+Every run of a study is scored on the same sequences with the same masks (the fixed validation), so the
+difference of two runs on one seed, `d_s = mean_{n,d} (a_snd - b_snd)`, carries the Monte-Carlo noise of
+the *difference* only: its standard error is `stratified_se(a_s - b_s)`, small when the two models err
+alike on the same masked inputs. Over seeds,
+
+    Var(d_s) = σ²_train + SE²_val,      SE²_val = mean_s stratified_se(a_s - b_s)²,
+
+so `σ²_train = Var(d_s) - SE²_val` is what training seeds (data order, noise, new parameters) add. The
+sample variance of S seeds has S - 1 degrees of freedom; its 95 % interval is the chi-square one,
+(S - 1) s² / χ²_{S-1}. Sizing for the whole validation set scales the noise term by the sequences
+scored: `Var_full = σ²_train + SE²_val · N_scored / N_full` (the noise of independent sequences).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from sinkdlm.diffusion.likelihood import stratified_se
+from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, minimum_detectable_effect, seeds_for_mde
+from sinkdlm.stats import paired_difference
+
+
+def variance_split(a: Mapping[str, Sequence], b: Mapping[str, Sequence], *, full_sequences: int | None = None,
+                   target: float = TARGET_MDE, confidence: float = 0.95) -> dict[str, Any]:
+    """Split the per-seed spread of `mean(a - b)` into training seed and validation noise.
+
+    `a`, `b`: `{seed: values [N, D]}` of two variants (the fixed validation's per-sequence, per-draw
+    values), the same seeds and the same N x D on both sides (the first N sequences of the set).
+    `full_sequences`: the sequences of the whole validation set, for the projected sizing (default N).
+    Returns the paired difference (interval over seeds, its MDE), the variance components with the
+    chi-square interval of the total, and the seeds the `target` MDE needs at the point estimate and at
+    the interval's upper end.
+    """
+    seeds = sorted(a, key=str)
+    if sorted(b, key=str) != seeds:
+        raise ValueError(f"variance_split needs the same seeds on both sides, got {sorted(a)} and {sorted(b)}")
+    va = {s: torch.as_tensor(a[s], dtype=torch.float64) for s in seeds}
+    vb = {s: torch.as_tensor(b[s], dtype=torch.float64) for s in seeds}
+    shapes = {tuple(v.shape) for v in (*va.values(), *vb.values())}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"variance_split needs [N, D] values of one shape for every run, got {sorted(shapes)}")
+    n_seq, draws = next(iter(shapes))
+    full = n_seq if full_sequences is None else int(full_sequences)
+    diffs = [float((va[s] - vb[s]).mean()) for s in seeds]
+    se_diff = [stratified_se(va[s] - vb[s]) for s in seeds]  # MC error of each seed's difference (shared noise)
+    se_run = [stratified_se(v) for v in (*va.values(), *vb.values())]  # each run's own MC error, for reference
+    interval = paired_difference(diffs, [0.0] * len(diffs), confidence)
+    n = len(seeds)
+    out: dict[str, Any] = {
+        "seeds": n, "sequences": n_seq, "full_sequences": full, "draws": draws, "target": target, "power": MDE_POWER,
+        "per_seed": dict(zip(map(str, seeds), diffs)), "difference": interval.to_dict(),
+        "validation_se_diff": math.sqrt(sum(x * x for x in se_diff) / n),
+        "validation_se_run_max": max(se_run),
+    }
+    if n < 2:
+        return out
+    from scipy import stats as st
+
+    var_total = float(torch.tensor(diffs, dtype=torch.float64).var())  # ddof 1
+    var_val = out["validation_se_diff"] ** 2
+    alpha = 1 - confidence
+    var_low = (n - 1) * var_total / float(st.chi2.ppf(1 - alpha / 2, n - 1))
+    var_high = (n - 1) * var_total / float(st.chi2.ppf(alpha / 2, n - 1))
+    scale = n_seq / full  # the noise term at the whole set
+
+    def sd_full(v: float) -> float:
+        return math.sqrt(max(v - var_val, 0.0) + var_val * scale)
+
+    mde = minimum_detectable_effect(math.sqrt(var_total / n), n - 1) if var_total > 0 else None
+    out.update({
+        "var_total": var_total, "var_total_interval": [var_low, var_high], "var_validation": var_val,
+        "var_train": max(var_total - var_val, 0.0),
+        "sd_train_interval": [math.sqrt(max(var_low - var_val, 0.0)), math.sqrt(max(var_high - var_val, 0.0))],
+        "mde": mde if mde is not None and math.isfinite(mde) else None,
+        "sd_full": sd_full(var_total),
+        "seeds_for_target": seeds_for_mde(sd_full(var_total), target, alpha=alpha),
+        "seeds_for_target_upper": seeds_for_mde(sd_full(var_high), target, alpha=alpha),
+    })
+    return out
