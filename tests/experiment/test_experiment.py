@@ -337,3 +337,20 @@ def test_smoke_splits_each_val_loss_comparison_from_the_runs_values(smoke):
         vb = [results["variants"][b]["seeds"][str(s)]["val_loss"] for s in results["seeds"]]
         assert sp["difference"]["mean"] == pytest.approx(np.mean(np.subtract(va, vb)), rel=1e-9)
     assert json.loads((out / "interim.json").read_text())["val_loss_splits"] == results["val_loss_splits"]
+
+
+def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparison(smoke):
+    """`progress.md`: one row per run with its steps, the largest pre-clip gradient norm its metrics.jsonl
+    logged, and the fixed-validation sequences scored; the interim comparison of every pair."""
+    out, results = smoke
+    text = (out / "progress.md").read_text()
+    assert (out / "progress.html").is_file() and (out / "figures" / "progress_grad_norm.png").is_file()
+    for name, v in results["variants"].items():
+        for seed in results["seeds"]:
+            rows = [json.loads(line) for line in (out / "runs" / f"{name}-s{seed}" / "train" / "metrics.jsonl").read_text().splitlines()]
+            peak = max(r["grad_norm_max"] for r in rows if "grad_norm_max" in r)
+            scored = len(json.loads((out / "runs" / f"{name}-s{seed}" / "val.json").read_text())["values"])
+            assert f"| {v['label']} | {seed} | 3/3 (done) |" in text
+            assert f"| {peak:,.0f} | {scored}/{scored} |" in text
+    for a, b in results["comparison_pairs"]:
+        assert f"| {results['variants'][a]['label']} − {results['variants'][b]['label']} | 2 |" in text

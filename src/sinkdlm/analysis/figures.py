@@ -331,7 +331,7 @@ def plot_largest_sink_positions(
 
 def plot_training_curves(
     curves: Mapping[str, Mapping[str, tuple]], path, *, ylabel: str = "validation loss (ELBO bound / token)",
-    title: str | None = None,
+    title: str | None = None, log_y: bool = False,
 ) -> Path:
     """A metric vs training step, every seed drawn: one colour per model, one thin line per seed, and
     the mean over the seeds (thick, at the steps every seed logged).
@@ -353,6 +353,8 @@ def plot_training_curves(
                     linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seeds; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
+    if log_y:  # gradient norms span decades
+        ax.set_yscale("log")
     integer_ticks(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -342,6 +342,11 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     # whose runs are all trained can be validated in rounds (stage 2) that compare every pair early.
     step0_units: dict[str, _Unit] = {}
     runs: dict[str, list[_Unit]] = {}
+    from sinkdlm.experiment.progress import write_progress
+
+    def progress() -> None:  # DIR/progress.md: what is measured so far (a study on a CPU runs for hours)
+        write_progress(out, f"sinkdlm experiment `{preset.name}`", {v.name: v.label for v in preset.variants}, seeds,
+                       max_steps or preset.train.max_steps, -(-preset.validation.tokens // preset.train.seq_len))
     k = 0
     for variant in preset.variants:
         if init_from:  # the step-0 control: the converted model before training, same protocol
@@ -372,6 +377,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             unit.ckpt, unit.summary = summary["checkpoint"], summary
             unit.save_timing()
             runs[variant.name].append(unit)
+            progress()
 
     # Stage 2: the fixed validation, in rounds of VAL_CHUNK sequences over every run and step-0 control, so
     # an interrupted study has every run scored equally far; after each round `interim.json` holds the paired
@@ -397,6 +403,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             ci = "no interval" if d["low"] is None else f"[{d['low']:+.4f}, {d['high']:+.4f}]"
             _log(f"interim ({sp['sequences']} sequences): {sp['pair'][0]} - {sp['pair'][1]} val_loss "
                  f"{d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
+        progress()
 
     # Stage 3: per run, evaluation and the attention-sink analysis; the step-0 controls' analysis.
     for variant in preset.variants:

@@ -1,0 +1,104 @@
+"""What an unfinished experiment has measured so far: `DIR/progress.md` and its figures.
+
+A study on a CPU runs for many hours and is interrupted (docs/method.md §7, "Validation in rounds");
+`sinkdlm experiment` rewrites this page after every training run and every validation round, so what
+is finished can be read, and committed, while the rest runs. It reads only the files the runs keep
+(`runs/*/train/metrics.jsonl`, `val.json` / `val.partial.json`, `interim.json`) and states no verdict:
+the interim intervals are raw, over the seeds trained so far; the final report adjusts them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sinkdlm.experiment.formatting import fmt_interval
+from sinkdlm.experiment.summary import TARGET_MDE
+from sinkdlm.reporting import Document
+
+PROGRESS = "progress.md"
+
+
+def _metrics(train_dir: Path) -> list[dict[str, Any]]:
+    path = train_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _sequences_scored(run_dir: Path) -> int:
+    for name in ("val.json", "val.partial.json"):
+        path = run_dir / name
+        if path.is_file():
+            return len(json.loads(path.read_text()).get("values") or [])
+    return 0
+
+
+def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[int], max_steps: int,
+                   validation_sequences: int | None = None) -> Path:
+    """Write `out/progress.md` (and `out/figures/progress_*.png`): per run, the training steps done, the
+    trainer's last losses and its largest pre-clip gradient norm, the fixed-validation sequences scored,
+    and each pair's interim comparison (`interim.json`). `labels`: variant name -> label."""
+    from sinkdlm.analysis.figures import plot_training_curves
+
+    out = Path(out)
+    rows, grad_curves, val_curves = [], {}, {}
+    for name, label in labels.items():
+        for seed in seeds:
+            run = out / "runs" / f"{name}-s{seed}"
+            m = _metrics(run / "train")
+            train_rows = [r for r in m if "loss" in r]
+            vals = [(r["step"], r["val_loss"]) for r in m if "val_loss" in r]
+            peaks = [(r["step"], r.get("grad_norm_max", r.get("grad_norm"))) for r in train_rows
+                     if r.get("grad_norm_max", r.get("grad_norm")) is not None]
+            if peaks:
+                grad_curves.setdefault(label, {})[str(seed)] = tuple(map(list, zip(*peaks)))
+            if vals:
+                val_curves.setdefault(label, {})[str(seed)] = tuple(map(list, zip(*vals)))
+            step = train_rows[-1]["step"] if train_rows else 0
+            done = (run / "train" / "DONE.json").is_file()
+            scored = _sequences_scored(run)
+            rows.append([label, str(seed), f"{step}/{max_steps}" + (" (done)" if done else ""),
+                         f"{train_rows[-1]['loss']:.3f}" if train_rows else "–",
+                         f"{vals[-1][1]:.3f} (step {vals[-1][0]})" if vals else "–",
+                         f"{max(p for _, p in peaks):,.0f}" if peaks else "–",
+                         f"{scored}" + (f"/{validation_sequences}" if validation_sequences else "")])
+    doc = Document(f"{title}: progress (unfinished)")
+    doc.paragraph("What the runs have measured so far, rewritten after every training run and every validation "
+                  "round. No verdicts: intervals are raw 95 % intervals over the seeds trained so far; the final "
+                  "report (report.md) adjusts them for multiplicity.")
+    doc.heading("Runs")
+    doc.table(["variant", "seed", "steps", "last training loss (one batch)", "trainer's validation (its own noise)",
+               "largest pre-clip gradient norm", "fixed-validation sequences scored"], rows)
+    figures = out / "figures"
+    if grad_curves:
+        path = plot_training_curves(grad_curves, figures / "progress_grad_norm.png",
+                                    ylabel="largest pre-clip gradient norm since the previous log row", log_y=True)
+        doc.image(path, "Largest pre-clip gradient norm between logged steps (log scale): one thin line per seed, "
+                        "the mean over seeds thick; every update is clipped to the preset's grad_clip")
+    if val_curves:
+        path = plot_training_curves(val_curves, figures / "progress_val_loss.png",
+                                    ylabel="trainer's validation loss (its own noise)")
+        doc.image(path, "The training loop's validation loss vs step (its own per-run noise, not the fixed validation)")
+    interim_path = out / "interim.json"
+    if interim_path.is_file():
+        interim = json.loads(interim_path.read_text())
+        doc.heading("Interim comparisons (fixed validation, sequences scored so far)")
+        irows = []
+        for sp in interim.get("val_loss_splits", []):
+            a, b = (labels.get(n, n) for n in sp["pair"])
+            d = sp["difference"]
+            train = "–" if sp.get("var_train") is None else (
+                f"{sp['var_train'] ** 0.5:.3f} [{sp['sd_train_interval'][0]:.3f}, {sp['sd_train_interval'][1]:.3f}]")
+            need = sp.get("seeds_for_target")
+            irows.append([f"{a} − {b}", f"{sp['seeds']}", f"{sp['sequences']} × {sp['draws']}",
+                          fmt_interval(d) if d.get("low") is not None else f"{d['mean']:+.4f} (one seed: no interval)",
+                          f"{sp['validation_se_diff']:.4f}", train,
+                          "–" if need is None else f"{need:,} (upper end {sp['seeds_for_target_upper']:,})"])
+        if irows:
+            doc.table(["difference", "seeds", "sequences × draws", "`val_loss` Δ [95 % CI, raw]", "validation SE of Δ",
+                       "training-seed sd [95 % CI]", f"seeds per variant for MDE {TARGET_MDE:g} nats"], irows)
+        else:
+            doc.paragraph("No pair has scored sequences on every seed yet.")
+    return doc.write(out, "progress")[0]
