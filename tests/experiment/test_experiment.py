@@ -273,7 +273,7 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
 
     monkeypatch.setattr(runner, "fixed_validation", spy)
     results = run_experiment(ExperimentConfig(preset=preset, out=str(out), init_from=str(ar)))
-    units = ["step0/vanilla", "step0/sink1-front", "runs/vanilla-s0", "runs/sink1-front-s0"]
+    units = ["runs/vanilla-s0", "runs/sink1-front-s0", "step0/vanilla", "step0/sink1-front"]
     assert calls == [(u, upto) for upto in (2, 4, 6, 8) for u in units]
     interim = json.loads((out / "interim.json").read_text())
     assert interim["sequences_scored"] == 8 and interim["val_loss_splits"][0]["sequences"] == 8

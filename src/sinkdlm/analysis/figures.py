@@ -350,7 +350,7 @@ def plot_training_curves(
         common = sorted(set.intersection(*(set(c) for c in series.values()))) if series else []
         if common:
             ax.plot(common, [float(np.mean([c[st] for c in series.values()])) for st in common], color=colour,
-                    linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seeds; thin: each seed)")
+                    linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seed{'s' if len(series) != 1 else ''}; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     if log_y:  # gradient norms span decades

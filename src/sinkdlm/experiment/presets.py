@@ -13,7 +13,7 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
-                   3 seeds, paired; training sized for 2 hours on a 2-core CPU, plus the fixed validation
+                   3 seeds, paired; training about 2.5 h on a 2-core CPU, plus the fixed validation
                    (36 draws x 256 sequences per run and step-0 control: about 2.5 h per model on one
                    core, scored in rounds over every model; `interim.json` splits the variance as it goes).
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
@@ -224,15 +224,15 @@ def ablation() -> ExperimentPreset:
 
 def real() -> ExperimentPreset:
     """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF), on 2 CPU cores."""
-    # Sizing on 2 CPU cores (measured): a step of 4 x 128 tokens on the converted model takes about
-    # 2.6 s with 2 threads (benchmarks/bench_real_train.py), about 4.5 s with one; evaluation (40 items
-    # x 3 tasks, mc 2) about 2.2 min and the analysis about 2 min per run. Two variants x 3 seeds x 200
-    # steps then fit 2 hours as two 1-thread shards (`--variants vanilla` and `--variants sink1-front`);
-    # gated attention only in `real-gpu`. Dream-style adaptation: the AR head keeps predicting the next
-    # token (shift_logits). The fixed validation (docs/method.md §1) is the expensive part now: 36 draws x
-    # 256 sequences = 9,216 forwards of 128 tokens per run and per step-0 control (128 of them took 330 s
-    # on one thread of the busy 2-core machine, ~2.6 s each); the run session sizes seeds and steps from the
-    # variance split (docs/method.md §7), and each run's val.json says the draws its model needs.
+    # Cost on the 2-core CPU (measured): a training step of 4 x 128 tokens on the converted model (forward,
+    # backward, AdamW) runs at 63-71 tokens/s with 2 threads on a quiet machine, 7-8 s, so 200 steps take
+    # about 25 min per run (a profile: backward 57 %, forward 27 %, AdamW 6 %); evaluation (40 items x 3
+    # tasks, mc 2) about 2.2 min and the analysis about 2 min per run. Gated attention only in `real-gpu`.
+    # Dream-style adaptation: the AR head keeps predicting the next token (shift_logits). The fixed
+    # validation (docs/method.md §1) is the expensive part: 36 draws x 256 sequences = 9,216 forwards of
+    # 128 tokens per run and per step-0 control, 1.0 s each on one thread (batch 8 or 16 alike): about
+    # 2.6 h per model on one core, 20 h for the study's 8 models. The experiment therefore trains every
+    # run first and validates in rounds, with interim comparisons (`interim.json`, `progress.md`).
     return ExperimentPreset(
         name="real",
         description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "

@@ -17,7 +17,7 @@ from sinkdlm.experiment.formatting import fmt_interval
 from sinkdlm.experiment.summary import TARGET_MDE
 from sinkdlm.reporting import Document
 
-PROGRESS = "progress.md"
+PROGRESS = "progress"  # the page's stem: progress.md and progress.html
 
 
 def _metrics(train_dir: Path) -> list[dict[str, Any]]:
@@ -74,7 +74,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     figures = out / "figures"
     if grad_curves:
         path = plot_training_curves(grad_curves, figures / "progress_grad_norm.png",
-                                    ylabel="largest pre-clip gradient norm since the previous log row", log_y=True)
+                                    ylabel="largest pre-clip grad norm per log interval", log_y=True)
         doc.image(path, "Largest pre-clip gradient norm between logged steps (log scale): one thin line per seed, "
                         "the mean over seeds thick; every update is clipped to the preset's grad_clip")
     if val_curves:
@@ -101,4 +101,4 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                        "training-seed sd [95 % CI]", f"seeds per variant for MDE {TARGET_MDE:g} nats"], irows)
         else:
             doc.paragraph("No pair has scored sequences on every seed yet.")
-    return doc.write(out, "progress")[0]
+    return doc.write(out, PROGRESS)[0]

@@ -380,9 +380,26 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             progress()
 
     # Stage 2: the fixed validation, in rounds of VAL_CHUNK sequences over every run and step-0 control, so
-    # an interrupted study has every run scored equally far; after each round `interim.json` holds the paired
-    # val_loss comparisons and their variance split on the sequences scored so far.
-    units = [*step0_units.values(), *(u for us in runs.values() for u in us)]
+    # an interrupted study has every run scored equally far. The runs come first in a round, and after each
+    # model `interim.json` holds the paired val_loss comparisons and their variance split on the sequences
+    # every run of the pair has scored so far.
+    logged: dict[tuple, int] = {}
+
+    def write_interim() -> None:
+        interim = {"sequences_scored": min(len(validation_values(u.dir, preset.validation)) for u in units),
+                   "val_loss_splits": val_loss_splits(out, compared, seeds, preset.validation)}
+        atomic_write_json(out / "interim.json", interim)
+        for sp in interim["val_loss_splits"]:
+            if logged.get(tuple(sp["pair"])) == sp["sequences"]:
+                continue
+            logged[tuple(sp["pair"])] = sp["sequences"]
+            d = sp["difference"]
+            ci = "no interval" if d["low"] is None else f"[{d['low']:+.4f}, {d['high']:+.4f}]"
+            _log(f"interim ({sp['sequences']} sequences): {sp['pair'][0]} - {sp['pair'][1]} val_loss "
+                 f"{d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
+        progress()
+
+    units = [*(u for us in runs.values() for u in us), *step0_units.values()]
     while pending := [u for u in units if not (u.dir / VAL).is_file()]:
         upto = min(len(validation_values(u.dir, preset.validation)) for u in pending) + VAL_CHUNK
         for u in pending:
@@ -395,15 +412,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             stage_seconds["eval"] += dt
             u.timing["validation"] = (u.timing.get("validation") or 0.0) + dt
             u.save_timing()
-        interim = {"sequences_scored": min(len(validation_values(u.dir, preset.validation)) for u in units),
-                   "val_loss_splits": val_loss_splits(out, compared, seeds, preset.validation)}
-        atomic_write_json(out / "interim.json", interim)
-        for sp in interim["val_loss_splits"]:
-            d = sp["difference"]
-            ci = "no interval" if d["low"] is None else f"[{d['low']:+.4f}, {d['high']:+.4f}]"
-            _log(f"interim ({sp['sequences']} sequences): {sp['pair'][0]} - {sp['pair'][1]} val_loss "
-                 f"{d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
-        progress()
+            write_interim()
 
     # Stage 3: per run, evaluation and the attention-sink analysis; the step-0 controls' analysis.
     for variant in preset.variants:
