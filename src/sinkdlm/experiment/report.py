@@ -444,6 +444,18 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
                 rec["analysis"] = analysis_record(json.loads(stored.read_text()))
                 refreshed += 1
     results["timing"] = experiment_timing(results)
+    val = results.get("validation") or {}
+    if val.get("draws") and results.get("comparison_pairs"):  # runs whose val.json keeps its values: the split
+        from sinkdlm.experiment.presets import Validation
+        from sinkdlm.experiment.variance import val_loss_splits
+
+        key = Validation(draws=val["draws"], noise_seed=val["noise_seed"])
+        splits = val_loss_splits(out, [tuple(p) for p in results["comparison_pairs"]], results["seeds"], key)
+        seq_len, tokens = int((results.get("train") or {}).get("seq_len") or 0), val.get("tokens")
+        # only runs scored on the whole set (a stale partial file is no final result)
+        complete = [sp for sp in splits if not (seq_len and tokens) or sp["sequences"] * seq_len == tokens]
+        if complete:
+            results["val_loss_splits"] = complete
     results["regenerated"] = {"analysis_records_refreshed": refreshed,
                               "note": "statistics recomputed from the stored per-seed records; no model was re-run"}
     summarise(results, pairs or [tuple(p) for p in results.get("comparison_pairs", [])] or None)

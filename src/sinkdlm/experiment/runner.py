@@ -32,13 +32,12 @@ from sinkdlm.config.commands import ExperimentConfig, RemaskingOptions
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
+from sinkdlm.experiment.variance import VAL, VAL_PARTIAL, val_loss_splits, validation_key, validation_values
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
 DONE = "DONE.json"
-VAL = "val.json"  # a run's fixed validation (docs/method.md §1)
-VAL_PARTIAL = "val.partial.json"  # the sequences scored so far, while it runs
 VAL_CHUNK = 16  # sequences per saved chunk
 TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should reach (issue 30)
 
@@ -104,25 +103,6 @@ def draws_for_se(draw_variance: float, sequences: int, target_se: float) -> int:
     return max(2, need + need % 2)
 
 
-def _validation_key(validation: Validation) -> dict[str, int]:
-    return {"draws": validation.draws, "noise_seed": validation.noise_seed}
-
-
-def validation_values(run_dir: Path, validation: Validation | None = None) -> list[list[float]]:
-    """The fixed validation's per-sequence, per-draw values scored so far in `run_dir` ([N][D]; [] when none):
-    the finished `val.json`'s, else the interrupted `val.partial.json`'s (`validation`: only when scored
-    with its draws and noise_seed)."""
-    for name in (VAL, VAL_PARTIAL):
-        path = run_dir / name
-        if path.is_file():
-            record = json.loads(path.read_text())
-            key = record if name == VAL else record.get("key", {})
-            if validation is not None and {k: key.get(k) for k in _validation_key(validation)} != _validation_key(validation):
-                return []
-            return record.get("values") or []
-    return []
-
-
 def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], validation: Validation,
                      device: str | None = None, *, max_sequences: int | None = None) -> dict[str, Any] | None:
     """The study's fixed validation of one checkpoint (docs/method.md §1), once: kept in `run_dir/val.json`.
@@ -135,15 +115,15 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     path = run_dir / VAL
     if path.is_file():
         record = json.loads(path.read_text())
-        if {k: record.get(k) for k in _validation_key(validation)} != _validation_key(validation):
+        if {k: record.get(k) for k in validation_key(validation)} != validation_key(validation):
             raise ValueError(f"{path} was scored with draws={record.get('draws')}, noise_seed={record.get('noise_seed')}, "
-                             f"not this study's {_validation_key(validation)}: move it aside or use a new --out")
+                             f"not this study's {validation_key(validation)}: move it aside or use a new --out")
         return record
     partial_path = run_dir / VAL_PARTIAL
     done: list[list[float]] = []
     if partial_path.is_file():
         partial = json.loads(partial_path.read_text())
-        if {k: partial.get("key", {}).get(k) for k in _validation_key(validation)} == _validation_key(validation):
+        if {k: partial.get("key", {}).get(k) for k in validation_key(validation)} == validation_key(validation):
             done = partial["values"]
     if max_sequences is not None and len(done) >= max_sequences:
         return None  # this round's share is scored already (a resumed study)
@@ -161,7 +141,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     t0 = time.perf_counter()
     # Scored in chunks of sequences, each kept in val.partial.json: an interrupted validation (hours on
     # a CPU) resumes where it stopped; every sequence's noise depends on its index only, so it is the same.
-    key = {"tokens": int(x0.numel()), **_validation_key(validation)}
+    key = {"tokens": int(x0.numel()), **validation_key(validation)}
     run_dir.mkdir(parents=True, exist_ok=True)
     stop = rows if max_sequences is None else min(rows, max_sequences)
     while len(done) < stop:
@@ -192,24 +172,6 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     atomic_write_json(path, record)
     partial_path.unlink(missing_ok=True)
     return record
-
-
-def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], validation: Validation,
-                    full_sequences: int | None = None) -> list[dict[str, Any]]:
-    """Per compared pair, the variance split of the paired val_loss difference (experiment/variance.py) over
-    the sequences every run of the pair has scored so far (none: the pair is left out)."""
-    from sinkdlm.experiment.variance import variance_split
-
-    splits = []
-    for a, b in pairs:
-        vals = {(v, s): validation_values(out / "runs" / f"{v}-s{s}", validation) for v in (a, b) for s in seeds}
-        common = min(len(x) for x in vals.values())
-        if common == 0:
-            continue
-        split = variance_split({str(s): vals[a, s][:common] for s in seeds}, {str(s): vals[b, s][:common] for s in seeds},
-                               full_sequences=full_sequences or common)
-        splits.append({"pair": [a, b], **split})
-    return splits
 
 
 def _analyse(ckpt: str, adir: Path, label: str, preset: ExperimentPreset, device: str | None, tty: bool,
@@ -384,10 +346,11 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     # model `interim.json` holds the paired val_loss comparisons and their variance split on the sequences
     # every run of the pair has scored so far.
     logged: dict[tuple, int] = {}
+    set_sequences = -(-preset.validation.tokens // preset.train.seq_len)  # the whole set, for interim sizing
 
     def write_interim() -> None:
         interim = {"sequences_scored": min(len(validation_values(u.dir, preset.validation)) for u in units),
-                   "val_loss_splits": val_loss_splits(out, compared, seeds, preset.validation)}
+                   "val_loss_splits": val_loss_splits(out, compared, seeds, preset.validation, set_sequences)}
         atomic_write_json(out / "interim.json", interim)
         for sp in interim["val_loss_splits"]:
             if logged.get(tuple(sp["pair"])) == sp["sequences"]:

@@ -15,14 +15,20 @@ scored: `Var_full = σ²_train + SE²_val · N_scored / N_full` (the noise of in
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from sinkdlm.diffusion.likelihood import stratified_se
+from sinkdlm.experiment.presets import Validation
 from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, minimum_detectable_effect, seeds_for_mde
 from sinkdlm.stats import paired_difference
+
+VAL = "val.json"  # a run's fixed validation (docs/method.md §1)
+VAL_PARTIAL = "val.partial.json"  # the sequences scored so far, while it runs
 
 
 def variance_split(a: Mapping[str, Sequence], b: Mapping[str, Sequence], *, full_sequences: int | None = None,
@@ -82,3 +88,40 @@ def variance_split(a: Mapping[str, Sequence], b: Mapping[str, Sequence], *, full
         "seeds_for_target_upper": seeds_for_mde(sd_full(var_high), target, alpha=alpha),
     })
     return out
+
+
+def validation_key(validation: Validation) -> dict[str, int]:
+    """What two fixed validations must share to be paired: the draws and the noise seed."""
+    return {"draws": validation.draws, "noise_seed": validation.noise_seed}
+
+
+def validation_values(run_dir: Path, validation: Validation | None = None) -> list[list[float]]:
+    """The fixed validation's per-sequence, per-draw values scored so far in `run_dir` ([N][D]; [] when none):
+    the finished `val.json`'s, else the interrupted `val.partial.json`'s (`validation`: only when scored
+    with its draws and noise_seed)."""
+    for name in (VAL, VAL_PARTIAL):
+        path = run_dir / name
+        if path.is_file():
+            record = json.loads(path.read_text())
+            key = record if name == VAL else record.get("key", {})
+            if validation is not None and {k: key.get(k) for k in validation_key(validation)} != validation_key(validation):
+                return []
+            return record.get("values") or []
+    return []
+
+
+def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], validation: Validation,
+                    full_sequences: int | None = None) -> list[dict[str, Any]]:
+    """Per compared pair, `variance_split` of the paired val_loss difference over the sequences every run of
+    the pair has scored so far, read from `out/runs/<variant>-s<seed>/` (none scored: the pair is left out).
+    `full_sequences`: the whole validation set's sequences, for the projected sizing (default: those scored)."""
+    splits = []
+    for a, b in pairs:
+        vals = {(v, s): validation_values(out / "runs" / f"{v}-s{s}", validation) for v in (a, b) for s in seeds}
+        common = min(len(x) for x in vals.values())
+        if common == 0:
+            continue
+        split = variance_split({str(s): vals[a, s][:common] for s in seeds}, {str(s): vals[b, s][:common] for s in seeds},
+                               full_sequences=full_sequences or common)
+        splits.append({"pair": [a, b], **split})
+    return splits
