@@ -345,6 +345,7 @@ def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparis
     out, results = smoke
     text = (out / "progress.md").read_text()
     assert (out / "progress.html").is_file() and (out / "figures" / "progress_grad_norm.png").is_file()
+    assert "**Left:** training done; fixed validation done" in text
     for name, v in results["variants"].items():
         for seed in results["seeds"]:
             rows = [json.loads(line) for line in (out / "runs" / f"{name}-s{seed}" / "train" / "metrics.jsonl").read_text().splitlines()]

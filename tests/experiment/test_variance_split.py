@@ -81,3 +81,4 @@ def test_one_seed_gives_no_split_and_mismatched_runs_are_errors():
         variance_split(a, {"7": b["0"]})
     with pytest.raises(ValueError, match="one shape"):
         variance_split(a, {"0": b["0"][:2]})
+

@@ -10,6 +10,7 @@ the interim intervals are raw, over the seeds trained so far; the final report a
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,14 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
 
     out = Path(out)
     rows, grad_curves, val_curves = [], {}, {}
+    steps_left, step_rates, val_rates, seqs_left = 0, [], [], 0
+    for name in labels:  # the step-0 controls (from an AR checkpoint): one fixed validation each
+        if (out / "converted" / name).is_dir() and validation_sequences:
+            seqs_left += validation_sequences - _sequences_scored(out / "step0" / name)
     for name, label in labels.items():
         for seed in seeds:
             run = out / "runs" / f"{name}-s{seed}"
+            timing = json.loads((run / "timing.json").read_text()) if (run / "timing.json").is_file() else {}
             m = _metrics(run / "train")
             train_rows = [r for r in m if "loss" in r]
             vals = [(r["step"], r["val_loss"]) for r in m if "val_loss" in r]
@@ -59,6 +65,12 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             step = train_rows[-1]["step"] if train_rows else 0
             done = (run / "train" / "DONE.json").is_file()
             scored = _sequences_scored(run)
+            if done and timing.get("train"):
+                step_rates.append(timing["train"] / max_steps)
+            steps_left += 0 if done else max_steps - step
+            if scored and timing.get("validation"):
+                val_rates.append(timing["validation"] / scored)
+            seqs_left += (validation_sequences or 0) - scored
             rows.append([label, str(seed), f"{step}/{max_steps}" + (" (done)" if done else ""),
                          f"{train_rows[-1]['loss']:.3f}" if train_rows else "–",
                          f"{vals[-1][1]:.3f} (step {vals[-1][0]})" if vals else "–",
@@ -68,6 +80,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     doc.paragraph("What the runs have measured so far, rewritten after every training run and every validation "
                   "round. No verdicts: intervals are raw 95 % intervals over the seeds trained so far; the final "
                   "report (report.md) adjusts them for multiplicity.")
+    doc.paragraph(_remaining(steps_left, step_rates, seqs_left, val_rates))
     doc.heading("Runs")
     doc.table(["variant", "seed", "steps", "last training loss (one batch)", "trainer's validation (its own noise)",
                "largest pre-clip gradient norm", "fixed-validation sequences scored"], rows)
@@ -102,3 +115,18 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
         else:
             doc.paragraph("No pair has scored sequences on every seed yet.")
     return doc.write(out, PROGRESS)[0]
+
+
+def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: list[float]) -> str:
+    """What is left of training and of the fixed validation, and its time at the median rates measured so far."""
+    def cost(n: int, rates: list[float], unit: str) -> str:
+        if n <= 0:
+            return "done"
+        if not rates:
+            return f"{n:,} {unit} (no rate measured yet)"
+        hours = n * statistics.median(rates) / 3600
+        return f"{n:,} {unit}, about {hours:.1f} h at {statistics.median(rates):.1f} s each"
+
+    return (f"**Left:** training {cost(steps, step_rates, 'steps')}; fixed validation "
+            f"{cost(sequences, seq_rates, 'sequences')} (rates: the median over finished runs on this machine; "
+            "evaluation and analysis come after, a few minutes per run).")
