@@ -175,6 +175,19 @@ def test_interrupted_training_resumes_from_checkpoint(smoke):
     assert results["variants"]["vanilla"]["seeds"]["0"]["checkpoint"].endswith("step-3")
 
 
+def test_a_resumed_runs_training_time_counts_the_steps_before_the_interruption(tmp_path):
+    """train_stage's `seconds`: at least what the metrics log measured per interval, steps x tokens / rate."""
+    import json as _json
+
+    from sinkdlm.experiment.runner import logged_training_seconds
+
+    rows = [{"step": 10, "tokens_per_s": 100.0}, {"step": 20, "tokens_per_s": 50.0}, {"step": 25, "tokens_per_s": 25.0},
+            {"step": 25, "val_loss": 3.0}]  # a row without a rate adds nothing
+    (tmp_path / "metrics.jsonl").write_text("\n".join(_json.dumps(r) for r in rows) + "\n")
+    assert logged_training_seconds(tmp_path, 64) == pytest.approx(10 * 64 / 100 + 10 * 64 / 50 + 5 * 64 / 25)
+    assert logged_training_seconds(tmp_path / "none", 64) == 0.0
+
+
 @pytest.mark.parametrize(
     "args,match",
     [

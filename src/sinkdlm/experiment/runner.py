@@ -92,9 +92,26 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     cfg = TrainConfig.resolve(**cfg_kwargs, out=str(run_dir), resume=True)
     t0 = time.perf_counter()
     summary = train(cfg, resume_command=resume_command)  # Ctrl-C: saves, raises TrainingStopped (no DONE)
-    summary["seconds"] = time.perf_counter() - t0
+    # A resumed run's wall time covers only its last part; the metrics log keeps every interval's rate
+    # (rows past a resumed checkpoint are dropped), so the steps before the interruption count too.
+    summary["seconds"] = max(time.perf_counter() - t0, logged_training_seconds(run_dir, cfg.batch_size * cfg.seq_len))
     atomic_write_json(done, summary)
     return summary
+
+
+def logged_training_seconds(run_dir: Path, tokens_per_step: int) -> float:
+    """The training time the metrics log measured: per logged row, the steps since the previous row times
+    tokens per step over the row's tokens/s (each row's rate spans everything since the previous row)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0.0
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines() if line.strip()), key=lambda r: r["step"])
+    total, prev = 0.0, 0
+    for r in rows:
+        if r.get("tokens_per_s"):
+            total += (r["step"] - prev) * tokens_per_step / r["tokens_per_s"]
+            prev = r["step"]
+    return total
 
 
 def draws_for_se(draw_variance: float, sequences: int, target_se: float) -> int:
