@@ -4,6 +4,7 @@ unbiased against eq. 3-4 enumerated by brute force, and its standard error again
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 
@@ -144,6 +145,7 @@ def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         runner.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
     assert (tmp_path / "run" / runner.VAL_PARTIAL).is_file() and not (tmp_path / "run" / runner.VAL).exists()
+    spent = json.loads((tmp_path / "run" / runner.VAL_PARTIAL).read_text())["seconds"]
     calls.clear()
     monkeypatch.setattr(likelihood, "validation_elbo", lambda *a, **k: (calls.append(k["first_sequence"]), real(*a, **k))[1])
     got = runner.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
@@ -151,3 +153,4 @@ def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monk
     assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-12)
     assert got["val_loss_se"] == pytest.approx(want["val_loss_se"], rel=1e-12)
     assert not (tmp_path / "run" / runner.VAL_PARTIAL).exists()
+    assert spent > 0 and got["seconds"] > spent  # the first call's scoring time is counted too

@@ -32,7 +32,8 @@ from sinkdlm.config.commands import ExperimentConfig, RemaskingOptions
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
-from sinkdlm.experiment.variance import VAL, VAL_PARTIAL, val_loss_splits, validation_key, validation_values
+from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, same_validation, val_loss_splits, validation_key,
+                                         validation_values)
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
@@ -132,16 +133,17 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     path = run_dir / VAL
     if path.is_file():
         record = json.loads(path.read_text())
-        if {k: record.get(k) for k in validation_key(validation)} != validation_key(validation):
+        if not same_validation(record, validation):
             raise ValueError(f"{path} was scored with draws={record.get('draws')}, noise_seed={record.get('noise_seed')}, "
                              f"not this study's {validation_key(validation)}: move it aside or use a new --out")
         return record
     partial_path = run_dir / VAL_PARTIAL
     done: list[list[float]] = []
+    spent = 0.0  # seconds of the earlier calls that scored `done` (an interrupted or round-by-round validation)
     if partial_path.is_file():
         partial = json.loads(partial_path.read_text())
-        if {k: partial.get("key", {}).get(k) for k in validation_key(validation)} == validation_key(validation):
-            done = partial["values"]
+        if same_validation(partial.get("key", {}), validation):
+            done, spent = partial["values"], partial.get("seconds", 0.0)
     if max_sequences is not None and len(done) >= max_sequences:
         return None  # this round's share is scored already (a resumed study)
     from sinkdlm.config import TrainConfig
@@ -168,7 +170,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
             part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
                                    batch_size=validation.batch_size, first_sequence=lo)
         done += part.values.tolist()
-        atomic_write_json(partial_path, {"key": key, "values": done})
+        atomic_write_json(partial_path, {"key": key, "values": done, "seconds": spent + time.perf_counter() - t0})
     if len(done) < rows:
         return None
     from sinkdlm.diffusion.likelihood import ValidationELBO, stratified_se
@@ -182,7 +184,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
               "per_sequence": r.values.mean(1).tolist(), "draw_variance": draw_var,
               # the draws this model needs for a standard error of TARGET_SE at this set (docs/method.md §1)
               "draws_for_target_se": draws_for_se(draw_var, len(x0), TARGET_SE), "target_se": TARGET_SE,
-              "seconds": time.perf_counter() - t0,
+              "seconds": spent + time.perf_counter() - t0,  # every call's scoring time, not only this one's
               # every (sequence, draw) value: paired with another run's, they split a comparison's
               # variance into training seed and validation noise (experiment/variance.py)
               "values": done}

@@ -95,6 +95,11 @@ def validation_key(validation: Validation) -> dict[str, int]:
     return {"draws": validation.draws, "noise_seed": validation.noise_seed}
 
 
+def same_validation(key: Mapping[str, Any], validation: Validation) -> bool:
+    """Whether a stored validation (its record, or a partial file's key) was scored with `validation`'s noise."""
+    return {k: key.get(k) for k in validation_key(validation)} == validation_key(validation)
+
+
 def validation_values(run_dir: Path, validation: Validation | None = None) -> list[list[float]]:
     """The fixed validation's per-sequence, per-draw values scored so far in `run_dir` ([N][D]; [] when none):
     the finished `val.json`'s, else the interrupted `val.partial.json`'s (`validation`: only when scored
@@ -104,7 +109,7 @@ def validation_values(run_dir: Path, validation: Validation | None = None) -> li
         if path.is_file():
             record = json.loads(path.read_text())
             key = record if name == VAL else record.get("key", {})
-            if validation is not None and {k: key.get(k) for k in validation_key(validation)} != validation_key(validation):
+            if validation is not None and not same_validation(key, validation):
                 return []
             return record.get("values") or []
     return []
