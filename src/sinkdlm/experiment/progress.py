@@ -16,24 +16,11 @@ from typing import Any
 
 from sinkdlm.experiment.formatting import fmt_interval
 from sinkdlm.experiment.summary import TARGET_MDE
+from sinkdlm.experiment.variance import validation_values
 from sinkdlm.reporting import Document
+from sinkdlm.training.rundir import read_metrics
 
 PROGRESS = "progress"  # the page's stem: progress.md and progress.html
-
-
-def _metrics(train_dir: Path) -> list[dict[str, Any]]:
-    path = train_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _sequences_scored(run_dir: Path) -> int:
-    for name in ("val.json", "val.partial.json"):
-        path = run_dir / name
-        if path.is_file():
-            return len(json.loads(path.read_text()).get("values") or [])
-    return 0
 
 
 def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[int], max_steps: int,
@@ -48,12 +35,12 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     steps_left, step_rates, val_rates, seqs_left = 0, [], [], 0
     for name in labels:  # the step-0 controls (from an AR checkpoint): one fixed validation each
         if (out / "converted" / name).is_dir() and validation_sequences:
-            seqs_left += validation_sequences - _sequences_scored(out / "step0" / name)
+            seqs_left += validation_sequences - len(validation_values(out / "step0" / name))
     for name, label in labels.items():
         for seed in seeds:
             run = out / "runs" / f"{name}-s{seed}"
             timing = json.loads((run / "timing.json").read_text()) if (run / "timing.json").is_file() else {}
-            m = _metrics(run / "train")
+            m = read_metrics(run / "train")
             train_rows = [r for r in m if "loss" in r]
             vals = [(r["step"], r["val_loss"]) for r in m if "val_loss" in r]
             peaks = [(r["step"], r.get("grad_norm_max", r.get("grad_norm"))) for r in train_rows
@@ -64,7 +51,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                 val_curves.setdefault(label, {})[str(seed)] = tuple(map(list, zip(*vals)))
             step = train_rows[-1]["step"] if train_rows else 0
             done = (run / "train" / "DONE.json").is_file()
-            scored = _sequences_scored(run)
+            scored = len(validation_values(run))
             if done and timing.get("train"):
                 step_rates.append(timing["train"] / max_steps)
             steps_left += 0 if done else max_steps - step

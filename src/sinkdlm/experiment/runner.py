@@ -103,10 +103,9 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
 def logged_training_seconds(run_dir: Path, tokens_per_step: int) -> float:
     """The training time the metrics log measured: per logged row, the steps since the previous row times
     tokens per step over the row's tokens/s (each row's rate spans everything since the previous row)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0.0
-    rows = sorted((json.loads(line) for line in path.read_text().splitlines() if line.strip()), key=lambda r: r["step"])
+    from sinkdlm.training.rundir import read_metrics
+
+    rows = sorted(read_metrics(run_dir), key=lambda r: r["step"])
     total, prev = 0.0, 0
     for r in rows:
         if r.get("tokens_per_s"):
@@ -523,11 +522,9 @@ def run_timing_summary(results: dict[str, Any], since_start_s: float) -> dict[st
 
 
 def read_val_curve(run_dir: Path) -> list[tuple[int, float]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
-    return [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    from sinkdlm.training.rundir import read_metrics
+
+    return [(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
 
 
 def machine_info() -> dict[str, Any]:

@@ -28,6 +28,7 @@ instead of leaving the others waiting at a barrier.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -49,6 +50,14 @@ LOCK_NAME = ".train.lock"
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "train_config.json"
 RUN_FILES = (CONFIG_NAME, METRICS_NAME)  # plain files the trainer writes in OUT
+
+
+def read_metrics(out: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run's `metrics.jsonl` in the order logged ([] before the first row)."""
+    path = Path(out) / METRICS_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 TMP_DIR = re.compile(r"^\.tmp-step-(\d+)$")
 CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)(\.\d+)?$")
 # Settings that define the batches and the model of a run: changing one on resume would silently
