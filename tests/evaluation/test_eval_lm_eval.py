@@ -174,6 +174,25 @@ def test_generate_until_uses_the_remasking_model_args(setup):
     assert lm.predictor.remasking == dict(schedule="dream", remasking="topk_margin", top_k=5, alg_temp=0.0)
 
 
+def test_every_remasking_option_is_a_model_arg(tmp_path):
+    """The remasking model_args are RemaskingOptions' fields (one home): each is parsed by its declared type
+    and named in the unknown-argument message, before the checkpoint is read."""
+    import dataclasses
+
+    from sinkdlm.config.commands import RemaskingOptions
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel, _remasking_args
+
+    names = [f.name for f in dataclasses.fields(RemaskingOptions)]
+    given = {"eps": "0.01", "top_p": "0.9", "top_k": "3", "remasking": "entropy", "alg_temp": "none", "mc_num": "2"}
+    assert _remasking_args(given) == {"eps": 0.01, "top_p": 0.9, "top_k": 3, "remasking": "entropy"}
+    assert given == {"mc_num": "2"}  # the remasking ones are taken out, the rest left for the signature
+    with pytest.raises(ValueError, match="unknown model_args.*bogus") as err:
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), bogus=1)
+    assert all(n in str(err.value).split("known: ")[1].split(", ") for n in names)
+    with pytest.raises(ValueError, match="eps='tiny' must be a number"):
+        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), eps="tiny")
+
+
 @torch.no_grad()
 def test_loglikelihood_rolling_sums_window_likelihoods(setup):
     tok, model = setup["tok"], setup["model"]

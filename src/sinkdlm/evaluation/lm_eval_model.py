@@ -34,8 +34,9 @@ batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" m
 max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
 bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
 positions minus its sinks), check_greedy (True), seed (0), shift_logits (default: the model's own config.shift_logits), tokenizer (directory;
-default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9), and the sampler's
-remasking, schedule, eps, alg_temp, top_p, top_k (docs/method.md §2; default: the model family's).
+default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9), and every field of the
+sampler's `RemaskingOptions` (remasking, schedule, eps, alg_temp, top_p, top_k; docs/method.md §2; default: the
+model family's).
 The likelihood runs the LM head only on the masked continuation tokens (`loglikelihood`).
 """
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import typing
 from pathlib import Path
 
 import torch
@@ -51,6 +53,8 @@ from lm_eval.api.registry import model_registry, register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
+from sinkdlm.config.commands import RemaskingOptions
+from sinkdlm.config.fields import field_types
 from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
 from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
 from sinkdlm.evaluation.tasks import GEN_BLOCK_LENGTH
@@ -74,19 +78,18 @@ def _int_arg(name: str, value, minimum: int = 1) -> int:
     return out
 
 
-def _remasking_args(**given) -> dict:
-    """The sampler's remasking settings (`RemaskingOptions`) from model_args strings; unset ones are left out
-    (the model family's defaults apply). Their ranges are checked by `DLMPredictor`, before any request."""
+def _remasking_args(given: dict) -> dict:
+    """The sampler's remasking settings from model_args strings, popped from `given`: every field of
+    `RemaskingOptions` is a model_arg of its own name and type (declared there once, with its help), and
+    unset ones are left out (the model family's defaults apply). Ranges are checked by `DLMPredictor`,
+    before any request."""
     out = {}
-    for name, value in given.items():
+    for name, kind in field_types(RemaskingOptions).items():
+        value = given.pop(name, None)
         if value in (None, "", "none", "None"):
             continue
-        if name in ("remasking", "schedule"):
-            out[name] = str(value)
-        elif name == "top_k":
-            out[name] = _int_arg(name, value)
-        else:
-            out[name] = _float_arg(name, value)
+        kinds = typing.get_args(kind) or (kind,)
+        out[name] = _int_arg(name, value) if int in kinds else _float_arg(name, value) if float in kinds else str(value)
     return out
 
 
@@ -128,21 +131,16 @@ class SinkDLMEvalModel(LM):
         tokenizer: str | None = None,
         cache: str | None = None,
         threshold: float | str | None = None,
-        remasking: str | None = None,
-        schedule: str | None = None,
-        eps: float | str | None = None,
-        alg_temp: float | str | None = None,
-        top_p: float | str | None = None,
-        top_k: int | str | None = None,
-        **unknown,
+        **unknown,  # and RemaskingOptions' fields (`_remasking_args`)
     ):
         super().__init__()
         from sinkdlm.data import load_tokenizer
         from sinkdlm.checkpoint.manager import load_checkpoint, load_tokenizer_for
 
+        remasking = _remasking_args(unknown)
         if unknown:
             known = [n for n, p in inspect.signature(SinkDLMEvalModel.__init__).parameters.items()
-                     if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]  # the list is this signature's
+                     if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD] + list(field_types(RemaskingOptions))
             raise ValueError(
                 f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: {', '.join(known)}"
             )
@@ -169,8 +167,7 @@ class SinkDLMEvalModel(LM):
             max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
             cache=None if cache in (None, "", "none", "None") else str(cache),
             threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
-            remasking=_remasking_args(remasking=remasking, schedule=schedule, eps=eps, alg_temp=alg_temp,
-                                      top_p=top_p, top_k=top_k),
+            remasking=remasking,
         )
         check_decoding_options(options["cache"], options["threshold"])
         self.check_greedy = _bool_arg("check_greedy", check_greedy)
