@@ -368,3 +368,35 @@ def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparis
             assert f"| {peak:,.0f} | {scored}/{scored} |" in text
     for a, b in results["comparison_pairs"]:
         assert f"| {results['variants'][a]['label']} − {results['variants'][b]['label']} | 2 |" in text
+
+
+def test_shards_on_one_out_write_study_wide_progress_and_interim(tmp_path, monkeypatch):
+    """Two `--variants` shards of one study on the same `--out` (as two processes would run it): each writes
+    progress.md and interim.json for the whole study from what is on disk, so the page and the interim
+    comparison show both shards' runs, not only the last writer's; a last call without --variants reports."""
+    import dataclasses
+
+    from sinkdlm.experiment.presets import SINK, VANILLA
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    smoke_preset = get_preset("smoke")
+    preset = dataclasses.replace(smoke_preset, variants=(VANILLA, SINK), seeds=(0, 1),
+                                 comparisons=((SINK.name, VANILLA.name),))
+    out = tmp_path / "exp"
+    run_experiment(ExperimentConfig(preset=preset, out=str(out), variants=VANILLA.name), skip_analysis=True)
+    assert json.loads((out / "interim.json").read_text())["val_loss_splits"] == []  # the sink runs: not yet
+    page = (out / "progress.md").read_text()
+    assert "DLM + 1 sink (front) | 0 | 0/" in page  # the other shard's runs are listed, not trained yet
+    run_experiment(ExperimentConfig(preset=preset, out=str(out), variants=SINK.name), skip_analysis=True)
+    interim = json.loads((out / "interim.json").read_text())
+    sequences = -(-preset.validation.tokens // preset.train.seq_len)
+    assert interim["sequences_scored"] == sequences
+    assert [sp["pair"] for sp in interim["val_loss_splits"]] == [[SINK.name, VANILLA.name]]
+    assert interim["val_loss_splits"][0]["sequences"] == sequences
+    page = (out / "progress.md").read_text()
+    for label in (VANILLA.label, SINK.label):
+        for seed in (0, 1):
+            assert f"| {label} | {seed} | {preset.train.max_steps}/{preset.train.max_steps} (done) |" in page
+    results = run_experiment(ExperimentConfig(preset=preset, out=str(out)), skip_analysis=True)
+    assert [sp["pair"] for sp in results["val_loss_splits"]] == [[SINK.name, VANILLA.name]]
+    assert results["val_loss_splits"][0]["difference"] == interim["val_loss_splits"][0]["difference"]

@@ -257,6 +257,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     max_steps, device, gsm8k = config.max_steps, config.device, config.gsm8k
     variants = [v.strip() for v in config.variants.split(",") if v.strip()] if config.variants else None
     preset = get_preset(preset) if isinstance(preset, str) else preset
+    study = preset  # the whole study, whichever shard this call runs: progress.md and interim.json show it all
     if variants:
         known = {v.name: v for v in preset.variants}
         unknown = sorted(set(variants) - set(known))
@@ -315,6 +316,10 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     analysis_dirs: dict[str, Path] = {}
     pairs = [(a, b) for a, b in preset.comparisons] or None
     compared = pairs or [(v.name, preset.variants[0].name) for v in preset.variants[1:]]
+    # Every shard (--variants) writes the same study-wide pages from what is on disk, so the last writer's
+    # page shows every shard's runs and every pair (atomic writes: a page is never half of each).
+    study_compared = (list(study.comparisons)
+                      or [(v.name, study.variants[0].name) for v in study.variants[1:]])
     total = len(preset.variants) * len(seeds)
 
     # Stage 1: every run's training (and each variant's converted step-0 checkpoint). Training comes first
@@ -325,7 +330,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     from sinkdlm.experiment.progress import write_progress
 
     def progress() -> None:  # DIR/progress.md: what is measured so far (a study on a CPU runs for hours)
-        write_progress(out, f"sinkdlm experiment `{preset.name}`", {v.name: v.label for v in preset.variants}, seeds,
+        write_progress(out, f"sinkdlm experiment `{preset.name}`", {v.name: v.label for v in study.variants}, seeds,
                        max_steps or preset.train.max_steps, -(-preset.validation.tokens // preset.train.seq_len))
     k = 0
     for variant in preset.variants:
@@ -367,8 +372,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     set_sequences = -(-preset.validation.tokens // preset.train.seq_len)  # the whole set, for interim sizing
 
     def write_interim() -> None:
-        interim = {"sequences_scored": min(len(validation_values(u.dir, preset.validation)) for u in units),
-                   "val_loss_splits": val_loss_splits(out, compared, seeds, preset.validation, set_sequences)}
+        interim = {"sequences_scored": min(len(validation_values(d, preset.validation)) for d in study_dirs),
+                   "val_loss_splits": val_loss_splits(out, study_compared, seeds, preset.validation, set_sequences)}
         atomic_write_json(out / "interim.json", interim)
         for sp in interim["val_loss_splits"]:
             if logged.get(tuple(sp["pair"])) == sp["sequences"]:
@@ -381,6 +386,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         progress()
 
     units = [*(u for us in runs.values() for u in us), *step0_units.values()]
+    study_dirs = [*(out / "runs" / f"{v.name}-s{s}" for v in study.variants for s in seeds),
+                  *((out / "step0" / v.name for v in study.variants) if init_from else ())]
     while pending := [u for u in units if not (u.dir / VAL).is_file()]:
         upto = min(len(validation_values(u.dir, preset.validation)) for u in pending) + VAL_CHUNK
         for u in pending:
