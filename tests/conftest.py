@@ -33,13 +33,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+FUZZ_COUNTS = "fuzz_counts"  # the user property in which test_cli_fuzz.py reports each test's case counts
+_fuzz_counts: dict[str, dict[str, int]] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sum the fuzz tests' case counts from their reports' user properties: pytest-xdist sends those from
+    the workers to the controller, where the terminal summary is written (a stash would stay in a worker)."""
+    if report.when != "call":
+        return
+    for key, value in report.user_properties:
+        if key == FUZZ_COUNTS:
+            for name, row in value.items():
+                into = _fuzz_counts.setdefault(name, dict.fromkeys(row, 0))
+                for k, v in row.items():
+                    into[k] = into.get(k, 0) + v
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The CLI fuzz test's number of cases per command (test_cli_fuzz.py), for the CI log."""
-    from helpers import fuzz_counts_key
-
-    counts = config.stash.get(fuzz_counts_key(), None)
-    if counts:
+    if _fuzz_counts:
         terminalreporter.write_sep("-", "CLI fuzz cases per command")
-        for name, row in counts.items():
+        for name, row in _fuzz_counts.items():
             outcomes = ", ".join(f"{k} {v}" for k, v in row.items() if k != "cases" and v)
             terminalreporter.write_line(f"{name:>16}: {row['cases']:3d} cases ({outcomes})")

@@ -54,18 +54,6 @@ def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
                           env=subprocess_env(), cwd=cwd)
 
 
-def fuzz_counts_key():
-    """The pytest stash key of the fuzz test's case counts (printed by conftest's terminal summary)."""
-    import pytest
-
-    global _FUZZ_COUNTS
-    try:
-        return _FUZZ_COUNTS
-    except NameError:
-        _FUZZ_COUNTS = pytest.StashKey[dict]()
-        return _FUZZ_COUNTS
-
-
 def _load_tool(name: str):
     """A developer tool from tools/ (not part of the package), loaded by path."""
     import importlib.util

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import fuzz_world
-from helpers import fuzz_counts_key, subprocess_env
+from helpers import subprocess_env
 
 CORPUS = Path(__file__).parent / "fuzz_corpus" / "cases.json"
 
@@ -366,7 +366,8 @@ def tally(counts: dict, name: str, result: Result) -> None:
 def test_fuzz_every_command(name, world, env, priors, tmp_path_factory, request):
     world_names = sorted(world)
     world_before = tree(Path(world["ok"]).parent, content=False)
-    counts = request.config.stash.setdefault(fuzz_counts_key(), {})
+    counts = {}  # this test's case counts, summed over the session by conftest from its report
+    request.node.user_properties.append(("fuzz_counts", counts))
 
     @settings(max_examples=max(1, int(EXAMPLES[name] * SCALE)), derandomize=not RANDOM, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], print_blob=False,
@@ -402,7 +403,9 @@ def test_seed_corpus(case, world, env, priors, tmp_path_factory, request):
     assert result.code == case.get("code", result.code), result
     for words in case.get("expect", []):
         assert fill([words], world)[0] in result.err + result.out, (words, result)
-    tally(request.config.stash.setdefault(fuzz_counts_key(), {}), "seed corpus", result)
+    counts = {}
+    request.node.user_properties.append(("fuzz_counts", counts))
+    tally(counts, "seed corpus", result)
 
 
 
