@@ -107,6 +107,9 @@ def test_smoke_writes_every_file_and_key(smoke):
         for s in v["seeds"].values():
             assert Path(s["checkpoint"]).is_dir()
             assert set(s["eval"]) == set(preset.eval_tasks)
+            # the run's largest pre-clip gradient norm: the maximum of the logged per-interval maxima
+            logged = [json.loads(line) for line in (Path(s["checkpoint"]).parents[1] / "metrics.jsonl").read_text().splitlines()]
+            assert s["train_grad_norm_peak"] == max(r["grad_norm_max"] for r in logged if "grad_norm_max" in r)
         first = v["seeds"][str(preset.seeds[0])]
         analysis = json.loads((Path(first["analysis_dir"]) / "analysis.json").read_text())
         assert {"non_sink_fraction", "value_norm", "moving", "ablation", "figures"} <= set(analysis)
@@ -146,9 +149,11 @@ def test_smoke_writes_every_file_and_key(smoke):
             assert c["verdict"].startswith("inconclusive (no variance estimate)")
         elif c.get("in_family", True) and not c["excludes_zero"]:
             assert c["verdict"].startswith(f"inconclusive with {len(preset.seeds)} seeds")
-    assert {c["metric"] for c in saved["comparisons"]} >= {"val_loss", "shakespeare_cloze/acc", "non_sink_fraction"}
+    assert {c["metric"] for c in saved["comparisons"]} >= {"val_loss", "log10_peak_grad_norm", "shakespeare_cloze/acc",
+                                                           "non_sink_fraction"}
     report = (out / "report.md").read_text()
     assert "95 % CI" in report and "Paired comparisons" in report
+    assert "`log10_peak_grad_norm`: the log10 of each run's largest pre-clip gradient norm" in report
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 2
 

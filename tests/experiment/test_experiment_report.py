@@ -342,3 +342,30 @@ def test_the_masking_curve_is_paired_over_seeds_and_prompts_and_shows_both_extra
     kept = analysis_record({"ablation": {**rec["analysis"]["ablation"], "k": [0, 1], "epsilon": 3.0}})["ablation"]
     assert kept["per_request"] == rec["analysis"]["ablation"]["per_request"]  # results.json keeps what the interval needs
     assert kept["alternative"]["per_request"] == rec["analysis"]["ablation"]["alternative"]["per_request"]
+
+
+def test_peak_gradient_norm_is_compared_as_a_paired_log_ratio():
+    """`log10_peak_grad_norm`: each run's largest pre-clip gradient norm, compared between variants on the
+    same seeds as the paired t interval of log10(a_s / b_s), written out here; descriptive (no better/worse);
+    in the multiplicity family; left out where no run recorded it."""
+    peaks_b = {"0": 14205.0, "1": 3126.0, "2": 430.0}
+    peaks_a = {"0": 233.0, "1": 318.0, "2": 250.0}
+    variants = {name: {"label": name.upper(), "switches": {},
+                       "seeds": {s: {"val_loss": 5.0 + int(s) * 0.1 + (0.01 * int(s) ** 2 if name == "a" else 0.0),
+                                     "train_grad_norm_peak": peaks[s]} for s in peaks}}
+                for name, peaks in (("b", peaks_b), ("a", peaks_a))}
+    results = _results(variants, [0, 1, 2])
+    summarise(results, [("a", "b")])
+    c = next(c for c in results["comparisons"] if c["metric"] == "log10_peak_grad_norm")
+    d = np.log10([peaks_a[s] / peaks_b[s] for s in peaks_a])
+    half = sps.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert c["mean"] == pytest.approx(d.mean()) and c["low"] == pytest.approx(d.mean() - half)
+    assert c["high"] == pytest.approx(d.mean() + half) and c["lower_is_better"] is None
+    assert results["variants"]["a"]["summary"]["log10_peak_grad_norm"]["mean"] == pytest.approx(
+        np.log10(list(peaks_a.values())).mean())
+    assert results["multiplicity"]["size"] == 2  # val_loss and the peak gradient norm
+    for v in variants.values():
+        for rec in v["seeds"].values():
+            del rec["train_grad_norm_peak"]
+    summarise(results, [("a", "b")])
+    assert [c["metric"] for c in results["comparisons"]] == ["val_loss"]

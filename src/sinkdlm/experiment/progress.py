@@ -18,7 +18,7 @@ from sinkdlm.experiment.formatting import fmt_interval
 from sinkdlm.experiment.summary import TARGET_MDE
 from sinkdlm.experiment.variance import validation_values
 from sinkdlm.reporting import Document
-from sinkdlm.training.rundir import read_metrics
+from sinkdlm.training.rundir import grad_norm_peaks, read_metrics
 
 PROGRESS = "progress"  # the page's stem: progress.md and progress.html
 
@@ -43,8 +43,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             m = read_metrics(run / "train")
             train_rows = [r for r in m if "loss" in r]
             vals = [(r["step"], r["val_loss"]) for r in m if "val_loss" in r]
-            peaks = [(r["step"], r.get("grad_norm_max", r.get("grad_norm"))) for r in train_rows
-                     if r.get("grad_norm_max", r.get("grad_norm")) is not None]
+            peaks = grad_norm_peaks(m)
             if peaks:
                 grad_curves.setdefault(label, {})[str(seed)] = tuple(map(list, zip(*peaks)))
             if vals:

@@ -21,8 +21,8 @@ from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_lines,
 )
 from sinkdlm.experiment.summary import (
-    ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, analysis_record, experiment_timing, paired_val_loss_differences,
-    summarise, task_chance, task_metrics, training_curves,
+    ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS, analysis_record, experiment_timing,
+    paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
 )
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
@@ -323,6 +323,10 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     )
     header, rows = comparisons_table(results)
     doc.table(header, rows) if rows else doc.paragraph("Only one variant: nothing to compare.")
+    if any(c["metric"] in TRAINING_METRICS for c in results["comparisons"]):
+        doc.paragraph("`log10_peak_grad_norm`: the log10 of each run's largest pre-clip gradient norm in training, so "
+                      "a difference is a log ratio (−1: a tenth of the baseline's peak). It measures the loss spikes "
+                      "that a moving sink causes (docs/method.md §5); it is described, not called better or worse.")
     sizing = sizing_note(results)
     if sizing:
         doc.paragraph(sizing)

@@ -37,6 +37,7 @@ from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, same_validation, val_
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+from sinkdlm.training.rundir import grad_norm_peaks, read_metrics
 
 DONE = "DONE.json"
 VAL_CHUNK = 16  # sequences per saved chunk
@@ -103,8 +104,6 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
 def logged_training_seconds(run_dir: Path, tokens_per_step: int) -> float:
     """The training time the metrics log measured: per logged row, the steps since the previous row times
     tokens per step over the row's tokens/s (each row's rate spans everything since the previous row)."""
-    from sinkdlm.training.rundir import read_metrics
-
     rows = sorted(read_metrics(run_dir), key=lambda r: r["step"])
     total, prev = 0.0, 0
     for r in rows:
@@ -431,6 +430,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 "train_val_loss": train_val_loss,
                 "train_tokens_per_s": summary["last"].get("tokens_per_s"), "train_seconds": summary.get("seconds"),
                 "curve": curve,
+                # the largest pre-clip gradient norm of the whole run: the moving sink's spikes (docs/method.md §5)
+                "train_grad_norm_peak": max((g for _, g in grad_norm_peaks(read_metrics(run / "train"))), default=None),
             }
             if preset.sft is not None:
                 _log(f"{unit.label}: SFT on {preset.sft.data}")
@@ -529,8 +530,6 @@ def run_timing_summary(results: dict[str, Any], since_start_s: float) -> dict[st
 
 
 def read_val_curve(run_dir: Path) -> list[tuple[int, float]]:
-    from sinkdlm.training.rundir import read_metrics
-
     return [(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
 
 

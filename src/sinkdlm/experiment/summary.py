@@ -57,7 +57,11 @@ ANALYSIS_METRICS = {
 # Without extra sink tokens the content keys are every key: a record from before the content-key
 # metrics existed holds them under the all-keys name.
 CONTENT_FALLBACK = {"content_sink_set_change_rate": "sink_set_change_rate", "content_sink_set_jaccard": "sink_set_jaccard"}
-NEUTRAL = set(ANALYSIS_METRICS)  # descriptive: a difference is reported without "better"/"worse"
+# Per-seed training scalars compared between variants: key -> (field of the per-seed record, label). The
+# largest pre-clip gradient norm of a run, on a log10 scale so that a difference is a ratio: the moving
+# sink's loss spikes (docs/method.md §5), which a stable sink should remove.
+TRAINING_METRICS = {"log10_peak_grad_norm": ("train_grad_norm_peak", "log10 largest pre-clip gradient norm in training")}
+NEUTRAL = set(ANALYSIS_METRICS) | set(TRAINING_METRICS)  # descriptive: a difference without "better"/"worse"
 # Alternative definitions, shown for reference beside the compared ones: no verdict, outside the family
 # (the all-keys moving-sink metrics repeat the content-key ones for models without extra sinks; the
 # pooled value norms weight layers by their sink counts, docs/method.md §6).
@@ -131,6 +135,9 @@ def _seed_values(variant: dict[str, Any], metric: str) -> dict[str, float | None
         if metric == "val_loss":
             value = rec.get("val_loss")
             value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        elif metric in TRAINING_METRICS:
+            raw = rec.get(TRAINING_METRICS[metric][0])
+            value = math.log10(raw) if isinstance(raw, (int, float)) and math.isfinite(raw) and raw > 0 else None
         else:
             value = _get(rec.get("analysis"), ANALYSIS_METRICS[metric][0])
             if value is None and metric in CONTENT_FALLBACK and not _has_extra_sinks(variant):
@@ -510,7 +517,8 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
     against the first) and `multiplicity` (the family's adjustment) to `results`."""
     variants = results["variants"]
     names = list(variants)
-    scalar_metrics = ["val_loss"] + [m for m in ANALYSIS_METRICS if any(_seed_scalars(v, m) for v in variants.values())]
+    scalar_metrics = ["val_loss"] + [m for m in (*TRAINING_METRICS, *ANALYSIS_METRICS)
+                                     if any(_seed_scalars(v, m) for v in variants.values())]
     tasks = task_metrics(results)
     family: list[dict[str, Any]] = []  # every paired comparison whose verdict the report prints
     for v in variants.values():
@@ -579,7 +587,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
     results["multiplicity"] = {
         **adjust_family(comparisons + family, confidence),
         "family": ("every paired comparison the report gives a verdict for: each compared pair of variants × metric "
-                   "(validation loss, accuracies, sink metrics), per variant the mean over layers of the value norm of "
+                   "(validation loss, the training's peak gradient norm, accuracies, sink metrics), per variant the mean over layers of the value norm of "
                    "sinks − normal tokens and of the extra sink − the other tokens, and each K of the masking curve "
                    "against K = 0"),
     }

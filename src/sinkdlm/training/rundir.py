@@ -58,6 +58,13 @@ def read_metrics(out: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def grad_norm_peaks(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, largest pre-clip gradient norm since the previous logged step) of `read_metrics` rows: the
+    trainer logs that maximum as `grad_norm_max` (older runs logged only the logged step's `grad_norm`)."""
+    peaks = [(r["step"], r.get("grad_norm_max", r.get("grad_norm"))) for r in rows if "loss" in r]
+    return [(step, float(g)) for step, g in peaks if g is not None]
 TMP_DIR = re.compile(r"^\.tmp-step-(\d+)$")
 CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)(\.\d+)?$")
 # Settings that define the batches and the model of a run: changing one on resume would silently
