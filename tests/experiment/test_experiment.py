@@ -278,21 +278,35 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
         train=dataclasses.replace(smoke_preset.train, model_overrides={}, shift_logits=True),
     )
     out = tmp_path / "exp"
-    # validated in rounds of 2 sequences (8 in the set): every model is scored up to 2, 4, 6, 8 in turn
+    # one model at a time (docs/method.md §7): the step-0 controls, then each run trained, evaluated,
+    # analysed and validated before the next run starts, so only the current run needs its weights
     from sinkdlm.experiment import runner
 
     monkeypatch.setattr(runner, "VAL_CHUNK", 2)
-    real_fv, calls = runner.fixed_validation, []
+    events = []
 
-    def spy(run_dir, *a, max_sequences=None, **k):
-        if max_sequences is not None:
-            calls.append((Path(run_dir).relative_to(out).as_posix(), max_sequences))
-        return real_fv(run_dir, *a, max_sequences=max_sequences, **k)
+    def spy(name, fn, arg=0):
+        def wrapped(*a, **k):
+            events.append((name, Path(a[arg]).relative_to(out).as_posix()))
+            return fn(*a, **k)
+        monkeypatch.setattr(runner, name, wrapped)
 
-    monkeypatch.setattr(runner, "fixed_validation", spy)
+    spy("train_stage", runner.train_stage)
+    spy("_analyse", runner._analyse, arg=1)
+    chunks = []
+    real_fv = runner.fixed_validation
+
+    def counting(run_dir, *a, on_chunk=None, **k):
+        return real_fv(run_dir, *a, on_chunk=lambda: (chunks.append(Path(run_dir).name), on_chunk and on_chunk()), **k)
+    monkeypatch.setattr(runner, "fixed_validation", counting)
+    spy("fixed_validation", runner.fixed_validation)
     results = run_experiment(ExperimentConfig(preset=preset, out=str(out), init_from=str(ar)))
-    units = ["runs/vanilla-s0", "runs/sink1-front-s0", "step0/vanilla", "step0/sink1-front"]
-    assert calls == [(u, upto) for upto in (2, 4, 6, 8) for u in units]
+    want = [("_analyse", "step0/vanilla/analysis"), ("fixed_validation", "step0/vanilla"),
+            ("_analyse", "step0/sink1-front/analysis"), ("fixed_validation", "step0/sink1-front")]
+    for run in ("runs/vanilla-s0", "runs/sink1-front-s0"):
+        want += [("train_stage", f"{run}/train"), ("_analyse", f"{run}/analysis"), ("fixed_validation", run)]
+    assert events == want
+    assert len(chunks) == 4 * 4  # 8 sequences in chunks of 2, each saved, on every model
     interim = json.loads((out / "interim.json").read_text())
     assert interim["sequences_scored"] == 8 and interim["val_loss_splits"][0]["sequences"] == 8
     for name, v in results["variants"].items():
@@ -405,3 +419,62 @@ def test_shards_on_one_out_write_study_wide_progress_and_interim(tmp_path, monke
     results = run_experiment(ExperimentConfig(preset=preset, out=str(out)), skip_analysis=True)
     assert [sp["pair"] for sp in results["val_loss_splits"]] == [[SINK.name, VANILLA.name]]
     assert results["val_loss_splits"][0]["difference"] == interim["val_loss_splits"][0]["difference"]
+
+
+def test_a_study_committed_without_its_weights_resumes_by_retraining_only_unfinished_runs(tmp_path, monkeypatch):
+    """docs/method.md §7: a study directory copied without checkpoints (as a repository keeps it) resumes on a
+    new machine. A run with all its measurements is not trained again; one whose validation was cut off is
+    retrained, must log exactly its first training's losses, and keeps its partial validation, so its
+    val_loss equals the uninterrupted one bit for bit. A retraining that logs other losses discards what
+    was measured on the old weights."""
+    import dataclasses
+    import shutil
+
+    from sinkdlm.experiment import runner
+    from sinkdlm.experiment.presets import SINK, VANILLA
+    import sinkdlm.training as training
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "VAL_CHUNK", 2)
+    smoke_preset = get_preset("smoke")
+    preset = dataclasses.replace(smoke_preset, variants=(VANILLA, SINK), seeds=(0,), comparisons=((SINK.name, VANILLA.name),),
+                                 validation=dataclasses.replace(smoke_preset.validation, tokens=8 * smoke_preset.train.seq_len))
+    first = run_experiment(ExperimentConfig(preset=preset, out=str(tmp_path / "a")), skip_analysis=True)
+    trained, real_train = [], training.train
+    monkeypatch.setattr(training, "train", lambda cfg, **k: (trained.append(Path(cfg.out).parent.name), real_train(cfg, **k))[1])
+
+    def committed(name):  # the study as a repository has it: no weights
+        out = tmp_path / name
+        shutil.copytree(tmp_path / "a", out, ignore=shutil.ignore_patterns("checkpoints"))
+        run = out / "runs" / "vanilla-s0"
+        val = json.loads((run / runner.VAL).read_text())
+        (run / runner.VAL).unlink()  # cut off after 4 of 8 sequences
+        (run / runner.VAL_PARTIAL).write_text(json.dumps({"key": {"tokens": val["tokens"], "draws": val["draws"],
+                                                                  "noise_seed": val["noise_seed"]},
+                                                          "values": val["values"][:4], "seconds": 1.0}))
+        return out, run, val
+
+    out, run, val = committed("b")
+    again = run_experiment(ExperimentConfig(preset=preset, out=str(out)), skip_analysis=True)
+    assert trained == ["vanilla-s0"]  # the sink run had every measurement: never retrained
+    done = json.loads((run / "train" / "DONE.json").read_text())
+    assert done["retrained"]["reproduced"] is True and done["retrained"]["rows_compared"] == preset.train.max_steps
+    assert not (run / "train" / runner.METRICS_PREVIOUS).exists()
+    assert again["variants"]["vanilla"]["seeds"]["0"]["val_loss"] == first["variants"]["vanilla"]["seeds"]["0"]["val_loss"]
+    assert again["variants"]["vanilla"]["seeds"]["0"]["retrained"]["reproduced"] is True
+    assert json.loads((run / runner.VAL).read_text())["values"] == val["values"]
+
+    trained.clear()
+    out, run, val = committed("c")
+    partial = json.loads((run / runner.VAL_PARTIAL).read_text())
+    partial["values"] = [[0.0] * len(v) for v in partial["values"]]  # measured on weights that are gone
+    (run / runner.VAL_PARTIAL).write_text(json.dumps(partial))
+    rows = (run / "train" / "metrics.jsonl").read_text().splitlines()
+    row = json.loads(rows[0])
+    row["loss"] += 1.0  # the first training logged another loss: other software, other weights
+    (run / "train" / "metrics.jsonl").write_text("\n".join([json.dumps(row), *rows[1:]]) + "\n")
+    again = run_experiment(ExperimentConfig(preset=preset, out=str(out)), skip_analysis=True)
+    assert trained == ["vanilla-s0"]
+    assert json.loads((run / "train" / "DONE.json").read_text())["retrained"]["reproduced"] is False
+    assert (run / "train" / runner.DONE_PREVIOUS).is_file() and (run / "train" / runner.METRICS_PREVIOUS).is_file()
+    assert json.loads((run / runner.VAL).read_text())["values"] == val["values"]  # re-scored, not the zeros

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def test_progress_prices_what_is_left_at_the_measured_rates(tmp_path):
     """progress.md's "Left" line: steps and sequences still to do, times the median measured rate per step
-    (finished runs' training seconds / steps) and per sequence (validation seconds / sequences scored)."""
+    (finished runs' training seconds / steps) and per sequence (the scoring seconds val.partial.json keeps with
+    its values / sequences scored, so a model being validated prices the rest before it finishes)."""
     import json
 
     from sinkdlm.experiment.progress import write_progress
@@ -17,9 +18,10 @@ def test_progress_prices_what_is_left_at_the_measured_rates(tmp_path):
         (run / "train" / "metrics.jsonl").write_text(json.dumps({"step": step, "loss": 3.0, "grad_norm": 1.0}) + "\n")
         if done:
             (run / "train" / "DONE.json").write_text("{}")
-        (run / "timing.json").write_text(json.dumps({"train": secs, "validation": vsecs}))
+        (run / "timing.json").write_text(json.dumps({"train": secs}))
         if scored:
-            (run / "val.partial.json").write_text(json.dumps({"key": {}, "values": [[1.0, 2.0]] * scored}))
+            (run / "val.partial.json").write_text(json.dumps({"key": {}, "values": [[1.0, 2.0]] * scored,
+                                                              "seconds": vsecs}))
     text = write_progress(tmp_path, "t", {"vanilla": "DLM"}, [0, 1, 2], 10, 8).read_text()
     # training: 6 steps left at median(5, 7) = 6 s; validation: 4 + 6 + 8 = 18 sequences at median(5, 7) = 6 s
     assert "training 6 steps, about 0.0 h at 6.0 s each" in text

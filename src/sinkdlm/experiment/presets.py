@@ -15,7 +15,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
                    3 seeds, paired; training about 2.5 h on a 2-core CPU, plus the fixed validation
                    (36 draws x 256 sequences per run and step-0 control: about 2.5 h per model on one
-                   core, scored in rounds over every model; `interim.json` splits the variance as it goes).
+                   core; one model at a time, so a committed study survives its machine; `interim.json` splits
+                   the variance as each pair finishes).
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
                    bf16 (its run time is not measured yet: no GPU has been lent). Each run keeps only its
                    last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.
@@ -231,8 +232,8 @@ def real() -> ExperimentPreset:
     # Dream-style adaptation: the AR head keeps predicting the next token (shift_logits). The fixed
     # validation (docs/method.md §1) is the expensive part: 36 draws x 256 sequences = 9,216 forwards of
     # 128 tokens per run and per step-0 control, 1.0 s each on one thread (batch 8 or 16 alike): about
-    # 2.6 h per model on one core, 20 h for the study's 8 models. The experiment therefore trains every
-    # run first and validates in rounds, with interim comparisons (`interim.json`, `progress.md`).
+    # 2.6 h per model on one core, 20 h for the study's 8 models. The experiment therefore finishes one
+    # model at a time (docs/method.md §7), with interim comparisons (`interim.json`, `progress.md`).
     return ExperimentPreset(
         name="real",
         description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "

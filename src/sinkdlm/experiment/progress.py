@@ -1,8 +1,8 @@
 """What an unfinished experiment has measured so far: `DIR/progress.md` and its figures.
 
-A study on a CPU runs for many hours and is interrupted (docs/method.md §7, "Validation in rounds");
-`sinkdlm experiment` rewrites this page after every training run and every validation round, so what
-is finished can be read, and committed, while the rest runs. It reads only the files the runs keep
+A study on a CPU runs for many hours and is interrupted (docs/method.md §7, "One model at a time");
+`sinkdlm experiment` rewrites this page after every training run and every saved chunk of the fixed
+validation, so what is finished can be read, and committed, while the rest runs. It reads only the files the runs keep
 (`runs/*/train/metrics.jsonl`, `val.json` / `val.partial.json`, `interim.json`) and states no verdict:
 the interim intervals are raw, over the seeds trained so far; the final report adjusts them.
 """
@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any
 
 from sinkdlm.experiment.formatting import fmt_interval
 from sinkdlm.experiment.summary import TARGET_MDE
-from sinkdlm.experiment.variance import validation_values
+from sinkdlm.experiment.variance import validation_seconds, validation_values
 from sinkdlm.reporting import Document
 from sinkdlm.training.rundir import grad_norm_peaks, read_metrics
 
@@ -35,7 +34,10 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     steps_left, step_rates, val_rates, seqs_left = 0, [], [], 0
     for name in labels:  # the step-0 controls (from an AR checkpoint): one fixed validation each
         if (out / "converted" / name).is_dir() and validation_sequences:
-            seqs_left += validation_sequences - len(validation_values(out / "step0" / name))
+            scored = len(validation_values(out / "step0" / name))
+            seqs_left += validation_sequences - scored
+            if scored and (spent := validation_seconds(out / "step0" / name)):
+                val_rates.append(spent / scored)
     for name, label in labels.items():
         for seed in seeds:
             run = out / "runs" / f"{name}-s{seed}"
@@ -54,8 +56,8 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             if done and timing.get("train"):
                 step_rates.append(timing["train"] / max_steps)
             steps_left += 0 if done else max_steps - step
-            if scored and timing.get("validation"):
-                val_rates.append(timing["validation"] / scored)
+            if scored and (spent := validation_seconds(run)):
+                val_rates.append(spent / scored)
             seqs_left += (validation_sequences or 0) - scored
             rows.append([label, str(seed), f"{step}/{max_steps}" + (" (done)" if done else ""),
                          f"{train_rows[-1]['loss']:.3f}" if train_rows else "–",
@@ -63,8 +65,8 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                          f"{max(p for _, p in peaks):,.0f}" if peaks else "–",
                          f"{scored}" + (f"/{validation_sequences}" if validation_sequences else "")])
     doc = Document(f"{title}: progress (unfinished)")
-    doc.paragraph("What the runs have measured so far, rewritten after every training run and every validation "
-                  "round. No verdicts: intervals are raw 95 % intervals over the seeds trained so far; the final "
+    doc.paragraph("What the runs have measured so far, rewritten after every training run and every saved chunk "
+                  "of the fixed validation. No verdicts: intervals are raw 95 % intervals over the seeds trained so far; the final "
                   "report (report.md) adjusts them for multiplicity.")
     doc.paragraph(_remaining(steps_left, step_rates, seqs_left, val_rates))
     doc.heading("Runs")
@@ -114,5 +116,6 @@ def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: l
         return f"{n:,} {unit}, about {hours:.1f} h at {statistics.median(rates):.1f} s each"
 
     return (f"**Left:** training {cost(steps, step_rates, 'steps')}; fixed validation "
-            f"{cost(sequences, seq_rates, 'sequences')} (rates: the median over finished runs on this machine; "
-            "evaluation and analysis come after, a few minutes per run).")
+            f"{cost(sequences, seq_rates, 'sequences')} (rates: the median over the models measured on this "
+            "machine; plus a few minutes per run of evaluation and analysis, and the retraining of a run whose "
+            "checkpoint is gone before its measurements are done).")

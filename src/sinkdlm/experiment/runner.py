@@ -10,7 +10,9 @@
     OUT/results.json, OUT/report.md, OUT/report.html
 
 Running the same command again resumes: a finished stage (its marker file exists) is skipped,
-and an interrupted training run continues from its newest checkpoint (exact resume).
+and an interrupted training run continues from its newest checkpoint (exact resume). One model is
+finished before the next starts (docs/method.md §7), so a study directory committed without its
+weights resumes on a new machine, retraining (bitwise, checked) only a run with measurements to make.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -37,9 +40,11 @@ from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, same_validation, val_
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
-from sinkdlm.training.rundir import grad_norm_peaks, read_metrics
+from sinkdlm.training.rundir import METRICS_NAME, grad_norm_peaks, read_metrics
 
 DONE = "DONE.json"
+DONE_PREVIOUS = "DONE.previous.json"  # a retrained run's first summary, until it is reproduced
+METRICS_PREVIOUS = "metrics.previous.jsonl"  # and its first metrics log
 VAL_CHUNK = 16  # sequences per saved chunk
 TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should reach (issue 30)
 
@@ -83,22 +88,61 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
                 raise ValueError(f"--gsm8k {gsm8k}: {split}.jsonl is missing; the folder must hold train.jsonl and test.jsonl")
 
 
-def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None) -> dict[str, Any]:
+def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None, *,
+                need_weights: bool = True) -> dict[str, Any]:
     """Train `TrainConfig(**cfg_kwargs)` into `run_dir` once: the summary (with `seconds`) is kept in
-    `run_dir/DONE.json`, and a second call returns it; an interrupted run resumes from its checkpoint."""
+    `run_dir/DONE.json`, and a second call returns it; an interrupted run resumes from its checkpoint.
+
+    A finished run whose checkpoint is gone (a study committed without its weights, read on a new machine)
+    is trained again when `need_weights`: the same seed and data order give the same weights on the same
+    software (the trainer is bitwise reproducible), which the summary's `retrained` record checks on every
+    logged loss. `retrained["reproduced"]` False: what was measured on the old weights no longer applies."""
     from sinkdlm.training import TrainConfig, train
 
-    done = run_dir / DONE
+    done, previous_done = run_dir / DONE, run_dir / DONE_PREVIOUS
+    metrics, previous_metrics = run_dir / METRICS_NAME, run_dir / METRICS_PREVIOUS
     if done.is_file():
-        return json.loads(done.read_text())
+        summary = json.loads(done.read_text())
+        summary["checkpoint"] = str(local_checkpoint(run_dir, summary))
+        if not need_weights or Path(summary["checkpoint"]).is_dir():
+            return summary
+        _log(f"{run_dir}: finished, but its checkpoint is gone (a run directory without its weights): training "
+             "it again with the same seed and data order, then checking the logged losses match")
+        if metrics.is_file():
+            os.replace(metrics, previous_metrics)
+        os.replace(done, previous_done)  # last: an interrupted retraining is recognised by this file
     cfg = TrainConfig.resolve(**cfg_kwargs, out=str(run_dir), resume=True)
     t0 = time.perf_counter()
     summary = train(cfg, resume_command=resume_command)  # Ctrl-C: saves, raises TrainingStopped (no DONE)
     # A resumed run's wall time covers only its last part; the metrics log keeps every interval's rate
     # (rows past a resumed checkpoint are dropped), so the steps before the interruption count too.
     summary["seconds"] = max(time.perf_counter() - t0, logged_training_seconds(run_dir, cfg.batch_size * cfg.seq_len))
+    if previous_done.is_file():
+        summary["retrained"] = reproduction(read_metrics(run_dir, previous_metrics.name), read_metrics(run_dir))
+        summary["retrained"]["first_seconds"] = json.loads(previous_done.read_text()).get("seconds")
     atomic_write_json(done, summary)
+    if summary.get("retrained", {}).get("reproduced"):  # the same run: the old log adds nothing
+        previous_metrics.unlink(missing_ok=True)
+        previous_done.unlink(missing_ok=True)
     return summary
+
+
+def local_checkpoint(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """A finished run's checkpoint in `run_dir`, wherever the run directory was when it trained (DONE.json
+    keeps absolute paths; a study's directory may have moved, e.g. into a repository)."""
+    ckpt = Path(summary["checkpoint"])
+    try:
+        return run_dir / ckpt.relative_to(summary["out"])
+    except (KeyError, ValueError):
+        return ckpt
+
+
+def reproduction(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether a retrained run logged exactly the losses of its first training (every logged step both have)."""
+    old = {r["step"]: r for r in before if "loss" in r}
+    rows = [(old[r["step"]], r) for r in after if r.get("step") in old and "loss" in r]
+    same = all(a["loss"] == b["loss"] and a.get("val_loss") == b.get("val_loss") for a, b in rows)
+    return {"reproduced": bool(rows) and same, "rows_compared": len(rows)}
 
 
 def logged_training_seconds(run_dir: Path, tokens_per_step: int) -> float:
@@ -120,14 +164,13 @@ def draws_for_se(draw_variance: float, sequences: int, target_se: float) -> int:
 
 
 def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], validation: Validation,
-                     device: str | None = None, *, max_sequences: int | None = None) -> dict[str, Any] | None:
+                     device: str | None = None, *, on_chunk: Callable[[], None] | None = None) -> dict[str, Any]:
     """The study's fixed validation of one checkpoint (docs/method.md §1), once: kept in `run_dir/val.json`.
 
     The sequences are the first `validation.tokens` tokens (whole rows) of the packed validation split
     of the run's corpus; the noise comes from `validation.noise_seed` only, so every run and variant of
-    the study is scored on the same masked inputs. `max_sequences`: stop once that many sequences are
-    scored (kept in `val.partial.json`) and return None while the set is not finished; the experiment
-    scores its runs in rounds this way, so an interrupted study has every run scored equally far."""
+    the study is scored on the same masked inputs. The sequences are scored in chunks, each kept in
+    `val.partial.json` (`on_chunk` is called after each): an interrupted validation resumes there."""
     path = run_dir / VAL
     if path.is_file():
         record = json.loads(path.read_text())
@@ -137,13 +180,11 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
         return record
     partial_path = run_dir / VAL_PARTIAL
     done: list[list[float]] = []
-    spent = 0.0  # seconds of the earlier calls that scored `done` (an interrupted or round-by-round validation)
+    spent = 0.0  # seconds of the earlier calls that scored `done` (an interrupted validation)
     if partial_path.is_file():
         partial = json.loads(partial_path.read_text())
         if same_validation(partial.get("key", {}), validation):
             done, spent = partial["values"], partial.get("seconds", 0.0)
-    if max_sequences is not None and len(done) >= max_sequences:
-        return None  # this round's share is scored already (a resumed study)
     from sinkdlm.config import TrainConfig
     from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR, validation_elbo
     from sinkdlm.training.trainer import load_batches
@@ -160,17 +201,16 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     # a CPU) resumes where it stopped; every sequence's noise depends on its index only, so it is the same.
     key = {"tokens": int(x0.numel()), **validation_key(validation)}
     run_dir.mkdir(parents=True, exist_ok=True)
-    stop = rows if max_sequences is None else min(rows, max_sequences)
-    while len(done) < stop:
+    while len(done) < rows:
         lo = len(done)
-        hi = min(stop, lo + VAL_CHUNK)
+        hi = min(rows, lo + VAL_CHUNK)
         with torch.inference_mode():
             part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
                                    batch_size=validation.batch_size, first_sequence=lo)
         done += part.values.tolist()
         atomic_write_json(partial_path, {"key": key, "values": done, "seconds": spent + time.perf_counter() - t0})
-    if len(done) < rows:
-        return None
+        if on_chunk is not None:
+            on_chunk()
     from sinkdlm.diffusion.likelihood import ValidationELBO, stratified_se
 
     values = torch.tensor(done, dtype=torch.float64)  # [N, D]
@@ -226,6 +266,7 @@ class _Unit:
     kwargs: dict[str, Any]  # the TrainConfig fields it was (or would be) trained with
     seed: int | None = None
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sft: dict[str, Any] | None = None  # its fine-tuning run's summary (presets with SFT)
     timing: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -321,27 +362,30 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                       or [(v.name, study.variants[0].name) for v in study.variants[1:]])
     total = len(preset.variants) * len(seeds)
 
-    # Stage 1: every run's training (and each variant's converted step-0 checkpoint). Training comes first
-    # because the fixed validation costs more than it on a CPU (hours per run for `real`), and a study
-    # whose runs are all trained can be validated in rounds (stage 2) that compare every pair early.
+    # Stage 1: each variant's converted checkpoint and its step-0 control (from an AR checkpoint).
+    # Stage 2: one model at a time, each finished before the next starts: the step-0 controls, then the
+    # runs seed by seed (every pair completes early). A run is trained, evaluated, analysed and validated
+    # in turn, so its checkpoint is needed only while it is the current one: a study whose directory is
+    # committed as it goes (the weights left out) loses at most the current run's training when the
+    # machine goes away, and a run whose measurements are all on disk is never trained again.
     step0_units: dict[str, _Unit] = {}
-    runs: dict[str, list[_Unit]] = {}
+    runs: dict[str, list[_Unit]] = {v.name: [] for v in preset.variants}
     from sinkdlm.experiment.progress import write_progress
+
+    set_sequences = -(-preset.validation.tokens // preset.train.seq_len)  # the whole set, for interim sizing
 
     def progress() -> None:  # DIR/progress.md: what is measured so far (a study on a CPU runs for hours)
         write_progress(out, f"sinkdlm experiment `{preset.name}`", {v.name: v.label for v in study.variants}, seeds,
-                       max_steps or preset.train.max_steps, -(-preset.validation.tokens // preset.train.seq_len))
-    k = 0
+                       max_steps or preset.train.max_steps, set_sequences)
     for variant in preset.variants:
         if init_from:  # the step-0 control: the converted model before training, same protocol
             converted = _convert_for_variant(init_from, variant, out)
             step0_units[variant.name] = _Unit(f"{variant.label}, step-0 control", out / "step0" / variant.name,
                                               converted, {**shared_train, **({"data": data} if data else {})})
-        runs[variant.name] = []
-        for seed in seeds:
+    k = 0
+    for seed in seeds:
+        for variant in preset.variants:
             k += 1
-            run = out / "runs" / f"{variant.name}-s{seed}"
-            _log(f"({k}/{total}) {variant.label}, seed {seed}: training -> {run / 'train'}")
             train_kwargs = {**shared_train, **variant.switches, "seed": seed}
             if max_steps:
                 train_kwargs["max_steps"] = max_steps
@@ -353,138 +397,156 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 train_kwargs["init_from"] = _convert_for_variant(init_from, variant, out)
                 for key in variant.switches:  # already baked into the converted checkpoint
                     train_kwargs.pop(key, None)
-            unit = _Unit(f"({k}/{total}) {variant.label}, seed {seed}", run, "", train_kwargs, seed=seed)
-            t0 = time.perf_counter()
-            summary = train_stage(run / "train", train_kwargs, resume_command)
-            stage_seconds["train"] += time.perf_counter() - t0
-            unit.timing["train"] = summary.get("seconds")
-            unit.ckpt, unit.summary = summary["checkpoint"], summary
-            unit.save_timing()
-            runs[variant.name].append(unit)
-            progress()
-
-    # Stage 2: the fixed validation, in rounds of VAL_CHUNK sequences over every run and step-0 control, so
-    # an interrupted study has every run scored equally far. The runs come first in a round, and after each
-    # model `interim.json` holds the paired val_loss comparisons and their variance split on the sequences
-    # every run of the pair has scored so far.
+            runs[variant.name].append(_Unit(f"({k}/{total}) {variant.label}, seed {seed}",
+                                            out / "runs" / f"{variant.name}-s{seed}", "", train_kwargs, seed=seed))
+    variant_of = {id(u): v for v in preset.variants for u in runs[v.name]}
     logged: dict[tuple, int] = {}
-    set_sequences = -(-preset.validation.tokens // preset.train.seq_len)  # the whole set, for interim sizing
 
     def write_interim() -> None:
         interim = {"sequences_scored": min(len(validation_values(d, preset.validation)) for d in study_dirs),
                    "val_loss_splits": val_loss_splits(out, study_compared, seeds, preset.validation, set_sequences)}
         atomic_write_json(out / "interim.json", interim)
         for sp in interim["val_loss_splits"]:
-            if logged.get(tuple(sp["pair"])) == sp["sequences"]:
+            if logged.get((*sp["pair"], sp["seeds"])) == sp["sequences"]:
                 continue
-            logged[tuple(sp["pair"])] = sp["sequences"]
+            logged[(*sp["pair"], sp["seeds"])] = sp["sequences"]
             d = sp["difference"]
             ci = "no interval" if d["low"] is None else f"[{d['low']:+.4f}, {d['high']:+.4f}]"
-            _log(f"interim ({sp['sequences']} sequences): {sp['pair'][0]} - {sp['pair'][1]} val_loss "
-                 f"{d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
+            _log(f"interim ({sp['seeds']} seeds x {sp['sequences']} sequences): {sp['pair'][0]} - {sp['pair'][1]} "
+                 f"val_loss {d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
         progress()
 
-    units = [*(u for us in runs.values() for u in us), *step0_units.values()]
     study_dirs = [*(out / "runs" / f"{v.name}-s{s}" for v in study.variants for s in seeds),
                   *((out / "step0" / v.name for v in study.variants) if init_from else ())]
-    while pending := [u for u in units if not (u.dir / VAL).is_file()]:
-        upto = min(len(validation_values(u.dir, preset.validation)) for u in pending) + VAL_CHUNK
-        for u in pending:
-            if len(validation_values(u.dir, preset.validation)) >= upto:
-                continue
-            _log(f"{u.label}: fixed validation, sequences up to {upto} ({preset.validation.draws} draws each)")
-            t0 = time.perf_counter()
-            fixed_validation(u.dir, u.ckpt, u.kwargs, preset.validation, device, max_sequences=upto)
-            dt = time.perf_counter() - t0
-            stage_seconds["eval"] += dt
-            u.timing["validation"] = (u.timing.get("validation") or 0.0) + dt
-            u.save_timing()
-            write_interim()
 
-    # Stage 3: per run, evaluation and the attention-sink analysis; the step-0 controls' analysis.
+    def validate(u: _Unit) -> None:
+        if (u.dir / VAL).is_file():
+            return
+        _log(f"{u.label}: fixed validation, {set_sequences} sequences x {preset.validation.draws} draws "
+             f"(saved every {VAL_CHUNK} sequences)")
+        t0 = time.perf_counter()
+        fixed_validation(u.dir, u.ckpt, u.kwargs, preset.validation, device, on_chunk=progress)
+        dt = time.perf_counter() - t0
+        stage_seconds["eval"] += dt
+        u.timing["validation"] = (u.timing.get("validation") or 0.0) + dt
+        u.save_timing()
+        write_interim()
+
+    for variant in preset.variants:
+        if variant.name not in step0_units:
+            continue
+        u0 = step0_units[variant.name]
+        if not skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
+            t0 = time.perf_counter()
+            _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
+                     shift_logits=preset.train.shift_logits)
+            stage_seconds["analysis"] += time.perf_counter() - t0
+        validate(u0)
+
+    for unit in [u for us in zip(*runs.values()) for u in us]:  # seed-major: pairs complete early
+        variant, seed, run = variant_of[id(unit)], unit.seed, unit.dir
+        analysed = (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
+        products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if analysed else ())]
+        needed = not all(p.is_file() for p in products)
+        _log(f"{unit.label}: training -> {run / 'train'}")
+        t0 = time.perf_counter()
+        summary = train_stage(run / "train", unit.kwargs, resume_command, need_weights=needed)
+        stage_seconds["train"] += time.perf_counter() - t0
+        if summary.get("retrained") and not summary["retrained"]["reproduced"]:
+            _log(f"{unit.label}: the retrained run did not log its first training's losses: its earlier "
+                 "measurements are discarded and made again on the new weights")
+            for stale in (run / VAL, run / VAL_PARTIAL, run / "eval.json"):
+                stale.unlink(missing_ok=True)
+            shutil.rmtree(run / "analysis", ignore_errors=True)
+        unit.timing["train"] = summary.get("seconds")
+        unit.ckpt, unit.summary = summary["checkpoint"], summary
+        unit.save_timing()
+        progress()
+        if preset.sft is not None:
+            t0 = time.perf_counter()
+            sft_kwargs = {**non_default_fields(preset.sft), "sft": True, "init_from": unit.ckpt, "seed": seed,
+                          **({"device": device} if device else {})}
+            if sft_kwargs["data"] == "gsm8k":
+                sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
+            if not (run / "sft" / DONE).is_file():
+                _log(f"{unit.label}: SFT on {preset.sft.data}")
+            unit.sft = train_stage(run / "sft", sft_kwargs, resume_command,
+                                   need_weights=not (run / "eval.json").is_file())
+            stage_seconds["sft"] += time.perf_counter() - t0
+            unit.timing["sft"] = unit.sft.get("seconds")
+        eval_path = run / "eval.json"
+        if not eval_path.is_file():
+            _log(f"{unit.label}: evaluating {', '.join(preset.eval_tasks)}")
+            t0 = time.perf_counter()
+            scores = {}
+            sft_tasks = {"arithmetic", "gsm8k"}  # scored on the fine-tuned model
+            lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
+            if lm_tasks:
+                model, tok = load_model_and_tokenizer(unit.ckpt, device=device)
+                scores.update(evaluate(model, tok, eval_config(lm_tasks)))
+            if preset.lm_eval_tasks:
+                from sinkdlm.evaluation.harness import evaluate_harness
+
+                scores.update(evaluate_harness(unit.ckpt, preset.lm_eval_tasks, limit=preset.evaluation.limit,
+                                               mc_num=preset.evaluation.mc_num, seed=0, device=device))
+            sft_eval = [t if t != "gsm8k" else f"gsm8k:{Path(gsm8k) / 'test.jsonl'}"
+                        for t in preset.eval_tasks if t in sft_tasks]
+            if sft_eval and preset.sft is not None:
+                sft_model, sft_tok = load_model_and_tokenizer(unit.sft["checkpoint"], device=device)
+                scores.update(evaluate(sft_model, sft_tok, eval_config(sft_eval)))
+            atomic_write_json(eval_path, scores)
+            stage_seconds["eval"] += time.perf_counter() - t0
+            unit.timing["eval"] = time.perf_counter() - t0
+            unit.save_timing()
+        if analysed and not (run / "analysis" / "analysis.json").is_file():
+            _log(f"{unit.label}: attention-sink analysis -> {run / 'analysis'}")
+            t0 = time.perf_counter()
+            _analyse(unit.ckpt, run / "analysis", variant.label, preset, device, tty)
+            stage_seconds["analysis"] += time.perf_counter() - t0
+            unit.timing["analysis"] = time.perf_counter() - t0
+            unit.save_timing()
+        validate(unit)
+
+    # Stage 3: the records, read back from what each model left on disk (no checkpoint needed).
     for variant in preset.variants:
         per_seed: dict[str, Any] = {}
         step0 = None
         if variant.name in step0_units:
             u0 = step0_units[variant.name]
-            val0 = fixed_validation(u0.dir, u0.ckpt, u0.kwargs, preset.validation, device)  # read back
+            val0 = json.loads((u0.dir / VAL).read_text())
             step0 = {"checkpoint": u0.ckpt, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"]}
+            adir0 = u0.dir / "analysis"
             if not skip_analysis:
-                adir0 = u0.dir / "analysis"
-                if not (adir0 / "analysis.json").is_file():
-                    t0 = time.perf_counter()
-                    _analyse(u0.ckpt, adir0, f"{variant.label} (step 0)", preset, device, tty,
-                             shift_logits=preset.train.shift_logits)
-                    stage_seconds["analysis"] += time.perf_counter() - t0
                 step0["analysis_dir"] = str(adir0)
                 step0["analysis"] = analysis_record(json.loads((adir0 / "analysis.json").read_text()))
         for unit in runs[variant.name]:
-            seed, run, ckpt, summary, run_timing = unit.seed, unit.dir, unit.ckpt, unit.summary, unit.timing
+            seed, run, summary = unit.seed, unit.dir, unit.summary
             curve = read_val_curve(run / "train")
             train_val_loss = summary["last"].get("val_loss")
             if train_val_loss is None and curve:  # a run resumed at its last step logs no new validation
                 train_val_loss = curve[-1][1]
-            val = fixed_validation(run, ckpt, unit.kwargs, preset.validation, device)  # read back
+            val = json.loads((run / VAL).read_text())
             record: dict[str, Any] = {
-                "checkpoint": ckpt, "val_loss": val["val_loss"], "val_loss_se": val["val_loss_se"],
+                "checkpoint": unit.ckpt, "val_loss": val["val_loss"], "val_loss_se": val["val_loss_se"],
                 "train_val_loss": train_val_loss,
                 "train_tokens_per_s": summary["last"].get("tokens_per_s"), "train_seconds": summary.get("seconds"),
                 "curve": curve,
                 # the largest pre-clip gradient norm of the whole run: the moving sink's spikes (docs/method.md §5)
                 "train_grad_norm_peak": max((g for _, g in grad_norm_peaks(read_metrics(run / "train"))), default=None),
             }
-            if preset.sft is not None:
-                _log(f"{unit.label}: SFT on {preset.sft.data}")
-                t0 = time.perf_counter()
-                sft_kwargs = {**non_default_fields(preset.sft), "sft": True, "init_from": ckpt, "seed": seed, **({"device": device} if device else {})}
-                if sft_kwargs["data"] == "gsm8k":
-                    sft_kwargs["data"] = f"gsm8k:{Path(gsm8k) / 'train.jsonl'}"
-                sft_summary = train_stage(run / "sft", sft_kwargs, resume_command)
-                stage_seconds["sft"] += time.perf_counter() - t0
-                run_timing["sft"] = sft_summary.get("seconds")
-                record["sft_checkpoint"] = sft_summary["checkpoint"]
-                record["sft_val_loss"] = sft_summary["last"].get("val_loss")
-
-            eval_path = run / "eval.json"
-            if not eval_path.is_file():
-                _log(f"{unit.label}: evaluating {', '.join(preset.eval_tasks)}")
-                t0 = time.perf_counter()
-                scores = {}
-                sft_tasks = {"arithmetic", "gsm8k"}  # scored on the fine-tuned model
-                lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
-                if lm_tasks:
-                    model, tok = load_model_and_tokenizer(ckpt, device=device)
-                    scores.update(evaluate(model, tok, eval_config(lm_tasks)))
-                if preset.lm_eval_tasks:
-                    from sinkdlm.evaluation.harness import evaluate_harness
-
-                    scores.update(evaluate_harness(ckpt, preset.lm_eval_tasks, limit=preset.evaluation.limit,
-                                                   mc_num=preset.evaluation.mc_num, seed=0, device=device))
-                sft_eval = [t if t != "gsm8k" else f"gsm8k:{Path(gsm8k) / 'test.jsonl'}"
-                            for t in preset.eval_tasks if t in sft_tasks]
-                if sft_eval and preset.sft is not None:
-                    sft_model, sft_tok = load_model_and_tokenizer(record["sft_checkpoint"], device=device)
-                    scores.update(evaluate(sft_model, sft_tok, eval_config(sft_eval)))
-                atomic_write_json(eval_path, scores)
-                stage_seconds["eval"] += time.perf_counter() - t0
-                run_timing["eval"] = time.perf_counter() - t0
-                unit.save_timing()
-            record["eval"] = json.loads(eval_path.read_text())
-
+            if summary.get("retrained"):
+                record["retrained"] = summary["retrained"]
+            if unit.sft is not None:
+                record["sft_checkpoint"] = unit.sft["checkpoint"]
+                record["sft_val_loss"] = unit.sft["last"].get("val_loss")
+            record["eval"] = json.loads((run / "eval.json").read_text())
             if (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis:
                 adir = run / "analysis"
-                if not (adir / "analysis.json").is_file():
-                    _log(f"{unit.label}: attention-sink analysis -> {adir}")
-                    t0 = time.perf_counter()
-                    _analyse(ckpt, adir, variant.label, preset, device, tty)
-                    stage_seconds["analysis"] += time.perf_counter() - t0
-                    run_timing["analysis"] = time.perf_counter() - t0
                 if seed == seeds[0]:
                     analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
                 record["analysis"] = analysis_record(json.loads((adir / "analysis.json").read_text()))
-            unit.save_timing()
-            record["seconds"] = run_timing
+            record["seconds"] = unit.timing
             per_seed[str(seed)] = record
             results["validation"]["tokens"] = val["tokens"]
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}

@@ -115,18 +115,31 @@ def validation_values(run_dir: Path, validation: Validation | None = None) -> li
     return []
 
 
+def validation_seconds(run_dir: Path) -> float | None:
+    """The scoring time spent on the fixed validation in `run_dir` so far (the finished `val.json`'s, else the
+    interrupted `val.partial.json`'s; None when neither says)."""
+    for name in (VAL, VAL_PARTIAL):
+        if (run_dir / name).is_file():
+            return json.loads((run_dir / name).read_text()).get("seconds")
+    return None
+
+
 def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], validation: Validation,
                     full_sequences: int | None = None) -> list[dict[str, Any]]:
-    """Per compared pair, `variance_split` of the paired val_loss difference over the sequences every run of
-    the pair has scored so far, read from `out/runs/<variant>-s<seed>/` (none scored: the pair is left out).
-    `full_sequences`: the whole validation set's sequences, for the projected sizing (default: those scored)."""
+    """Per compared pair, `variance_split` of the paired val_loss difference, read from
+    `out/runs/<variant>-s<seed>/`: on the seeds whose two runs have scored the most sequences in common so
+    far, over those sequences (the whole set once any seed's pair is finished, as a study that finishes one
+    model at a time has it; none scored: the pair is left out). `full_sequences`: the whole validation
+    set's sequences, for the projected sizing (default: those scored)."""
     splits = []
     for a, b in pairs:
         vals = {(v, s): validation_values(out / "runs" / f"{v}-s{s}", validation) for v in (a, b) for s in seeds}
-        common = min(len(x) for x in vals.values())
+        scored = {s: min(len(vals[a, s]), len(vals[b, s])) for s in seeds}
+        common = max(scored.values(), default=0)
         if common == 0:
             continue
-        split = variance_split({str(s): vals[a, s][:common] for s in seeds}, {str(s): vals[b, s][:common] for s in seeds},
+        used = [s for s in seeds if scored[s] == common]
+        split = variance_split({str(s): vals[a, s][:common] for s in used}, {str(s): vals[b, s][:common] for s in used},
                                full_sequences=full_sequences or common)
         splits.append({"pair": [a, b], **split})
     return splits

@@ -52,9 +52,10 @@ CONFIG_NAME = "train_config.json"
 RUN_FILES = (CONFIG_NAME, METRICS_NAME)  # plain files the trainer writes in OUT
 
 
-def read_metrics(out: str | Path) -> list[dict[str, Any]]:
-    """The rows of a run's `metrics.jsonl` in the order logged ([] before the first row)."""
-    path = Path(out) / METRICS_NAME
+def read_metrics(out: str | Path, name: str = METRICS_NAME) -> list[dict[str, Any]]:
+    """The rows of a run's `metrics.jsonl` (or another log `name` in `out`) in the order logged ([] before
+    the first row)."""
+    path = Path(out) / name
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
