@@ -363,11 +363,13 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     total = len(preset.variants) * len(seeds)
 
     # Stage 1: each variant's converted checkpoint and its step-0 control (from an AR checkpoint).
-    # Stage 2: one model at a time, each finished before the next starts: the step-0 controls, then the
-    # runs seed by seed (every pair completes early). A run is trained, evaluated, analysed and validated
+    # Stage 2: one model at a time, each finished before the next starts: the runs seed by seed (every
+    # pair completes early), then the step-0 controls. A run is trained, evaluated, analysed and validated
     # in turn, so its checkpoint is needed only while it is the current one: a study whose directory is
     # committed as it goes (the weights left out) loses at most the current run's training when the
-    # machine goes away, and a run whose measurements are all on disk is never trained again.
+    # machine goes away, and a run whose measurements are all on disk is never trained again. The step-0
+    # controls come last: their converted checkpoints are rebuilt in seconds, so cutting them off costs
+    # nothing but the chunk being scored.
     step0_units: dict[str, _Unit] = {}
     runs: dict[str, list[_Unit]] = {v.name: [] for v in preset.variants}
     from sinkdlm.experiment.progress import write_progress
@@ -432,17 +434,6 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         u.save_timing()
         write_interim()
 
-    for variant in preset.variants:
-        if variant.name not in step0_units:
-            continue
-        u0 = step0_units[variant.name]
-        if not skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
-            t0 = time.perf_counter()
-            _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
-                     shift_logits=preset.train.shift_logits)
-            stage_seconds["analysis"] += time.perf_counter() - t0
-        validate(u0)
-
     for unit in [u for us in zip(*runs.values()) for u in us]:  # seed-major: pairs complete early
         variant, seed, run = variant_of[id(unit)], unit.seed, unit.dir
         analysed = (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
@@ -506,6 +497,18 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             unit.timing["analysis"] = time.perf_counter() - t0
             unit.save_timing()
         validate(unit)
+
+    for variant in preset.variants:
+        if variant.name not in step0_units:
+            continue
+        u0 = step0_units[variant.name]
+        if not skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
+            t0 = time.perf_counter()
+            _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
+                     shift_logits=preset.train.shift_logits)
+            stage_seconds["analysis"] += time.perf_counter() - t0
+        validate(u0)
+
 
     # Stage 3: the records, read back from what each model left on disk (no checkpoint needed).
     for variant in preset.variants:
