@@ -26,3 +26,26 @@ def test_progress_prices_what_is_left_at_the_measured_rates(tmp_path):
     # training: 6 steps left at median(5, 7) = 6 s; validation: 4 + 6 + 8 = 18 sequences at median(5, 7) = 6 s
     assert "training 6 steps, about 0.0 h at 6.0 s each" in text
     assert "fixed validation 18 sequences, about 0.0 h at 6.0 s each" in text
+
+
+def test_progress_counts_a_finished_run_whose_weights_are_gone_as_training_left(tmp_path):
+    """A study directory committed without its weights: a finished run with its validation unfinished is
+    trained again (runner.train_stage), so the page says so and prices its steps; a fully measured run
+    without weights needs nothing."""
+    import json
+
+    from sinkdlm.experiment.progress import write_progress
+
+    for seed, validated in ((0, True), (1, False)):
+        run = tmp_path / "runs" / f"vanilla-s{seed}"
+        (run / "train").mkdir(parents=True)
+        (run / "train" / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 3.0, "grad_norm": 1.0}) + "\n")
+        (run / "train" / "DONE.json").write_text(json.dumps({"out": "/elsewhere/train",
+                                                             "checkpoint": "/elsewhere/train/checkpoints/step-10"}))
+        (run / "timing.json").write_text(json.dumps({"train": 40.0}))
+        if validated:
+            (run / "val.json").write_text(json.dumps({"values": [[1.0, 2.0]] * 8, "seconds": 16.0}))
+    text = write_progress(tmp_path, "t", {"vanilla": "DLM"}, [0, 1], 10, 8).read_text()
+    assert "| DLM | 0 | 10/10 (done) |" in text
+    assert "| DLM | 1 | 10/10 (done; weights gone: trains again) |" in text
+    assert "training 10 steps, about 0.0 h at 4.0 s each" in text

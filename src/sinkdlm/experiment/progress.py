@@ -17,7 +17,7 @@ from sinkdlm.experiment.formatting import fmt_interval
 from sinkdlm.experiment.summary import TARGET_MDE
 from sinkdlm.experiment.variance import validation_seconds, validation_values
 from sinkdlm.reporting import Document
-from sinkdlm.training.rundir import grad_norm_peaks, read_metrics
+from sinkdlm.training.rundir import grad_norm_peaks, local_checkpoint, read_metrics
 
 PROGRESS = "progress"  # the page's stem: progress.md and progress.html
 
@@ -53,13 +53,18 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             step = train_rows[-1]["step"] if train_rows else 0
             done = (run / "train" / "DONE.json").is_file()
             scored = len(validation_values(run))
+            # a finished run whose weights are gone before its validation is done trains again (runner.train_stage)
+            summary = json.loads((run / "train" / "DONE.json").read_text()) if done else {}
+            retrain = ("checkpoint" in summary and not (run / "val.json").is_file()
+                       and not local_checkpoint(run / "train", summary).is_dir())
             if done and timing.get("train"):
                 step_rates.append(timing["train"] / max_steps)
-            steps_left += 0 if done else max_steps - step
+            steps_left += max_steps if retrain else 0 if done else max_steps - step
             if scored and (spent := validation_seconds(run)):
                 val_rates.append(spent / scored)
             seqs_left += (validation_sequences or 0) - scored
-            rows.append([label, str(seed), f"{step}/{max_steps}" + (" (done)" if done else ""),
+            rows.append([label, str(seed), f"{step}/{max_steps}" + (" (done; weights gone: trains again)" if retrain
+                                                                     else " (done)" if done else ""),
                          f"{train_rows[-1]['loss']:.3f}" if train_rows else "–",
                          f"{vals[-1][1]:.3f} (step {vals[-1][0]})" if vals else "–",
                          f"{max(p for _, p in peaks):,.0f}" if peaks else "–",

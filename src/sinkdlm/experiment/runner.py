@@ -40,7 +40,7 @@ from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, same_validation, val_
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
-from sinkdlm.training.rundir import METRICS_NAME, grad_norm_peaks, read_metrics
+from sinkdlm.training.rundir import METRICS_NAME, grad_norm_peaks, local_checkpoint, read_metrics
 
 DONE = "DONE.json"
 DONE_PREVIOUS = "DONE.previous.json"  # a retrained run's first summary, until it is reproduced
@@ -125,16 +125,6 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
         previous_metrics.unlink(missing_ok=True)
         previous_done.unlink(missing_ok=True)
     return summary
-
-
-def local_checkpoint(run_dir: Path, summary: dict[str, Any]) -> Path:
-    """A finished run's checkpoint in `run_dir`, wherever the run directory was when it trained (DONE.json
-    keeps absolute paths; a study's directory may have moved, e.g. into a repository)."""
-    ckpt = Path(summary["checkpoint"])
-    try:
-        return run_dir / ckpt.relative_to(summary["out"])
-    except (KeyError, ValueError):
-        return ckpt
 
 
 def reproduction(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:

@@ -61,6 +61,16 @@ def read_metrics(out: str | Path, name: str = METRICS_NAME) -> list[dict[str, An
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def local_checkpoint(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """A finished run's checkpoint in `run_dir`, wherever the run directory was when it trained (DONE.json
+    keeps absolute paths; a study's directory may have moved, e.g. into a repository)."""
+    ckpt = Path(summary["checkpoint"])
+    try:
+        return run_dir / ckpt.relative_to(summary["out"])
+    except (KeyError, ValueError):
+        return ckpt
+
+
 def grad_norm_peaks(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(step, largest pre-clip gradient norm since the previous logged step) of `read_metrics` rows: the
     trainer logs that maximum as `grad_norm_max` (older runs logged only the logged step's `grad_norm`)."""
