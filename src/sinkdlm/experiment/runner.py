@@ -429,7 +429,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         analysed = (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
         products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if analysed else ())]
         needed = not all(p.is_file() for p in products)
-        _log(f"{unit.label}: training -> {run / 'train'}")
+        if not (run / "train" / DONE).is_file():
+            _log(f"{unit.label}: training -> {run / 'train'}")
         t0 = time.perf_counter()
         summary = train_stage(run / "train", unit.kwargs, resume_command, need_weights=needed)
         stage_seconds["train"] += time.perf_counter() - t0
