@@ -479,3 +479,8 @@ def test_a_study_committed_without_its_weights_resumes_by_retraining_only_unfini
     assert json.loads((run / "train" / "DONE.json").read_text())["retrained"]["reproduced"] is False
     assert (run / "train" / runner.DONE_PREVIOUS).is_file() and (run / "train" / runner.METRICS_PREVIOUS).is_file()
     assert json.loads((run / runner.VAL).read_text())["values"] == val["values"]  # re-scored, not the zeros
+    # once measured again, the run is finished: a later call neither retrains it nor discards anything
+    trained.clear()
+    stamps = {p: p.stat().st_mtime_ns for p in (run / runner.VAL, run / "eval.json")}
+    run_experiment(ExperimentConfig(preset=preset, out=str(out)), skip_analysis=True)
+    assert trained == [] and {p: p.stat().st_mtime_ns for p in stamps} == stamps

@@ -89,14 +89,16 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
 
 
 def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None, *,
-                need_weights: bool = True) -> dict[str, Any]:
+                need_weights: bool = True,
+                on_retrained: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train `TrainConfig(**cfg_kwargs)` into `run_dir` once: the summary (with `seconds`) is kept in
     `run_dir/DONE.json`, and a second call returns it; an interrupted run resumes from its checkpoint.
 
     A finished run whose checkpoint is gone (a study committed without its weights, read on a new machine)
     is trained again when `need_weights`: the same seed and data order give the same weights on the same
     software (the trainer is bitwise reproducible), which the summary's `retrained` record checks on every
-    logged loss. `retrained["reproduced"]` False: what was measured on the old weights no longer applies."""
+    logged loss. `on_retrained(record)` is called once, when this call's retraining has finished:
+    `record["reproduced"]` False means what was measured on the old weights no longer applies."""
     from sinkdlm.training import TrainConfig, train
 
     done, previous_done = run_dir / DONE, run_dir / DONE_PREVIOUS
@@ -120,6 +122,8 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     if previous_done.is_file():
         summary["retrained"] = reproduction(read_metrics(run_dir, previous_metrics.name), read_metrics(run_dir))
         summary["retrained"]["first_seconds"] = json.loads(previous_done.read_text()).get("seconds")
+        if on_retrained is not None:  # before DONE.json: an interruption here retrains and calls it again
+            on_retrained(summary["retrained"])
     atomic_write_json(done, summary)
     if summary.get("retrained", {}).get("reproduced"):  # the same run: the old log adds nothing
         previous_metrics.unlink(missing_ok=True)
@@ -432,14 +436,19 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         if not (run / "train" / DONE).is_file():
             _log(f"{unit.label}: training -> {run / 'train'}")
         t0 = time.perf_counter()
-        summary = train_stage(run / "train", unit.kwargs, resume_command, need_weights=needed)
-        stage_seconds["train"] += time.perf_counter() - t0
-        if summary.get("retrained") and not summary["retrained"]["reproduced"]:
-            _log(f"{unit.label}: the retrained run did not log its first training's losses: its earlier "
+
+        def discard_if_other_weights(record: dict[str, Any], run: Path = run, label: str = unit.label) -> None:
+            if record["reproduced"]:
+                return
+            _log(f"{label}: the retrained run did not log its first training's losses: its earlier "
                  "measurements are discarded and made again on the new weights")
             for stale in (run / VAL, run / VAL_PARTIAL, run / "eval.json"):
                 stale.unlink(missing_ok=True)
             shutil.rmtree(run / "analysis", ignore_errors=True)
+
+        summary = train_stage(run / "train", unit.kwargs, resume_command, need_weights=needed,
+                              on_retrained=discard_if_other_weights)
+        stage_seconds["train"] += time.perf_counter() - t0
         unit.timing["train"] = summary.get("seconds")
         unit.ckpt, unit.summary = summary["checkpoint"], summary
         unit.save_timing()
