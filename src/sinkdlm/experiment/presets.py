@@ -13,10 +13,10 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
                    converted to a DLM (vanilla vs + 1 sink), continued pre-training on Shakespeare,
-                   3 seeds, paired; training about 2.5 h on a 2-core CPU, plus the fixed validation
-                   (36 draws x 256 sequences per run and step-0 control: about 2.5 h per model on one
-                   core; one model at a time, so a committed study survives its machine; `interim.json` splits
-                   the variance as each pair finishes).
+                   3 seeds, paired; about 1 h per run on a 2-core CPU (14 min training, 40 min fixed
+                   validation of 36 draws x 256 sequences), 7 h for the study with its two step-0
+                   controls; one model at a time, so a committed study survives its machine;
+                   `interim.json` splits the variance as each pair finishes).
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
                    bf16 (its run time is not measured yet: no GPU has been lent). Each run keeps only its
                    last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.
@@ -225,15 +225,15 @@ def ablation() -> ExperimentPreset:
 
 def real() -> ExperimentPreset:
     """The One-Token comparison from real weights (SmolLM2-135M, the example GGUF), on 2 CPU cores."""
-    # Cost on the 2-core CPU (measured): a training step of 4 x 128 tokens on the converted model (forward,
-    # backward, AdamW) runs at 63-71 tokens/s with 2 threads on a quiet machine, 7-8 s, so 200 steps take
-    # about 25 min per run (a profile: backward 57 %, forward 27 %, AdamW 6 %); evaluation (40 items x 3
-    # tasks, mc 2) about 2.2 min and the analysis about 2 min per run. Gated attention only in `real-gpu`.
+    # Cost on the 2-core CPU (measured, 2 threads): a training step of 4 x 128 tokens on the converted model
+    # (forward, backward, AdamW) runs at 110-138 tokens/s (an earlier machine: 63-71), so 200 steps take
+    # about 14 min per run (a profile: backward 57 %, forward 27 %, AdamW 6 %); evaluation (40 items x 3
+    # tasks, mc 2) and the analysis about 3 min per run. Gated attention only in `real-gpu`.
     # Dream-style adaptation: the AR head keeps predicting the next token (shift_logits). The fixed
     # validation (docs/method.md §1) is the expensive part: 36 draws x 256 sequences = 9,216 forwards of
-    # 128 tokens per run and per step-0 control, 1.0 s each on one thread (batch 8 or 16 alike): about
-    # 2.6 h per model on one core, 20 h for the study's 8 models. The experiment therefore finishes one
-    # model at a time (docs/method.md §7), with interim comparisons (`interim.json`, `progress.md`).
+    # 128 tokens per run and per step-0 control, 8.7-9.3 s per sequence of 36 draws: about 40 min per
+    # model, 5 h of the study's 7. The experiment finishes one model at a time (docs/method.md §7), with
+    # interim comparisons (`interim.json`, `progress.md`).
     return ExperimentPreset(
         name="real",
         description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "
