@@ -391,7 +391,7 @@ def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparis
 
 
 def test_shards_on_one_out_write_study_wide_progress_and_interim(tmp_path, monkeypatch):
-    """Two `--variants` shards of one study on the same `--out` (as two processes would run it): each writes
+    """`--variants` (and `--seeds`) shards of one study on the same `--out` (as two processes would run it): each writes
     progress.md and interim.json for the whole study from what is on disk, so the page and the interim
     comparison show both shards' runs, not only the last writer's; a last call without --variants reports."""
     import dataclasses
@@ -403,6 +403,9 @@ def test_shards_on_one_out_write_study_wide_progress_and_interim(tmp_path, monke
     preset = dataclasses.replace(smoke_preset, variants=(VANILLA, SINK), seeds=(0, 1),
                                  comparisons=((SINK.name, VANILLA.name),))
     out = tmp_path / "exp"
+    run_experiment(ExperimentConfig(preset=preset, out=str(out), variants=VANILLA.name, seeds="0"), skip_analysis=True)
+    page = (out / "progress.md").read_text()
+    assert "| DLM | 1 | 0/" in page  # a --seeds shard: the study's other seeds are listed, not trained yet
     run_experiment(ExperimentConfig(preset=preset, out=str(out), variants=VANILLA.name), skip_analysis=True)
     assert json.loads((out / "interim.json").read_text())["val_loss_splits"] == []  # the sink runs: not yet
     page = (out / "progress.md").read_text()

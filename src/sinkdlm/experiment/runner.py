@@ -320,6 +320,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
     check_device(device)  # "auto" is resolved where each stage places its model
     seeds = list(seeds) if seeds else list(preset.seeds)
+    # the study the progress page and interim.json show: the preset's seeds and any asked for (a --seeds
+    # shard of it, or more seeds added), whichever shard this call runs
+    study_seeds = sorted(set(seeds) | set(preset.seeds))
     shared_train = non_default_fields(preset.train)  # what the recipe sets; the rest are TrainConfig defaults
     analysis_settings = preset.analysis.settings()  # the resolved analysis settings, recorded for every run
     # The real elapsed time of an experiment that is resumed spans several invocations: the first
@@ -371,7 +374,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     set_sequences = -(-preset.validation.tokens // preset.train.seq_len)  # the whole set, for interim sizing
 
     def progress() -> None:  # DIR/progress.md: what is measured so far (a study on a CPU runs for hours)
-        write_progress(out, f"sinkdlm experiment `{preset.name}`", {v.name: v.label for v in study.variants}, seeds,
+        write_progress(out, f"sinkdlm experiment `{preset.name}`", {v.name: v.label for v in study.variants}, study_seeds,
                        max_steps or preset.train.max_steps, set_sequences)
     for variant in preset.variants:
         if init_from:  # the step-0 control: the converted model before training, same protocol
@@ -400,7 +403,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
     def write_interim() -> None:
         interim = {"sequences_scored": min(len(validation_values(d, preset.validation)) for d in study_dirs),
-                   "val_loss_splits": val_loss_splits(out, study_compared, seeds, preset.validation, set_sequences)}
+                   "val_loss_splits": val_loss_splits(out, study_compared, study_seeds, preset.validation, set_sequences)}
         atomic_write_json(out / "interim.json", interim)
         for sp in interim["val_loss_splits"]:
             if logged.get((*sp["pair"], sp["seeds"])) == sp["sequences"]:
@@ -412,7 +415,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                  f"val_loss {d['mean']:+.4f} {ci}, validation SE of the difference {sp['validation_se_diff']:.4f}")
         progress()
 
-    study_dirs = [*(out / "runs" / f"{v.name}-s{s}" for v in study.variants for s in seeds),
+    study_dirs = [*(out / "runs" / f"{v.name}-s{s}" for v in study.variants for s in study_seeds),
                   *((out / "step0" / v.name for v in study.variants) if init_from else ())]
 
     def validate(u: _Unit) -> None:
