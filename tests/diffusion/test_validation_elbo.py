@@ -3,6 +3,7 @@ unbiased against eq. 3-4 enumerated by brute force, and its standard error again
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -154,3 +155,55 @@ def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monk
     assert got["val_loss_se"] == pytest.approx(want["val_loss_se"], rel=1e-12)
     assert not (tmp_path / "run" / runner.VAL_PARTIAL).exists()
     assert spent > 0 and got["seconds"] > spent  # the first call's scoring time is counted too
+
+
+def test_a_bf16_study_scores_its_validation_under_autocast_and_never_pairs_it_with_fp32(tmp_path, monkeypatch):
+    """`Validation(bf16=True)` (the `real-bf16` preset): every matmul of the scoring forward gets bf16
+    operands (a dispatch spy), the values stay within bf16's rounding of the fp32 scoring, the record says
+    so, and a study of the other precision refuses the stored record (a record without the key is fp32)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sinkdlm.data import load_documents, train_bpe_tokenizer
+    from sinkdlm.experiment import runner
+    from sinkdlm.experiment.presets import Validation, get_preset
+    from sinkdlm.experiment.variance import same_validation
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
+    torch.manual_seed(0)
+    model = DiffusionLM(ModelConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
+                                    mask_token_id=tok.mask_token_id))
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(ckpt, tokenizer=tok)
+    kwargs = {"data": "shakespeare", "seq_len": 16, "max_tokens": 4000}
+    fp32 = Validation(tokens=64, draws=4, noise_seed=1)
+    bf16 = Validation(tokens=64, draws=4, noise_seed=1, bf16=True)
+
+    class MatmulDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+                                       torch.ops.aten.linear):
+                self.seen |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
+            return func(*args, **(kwargs or {}))
+
+    spies = {}
+    for name, val in (("fp32", fp32), ("bf16", bf16)):
+        with MatmulDtypes() as spy:
+            rec = runner.fixed_validation(tmp_path / name, str(ckpt), kwargs, val)
+        spies[name] = (spy.seen, rec)
+    assert spies["fp32"][0] == {torch.float32} and spies["bf16"][0] == {torch.bfloat16}
+    a, b = (torch.tensor(spies[k][1]["values"]) for k in ("fp32", "bf16"))
+    assert spies["bf16"][1]["bf16"] is True and spies["fp32"][1]["bf16"] is False
+    assert not torch.equal(a, b) and torch.allclose(a, b, rtol=0.03, atol=0.03)  # bf16: 8 mantissa bits
+    with pytest.raises(ValueError, match="bf16"):  # the other precision's record is not this study's
+        runner.fixed_validation(tmp_path / "bf16", str(ckpt), kwargs, fp32)
+    assert same_validation({"draws": 4, "noise_seed": 1}, fp32) and not same_validation({"draws": 4, "noise_seed": 1}, bf16)
+    real, real_bf16 = get_preset("real"), get_preset("real-bf16")  # the same study but for the precision
+    assert real_bf16.train == dataclasses.replace(real.train, bf16=True) and real_bf16.validation.bf16
+    assert (real_bf16.variants, real_bf16.seeds, real_bf16.validation.draws) == (real.variants, real.seeds,
+                                                                                 real.validation.draws)

@@ -91,8 +91,9 @@ def test_smoke_writes_every_file_and_key(smoke):
         assert saved["sizing"]["per_run_compute_s"] == pytest.approx(timing["compute_s"] / timing["runs_timed"])
     assert set(saved["variants"]) == {v.name for v in preset.variants}
     # the fixed validation (docs/method.md §1): one set and one noise for every run, recorded
-    assert set(saved["validation"]) == {"tokens", "draws", "noise_seed", "estimator"}
+    assert set(saved["validation"]) == {"tokens", "draws", "noise_seed", "estimator", "bf16"}
     assert saved["validation"]["draws"] == preset.validation.draws
+    assert saved["validation"]["bf16"] is preset.validation.bf16 is False
     assert saved["validation"]["tokens"] >= preset.validation.tokens
     for v in saved["variants"].values():
         for s in v["seeds"].values():

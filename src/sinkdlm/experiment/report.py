@@ -161,7 +161,7 @@ def validation_note(results: dict[str, Any]) -> str:
            if isinstance(rec.get("val_loss_se"), (int, float))]
     text = (f"`val_loss`: the fixed validation of docs/method.md §1 — {val['tokens']:,} tokens, {val['draws']} "
             f"draws per sequence from noise seed {val['noise_seed']}, the same for every run and variant "
-            f"(`{val['estimator']}`)")
+            f"(`{val['estimator']}`)" + (", scored under bf16 autocast" if val.get("bf16") else ""))
     if ses:
         text += f"; Monte-Carlo standard error per run {min(ses):.4f}-{max(ses):.4f} nats"
     return text + "."
@@ -453,7 +453,7 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
         from sinkdlm.experiment.presets import Validation
         from sinkdlm.experiment.variance import val_loss_splits
 
-        key = Validation(draws=val["draws"], noise_seed=val["noise_seed"])
+        key = Validation(draws=val["draws"], noise_seed=val["noise_seed"], bf16=bool(val.get("bf16")))
         splits = val_loss_splits(out, [tuple(p) for p in results["comparison_pairs"]], results["seeds"], key)
         seq_len, tokens = int((results.get("train") or {}).get("seq_len") or 0), val.get("tokens")
         # only runs scored on the whole set (a stale partial file is no final result)

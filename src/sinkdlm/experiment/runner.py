@@ -17,6 +17,7 @@ weights resumes on a new machine, retraining (bitwise, checked) only a run with 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -198,7 +199,9 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     while len(done) < rows:
         lo = len(done)
         hi = min(rows, lo + VAL_CHUNK)
-        with torch.inference_mode():
+        autocast = (torch.autocast(model.device.type, dtype=torch.bfloat16) if validation.bf16
+                    else contextlib.nullcontext())
+        with torch.inference_mode(), autocast:
             part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
                                    batch_size=validation.batch_size, first_sequence=lo)
         done += part.values.tolist()
@@ -213,7 +216,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     draw_var = float((pair_diff**2).sum(-1).mean() / validation.draws)  # σ²_draw: one (sequence, draw) unit
     record = {"val_loss": r.val_loss, "val_loss_se": r.val_loss_se, "tokens": int(x0.numel()),
               "draws": validation.draws, "noise_seed": validation.noise_seed, "estimator": VALIDATION_ESTIMATOR,
-              "per_sequence": r.values.mean(1).tolist(), "draw_variance": draw_var,
+              "bf16": validation.bf16, "per_sequence": r.values.mean(1).tolist(), "draw_variance": draw_var,
               # the draws this model needs for a standard error of TARGET_SE at this set (docs/method.md §1)
               "draws_for_target_se": draws_for_se(draw_var, len(x0), TARGET_SE), "target_se": TARGET_SE,
               "seconds": spent + time.perf_counter() - t0,  # every call's scoring time, not only this one's
@@ -345,7 +348,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         "eval_tasks": preset.eval_tasks + list(preset.lm_eval_tasks), "eval_limit": preset.evaluation.limit,
         "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **analysis_settings},
         "validation": {"tokens": None, "draws": preset.validation.draws, "noise_seed": preset.validation.noise_seed,
-                       "estimator": VALIDATION_ESTIMATOR},
+                       "estimator": VALIDATION_ESTIMATOR, "bf16": preset.validation.bf16},
         "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
                              "prompt_length": preset.analysis.prompt_length, "seed": 0},
     }

@@ -90,14 +90,17 @@ def variance_split(a: Mapping[str, Sequence], b: Mapping[str, Sequence], *, full
     return out
 
 
-def validation_key(validation: Validation) -> dict[str, int]:
-    """What two fixed validations must share to be paired: the draws and the noise seed."""
-    return {"draws": validation.draws, "noise_seed": validation.noise_seed}
+def validation_key(validation: Validation) -> dict[str, int | bool]:
+    """What two fixed validations must share to be paired: the draws, the noise seed and the precision."""
+    return {"draws": validation.draws, "noise_seed": validation.noise_seed, "bf16": validation.bf16}
 
 
 def same_validation(key: Mapping[str, Any], validation: Validation) -> bool:
-    """Whether a stored validation (its record, or a partial file's key) was scored with `validation`'s noise."""
-    return {k: key.get(k) for k in validation_key(validation)} == validation_key(validation)
+    """Whether a stored validation (its record, or a partial file's key) was scored with `validation`'s noise
+    and precision (a record without `bf16` predates the field: fp32)."""
+    stored = {k: key.get(k) for k in validation_key(validation)}
+    stored["bf16"] = bool(stored["bf16"])
+    return stored == validation_key(validation)
 
 
 def validation_values(run_dir: Path, validation: Validation | None = None) -> list[list[float]]:
