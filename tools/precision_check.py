@@ -10,7 +10,8 @@ The step-0 controls are used because their weights are rebuilt from the AR check
 trained runs' weights are gone once their measurements are on disk).
 
     .venv/bin/python tools/precision_check.py --study docs/results/smollm2/dlm-bf16 --preset real-bf16 \
-        --sequences 32 --out docs/results/smollm2/dlm-bf16/precision_check.json
+        --sequences 32 --out docs/results/smollm2/dlm-bf16/precision_check.json \
+        --work docs/results/smollm2/dlm-bf16/precision_check
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ def check(study: Path, preset: ExperimentPreset, sequences: int, work: Path) -> 
         raise SystemExit(f"error: preset {preset.name!r} scores in fp32 already; nothing to compare")
     kwargs = {"data": preset.train.data, "seq_len": preset.train.seq_len, "shift_logits": preset.train.shift_logits}
     fp32 = dataclasses.replace(preset.validation, tokens=sequences * preset.train.seq_len, bf16=False)
+    # fp32 first (kept in `work`, so a call cut off resumes), the study's bf16 values then
+    fp32_values = {v.name: runner.fixed_validation(work / v.name, str(study / "converted" / v.name), kwargs,
+                                                   fp32)["values"] for v in preset.variants}
     models: dict[str, dict] = {}
     for v in preset.variants:
         stored = study / "step0" / v.name / VAL
         if not stored.is_file():
             raise SystemExit(f"error: {stored} is missing: run the study's step-0 controls first")
         bf16_values = json.loads(stored.read_text())["values"][:sequences]
-        rec = runner.fixed_validation(work / v.name, str(study / "converted" / v.name), kwargs, fp32)
-        b, f = per_sequence(bf16_values), per_sequence(rec["values"])
+        b, f = per_sequence(bf16_values), per_sequence(fp32_values[v.name])
         models[v.name] = {"bf16": b, "fp32": f,
                           "bf16_minus_fp32": mean_interval([x - y for x, y in zip(b, f)]).to_dict()}
     pairs = []
@@ -68,9 +71,10 @@ def main() -> None:
     p.add_argument("--preset", default="real-bf16")
     p.add_argument("--sequences", type=int, default=32)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--work", type=Path, help="keep the fp32 scoring here (resumable); default: a temporary folder")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        result = check(args.study, get_preset(args.preset), args.sequences, Path(work))
+    with tempfile.TemporaryDirectory() as tmp:
+        result = check(args.study, get_preset(args.preset), args.sequences, args.work or Path(tmp))
     for name, m in result["models"].items():
         d = m["bf16_minus_fp32"]
         print(f"{name}: bf16 - fp32 {d['mean']:+.5f} [{d['low']:+.5f}, {d['high']:+.5f}] nats/token")
