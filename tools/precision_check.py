@@ -9,9 +9,9 @@ noise depends on its index and the noise seed only), and compares value by value
 The step-0 controls are used because their weights are rebuilt from the AR checkpoint in seconds (the
 trained runs' weights are gone once their measurements are on disk).
 
-    .venv/bin/python tools/precision_check.py --study docs/results/smollm2/dlm-bf16 --preset real-bf16 \
-        --sequences 32 --out docs/results/smollm2/dlm-bf16/precision_check.json \
-        --work docs/results/smollm2/dlm-bf16/precision_check
+    .venv/bin/python tools/precision_check.py --study docs/results/smollm2/dlm --preset real-bf16 \
+        --sequences 32 --out docs/results/smollm2/dlm/precision_check.json \
+        --work docs/results/smollm2/dlm/precision_check
 """
 
 from __future__ import annotations
