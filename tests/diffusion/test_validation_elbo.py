@@ -113,13 +113,9 @@ def test_a_slice_of_the_set_gets_the_noise_of_the_whole():
     assert torch.equal(whole.values[1:], tail.values)
 
 
-def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monkeypatch):
-    """runner.fixed_validation keeps each chunk of sequences; killed after the first, a second call scores
-    only the rest and ends with the numbers of an uninterrupted call."""
-    import sinkdlm.diffusion.likelihood as likelihood
+def tiny_checkpoint(tmp_path, monkeypatch):
+    """A one-layer DLM with a Shakespeare BPE tokenizer, saved as a checkpoint (the runner's validation loads it)."""
     from sinkdlm.data import load_documents, train_bpe_tokenizer
-    from sinkdlm.experiment import runner
-    from sinkdlm.experiment.presets import Validation
 
     monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
     tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
@@ -129,6 +125,17 @@ def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monk
                                     mask_token_id=tok.mask_token_id))
     ckpt = tmp_path / "ckpt"
     model.save_pretrained(ckpt, tokenizer=tok)
+    return ckpt
+
+
+def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """runner.fixed_validation keeps each chunk of sequences; killed after the first, a second call scores
+    only the rest and ends with the numbers of an uninterrupted call."""
+    import sinkdlm.diffusion.likelihood as likelihood
+    from sinkdlm.experiment import runner
+    from sinkdlm.experiment.presets import Validation
+
+    ckpt = tiny_checkpoint(tmp_path, monkeypatch)
     monkeypatch.setattr(runner, "VAL_CHUNK", 2)
     kwargs = {"data": "shakespeare", "seq_len": 16, "max_tokens": 4000}
     val = Validation(tokens=96, draws=4, noise_seed=1)  # 6 sequences, 3 chunks
@@ -163,19 +170,11 @@ def test_a_bf16_study_scores_its_validation_under_autocast_and_never_pairs_it_wi
     so, and a study of the other precision refuses the stored record (a record without the key is fp32)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from sinkdlm.data import load_documents, train_bpe_tokenizer
     from sinkdlm.experiment import runner
     from sinkdlm.experiment.presets import Validation, get_preset
     from sinkdlm.experiment.variance import same_validation
 
-    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
-    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
-    torch.manual_seed(0)
-    model = DiffusionLM(ModelConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
-                                    mask_token_id=tok.mask_token_id))
-    ckpt = tmp_path / "ckpt"
-    model.save_pretrained(ckpt, tokenizer=tok)
+    ckpt = tiny_checkpoint(tmp_path, monkeypatch)
     kwargs = {"data": "shakespeare", "seq_len": 16, "max_tokens": 4000}
     fp32 = Validation(tokens=64, draws=4, noise_seed=1)
     bf16 = Validation(tokens=64, draws=4, noise_seed=1, bf16=True)

@@ -69,7 +69,7 @@ class Validation:
     noise_seed: int = 0
     batch_size: int = 8  # model rows per forward
     # Score under bf16 autocast (matmuls in bf16, the residual stream and the loss in fp32), as a study trained
-    # in bf16 runs: on a CPU with AMX bf16 units 2.5x faster than fp32; part of the pairing key (a study's
+    # in bf16 runs: on a 2-core CPU with AMX bf16 units 2x faster than fp32 (2.2 vs 4.45 s per sequence of 36 draws); part of the pairing key (a study's
     # runs are all scored in one precision).
     bf16: bool = False
 
@@ -265,9 +265,10 @@ def real() -> ExperimentPreset:
 
 def real_bf16() -> ExperimentPreset:
     """`real` in bf16 autocast, training and fixed validation alike (CPUs with AMX bf16 units, GPUs)."""
-    # Measured on a 2-core Xeon with AMX (Sapphire Rapids), one thread, SmolLM2 + 1 sink: a 128 x 1536 x 576
+    # Measured on a 2-core Xeon with AMX (Sapphire Rapids), one thread beside a running study, SmolLM2 + 1 sink: a 128 x 1536 x 576
     # matmul runs at 1,215 GFLOP/s in bf16 vs 143 in fp32; a training step of 4 x 128 tokens 2.28 s vs
-    # 4.35 s, a validation batch of 8 rows 0.76 s vs 1.91 s (the rest of the step is not matmul). Same
+    # 4.35 s, a validation batch of 8 rows 0.76 s vs 1.91 s; in the study itself (2 threads, quiet) training
+    # ran at 290-330 tokens/s vs 245 and validation at 2.2 s vs 4.45 per sequence (the rest is not matmul). Same
     # recipe, seeds and noise as `real`, so only the precision differs; results are not pooled with `real`'s
     # (the fixed validation's pairing key includes bf16).
     # 13 seeds: the committed 3-seed study (docs/results/smollm2/dlm) measured a training-seed sd of the paired

@@ -17,7 +17,6 @@ weights resumes on a new machine, retraining (bitwise, checked) only a run with 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -182,7 +181,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
             done, spent = partial["values"], partial.get("seconds", 0.0)
     from sinkdlm.config import TrainConfig
     from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR, validation_elbo
-    from sinkdlm.training.trainer import load_batches
+    from sinkdlm.training.trainer import bf16_autocast, load_batches
 
     cfg = TrainConfig(**{k: v for k, v in cfg_kwargs.items() if k != "init_from"})
     model, tok = load_model_and_tokenizer(ckpt, device=device)
@@ -199,9 +198,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     while len(done) < rows:
         lo = len(done)
         hi = min(rows, lo + VAL_CHUNK)
-        autocast = (torch.autocast(model.device.type, dtype=torch.bfloat16) if validation.bf16
-                    else contextlib.nullcontext())
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), bf16_autocast(validation.bf16, model.device):
             part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
                                    batch_size=validation.batch_size, first_sequence=lo)
         done += part.values.tolist()

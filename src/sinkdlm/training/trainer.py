@@ -249,7 +249,7 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
         t, u = global_noise(cfg, -1 - i, bs, cfg.seq_len, low_discrepancy=True)
         rows = torch.arange(bs).tensor_split(env.world_size)[env.rank]  # this rank's rows of batch i
         x0, pm = val.get((i * bs + rows).tolist())
-        with _autocast(cfg, device):
+        with bf16_autocast(cfg.bf16, device):
             out = diffusion_loss(
                 model, to_device(x0, device), MaskNoise(t=to_device(t[rows], device), u=to_device(u[rows], device)),
                 shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else to_device(pm, device),
@@ -260,8 +260,9 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
     return float(dist_utils.sum_across_ranks(total, env)) / batches
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
+def bf16_autocast(enabled: bool, device: torch.device):
+    """bf16 autocast on `device` when enabled (`TrainConfig.bf16`, `Validation.bf16`), else a no-op context."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
 
 
 class MetricsLog:
@@ -413,7 +414,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             sl = slice(lo, lo + micro)
             x0, pm = train_set.get(indices[sl])
             sync = m == cfg.grad_accum - 1
-            with (nullcontext() if sync else dist_utils.no_sync(wrapped)), _autocast(cfg, device):
+            with (nullcontext() if sync else dist_utils.no_sync(wrapped)), bf16_autocast(cfg.bf16, device):
                 # host tensors: the loss plans the masked positions on the host and moves only what
                 # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
                 out_loss = diffusion_loss(
