@@ -92,3 +92,53 @@ def test_sizing_uses_the_variance_split_when_the_runs_kept_their_values():
     note = sizing_note(results)
     assert "training seeds 0.141 [95 % CI 0.070, 0.900]" in note and "validation noise of the difference 0.0040" in note
     assert "at the interval's upper end 4,000 seeds" in note
+
+
+def _bh_rejects(p: list[float], i: int, q: float = 0.05) -> bool:
+    """Benjamini-Hochberg's step-up rule, written out: reject every p at or below k q / m, k the largest rank
+    whose sorted p is at most its rank times q / m."""
+    m, order = len(p), sorted(p)
+    k = max((r for r in range(1, m + 1) if order[r - 1] <= r * q / m), default=0)
+    return k > 0 and p[i] <= k * q / m
+
+
+def test_bh_threshold_is_the_largest_raw_p_that_the_step_up_rule_still_rejects():
+    from sinkdlm.experiment.summary import bh_threshold
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        m = int(rng.integers(2, 30))
+        others = list(np.where(rng.random(m - 1) < 0.3, rng.random(m - 1) * 0.01, rng.random(m - 1)))
+        t = bh_threshold(others, m)
+        assert _bh_rejects(others + [t * (1 - 1e-9)], m - 1)
+        assert t == 0.05 or not _bh_rejects(others + [t * (1 + 1e-6)], m - 1)
+    assert bh_threshold([0.9] * 22, 23) == pytest.approx(0.05 / 23)  # the only discovery: Bonferroni's level
+    assert bh_threshold([1e-6] * 22, 23) == pytest.approx(0.05)  # every other test a discovery: q itself
+
+
+def test_sizing_states_the_seeds_the_adjusted_test_needs():
+    """A difference is stated only after the report's adjustment: the sizing also asks, at the level it must
+    clear given the family's other p-values and at Bonferroni's q / m, how many seeds the target needs."""
+    from sinkdlm.experiment.report import sizing_note
+    from sinkdlm.experiment.summary import TARGET_MDE, seeds_for_mde, study_sizing
+
+    diffs = [-0.30, 0.05, -0.12]
+    iv = paired_difference([5.0 + d for d in diffs], [5.0] * 3).to_dict()
+    c = {"pair": ["sink1-front", "vanilla"], "metric": "val_loss", **iv, "mde": None}
+    others = [{"p": p, "n": 3} for p in (0.0001, 0.0002, 0.3, 0.6)]  # two discoveries: rank 3 of 5 at best
+    results = {"variants": {"vanilla": {"seeds": {}}, "sink1-front": {"seeds": {}}},
+               "timing": {"compute_s": 3600.0, "compute_parts": ["train"], "runs": 6, "runs_timed": 6},
+               "comparisons": [c]}
+    results["sizing"] = study_sizing(results, family=[c, *others])
+    row = results["sizing"]["pairs"][0]
+    sd = float(np.std(diffs, ddof=1))
+    assert row["seeds"] == seeds_for_mde(sd, TARGET_MDE)
+    adj = row["adjusted"]
+    assert adj["family"] == 5
+    assert adj["adjusted_now"]["alpha"] == pytest.approx(3 * 0.05 / 5)
+    assert adj["adjusted_worst"]["alpha"] == pytest.approx(0.05 / 5)
+    assert adj["adjusted_now"]["seeds"] == seeds_for_mde(sd, TARGET_MDE, alpha=0.03)
+    assert adj["adjusted_worst"]["seeds"] == seeds_for_mde(sd, TARGET_MDE, alpha=0.01) > row["seeds"]
+    note = sizing_note(results)
+    assert f"{adj['adjusted_worst']['seeds']:,} seeds" in note and "adjustment over 5 comparisons" in note
+    assert study_sizing(results)["pairs"][0].get("adjusted") is None  # no family given: the unadjusted sizing only

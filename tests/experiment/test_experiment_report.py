@@ -369,3 +369,19 @@ def test_peak_gradient_norm_is_compared_as_a_paired_log_ratio():
             del rec["train_grad_norm_peak"]
     summarise(results, [("a", "b")])
     assert [c["metric"] for c in results["comparisons"]] == ["val_loss"]
+
+
+def test_ar_vs_dlm_states_the_training_steps_a_preset_left_at_its_default():
+    """results.json keeps only the training settings a preset set; the AR-vs-DLM table then states
+    TrainConfig's default, never "? training steps" (the committed table once did)."""
+    import json
+    from pathlib import Path
+
+    from sinkdlm.config import TrainConfig
+    from sinkdlm.experiment.sink_tables import ar_vs_dlm_markdown
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2"
+    ar, dlm = json.loads((root / "ar" / "intervals.json").read_text()), json.loads((root / "dlm" / "results.json").read_text())
+    dlm["train"].pop("max_steps", None)
+    text = ar_vs_dlm_markdown(ar, dlm)
+    assert f"{TrainConfig().max_steps} training steps" in text and "? training" not in text

@@ -4,6 +4,9 @@ modules (`report`, `sink_tables`) share these so every table prints numbers the 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from sinkdlm.stats import signed
 
 
@@ -55,3 +58,16 @@ def short_verdict(c: dict) -> str:
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def train_setting(results: dict[str, Any], key: str) -> Any:
+    """A training setting of the experiment: results.json keeps only what the preset set, the rest are
+    TrainConfig's defaults (so a report never prints "None sequences" or "? training steps")."""
+    from sinkdlm.config import TrainConfig
+    from sinkdlm.config.fields import field_default
+
+    value = results["train"].get(key)
+    if value is None:
+        field = next(f for f in dataclasses.fields(TrainConfig) if f.name == key)
+        value = field_default(field)
+    return value

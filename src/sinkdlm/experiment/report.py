@@ -10,13 +10,12 @@ rebuilds a committed experiment's results.json and report from its stored record
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
-from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict
+from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_lines,
 )
@@ -29,19 +28,6 @@ from sinkdlm.stats import signed
 
 
 # ----------------------------------------------------------------------------- formatting
-def _setting(results: dict[str, Any], key: str) -> Any:
-    """A training setting of the experiment: results.json keeps only what the preset set, the rest are
-    TrainConfig's defaults (so a report never prints "None sequences")."""
-    from sinkdlm.config import TrainConfig
-    from sinkdlm.config.fields import field_default
-
-    value = results["train"].get(key)
-    if value is None:
-        field = next(f for f in dataclasses.fields(TrainConfig) if f.name == key)
-        value = field_default(field)
-    return value
-
-
 def _is_pct(metric: str) -> bool:
     return "/" in metric
 
@@ -212,8 +198,20 @@ def sizing_note(results: dict[str, Any]) -> str | None:
                       + ("" if upper is None else f"; at the interval's upper end {upper:,} seeds"))
         else:
             spread = f"spread of the per-seed differences {row['sd']:.3f}"
+        adjusted = ""
+        adj = row.get("adjusted")
+        if adj:  # a direction is stated only after the report's adjustment, which asks a smaller raw p-value
+            def seeds_at(level: dict[str, Any]) -> str:
+                h = level["compute_h"]
+                return ("no spread to size from" if level["seeds"] is None else f"{level['seeds']:,} seeds"
+                        + ("" if h is None else f" (about {h:,.0f} h)" if h >= 10 else f" (about {h:.1f} h)"))
+            now, worst = adj["adjusted_now"], adj["adjusted_worst"]
+            adjusted = (f"; to also survive the report's Benjamini-Hochberg adjustment over {adj['family']} comparisons "
+                        f"it must clear a raw p of {now['alpha']:.2g} given the other comparisons' p-values now: "
+                        f"{seeds_at(now)}, and {worst['alpha']:.2g} if it were the family's only discovery: "
+                        f"{seeds_at(worst)}")
         parts.append(f"{pair}: {'met with' if met else 'needs'} {row['seeds']:,} seeds per variant{cost} "
-                     f"(this study ran {row['seeds_run']}; {spread})")
+                     f"(this study ran {row['seeds_run']}; {spread}){adjusted}")
     per_run = sz.get("per_run_compute_s")
     run = "" if per_run is None else (f" A run took {per_run / 60:,.1f} min of compute here "
                                       f"({', '.join(sz.get('compute_parts') or [])}).")
@@ -228,8 +226,8 @@ def markdown_summary(results: dict[str, Any]) -> str:
     headline = ["val_loss"] + [m for m in tasks if m.endswith(("word_order/acc", "cloze/acc", "next_line/acc_norm", "/exact_match"))
                                and "cloze/exact" not in m]
     parts = [
-        f"Preset `{results['preset']}`: {results['description']}. {_setting(results, 'max_steps')} steps × "
-        f"{_setting(results, 'batch_size')} × {_setting(results, 'seq_len')} tokens per run, seeds {results['seeds']} ({results['machine'].get('cpu_count')} CPU cores"
+        f"Preset `{results['preset']}`: {results['description']}. {train_setting(results, 'max_steps')} steps × "
+        f"{train_setting(results, 'batch_size')} × {train_setting(results, 'seq_len')} tokens per run, seeds {results['seeds']} ({results['machine'].get('cpu_count')} CPU cores"
         f"{' + CUDA' if results['machine'].get('cuda') else ''}). {cost_line(results)} "
         f"Mean [95 % CI]: validation loss over the {n} seeds (Student t); accuracies over seeds and items "
         "(two-way random effects, so the CI says whether an accuracy is above chance).",
@@ -292,8 +290,8 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     m = results["machine"]
     doc.paragraph(
         f"{results['description']}. Seeds {results['seeds']}; every variant trained with the same budget "
-        f"({_setting(results, 'max_steps')} steps × {_setting(results, 'batch_size')} sequences × "
-        f"{_setting(results, 'seq_len')} tokens on `{_setting(results, 'data')}`) and the same "
+        f"({train_setting(results, 'max_steps')} steps × {train_setting(results, 'batch_size')} sequences × "
+        f"{train_setting(results, 'seq_len')} tokens on `{train_setting(results, 'data')}`) and the same "
         f"seeds, so the comparisons are paired. Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, short_verdict
+from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, short_verdict, train_setting
 from sinkdlm.experiment.summary import (
     SINK_TOKEN_TYPES, epsilon_intervals, extra_sink_mass, masking_intervals, pooled_value_norm_difference, seed_interval,
     token_type_intervals,
@@ -271,7 +271,7 @@ def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
                     + [over_seeds(v, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
                        if v["switches"].get("num_sink_tokens") else "–" for v in variants])
     header = ["measure"] + [v["label"] for v in variants]
-    lines += ["", f"The DLMs adapted from it (preset `{dlm['preset']}`), {dlm['train'].get('max_steps', '?')} training "
+    lines += ["", f"The DLMs adapted from it (preset `{dlm['preset']}`), {train_setting(dlm, 'max_steps')} training "
               f"steps, analysed while denoising; mean over {len(dlm['seeds'])} seeds [95 % CI, Student t over "
               "seeds; the masking Δ paired within seed and request, its interval over seeds × prompts]:", "",
               "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -28,6 +28,7 @@ import functools
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from sinkdlm.stats import (
@@ -274,10 +275,25 @@ def seeds_for_mde(sd: float, target: float, power: float = MDE_POWER, alpha: flo
     return n
 
 
-def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[str, Any] | None:
+def bh_threshold(others: Sequence[float], family_size: int, q: float = 0.05) -> float:
+    """The largest raw p-value at which one more test in a Benjamini-Hochberg family of `family_size` is
+    rejected, given the other tests' raw p-values `others`: BH rejects it at rank i when at least i - 1 others
+    are at or below i q / m, so the threshold is the largest such i q / m (q / m when it would be the only
+    discovery, q when every other test is one)."""
+    m = int(family_size)
+    return max(i * q / m for i in range(1, m + 1) if sum(p <= i * q / m for p in others) >= i - 1)
+
+
+def study_sizing(results: dict[str, Any], target: float = TARGET_MDE,
+                 family: Sequence[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """What detecting a val_loss difference of `target` would take at the observed spread: per compared pair,
     the seeds per variant (`seeds_for_mde`) and their compute on the machine that ran the study (two runs per
-    seed, at the measured mean compute per run). None without a val_loss comparison that has an interval."""
+    seed, at the measured mean compute per run). None without a val_loss comparison that has an interval.
+
+    `family`: the report's multiplicity family (entries with `p`). A difference is stated only when it survives
+    the family's Benjamini-Hochberg adjustment, which asks a smaller raw p-value than 5 %: each row then also
+    sizes the test at the level it must clear given the other members' p-values now (`bh_threshold`) and at
+    the worst case, q / m, where it would be the family's only discovery (Bonferroni's level)."""
     timing = experiment_timing(results)
     runs = timing.get("runs_timed") or timing.get("runs") or 0
     per_run = timing["compute_s"] / runs if runs and timing.get("compute_s") else None
@@ -296,6 +312,14 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE) -> dict[st
         seeds = seeds_for_mde(split["sd_full"] if split else sd, target, alpha=alpha)
         row = {"pair": c["pair"], "seeds_run": n, "sd": sd, "mde": c.get("mde"), "seeds": seeds,
                "compute_h": None if seeds is None or per_run is None else 2 * seeds * per_run / 3600}
+        members = [e for e in family or () if e.get("p") is not None and e.get("in_family", True) and e.get("n", 0) >= 2]
+        if len(members) > 1 and any(e is c for e in members):
+            others = [e["p"] for e in members if e is not c]
+            levels = {"adjusted_now": bh_threshold(others, len(members), alpha), "adjusted_worst": alpha / len(members)}
+            row["adjusted"] = {"family": len(members), **{
+                k: {"alpha": a, "seeds": (ns := seeds_for_mde(split["sd_full"] if split else sd, target, alpha=a)),
+                    "compute_h": None if ns is None or per_run is None else 2 * ns * per_run / 3600}
+                for k, a in levels.items()}}
         if split:
             upper = split.get("seeds_for_target_upper")
             row["split"] = {"sd_train": math.sqrt(split["var_train"]), "sd_train_interval": split["sd_train_interval"],
@@ -582,7 +606,6 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             if c is not None:
                 comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
     results["comparisons"] = comparisons
-    results["sizing"] = study_sizing(results)  # what the val_loss target would take at this spread
     results["constant_metrics"] = constant_metrics(results)
     results["multiplicity"] = {
         **adjust_family(comparisons + family, confidence),
@@ -591,6 +614,8 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
                    "sinks − normal tokens and of the extra sink − the other tokens, and each K of the masking curve "
                    "against K = 0"),
     }
+    # what the val_loss target would take at this spread, unadjusted and at the level the family asks
+    results["sizing"] = study_sizing(results, family=comparisons + family)
 
 
 def experiment_timing(results: dict[str, Any]) -> dict[str, Any]:
