@@ -380,6 +380,7 @@ def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparis
     text = (out / "progress.md").read_text()
     assert (out / "progress.html").is_file() and (out / "figures" / "progress_grad_norm.png").is_file()
     assert "**Left:** training done; fixed validation done" in text
+    assert "progress (every run measured; the report is report.md)" in text.splitlines()[0]  # not "(unfinished)"
     for name, v in results["variants"].items():
         for seed in results["seeds"]:
             rows = [json.loads(line) for line in (out / "runs" / f"{name}-s{seed}" / "train" / "metrics.jsonl").read_text().splitlines()]

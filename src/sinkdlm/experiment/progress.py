@@ -69,7 +69,8 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                          f"{vals[-1][1]:.3f} (step {vals[-1][0]})" if vals else "–",
                          f"{max(p for _, p in peaks):,.0f}" if peaks else "–",
                          f"{scored}" + (f"/{validation_sequences}" if validation_sequences else "")])
-    doc = Document(f"{title}: progress (unfinished)")
+    finished = steps_left == 0 and seqs_left <= 0  # every run trained and scored: the verdicts are report.md's
+    doc = Document(f"{title}: progress ({'every run measured; the report is report.md' if finished else 'unfinished'})")
     doc.paragraph("What the runs have measured so far, rewritten after every training run and every saved chunk "
                   "of the fixed validation. No verdicts: intervals are raw 95 % intervals over the seeds trained so far; the final "
                   "report (report.md) adjusts them for multiplicity.")
