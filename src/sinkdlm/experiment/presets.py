@@ -273,9 +273,9 @@ def real_bf16() -> ExperimentPreset:
     # (the fixed validation's pairing key includes bf16).
     # 7 seeds: the committed study (docs/results/smollm2/dlm). After 3 seeds the paired val_loss difference spread
     # by 0.056 nats, which sized the study at 13 seeds per variant for an MDE of 0.05; the sixth seed's vanilla
-    # run diverged (pre-clip gradient norm 2,906 at step 70, val_loss 5.86 against 5.40-5.52) and the sizing
-    # rose to about 100 seeds (60 h on the AMX CPU), so the study stopped at the seeds it had run, its report
-    # stating what deciding would take. More seeds: `--seeds 0,1,...,N`; the runs go seed by seed, so the
+    # run diverged (pre-clip gradient norm 2,906 at step 70, val_loss 5.86 against 5.40-5.52) and, after 7 seeds,
+    # the sizing is 85 seeds (51 h on the AMX CPU), so the study stopped at the seeds it had run (the session's
+    # clock set the stop), its report stating what the target would take. More seeds: `--seeds 0,1,...,N`; the runs go seed by seed, so the
     # study resumes from the committed seeds and adds one pair at a time.
     base = real()
     return dataclasses.replace(

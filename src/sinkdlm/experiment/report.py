@@ -173,6 +173,10 @@ def step0_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | 
             "trained non-sink % [95 % CI]"], rows
 
 
+def _about_hours(h: float) -> str:
+    return f"about {h:,.0f} h" if h >= 10 else f"about {h:.1f} h"
+
+
 def sizing_note(results: dict[str, Any]) -> str | None:
     """What detecting the target val_loss difference would take (summary.study_sizing), in one paragraph."""
     sz = results.get("sizing")
@@ -186,9 +190,7 @@ def sizing_note(results: dict[str, Any]) -> str | None:
             parts.append(f"{pair}: no spread to size from")
             continue
         met = row["mde"] is not None and row["mde"] <= sz["target"]
-        hours = row["compute_h"]
-        cost = "" if hours is None else f", about {hours:,.0f} h" if hours >= 10 else f", about {hours:.1f} h"
-        cost += " of compute for the two variants" if cost else ""
+        cost = "" if row["compute_h"] is None else f", {_about_hours(row['compute_h'])} of compute for the two variants"
         split = row.get("split")
         if split:  # the fixed validation's variance split (docs/method.md §7)
             lo, hi = split["sd_train_interval"]
@@ -204,7 +206,7 @@ def sizing_note(results: dict[str, Any]) -> str | None:
             def seeds_at(level: dict[str, Any]) -> str:
                 h = level["compute_h"]
                 return ("no spread to size from" if level["seeds"] is None else f"{level['seeds']:,} seeds"
-                        + ("" if h is None else f" (about {h:,.0f} h)" if h >= 10 else f" (about {h:.1f} h)"))
+                        + ("" if h is None else f" ({_about_hours(h)})"))
             now, worst = adj["adjusted_now"], adj["adjusted_worst"]
             adjusted = (f"; to also survive the report's Benjamini-Hochberg adjustment over {adj['family']} comparisons "
                         f"it must clear a raw p of {now['alpha']:.2g} given the other comparisons' p-values now: "

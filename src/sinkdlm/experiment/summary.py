@@ -297,6 +297,10 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE,
     timing = experiment_timing(results)
     runs = timing.get("runs_timed") or timing.get("runs") or 0
     per_run = timing["compute_s"] / runs if runs and timing.get("compute_s") else None
+
+    def compute_h(seeds: int | None) -> float | None:  # two runs per seed at the measured compute per run
+        return None if seeds is None or per_run is None else 2 * seeds * per_run / 3600
+
     # The fixed validation's variance split (experiment/variance.py), where the runs kept their values:
     # sizing then uses the spread projected to the whole validation set and states both components.
     splits = {tuple(sp["pair"]): sp for sp in results.get("val_loss_splits") or [] if sp.get("var_total") is not None}
@@ -309,22 +313,22 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE,
         sd = se * math.sqrt(n)
         split = splits.get(tuple(c["pair"]))
         alpha = 1 - c.get("confidence", 0.95)
-        seeds = seeds_for_mde(split["sd_full"] if split else sd, target, alpha=alpha)
+        spread = split["sd_full"] if split else sd
+        seeds = seeds_for_mde(spread, target, alpha=alpha)
         row = {"pair": c["pair"], "seeds_run": n, "sd": sd, "mde": c.get("mde"), "seeds": seeds,
-               "compute_h": None if seeds is None or per_run is None else 2 * seeds * per_run / 3600}
-        members = [e for e in family or () if e.get("p") is not None and e.get("in_family", True) and e.get("n", 0) >= 2]
+               "compute_h": compute_h(seeds)}
+        members = [e for e in family or () if is_family_test(e)]
         if len(members) > 1 and any(e is c for e in members):
             others = [e["p"] for e in members if e is not c]
             levels = {"adjusted_now": bh_threshold(others, len(members), alpha), "adjusted_worst": alpha / len(members)}
             row["adjusted"] = {"family": len(members), **{
-                k: {"alpha": a, "seeds": (ns := seeds_for_mde(split["sd_full"] if split else sd, target, alpha=a)),
-                    "compute_h": None if ns is None or per_run is None else 2 * ns * per_run / 3600}
+                k: {"alpha": a, "seeds": (ns := seeds_for_mde(spread, target, alpha=a)), "compute_h": compute_h(ns)}
                 for k, a in levels.items()}}
         if split:
             upper = split.get("seeds_for_target_upper")
             row["split"] = {"sd_train": math.sqrt(split["var_train"]), "sd_train_interval": split["sd_train_interval"],
                             "validation_se_diff": split["validation_se_diff"], "seeds_upper": upper,
-                            "compute_h_upper": None if upper is None or per_run is None else 2 * upper * per_run / 3600}
+                            "compute_h_upper": compute_h(upper)}
         rows.append(row)
     if not rows:
         return None
@@ -506,13 +510,19 @@ def constant_metrics(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def is_family_test(entry: dict[str, Any]) -> bool:
+    """Whether a comparison is a test of the report's multiplicity family: a p-value (two or more seeds and a
+    variance estimate) and not an alternative definition shown for reference."""
+    return entry.get("p") is not None and entry.get("in_family", True) and entry.get("n", 0) >= 2
+
+
 def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
     """Benjamini-Hochberg over the entries that are tests (a p-value: two or more seeds and a variance
     estimate); sets `p_adjusted`, `survives` and the final `verdict` of every entry in place and
     returns what the report says about the family."""
     # One seed is no test, whatever its items say (stats.verdict prints "inconclusive with 1 seed"): an
     # accuracy compared over the items of one seed has a p-value but stays out of the family.
-    family = [e for e in entries if e.get("p") is not None and e.get("in_family", True) and e.get("n", 0) >= 2]
+    family = [e for e in entries if is_family_test(e)]
     for e, q in zip(family, benjamini_hochberg([e["p"] for e in family])):
         e["p_adjusted"], e["survives"] = q, bool(q < 1 - confidence and e["excludes_zero"])
     for e in entries:
