@@ -18,7 +18,8 @@ FLOORS = {
     "tokenizers": "0.20",
     "safetensors": "0.4.1",
     "gguf": "0.11",  # 0.10.0 imports sentencepiece, which it does not declare
-    "typer": "0.14",  # 0.12 cannot build `Path | None` options; 0.13 breaks on click >= 8.2 (--help)
+    "typer": "0.17.5",  # 0.14-0.16 break on today's click: --help (click >= 8.2), required options (>= 8.3)
+    "click": "8.2",  # typer's engine; the CLI's tests run on 8.2 and later
     "numpy": "1.26",
 }
 

@@ -304,11 +304,13 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
     results = run_experiment(ExperimentConfig(preset=preset, out=str(out), init_from=str(ar)))
     want = []
     for run in ("runs/vanilla-s0", "runs/sink1-front-s0"):
-        want += [("train_stage", f"{run}/train"), ("_analyse", f"{run}/analysis"), ("fixed_validation", run)]
+        want += [("train_stage", f"{run}/train"), ("fixed_validation", f"{run}/curve/step-2"),  # mid-training
+                 ("_analyse", f"{run}/analysis"), ("fixed_validation", run)]
+    # the sink's conversion draws its embedding from the seed: a control per seed; vanilla's is shared
     want += [("_analyse", "step0/vanilla/analysis"), ("fixed_validation", "step0/vanilla"),
-             ("_analyse", "step0/sink1-front/analysis"), ("fixed_validation", "step0/sink1-front")]
+             ("_analyse", "step0/sink1-front-s0/analysis"), ("fixed_validation", "step0/sink1-front-s0")]
     assert events == want
-    assert len(chunks) == 4 * 4  # 8 sequences in chunks of 2, each saved, on every model
+    assert len(chunks) == 6 * 4  # 8 sequences in chunks of 2, each saved, on every model and curve point
     interim = json.loads((out / "interim.json").read_text())
     assert interim["sequences_scored"] == 8 and interim["val_loss_splits"][0]["sequences"] == 8
     for name, v in results["variants"].items():
@@ -326,6 +328,36 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
         assert step0["val_loss"] == pytest.approx(want.val_loss, rel=1e-6)
         assert step0["val_loss_se"] == pytest.approx(want.val_loss_se, rel=1e-6)
         assert step0["val_loss"] != v["seeds"]["0"]["val_loss"]  # training changed the model
+        rec = v["seeds"]["0"]
+        assert rec["step0"] == {"val_loss": step0["val_loss"], "val_loss_se": step0["val_loss_se"]}
+        assert rec["val_loss_change"] == pytest.approx(rec["val_loss"] - step0["val_loss"])
+        assert [p["step"] for p in rec["val_curve"]] == [0, 2, 3]  # the smoke preset's curve: 0.5 and 1.0 of 3 steps
+        assert rec["val_curve"][0]["val_loss"] == step0["val_loss"] and rec["val_curve"][-1]["val_loss"] == rec["val_loss"]
+
+
+def test_each_seed_draws_its_own_sink_and_vanilla_shares_one_conversion(tmp_path):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sinkdlm.data import load_documents, train_bpe_tokenizer
+    from sinkdlm.experiment import runner
+    from sinkdlm.experiment.presets import GATED, SINK, VANILLA
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+
+    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:100], 300)
+    ar = tmp_path / "ar"
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 tie_word_embeddings=True)).save_pretrained(str(ar))
+    tok.save_pretrained(str(ar))
+    a, b = (runner._convert_for_variant(str(ar), SINK, tmp_path, s) for s in (0, 1))
+    assert a != b
+    ma, mb = (load_model_and_tokenizer(p)[0] for p in (a, b))
+    assert not torch.equal(ma.sink_embeddings, mb.sink_embeddings)
+    assert torch.equal(ma.embed_tokens.weight, mb.embed_tokens.weight)  # only the new parameter differs
+    for v in (VANILLA, GATED):  # nothing drawn: one conversion, one control for every seed
+        assert runner._convert_for_variant(str(ar), v, tmp_path, 0) == runner._convert_for_variant(str(ar), v, tmp_path, 3)
 
 
 def test_smoke_scores_the_sink_model_with_and_without_masking_its_extra_sink(smoke):

@@ -7,20 +7,16 @@ runs in an environment that has only sinkdlm's dependencies at exactly their `>=
   * a saved tiny Qwen2 and LLaMA directory: logits equal transformers' own forward pass, and greedy
     decoding equals transformers' argmax loop;
   * two training steps: finite losses, a checkpoint that loads and resumes;
-  * `--help` of every command exits 0.
 
 Marked `floors`, so the default suite (which covers all of this more thoroughly) leaves it out;
-`python -m pytest -m floors tests/smoke` runs it in any environment.
+`python -m pytest -m floors tests/smoke` runs it in any environment. `make test-floors` runs every
+test of tests/smoke, so also test_help.py (`--help` of every command), which the default suite runs too.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +25,6 @@ from helpers import assert_logits_and_greedy_equal_hf, example_gguf_or_skip
 
 pytestmark = pytest.mark.floors
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 TEXTS = [f"the quick brown fox {i} jumps over the lazy dog; to be or not to be, line {i * 7}." for i in range(80)]
 
 
@@ -111,26 +106,3 @@ def test_two_training_steps_save_a_checkpoint_that_loads_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
     model = load_checkpoint(tmp_path / "run" / "checkpoints" / "step-2")
     assert model.config.num_sink_tokens == 1
-
-
-def _commands() -> list[str]:
-    import typer.main
-
-    from sinkdlm.cli import app
-
-    return sorted(typer.main.get_command(app).commands)
-
-
-@pytest.mark.parametrize("command", [None, *_commands()], ids=lambda c: c or "sinkdlm")
-def test_help_of_every_command(command):
-    args = [sys.executable, "-m", "sinkdlm", *([command] if command else []), "--help"]
-    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
-    if command == "lm-eval" and importlib.util.find_spec("lm_eval") is None:  # an optional extra
-        assert out.returncode == 2 and out.stdout == ""
-        assert out.stderr.strip().splitlines() == [
-            "error: `sinkdlm lm-eval` needs lm-eval: pip install 'sinkdlm[eval]' (No module named 'lm_eval')"
-        ]
-        return
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "usage" in out.stdout.lower() and "Traceback" not in out.stderr  # lm-eval's own help is argparse's

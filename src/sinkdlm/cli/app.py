@@ -96,6 +96,8 @@ def _print_help_and_exit(words: list[str]) -> None:
         if sub is None:  # an option, a value or an unknown name: let click parse it
             return
         cmd, ctx = sub, typer.Context(sub, info_name=word, parent=ctx)
+    if not getattr(cmd, "add_help_option", True):  # a command with its own --help (lm-eval's): it answers
+        return
     typer.echo(cmd.get_help(ctx), color=ctx.color)
     sys.exit(0)
 

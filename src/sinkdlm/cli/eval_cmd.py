@@ -56,5 +56,10 @@ def lm_eval_command(ctx: typer.Context) -> None:
     try:
         from sinkdlm.evaluation.lm_eval_model import main as lm_eval_main
     except ImportError as e:
-        raise ValueError(f"`sinkdlm lm-eval` needs lm-eval: pip install 'sinkdlm[eval]' ({e})") from e
+        hint = f"`sinkdlm lm-eval` needs lm-eval: pip install 'sinkdlm[eval]' ({e})"
+        if {"--help", "-h"} & set(ctx.args):  # help without the extra: what the command is, and how to get it
+            typer.echo(ctx.get_help())
+            typer.echo(f"\n{hint}; lm-eval's own options are listed by `sinkdlm lm-eval --help` once it is installed.")
+            raise typer.Exit(0) from e
+        raise ValueError(hint) from e
     lm_eval_main(list(ctx.args))

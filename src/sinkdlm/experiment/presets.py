@@ -9,6 +9,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
                    7-17 minutes on a 2-core CPU, as fast as the machine (`make demo`; results.json records the time).
   * `study`      — the paper's comparison (front/end, 1/2/4 sinks, zero-value sink, gated attention,
                    and the other sink mechanisms) with 5 seeds; about 2 hours on a 2-core CPU.
+  * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
+                   the plateau and the paired spread that size `study`.
   * `study-gpu`  — the same comparison sized for one H100 (larger model, more tokens; time not measured yet).
   * `ablation`   — Tables 3-5 on the `small` preset, 3 seeds; more than a day on a 2-core CPU (GPU).
   * `real`       — the One-Token experiment on a real initialisation: SmolLM2-135M (the example GGUF)
@@ -72,6 +74,14 @@ class Validation:
     # in bf16 runs: on a 2-core CPU with AMX bf16 units 2x faster than fp32 (2.2 vs 4.45 s per sequence of 36 draws); part of the pairing key (a study's
     # runs are all scored in one precision).
     bf16: bool = False
+    # Fractions of the run's training steps at which each run is scored too (its `val_curve`; the last is
+    # the run's `val_loss`, 1.0 is always included): the learning curve on the fixed set, a plateau
+    # criterion's data and, from an AR initialisation, the gap's trajectory from the step-0 control.
+    checkpoints: tuple[float, ...] = (1.0,)
+
+    def curve_steps(self, max_steps: int) -> list[int]:
+        """The training steps scored, ascending, the last `max_steps` (fractions rounded to a step >= 1)."""
+        return sorted({max(1, min(max_steps, round(f * max_steps))) for f in (*self.checkpoints, 1.0)})
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,9 @@ class ExperimentPreset:
     # example real model (SmolLM2-135M GGUF, `sinkdlm.checkpoint.example_model`, fetched on first use).
     default_init_from: str | None = None
     validation: Validation = Validation()
+    # The declared plateau criterion (nats): a run has plateaued when the last fifth of its training lowered its
+    # fixed val_loss by less than this (its `val_curve` must hold the step at 4/5 of training); None: not declared.
+    plateau_nats: float | None = None
 
     @property
     def eval_tasks(self) -> list[str]:
@@ -156,7 +169,7 @@ def smoke() -> ExperimentPreset:
                                num_prompts=2, sample=SampleConfig(gen_length=8, steps=4), ablation_k="0,1"),
         analyse_every_seed=True,
         comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
-        validation=Validation(tokens=256, draws=2, batch_size=16),  # a path test, not a measurement
+        validation=Validation(tokens=256, draws=2, batch_size=16, checkpoints=(0.5,)),  # a path test, not a measurement
     )
 
 
@@ -195,6 +208,31 @@ def study() -> ExperimentPreset:
                                num_prompts=8, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=STUDY_PAIRS,
+    )
+
+
+def study_pilot() -> ExperimentPreset:
+    """The pilot that sizes the study (issue 41): vanilla vs + 1 front sink, 3 seeds, 4x the study's steps,
+    the fixed validation scored at every fifth of training: the plateau and the spread of the paired differences."""
+    # What it measures, before the study is sized: (1) where the fixed val_loss plateaus (the declared
+    # criterion: the last fifth of training lowers it by less than `plateau_nats`), (2) the spread over seeds
+    # of the paired + 1 sink - vanilla difference, which with the per-run cost sets seeds and steps for an
+    # MDE of 0.05 nats within about 6 h of CPU compute. Warm-up 5 %, then cosine annealing to lr / 10.
+    return ExperimentPreset(
+        name="study-pilot",
+        description=("the study's pilot: vanilla vs + 1 front sink, tiny preset on shakespeare, 3 seeds, 4,000 steps, "
+                     "the fixed validation at every fifth of training (plateau and spread of the paired differences)"),
+        variants=(VANILLA, SINK),
+        seeds=(0, 1, 2),
+        train=TrainConfig(preset="tiny", data="shakespeare", max_steps=4000, batch_size=8, seq_len=128, lr=5e-3,
+                          min_lr=5e-4, warmup_frac=0.05, eval_every=500, save_every=500, log_every=50, eval_batches=16,
+                          keep_last=1),
+        evaluation=EvalConfig(tasks=SHAKESPEARE_TASKS, limit=100, mc_num=4),
+        analysis=AnalyzeConfig(prompt_length=ANALYSIS_PROMPT_TOKENS,
+                               num_prompts=8, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
+        comparisons=((SINK.name, VANILLA.name),),
+        validation=Validation(tokens=32_768, draws=8, checkpoints=(0.2, 0.4, 0.6, 0.8)),
+        plateau_nats=0.02,
     )
 
 
@@ -328,7 +366,7 @@ def paper_0_5b() -> ExperimentPreset:
 
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
-    "smoke": smoke, "demo": demo, "study": study, "study-gpu": study_gpu, "ablation": ablation,
+    "smoke": smoke, "demo": demo, "study": study, "study-pilot": study_pilot, "study-gpu": study_gpu, "ablation": ablation,
     "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b,
 }
 

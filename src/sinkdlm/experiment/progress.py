@@ -32,8 +32,10 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     out = Path(out)
     rows, grad_curves, val_curves = [], {}, {}
     steps_left, step_rates, val_rates, seqs_left = 0, [], [], 0
-    for name in labels:  # the step-0 controls (from an AR checkpoint): one fixed validation each
-        if (out / "converted" / name).is_dir() and validation_sequences:
+    # the step-0 controls (from an AR checkpoint): one fixed validation each, per variant or per seed
+    converted = sorted(p.name for p in (out / "converted").glob("*") if p.is_dir()) if (out / "converted").is_dir() else []
+    for name in (n for n in converted if n in labels or n.rpartition("-s")[0] in labels):
+        if validation_sequences:
             scored = len(validation_values(out / "step0" / name))
             seqs_left += validation_sequences - scored
             if scored and (spent := validation_seconds(out / "step0" / name)):

@@ -90,7 +90,8 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
 
 def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None, *,
                 need_weights: bool = True,
-                on_retrained: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                on_retrained: Callable[[dict[str, Any]], None] | None = None,
+                at_steps: dict[int, Callable[[str], None]] | None = None) -> dict[str, Any]:
     """Train `TrainConfig(**cfg_kwargs)` into `run_dir` once: the summary (with `seconds`) is kept in
     `run_dir/DONE.json`, and a second call returns it; an interrupted run resumes from its checkpoint.
 
@@ -98,7 +99,11 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     is trained again when `need_weights`: the same seed and data order give the same weights on the same
     software (the trainer is bitwise reproducible), which the summary's `retrained` record checks on every
     logged loss. `on_retrained(record)` is called once, when this call's retraining has finished:
-    `record["reproduced"]` False means what was measured on the old weights no longer applies."""
+    `record["reproduced"]` False means what was measured on the old weights no longer applies.
+
+    `at_steps` {step: score(checkpoint)}: training stops at each such step before `max_steps` (the schedule
+    unchanged), the callback scores that checkpoint, and training goes on; the callbacks' time is not
+    training time. Pass only the steps still to score: a resumed run past a step cannot score it."""
     from sinkdlm.training import TrainConfig, train
 
     done, previous_done = run_dir / DONE, run_dir / DONE_PREVIOUS
@@ -114,11 +119,18 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
             os.replace(metrics, previous_metrics)
         os.replace(done, previous_done)  # last: an interrupted retraining is recognised by this file
     cfg = TrainConfig.resolve(**cfg_kwargs, out=str(run_dir), resume=True)
-    t0 = time.perf_counter()
+    t0, scoring = time.perf_counter(), 0.0
+    for step, score in sorted((at_steps or {}).items()):
+        if step < cfg.max_steps:
+            part = train(cfg, resume_command=resume_command, stop_at=step)
+            t1 = time.perf_counter()
+            score(part["checkpoint"])
+            scoring += time.perf_counter() - t1
     summary = train(cfg, resume_command=resume_command)  # Ctrl-C: saves, raises TrainingStopped (no DONE)
     # A resumed run's wall time covers only its last part; the metrics log keeps every interval's rate
     # (rows past a resumed checkpoint are dropped), so the steps before the interruption count too.
-    summary["seconds"] = max(time.perf_counter() - t0, logged_training_seconds(run_dir, cfg.batch_size * cfg.seq_len))
+    summary["seconds"] = max(time.perf_counter() - t0 - scoring,
+                             logged_training_seconds(run_dir, cfg.batch_size * cfg.seq_len))
     if previous_done.is_file():
         summary["retrained"] = reproduction(read_metrics(run_dir, previous_metrics.name), read_metrics(run_dir))
         summary["retrained"]["first_seconds"] = json.loads(previous_done.read_text()).get("seconds")
@@ -240,13 +252,28 @@ def _analyse(ckpt: str, adir: Path, label: str, preset: ExperimentPreset, device
     analyze(model, tok, prompts, dataclasses.replace(preset.analysis, out=adir, seed=0, quiet=not tty, label=label))
 
 
-def _convert_for_variant(init_from: str, variant: Variant, out: Path) -> str:
-    """AR checkpoint -> one converted checkpoint per variant (the sinks/gate are new parameters)."""
+def draws_at_conversion(variant: Variant) -> bool:
+    """Whether converting an AR checkpoint to this variant draws new parameters from the seed (sink
+    embeddings, sink logits; `model.hf.convert_hf_model`): then each seed gets its own conversion and its
+    own step-0 control, so the seeds' spread covers the initialisation too. A gate starts at W_g = 0 and
+    softmax-off-by-one has no parameter: such a conversion is the same for every seed (one shared control)."""
+    return variant.switches.get("num_sink_tokens", 0) > 0 or bool(variant.switches.get("sink_logit"))
+
+
+def step0_name(variant: Variant, seed: int) -> str:
+    """The directory name of a seed's converted checkpoint and step-0 control (shared when deterministic)."""
+    return f"{variant.name}-s{seed}" if draws_at_conversion(variant) else variant.name
+
+
+def _convert_for_variant(init_from: str, variant: Variant, out: Path, seed: int) -> str:
+    """AR checkpoint -> the converted checkpoint of a variant and seed (`step0_name`: one per seed when the
+    conversion draws new parameters from the seed)."""
     from sinkdlm.model.hf import convert_hf_checkpoint
 
-    target = out / "converted" / variant.name
+    target = out / "converted" / step0_name(variant, seed)
     if not (target / "config.json").is_file():
-        convert_hf_checkpoint(init_from, target, **variant.switches)  # unset switches: registry defaults
+        convert_hf_checkpoint(init_from, target, seed=seed if draws_at_conversion(variant) else 0,
+                              **variant.switches)  # unset switches: registry defaults
     return str(target)
 
 
@@ -367,7 +394,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     # machine goes away, and a run whose measurements are all on disk is never trained again. The step-0
     # controls come last: their converted checkpoints are rebuilt in seconds, so cutting them off costs
     # nothing but the chunk being scored.
-    step0_units: dict[str, _Unit] = {}
+    step0_units: dict[str, _Unit] = {}  # by step0_name: one per seed, or one per variant when deterministic
     runs: dict[str, list[_Unit]] = {v.name: [] for v in preset.variants}
     from sinkdlm.experiment.progress import write_progress
 
@@ -378,8 +405,13 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                        max_steps or preset.train.max_steps, set_sequences)
     for variant in preset.variants:
         if init_from:  # the step-0 control: the converted model before training, same protocol
-            converted = _convert_for_variant(init_from, variant, out)
-            step0_units[variant.name] = _Unit(f"{variant.label}, step-0 control", out / "step0" / variant.name,
+            for seed in seeds:
+                name = step0_name(variant, seed)
+                if name in step0_units:
+                    continue
+                converted = _convert_for_variant(init_from, variant, out, seed)
+                label = f"{variant.label}, step-0 control" + (f" (seed {seed})" if name != variant.name else "")
+                step0_units[name] = _Unit(label, out / "step0" / name,
                                               converted, {**shared_train, **({"data": data} if data else {})})
     k = 0
     for seed in seeds:
@@ -393,7 +425,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             if device:
                 train_kwargs["device"] = device
             if init_from:
-                train_kwargs["init_from"] = _convert_for_variant(init_from, variant, out)
+                train_kwargs["init_from"] = _convert_for_variant(init_from, variant, out, seed)
                 for key in variant.switches:  # already baked into the converted checkpoint
                     train_kwargs.pop(key, None)
             runs[variant.name].append(_Unit(f"({k}/{total}) {variant.label}, seed {seed}",
@@ -416,7 +448,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         progress()
 
     study_dirs = [*(out / "runs" / f"{v.name}-s{s}" for v in study.variants for s in study_seeds),
-                  *((out / "step0" / v.name for v in study.variants) if init_from else ())]
+                  *((out / "step0" / n for n in dict.fromkeys(step0_name(v, s) for v in study.variants for s in study_seeds))
+                    if init_from else ())]
 
     def validate(u: _Unit) -> None:
         if (u.dir / VAL).is_file():
@@ -434,7 +467,10 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     for unit in [u for us in zip(*runs.values()) for u in us]:  # seed-major: pairs complete early
         variant, seed, run = variant_of[id(unit)], unit.seed, unit.dir
         analysed = (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
-        products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if analysed else ())]
+        run_steps = unit.kwargs.get("max_steps", preset.train.max_steps)
+        curve_dirs = {s: run / "curve" / f"step-{s}" for s in preset.validation.curve_steps(run_steps)[:-1]}
+        products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if analysed else ()),
+                    *(d / VAL for d in curve_dirs.values())]
         needed = not all(p.is_file() for p in products)
         if not (run / "train" / DONE).is_file():
             _log(f"{unit.label}: training -> {run / 'train'}")
@@ -448,9 +484,19 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             for stale in (run / VAL, run / VAL_PARTIAL, run / "eval.json"):
                 stale.unlink(missing_ok=True)
             shutil.rmtree(run / "analysis", ignore_errors=True)
+            shutil.rmtree(run / "curve", ignore_errors=True)
+
+        def scorer(d: Path, step: int, u: _Unit = unit) -> Callable[[str], None]:
+            def score(ckpt: str) -> None:  # the fixed validation at a declared step (`Validation.checkpoints`)
+                _log(f"{u.label}: fixed validation at step {step} ({set_sequences} sequences x {preset.validation.draws} draws)")
+                t1 = time.perf_counter()
+                fixed_validation(d, ckpt, u.kwargs, preset.validation, device, on_chunk=progress)
+                u.timing["validation"] = (u.timing.get("validation") or 0.0) + time.perf_counter() - t1
+            return score
 
         summary = train_stage(run / "train", unit.kwargs, resume_command, need_weights=needed,
-                              on_retrained=discard_if_other_weights)
+                              on_retrained=discard_if_other_weights,
+                              at_steps={s: scorer(d, s) for s, d in curve_dirs.items() if not (d / VAL).is_file()})
         stage_seconds["train"] += time.perf_counter() - t0
         unit.timing["train"] = summary.get("seconds")
         unit.ckpt, unit.summary = summary["checkpoint"], summary
@@ -501,26 +547,26 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             unit.save_timing()
         validate(unit)
 
-    for variant in preset.variants:
-        if variant.name not in step0_units:
-            continue
-        u0 = step0_units[variant.name]
-        if not skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
-            t0 = time.perf_counter()
-            _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
-                     shift_logits=preset.train.shift_logits)
-            stage_seconds["analysis"] += time.perf_counter() - t0
-        validate(u0)
+    for variant in preset.variants:  # the step-0 controls: the first seed's analysed, every one validated
+        for i, name in enumerate(dict.fromkeys(step0_name(variant, s) for s in seeds) if init_from else ()):
+            u0 = step0_units[name]
+            if i == 0 and not skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
+                t0 = time.perf_counter()
+                _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
+                         shift_logits=preset.train.shift_logits)
+                stage_seconds["analysis"] += time.perf_counter() - t0
+            validate(u0)
 
 
     # Stage 3: the records, read back from what each model left on disk (no checkpoint needed).
     for variant in preset.variants:
         per_seed: dict[str, Any] = {}
         step0 = None
-        if variant.name in step0_units:
-            u0 = step0_units[variant.name]
+        if init_from:  # the variant's record: the first seed's control, which is the analysed one
+            u0 = step0_units[step0_name(variant, seeds[0])]
             val0 = json.loads((u0.dir / VAL).read_text())
-            step0 = {"checkpoint": u0.ckpt, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"]}
+            step0 = {"checkpoint": u0.ckpt, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"],
+                     "per_seed": draws_at_conversion(variant)}
             adir0 = u0.dir / "analysis"
             if not skip_analysis:
                 step0["analysis_dir"] = str(adir0)
@@ -552,6 +598,21 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                     analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
                 record["analysis"] = analysis_record(json.loads((adir / "analysis.json").read_text()))
+            run_steps = unit.kwargs.get("max_steps", preset.train.max_steps)
+            val_curve = []  # the fixed validation at the declared steps (Validation.checkpoints), step 0 first
+            if init_from:
+                val0 = json.loads((out / "step0" / step0_name(variant, seed) / VAL).read_text())
+                record["step0"] = {"val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"]}
+                # the run's change from its own start: what training did, apart from where it started
+                record["val_loss_change"] = val["val_loss"] - val0["val_loss"]
+                val_curve.append({"step": 0, **record["step0"]})
+            for s in preset.validation.curve_steps(run_steps)[:-1]:
+                path = run / "curve" / f"step-{s}" / VAL
+                if path.is_file():
+                    v = json.loads(path.read_text())
+                    val_curve.append({"step": s, "val_loss": v["val_loss"], "val_loss_se": v["val_loss_se"]})
+            val_curve.append({"step": run_steps, "val_loss": val["val_loss"], "val_loss_se": val["val_loss_se"]})
+            record["val_curve"] = val_curve
             record["seconds"] = unit.timing
             per_seed[str(seed)] = record
             results["validation"]["tokens"] = val["tokens"]

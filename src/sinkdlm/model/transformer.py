@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -230,22 +231,32 @@ class DiffusionLM(nn.Module):
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """N(0, initializer_range) weights, zero biases, unit norms. Each parameter draws from its own
+        generator, seeded by (`seed`, its name): every variant of a seed starts its shared parameters
+        identical, whatever the switches add (a gate, sinks, a sink logit) and in whatever order, so a
+        paired comparison compares the switch, not the draw. `seed` None: torch's `initial_seed()`
+        (the run's `torch.manual_seed(seed)`)."""
         std = self.config.initializer_range
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
+        seed = torch.initial_seed() if seed is None else seed
+
+        def draw(name: str, weight: torch.Tensor) -> None:
+            gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+            weight.copy_(torch.randn(weight.shape, generator=gen) * std)
+
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and module.weight is not self.embed_tokens.weight:
+                draw(f"{name}.weight", module.weight)
+                if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
-        if self.sink_embeddings is not None:
-            nn.init.normal_(self.sink_embeddings, std=std)
-        for layer in self.layers:
+        draw("embed_tokens.weight", self.embed_tokens.weight)  # after the head: a tied head keeps these
+        if self.sink_embeddings is not None:  # 2 or 4 sinks: the first row is the 1-sink model's
+            draw("sink_embeddings", self.sink_embeddings)
+        for i, layer in enumerate(self.layers):
             if layer.self_attn.sink_logit is not None:  # as gpt-oss: N(0, initializer_range)
-                nn.init.normal_(layer.self_attn.sink_logit, std=std)
+                draw(f"layers.{i}.self_attn.sink_logit", layer.self_attn.sink_logit)
 
     @property
     def device(self) -> torch.device:

@@ -306,24 +306,29 @@ class MetricsLog:
 
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
-          resume_command: str | None = None) -> dict[str, Any]:
+          resume_command: str | None = None, stop_at: int | None = None) -> dict[str, Any]:
     """Run (or resume) training as described by `cfg`; returns a summary of the run.
 
     `cfg.out` is locked for the run and never overwritten silently (`rundir`). On SIGINT/SIGTERM
     the step finishes, a checkpoint is saved and `rundir.TrainingStopped` is raised; its message
     says how to resume (`resume_command`, the CLI's own command line, when given).
+
+    `stop_at`: return after that step, its checkpoint saved, the schedule still `cfg.max_steps`'s; a later
+    call resumes there (the experiment scores a run's fixed validation at declared steps this way).
     """
     cfg.validate()
+    if stop_at is not None and not 0 < stop_at <= cfg.max_steps:
+        raise ValueError(f"stop_at must lie in [1, max_steps={cfg.max_steps}], got {stop_at}")
     env = dist_utils.init(cfg.fsdp)  # --fsdp without torchrun: a ValueError saying how to launch
     device = resolve_device(cfg.device) if not env.distributed else env.device
     if cfg.compile:
         dist_utils.check_compile(cfg.compile_backend, device)
     with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
-        return _train(cfg, env, device, run, stop, on_step, resume_command)
+        return _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps)
 
 
 def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, on_step,
-           resume_command) -> dict[str, Any]:
+           resume_command, stop_at: int) -> dict[str, Any]:
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
@@ -399,7 +404,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     last_time, last_step, last = time.perf_counter(), start, {}
     grad_norm_max = None
     stop.arm()  # from here on, SIGINT/SIGTERM finish the step and save (before: they stop at once)
-    for step in range(start, cfg.max_steps):
+    for step in range(start, stop_at):
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -452,7 +457,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
         signum = stop.requested()  # every rank agrees on it (DDP/FSDP), so all save and stop together
-        if done % cfg.save_every == 0 or done == cfg.max_steps or signum:
+        if done % cfg.save_every == 0 or done in (stop_at, cfg.max_steps) or signum:
             if cfg.fsdp:  # collective: every rank writes its shards
                 save_sharded_checkpoint(
                     out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, env, tokenizer=tokenizer,
