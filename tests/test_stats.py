@@ -263,3 +263,49 @@ def test_accuracy_interval_stays_in_0_1():
     lo = accuracy_interval([[0] * 19 + [1], [0] * 20, [0] * 18 + [1, 1]])
     assert 0.0 <= hi.low <= hi.mean <= hi.high <= 1.0 and hi.high == 1.0
     assert 0.0 == lo.low <= lo.mean <= lo.high <= 1.0
+
+
+# ----------------------------------------------------------------------------- rank tests and TOST
+def test_wilcoxon_against_sign_flip_enumeration_and_the_walsh_median():
+    import itertools
+
+    from sinkdlm.stats import rank_test
+
+    d = np.array([0.31, -0.12, 0.45, 0.08, 0.27, -0.05, 0.6])
+    r = rank_test(d, "wilcoxon")
+    ranks = np.argsort(np.argsort(np.abs(d))) + 1
+    t_obs = ranks[d > 0].sum()
+    flips = [sum(r_ for r_, s in zip(ranks, signs) if s) for signs in itertools.product([0, 1], repeat=len(d))]
+    p_ref = min(1.0, 2 * min(np.mean([f >= t_obs for f in flips]), np.mean([f <= t_obs for f in flips])))
+    assert r["p"] == pytest.approx(p_ref)
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(len(d)) for j in range(i, len(d)))
+    assert r["estimate"] == pytest.approx(float(np.median(walsh)))
+    assert r["min_p"] == pytest.approx(2 / 2**7)
+
+
+def test_hodges_lehmann_interval_uses_the_tabled_critical_values():
+    from sinkdlm.stats import rank_test
+
+    d = np.random.default_rng(3).normal(0.2, 1.0, size=10)
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(10) for j in range(i, 10))
+    r = rank_test(d, "wilcoxon")  # n = 10, two-sided 5 %: critical T = 8 (tables), so [W_(9), W_(47)]
+    assert (r["low"], r["high"]) == (pytest.approx(walsh[8]), pytest.approx(walsh[46]))
+    s = rank_test(d, "sign")  # P(B <= 1) = 11/1024 <= 0.025 < P(B <= 2): [x_(2), x_(9)]
+    assert (s["low"], s["high"]) == (pytest.approx(sorted(d)[1]), pytest.approx(sorted(d)[8]))
+    five = rank_test([0.1, 0.2, 0.3, 0.4, 0.5], "wilcoxon")  # 5 seeds cannot reach 95 %: no interval, said so
+    assert five["low"] is None and five["min_p"] == pytest.approx(1 / 16) and five["p"] == pytest.approx(1 / 16)
+
+
+def test_tost_matches_the_formula_and_holds_its_level_at_the_margin():
+    from scipy import stats as st
+
+    from sinkdlm.stats import equivalence_test
+
+    d = np.array([0.01, -0.02, 0.015, 0.0, 0.03])
+    m, se = d.mean(), d.std(ddof=1) / np.sqrt(5)
+    want = max(st.t.sf((m + 0.05) / se, 4), st.t.cdf((m - 0.05) / se, 4))
+    assert equivalence_test(d, 0.05)["p"] == pytest.approx(want)
+    assert equivalence_test([0.02, 0.02, 0.02], 0.05)["p"] is None  # no variance estimate: no test
+    rng = np.random.default_rng(0)  # true difference exactly at the margin: "equivalent" at most 5 % of the time
+    hits = [equivalence_test(rng.normal(0.05, 0.03, size=6), 0.05)["p"] < 0.05 for _ in range(4000)]
+    assert np.mean(hits) < 0.05 + 3 * np.sqrt(0.05 * 0.95 / 4000)

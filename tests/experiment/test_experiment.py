@@ -250,15 +250,27 @@ def test_device_auto_reaches_every_stage(smoke):
     assert (run / "eval.json").is_file() and (run / "train" / "DONE.json").is_file()
 
 
+def _tiny_ar(path: Path, documents: int) -> Path:
+    """A tiny tied Qwen2 causal LM with a BPE tokenizer of the first `documents` Shakespeare documents, saved at `path`."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sinkdlm.data import load_documents, train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:documents], 300)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 tie_word_embeddings=True)).save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return path
+
+
 def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_path, monkeypatch):
     """From an AR checkpoint, `variants[v]["step0"]` is the converted model before training: its fixed
     validation (same set, same noise as the runs) and its sink analysis."""
     import dataclasses
 
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from sinkdlm.data import load_documents, train_bpe_tokenizer
     from sinkdlm.diffusion.likelihood import validation_elbo
     from sinkdlm.experiment.presets import SINK, VANILLA
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
@@ -266,13 +278,7 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
     from sinkdlm.config import TrainConfig
 
     monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
-    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:200], 300)
-    ar = tmp_path / "ar"
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                 tie_word_embeddings=True)).save_pretrained(str(ar))
-    tok.save_pretrained(str(ar))
+    ar = _tiny_ar(tmp_path / "ar", 200)
     smoke_preset = get_preset("smoke")
     preset = dataclasses.replace(
         smoke_preset, variants=(VANILLA, SINK), seeds=(0,), comparisons=((SINK.name, VANILLA.name),),
@@ -337,20 +343,12 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
 
 def test_each_seed_draws_its_own_sink_and_vanilla_shares_one_conversion(tmp_path):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sinkdlm.data import load_documents, train_bpe_tokenizer
     from sinkdlm.experiment import runner
     from sinkdlm.experiment.presets import GATED, SINK, VANILLA
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
-    tok = train_bpe_tokenizer(load_documents("shakespeare", "train")[:100], 300)
-    ar = tmp_path / "ar"
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                 tie_word_embeddings=True)).save_pretrained(str(ar))
-    tok.save_pretrained(str(ar))
+    ar = _tiny_ar(tmp_path / "ar", 100)
     a, b = (runner._convert_for_variant(str(ar), SINK, tmp_path, s) for s in (0, 1))
     assert a != b
     ma, mb = (load_model_and_tokenizer(p)[0] for p in (a, b))

@@ -85,6 +85,25 @@ class Validation:
 
 
 @dataclass(frozen=True)
+class Primary:
+    """A study's primary comparison, declared before its run (docs/method.md §7): the pair, the metric and the
+    test that decides it (an exact `wilcoxon` signed-rank or `sign` test, shown beside the paired t interval)."""
+
+    pair: tuple[str, str]
+    metric: str = "val_loss"
+    test: str = "wilcoxon"
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Equivalence claims ("≈"), declared before the run: each pair's val_loss difference is tested with TOST
+    at ±`margin` nats inside the report's multiplicity family. Without one, "≈" is never printed."""
+
+    margin: float
+    pairs: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class ExperimentPreset:
     """One experiment: its variants and seeds, and the typed configs every variant shares."""
 
@@ -108,6 +127,15 @@ class ExperimentPreset:
     # The declared plateau criterion (nats): a run has plateaued when the last fifth of its training lowered its
     # fixed val_loss by less than this (its `val_curve` must hold the step at 4/5 of training); None: not declared.
     plateau_nats: float | None = None
+    primary: Primary | None = None
+    equivalence: Equivalence | None = None
+
+    def declared(self) -> dict[str, Any]:
+        """What the preset declares before the run (results.json's `declared`)."""
+        return {"primary": self.primary and {**dataclasses.asdict(self.primary), "pair": list(self.primary.pair)},
+                "equivalence": self.equivalence and {"margin": self.equivalence.margin,
+                                                     "pairs": [list(p) for p in self.equivalence.pairs]},
+                "plateau_nats": self.plateau_nats}
 
     @property
     def eval_tasks(self) -> list[str]:
@@ -208,6 +236,14 @@ def study() -> ExperimentPreset:
                                num_prompts=8, sample=SampleConfig(gen_length=32, steps=32), ablation_k="1,5,10"),
         analyse_every_seed=True,
         comparisons=STUDY_PAIRS,
+        # Declared before the rerun (issue 41): the primary comparison, the paper's "≈" claims with their margin
+        # (front ≈ end, 1 ≈ 2 ≈ 4 sinks, zero-value ≈ learned), the plateau criterion and the learning curve's
+        # points. Steps and seeds are set from the pilot (`study-pilot`) once it has measured the plateau and the spread.
+        validation=Validation(tokens=32_768, draws=8, checkpoints=(0.2, 0.4, 0.6, 0.8)),
+        plateau_nats=0.02,
+        primary=Primary((SINK.name, VANILLA.name)),
+        equivalence=Equivalence(0.05, ((SINK_END.name, SINK.name), (SINK2.name, SINK.name), (SINK4.name, SINK.name),
+                                       (SINK_ZERO.name, SINK.name))),
     )
 
 
@@ -233,6 +269,7 @@ def study_pilot() -> ExperimentPreset:
         comparisons=((SINK.name, VANILLA.name),),
         validation=Validation(tokens=32_768, draws=8, checkpoints=(0.2, 0.4, 0.6, 0.8)),
         plateau_nats=0.02,
+        primary=Primary((SINK.name, VANILLA.name)),
     )
 
 
@@ -281,7 +318,7 @@ def real() -> ExperimentPreset:
     # interim comparisons (`interim.json`, `progress.md`).
     return ExperimentPreset(
         name="real",
-        description=("SmolLM2-135M (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "
+        description=("SmolLM2-135M-Instruct (LLaMA, Q4_1 GGUF) converted to a DLM: vanilla vs + 1 front sink, continued "
                      "pre-training on shakespeare with the same seeds and data order, paired"),
         variants=(VANILLA, SINK),
         seeds=(0, 1, 2),
@@ -309,20 +346,28 @@ def real_bf16() -> ExperimentPreset:
     # ran at 290-330 tokens/s vs 245 and validation at 2.2 s vs 4.45 per sequence (the rest is not matmul). Same
     # recipe, seeds and noise as `real`, so only the precision differs; results are not pooled with `real`'s
     # (the fixed validation's pairing key includes bf16).
-    # 7 seeds: the committed study (docs/results/smollm2/dlm). After 3 seeds the paired val_loss difference spread
-    # by 0.056 nats, which sized the study at 13 seeds per variant for an MDE of 0.05; the sixth seed's vanilla
-    # run diverged (pre-clip gradient norm 2,906 at step 70, val_loss 5.86 against 5.40-5.52) and, after 7 seeds,
-    # the sizing is 85 seeds (51 h on the AMX CPU), so the study stopped at the seeds it had run (the session's
-    # clock set the stop), its report stating what the target would take. More seeds: `--seeds 0,1,...,N`; the runs go seed by seed, so the
-    # study resumes from the committed seeds and adds one pair at a time.
+    # Round 4 (issue 40): the paper's question is the gap at the end of training, so that is the declared primary
+    # endpoint (exact Wilcoxon signed-rank test with the Hodges-Lehmann estimate, beside the t interval), reported
+    # with the step-0 gap and the training effect, each seed converted with its own sink draw and scored at step 0,
+    # T/2 and T. Sizes from the measured costs of round 3 (7 seeds, 200 steps, 36 draws; this AMX CPU):
+    #   * validation draws: the SE of the *paired* difference, which the shared noise keeps small, was 0.0024 at 36
+    #     draws, 0.0055 at 12 and 0.0079 at 8 (mean over the 7 pairs); the seeds' spread of that difference was
+    #     0.04-0.16. 12 draws leave the validation noise under 2 % of the seed variance at a third of the cost
+    #     (about 3.1 min per scoring of 256 sequences instead of 9.4);
+    #   * training: 3x round 3's tokens (600 steps x 4 x 128 = 307,200 per run), about 18 min per run at 1.8 s/step;
+    #   * seeds: a seed pair costs about 56 min (2 x 18 min training, 5 scorings, 2 x 2 min evaluation and
+    #     analysis), so 6 seeds fit the 6 h budget. 6, not 5: with 5 untied differences the exact Wilcoxon test's
+    #     smallest two-sided p is 1/16, so it could never reject at 5 %; with 6 it is 1/32.
+    # Round 3 (7 seeds, 200 steps, one sink draw for every seed) is in git history (docs/results/smollm2/dlm).
     base = real()
     return dataclasses.replace(
         base,
         name="real-bf16",
         description=base.description + "; bf16 autocast (training and fixed validation)",
-        seeds=tuple(range(7)),
-        train=dataclasses.replace(base.train, bf16=True),
-        validation=dataclasses.replace(base.validation, bf16=True),
+        seeds=tuple(range(6)),
+        train=dataclasses.replace(base.train, bf16=True, max_steps=600, eval_every=300, save_every=100),
+        validation=dataclasses.replace(base.validation, bf16=True, draws=12, checkpoints=(0.5,)),
+        primary=Primary((SINK.name, VANILLA.name)),
     )
 
 

@@ -117,9 +117,12 @@ def multiplicity_note(results: dict[str, Any]) -> str:
            f"{mult['expected_by_chance']:.1f} would by chance alone; {mult['survivors']} survive the adjustment")
     if mult.get("min_p_adjusted") is not None:
         out += f" (smallest adjusted p = {mult['min_p_adjusted']:.2g})"
-    return out + (". A direction, and bold, only for those; the raw interval stays in every table. Without an "
-                  "equivalence test (none was declared), an interval that includes zero means no difference "
-                  "detected, not the same.")
+    eq = mult.get("equivalence_tests")
+    same = (f" The family includes the {eq} declared equivalence tests (TOST); elsewhere an interval that includes "
+            "zero means no difference detected, not the same." if eq else
+            " Without an equivalence test (none was declared), an interval that includes zero means no difference "
+            "detected, not the same.")
+    return out + ". A direction, and bold, only for those; the raw interval stays in every table." + same
 
 
 def cost_line(results: dict[str, Any]) -> str:
@@ -221,6 +224,90 @@ def sizing_note(results: dict[str, Any]) -> str | None:
             f"power (two-sided 5 %) at the observed spread: " + "; ".join(parts) + "." + run)
 
 
+def _ci(d: dict[str, Any] | None, digits: int = 3) -> str:
+    """"+0.170 [+0.018, +0.318]" of a stored interval (no bounds: the mean alone, and why)."""
+    if not d or d.get("mean") is None:
+        return "–"
+    text = signed(d["mean"], digits)
+    if d.get("degenerate"):
+        return text + " (no spread: no interval)"
+    if d.get("low") is not None and d.get("high") is not None:
+        text += f" [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
+    return text
+
+
+def primary_lines(results: dict[str, Any]) -> list[str]:
+    """The declared primary comparison in words: the gap at the end with its declared test and the t interval,
+    where they disagree, and (from an AR initialisation) the step-0 gap and the training effect beside it."""
+    p = results.get("primary")
+    if not p or p.get("missing"):
+        return []
+    variants = results["variants"]
+    a, b = (variants[n]["label"] for n in p["pair"])
+    rank, t = p.get("rank") or {}, p.get("t") or {}
+    name = {"wilcoxon": "exact Wilcoxon signed-rank", "sign": "exact sign"}[p["test"]]
+    est = "Hodges-Lehmann" if p["test"] == "wilcoxon" else "median"
+    tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
+    after = f" after {tokens:,} training tokens per run" if tokens else ""
+    conf = f"{100 * rank.get('confidence', 0.95):g} %"
+    if rank.get("p") is not None and p["rank_rejects"]:
+        word = "lower" if rank["estimate"] < 0 else "higher"
+        head = f"**{word}** with {a} than with {b}{after}"
+    else:
+        head = f"no difference detected{after} (inconclusive with {p['seeds']} seeds)"
+    rank_ci = (f"[{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None
+               else f"(no {conf} interval: the smallest p with {rank.get('n')} seeds is {rank.get('min_p', 1):.3g})")
+    lines = [f"**Primary endpoint** (declared before the run): {a} − {b} `{p['metric']}` at the end of training, "
+             f"{name} test over {p['seeds']} seeds: {head}; {est} {signed(rank.get('estimate', 0), 3)} {rank_ci}, "
+             f"p = {rank['p']:.3g}; paired t {_ci(t)}, p = {t.get('p', float('nan')):.3g}."]
+    if not p["agree"]:
+        lines.append(f"The t interval and the {name} test disagree: the t test "
+                     f"{'rejects' if p['t_rejects'] else 'does not reject'} and the rank test "
+                     f"{'rejects' if p['rank_rejects'] else 'does not'}; the declared test decides, and a few seeds' tails "
+                     "(e.g. a gradient-norm spike) can move the t interval on their own.")
+    if p.get("step0_gap"):
+        g0, te = p["step0_gap"], p["training_effect"]
+        controls = ("each seed's own conversion" if g0.get("per_seed_controls")
+                    else "one conversion shared by every seed (nothing in it depends on the seed)")
+        lines.append(f"Before training (step 0, {controls}) the gap was {_ci(g0)}; training changed it by "
+                     f"{_ci(te)} (Δ_train = ({a}(T) − {a}(0)) − ({b}(T) − {b}(0)), paired per seed, p = "
+                     f"{te.get('p', float('nan')):.3g}). A head start is not a training effect: only Δ_train says what "
+                     "training with the change did.")
+    traj = p.get("trajectory") or {}
+    slope = traj.get("slope_per_decade")
+    if slope:
+        excludes = slope["low"] is not None and (slope["low"] > 0 or slope["high"] < 0)
+        first = traj["points"][0]["mean"] or 0.0  # the gap at the first scored step: toward 0 is "shrinks"
+        word = "no trend detected" if not excludes else ("the gap shrinks" if slope["mean"] * first < 0 else "the gap grows")
+        lines.append(f"The gap's trend over training: {_ci(slope)} nats per 10× training tokens (a slope per seed over the "
+                     f"scored steps, t over seeds): {word}.")
+    return lines
+
+
+def equivalence_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """The declared equivalence claims: Δ [CI], the TOST p (raw and BH-adjusted) and the verdict."""
+    rows = []
+    for c in results.get("comparisons", []):
+        eq = c.get("equivalence")
+        if not eq:
+            continue
+        q = eq.get("p_adjusted")
+        rows.append([f"{c['variant']} − {c['baseline']}", fmt_diff(c, bold=False), f"±{eq['margin']:g}",
+                     "–" if eq.get("p") is None else f"{eq['p']:.3g}", "–" if q is None else f"{q:.3g}", eq.get("verdict", "–")])
+    if not rows:
+        return None
+    return ["claim (val_loss)", "Δ [95 % CI]", "margin", "TOST p", "BH-adjusted p", "verdict"], rows
+
+
+def plateau_note(results: dict[str, Any]) -> str | None:
+    pl = results.get("plateau")
+    if not pl or not pl["runs"]:
+        return None
+    held = sum(r["drop"] < pl["nats"] for r in pl["runs"].values())
+    return (f"Plateau (declared: the last fifth of training lowers the fixed val_loss by less than {pl['nats']:g} nats): "
+            f"{held} of {len(pl['runs'])} runs; the largest drop over the last fifth was {pl['max_drop']:.3f} nats.")
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     n = len(results["seeds"])
@@ -238,6 +325,16 @@ def markdown_summary(results: dict[str, Any]) -> str:
         "",
         validation_note(results),
     ]
+    primary = primary_lines(results)
+    if primary:
+        parts[1:1] = ["", *primary]
+    equivalence = equivalence_rows(results)
+    if equivalence:
+        parts += ["", "Equivalence claims (TOST at the declared margin, inside the multiplicity family; \"≈\" only "
+                  "where it holds):", "", md_table(*equivalence)]
+    plateau = plateau_note(results)
+    if plateau:
+        parts += ["", plateau]
     step0 = step0_table(results)
     if step0:
         parts += ["", "Step-0 control (the converted model before training, the same protocol):", "", md_table(*step0)]
@@ -297,8 +394,40 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         f"seeds, so the comparisons are paired. Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
     )
+    from sinkdlm.experiment.figures import plot_forest, plot_gap_trajectory, plot_val_curves
+
+    primary = primary_lines(results)
+    if primary:
+        doc.heading("Primary endpoint")
+        gap = plot_gap_trajectory(results, fig_dir / "gap_trajectory.png")
+        if gap:
+            doc.image(gap, "Does the lead vanish, hold or grow with training? The paired gap on the fixed validation "
+                           "at each scored step (from step 0, the converted models), mean and 95 % CI over seeds")
+        for line in primary:
+            doc.paragraph(line)
     doc.heading("Results (mean [95 % CI])")
     doc.table(*results_table(results))
+    baseline = (results.get("primary") or {}).get("pair", [None, next(iter(variants))])[1]
+    forest = plot_forest(results, fig_dir / "forest.png", baseline)
+    if forest:
+        doc.image(forest, f"Every variant against {variants[baseline]['label']}: the paired val_loss difference with its "
+                          "95 % CI over seeds, ± the study's MDE (the smallest difference it would detect with 80 % "
+                          "power) and, where the preset declared a claim of \"≈\", ± its margin with the TOST verdict")
+    curves_fig = plot_val_curves(results, fig_dir / "val_curves.png")
+    if curves_fig:
+        doc.image(curves_fig, "The fixed validation loss at the scored steps (`val_curve`), mean and 95 % CI over seeds: "
+                              "learning curves on the same set and noise for every variant")
+    equivalence = equivalence_rows(results)
+    if equivalence:
+        doc.heading("Equivalence claims")
+        doc.paragraph("Each claim of the paper's \"≈\" is tested with two one-sided t tests (TOST) at the margin "
+                      "declared before the run, inside the report's multiplicity family: \"equivalent within ±m\" "
+                      "when the adjusted p < 0.05, \"different\" when the difference itself survives, otherwise "
+                      "\"inconclusive\".")
+        doc.table(*equivalence)
+    plateau = plateau_note(results)
+    if plateau:
+        doc.paragraph(plateau)
     doc.paragraph(f"`val_loss` is the validation ELBO bound per token (lower is better), its interval {METHOD_SEEDS}; "
                   f"task metrics are accuracies in %, their intervals over {METHOD_ITEMS}, so they count which items "
                   "were drawn as well as which models training produced. \"(no spread)\": every seed and item alike, no "

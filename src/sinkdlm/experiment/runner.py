@@ -373,6 +373,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **analysis_settings},
         "validation": {"tokens": None, "draws": preset.validation.draws, "noise_seed": preset.validation.noise_seed,
                        "estimator": VALIDATION_ESTIMATOR, "bf16": preset.validation.bf16},
+        "declared": preset.declared(),  # the endpoints fixed before the run (experiment/endpoints.py)
         "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
                              "prompt_length": preset.analysis.prompt_length, "seed": 0},
     }

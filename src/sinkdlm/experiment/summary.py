@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from sinkdlm.experiment.endpoints import attach_equivalence, finish_equivalence, plateau, primary_endpoint
 from sinkdlm.stats import (
     Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
     verdict,
@@ -39,7 +40,7 @@ from sinkdlm.stats import (
 
 # Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
 # for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
-LOWER_IS_BETTER = {"val_loss"}
+LOWER_IS_BETTER = {"val_loss", "val_loss_change"}
 # Per-seed analysis scalars compared between variants: key -> (path into the analysis summary, label).
 # Moving sinks are compared over the content keys (docs/method.md §6): the extra sink's key is a sink
 # at nearly every step and would count as overlap for sink models only. The all-keys definition is
@@ -133,8 +134,8 @@ def _seed_values(variant: dict[str, Any], metric: str) -> dict[str, float | None
     """{seed: value or None (not recorded)} of one per-seed scalar metric, for every seed of the variant."""
     out: dict[str, float | None] = {}
     for seed, rec in variant["seeds"].items():
-        if metric == "val_loss":
-            value = rec.get("val_loss")
+        if metric in ("val_loss", "val_loss_change"):  # the change: from the run's own step-0 control
+            value = rec.get(metric)
             value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
         elif metric in TRAINING_METRICS:
             raw = rec.get(TRAINING_METRICS[metric][0])
@@ -516,15 +517,21 @@ def is_family_test(entry: dict[str, Any]) -> bool:
     return entry.get("p") is not None and entry.get("in_family", True) and entry.get("n", 0) >= 2
 
 
-def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
+def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95,
+                  equivalences: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Benjamini-Hochberg over the entries that are tests (a p-value: two or more seeds and a variance
     estimate); sets `p_adjusted`, `survives` and the final `verdict` of every entry in place and
-    returns what the report says about the family."""
+    returns what the report says about the family. `equivalences`: TOST results ({margin, p}) that are
+    members of the family too; each gets its `p_adjusted`."""
     # One seed is no test, whatever its items say (stats.verdict prints "inconclusive with 1 seed"): an
     # accuracy compared over the items of one seed has a p-value but stays out of the family.
     family = [e for e in entries if is_family_test(e)]
-    for e, q in zip(family, benjamini_hochberg([e["p"] for e in family])):
+    tosts = [e for e in equivalences if e.get("p") is not None]
+    adjusted = benjamini_hochberg([e["p"] for e in family] + [e["p"] for e in tosts])
+    for e, q in zip(family, adjusted):
         e["p_adjusted"], e["survives"] = q, bool(q < 1 - confidence and e["excludes_zero"])
+    for e, q in zip(tosts, adjusted[len(family):]):
+        e["p_adjusted"] = q
     for e in entries:
         if e.get("missing") or e.get("mean") is None or not e.get("in_family", True):
             continue
@@ -533,7 +540,8 @@ def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95) -> di
         e["verdict"] = verdict(_interval(e), lower_is_better=e.get("lower_is_better"), scale=e.get("scale", 1.0),
                                unit=e.get("unit", ""), p_adjusted=e["p_adjusted"])
     return {
-        "method": "Benjamini-Hochberg", "q": round(1 - confidence, 10), "size": len(family),
+        "method": "Benjamini-Hochberg", "q": round(1 - confidence, 10), "size": len(family) + len(tosts),
+        "equivalence_tests": len(tosts),
         "raw_excluding_zero": sum(bool(e["excludes_zero"]) for e in family),
         "expected_by_chance": (1 - confidence) * len(family),
         "survivors": sum(e["survives"] for e in family),
@@ -551,7 +559,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
     against the first) and `multiplicity` (the family's adjustment) to `results`."""
     variants = results["variants"]
     names = list(variants)
-    scalar_metrics = ["val_loss"] + [m for m in (*TRAINING_METRICS, *ANALYSIS_METRICS)
+    scalar_metrics = ["val_loss"] + [m for m in ("val_loss_change", *TRAINING_METRICS, *ANALYSIS_METRICS)
                                      if any(_seed_scalars(v, m) for v in variants.values())]
     tasks = task_metrics(results)
     family: list[dict[str, Any]] = []  # every paired comparison whose verdict the report prints
@@ -617,13 +625,19 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
                 comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
     results["comparisons"] = comparisons
     results["constant_metrics"] = constant_metrics(results)
+    with_equivalence = attach_equivalence(results, comparisons)  # declared "≈" claims: TOST, in the family
     results["multiplicity"] = {
-        **adjust_family(comparisons + family, confidence),
+        **adjust_family(comparisons + family, confidence, [c["equivalence"] for c in with_equivalence]),
         "family": ("every paired comparison the report gives a verdict for: each compared pair of variants × metric "
                    "(validation loss, the training's peak gradient norm, accuracies, sink metrics), per variant the mean over layers of the value norm of "
                    "sinks − normal tokens and of the extra sink − the other tokens, and each K of the masking curve "
                    "against K = 0"),
     }
+    finish_equivalence(with_equivalence, confidence)
+    # the declared endpoints: the primary comparison (with the head start and the training effect) and the plateau
+    for key, value in (("primary", primary_endpoint(results, comparisons, confidence)), ("plateau", plateau(results))):
+        if value is not None:
+            results[key] = value
     # what the val_loss target would take at this spread, unadjusted and at the level the family asks
     results["sizing"] = study_sizing(results, family=comparisons + family)
 

@@ -1,0 +1,168 @@
+"""The declared endpoints of a study: its primary comparison, its equivalence claims and its plateau.
+
+A preset declares them before the run (`ExperimentPreset.primary`, `.equivalence`, `.plateau_nats`); the
+runner copies the declaration into results.json's `declared`, and `summarise` fills in what was measured:
+
+* `primary` (results.json top level): the declared pair, metric and rank test (an exact Wilcoxon signed-rank
+  or sign test with the Hodges-Lehmann / median estimate, `stats.rank_test`) beside the paired t interval, and
+  where they disagree. From an AR initialisation it carries the two numbers a head start cannot hide behind:
+  the step-0 gap (the converted models before training, paired per seed) and the training effect
+  Δ_train = (a(T) - a(0)) - (b(T) - b(0)), the `val_loss_change` comparison; and the gap's trajectory over
+  the runs' `val_curve` steps with its slope against log10 training tokens (per seed, then a t interval).
+  One declared primary is tested at the report's level without adjustment (docs/method.md §7).
+* `equivalence` on each declared pair's val_loss comparison: TOST (`stats.equivalence_test`) at the declared
+  margin, inside the report's multiplicity family: "equivalent within ±m", "different" or "inconclusive".
+* `plateau`: per run, how much the last fifth of training lowered its fixed val_loss, against the criterion.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from sinkdlm.stats import equivalence_test, mean_interval, paired_difference, rank_test
+
+
+def _per_seed(variant: dict[str, Any], key: str) -> dict[str, float]:
+    out = {}
+    for seed, rec in variant["seeds"].items():
+        v = rec.get(key) if key != "step0" else (rec.get("step0") or {}).get("val_loss")
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[seed] = float(v)
+    return out
+
+
+def _iv(d: list[float], confidence: float) -> dict[str, Any]:
+    return paired_difference(d, [0.0] * len(d), confidence).to_dict() if d else {}
+
+
+def paired_seed_differences(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, float]:
+    """{seed: a - b} of a per-seed scalar (`val_loss`, `val_loss_change`, `step0`) over the seeds both have."""
+    sa, sb = _per_seed(a, key), _per_seed(b, key)
+    return {s: sa[s] - sb[s] for s in sa if s in sb}
+
+
+def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None,
+               confidence: float = 0.95) -> dict[str, Any] | None:
+    """The paired gap a - b at every step both runs of a seed scored (`val_curve`), with its t interval, and
+    the gap's slope per decade of training tokens (least squares per seed over the steps > 0, then a t
+    interval over seeds): does the lead vanish, hold or grow with training?"""
+    curves: dict[int, dict[str, float]] = {}
+    for seed, rec in a["seeds"].items():
+        other = b["seeds"].get(seed) or {}
+        pa = {p["step"]: p["val_loss"] for p in rec.get("val_curve") or []}
+        pb = {p["step"]: p["val_loss"] for p in other.get("val_curve") or []}
+        for step in set(pa) & set(pb):
+            curves.setdefault(step, {})[seed] = pa[step] - pb[step]
+    if len(curves) < 2:
+        return None
+    points = []
+    for step in sorted(curves):
+        d = list(curves[step].values())
+        points.append({"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
+                       "seeds": len(d), **{k: v for k, v in _iv(d, confidence).items() if k in ("mean", "low", "high", "p")}})
+    slopes = []
+    for seed in a["seeds"]:
+        xs = [(math.log10(s), curves[s][seed]) for s in sorted(curves) if s > 0 and seed in curves[s]]
+        if len(xs) >= 2:
+            x, y = np.array(xs).T
+            slopes.append(float(np.polyfit(x, y, 1)[0]))  # nats per 10x tokens (tokens = steps x a constant)
+    slope = _iv(slopes, confidence) if len(slopes) >= 2 else None
+    return {"points": points, "slope_per_decade": slope and {k: slope[k] for k in ("mean", "low", "high", "p", "n")},
+            "tokens_per_step": tokens_per_step}
+
+
+def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any] | None:
+    """results.json's `primary`: the declared comparison measured (see the module docstring)."""
+    declared = (results.get("declared") or {}).get("primary")
+    if not declared:
+        return None
+    a_name, b_name = declared["pair"]
+    metric, test = declared.get("metric", "val_loss"), declared.get("test", "wilcoxon")
+    variants = results["variants"]
+    if a_name not in variants or b_name not in variants:
+        return {**declared, "missing": "a variant of the declared pair was not run"}
+    a, b = variants[a_name], variants[b_name]
+    entry = next((c for c in comparisons if c["pair"] == [a_name, b_name] and c["metric"] == metric), None)
+    d = list(paired_seed_differences(a, b, metric).values())
+    alpha = 1 - confidence
+    out: dict[str, Any] = {**declared, "seeds": len(d)}
+    if entry is not None:
+        out["t"] = {k: entry.get(k) for k in ("mean", "low", "high", "p", "df", "degenerate", "mde")}
+    rank = rank_test(d, test, confidence) if d else None
+    out["rank"] = rank
+    t_says = entry is not None and entry.get("p") is not None and entry["p"] < alpha and not entry.get("degenerate")
+    r_says = rank is not None and rank.get("p") is not None and rank["p"] < alpha
+    out["t_rejects"], out["rank_rejects"] = bool(t_says), bool(r_says)
+    out["agree"] = t_says == r_says
+    if metric == "val_loss" and any((rec.get("step0") or {}) for rec in a["seeds"].values()):
+        d0 = list(paired_seed_differences(a, b, "step0").values())
+        shared = len({round(v, 12) for v in d0}) == 1 and len(d0) > 1
+        gap0 = _iv(d0, confidence)
+        out["step0_gap"] = {k: gap0.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
+        se0 = [math.hypot((rec.get("step0") or {}).get("val_loss_se") or 0.0,
+                          ((b["seeds"].get(s) or {}).get("step0") or {}).get("val_loss_se") or 0.0)
+               for s, rec in a["seeds"].items()]
+        out["step0_gap"]["validation_se"] = float(np.mean(se0)) if se0 else None  # unpaired bound on the MC noise
+        out["step0_gap"]["per_seed_controls"] = not shared
+        dc = list(paired_seed_differences(a, b, "val_loss_change").values())
+        change = _iv(dc, confidence)
+        out["training_effect"] = {k: change.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
+        out["training_effect"]["rank"] = rank_test(dc, test, confidence) if dc else None
+    traj = trajectory(a, b, (results.get("train") or {}).get("batch_size", 0) * (results.get("train") or {}).get("seq_len", 0) or None,
+                      confidence)
+    if traj:
+        out["trajectory"] = traj
+    return out
+
+
+def attach_equivalence(results: dict[str, Any], comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each declared equivalence pair's val_loss comparison its `equivalence` {margin, p} (TOST); returns
+    those dicts, whose p-values join the report's multiplicity family (`finish_equivalence` sets the verdicts)."""
+    declared = (results.get("declared") or {}).get("equivalence") or {}
+    margin, pairs = declared.get("margin"), [list(p) for p in declared.get("pairs") or []]
+    if not margin:
+        return []
+    out = []
+    for c in comparisons:
+        if c["pair"] in pairs and c["metric"] == "val_loss" and not c.get("missing"):
+            a, b = (results["variants"][n] for n in c["pair"])
+            c["equivalence"] = equivalence_test(list(paired_seed_differences(a, b, "val_loss").values()), margin)
+            out.append(c)
+    return out
+
+
+def finish_equivalence(entries: list[dict[str, Any]], confidence: float = 0.95) -> None:
+    """The verdict of each equivalence test once the family's adjusted p-values are set."""
+    for c in entries:
+        eq = c["equivalence"]
+        q, m = eq.get("p_adjusted"), eq["margin"]
+        if q is not None and q < 1 - confidence:
+            eq["verdict"] = f"equivalent within ±{m:g}"
+        elif c.get("survives"):
+            eq["verdict"] = "different"
+        else:
+            eq["verdict"] = "inconclusive"
+
+
+def plateau(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Per run, val_loss(4/5 T) - val_loss(T) from its `val_curve`, against the declared `plateau_nats`."""
+    nats = (results.get("declared") or {}).get("plateau_nats")
+    if nats is None:
+        return None
+    runs = {}
+    for name, v in results["variants"].items():
+        for seed, rec in v["seeds"].items():
+            curve = {p["step"]: p["val_loss"] for p in rec.get("val_curve") or []}
+            if not curve:
+                continue
+            last = max(curve)
+            at = [s for s in curve if s <= round(0.8 * last) and s > 0]
+            if at:
+                runs[f"{name}-s{seed}"] = {"from_step": max(at), "drop": curve[max(at)] - curve[last]}
+    drops = [r["drop"] for r in runs.values()]
+    return {"nats": nats, "runs": runs, "all_plateaued": bool(runs) and all(x < nats for x in drops),
+            "max_drop": max(drops, default=None),
+            "mean_drop": mean_interval(drops).to_dict() if len(drops) >= 2 else None}

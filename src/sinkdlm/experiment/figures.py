@@ -1,0 +1,116 @@
+"""Figures of an experiment's declared questions, drawn from its results.json only (no statistic is computed
+here; `experiment.summary` and `experiment.endpoints` made every number):
+
+* `plot_forest`: the paired val_loss differences against a baseline, each with its 95 % CI, its MDE
+  (the smallest true difference the study would detect with 80 % power) and, where a claim of "≈" was
+  declared, the equivalence margin;
+* `plot_val_curves`: each variant's fixed val_loss at the scored steps (`val_curve`), mean and 95 % CI over seeds;
+* `plot_gap_trajectory`: the primary pair's paired gap against training tokens, from step 0, with its CI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from sinkdlm.analysis.figures import save_figure
+from sinkdlm.stats import mean_interval
+
+
+def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | None = None) -> Path | None:
+    """One row per variant compared with `baseline` on val_loss, and one per declared equivalence claim: Δ with its
+    95 % CI (black), ± the MDE around 0 (blue) and ± a declared equivalence margin (green, dashed) with the TOST
+    verdict. None when nothing was compared."""
+    rows = [c for c in results.get("comparisons", [])
+            if c["metric"] == "val_loss" and (c["pair"][1] == baseline or c.get("equivalence")) and c.get("mean") is not None]
+    if not rows:
+        return None
+    fig = Figure(figsize=(9.5, 1.6 + 0.5 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    for y, c in enumerate(reversed(rows)):
+        if c.get("low") is not None:
+            ax.errorbar([c["mean"]], [y], xerr=[[c["mean"] - c["low"]], [c["high"] - c["mean"]]], fmt="s", color="black",
+                        capsize=4, markersize=5, label="Δ, 95 % CI over seeds")
+        else:
+            ax.plot([c["mean"]], [y], "s", color="black")
+        if c.get("mde"):
+            ax.plot([-c["mde"], c["mde"]], [y - 0.28] * 2, "|-", color="tab:blue", alpha=0.7, linewidth=1.2,
+                    label="± MDE around 0 (80 % power)")
+        eq = c.get("equivalence")
+        if eq:
+            ax.plot([-eq["margin"], eq["margin"]], [y + 0.28] * 2, "|--", color="tab:green", linewidth=1.2,
+                    label="± declared equivalence margin")
+        verdict = (eq or {}).get("verdict") or ("survives BH" if c.get("survives") else "")
+        if verdict:
+            ax.annotate(verdict, (c["high"] if c.get("high") is not None else c["mean"], y), textcoords="offset points",
+                        xytext=(6, -3), fontsize=7)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [f"{c['variant']} − {c['baseline']}" for c in reversed(rows)], fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("Δ fixed validation loss (nats / token; < 0: the variant is better)")
+    ax.grid(axis="x", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, never on a row
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return save_figure(fig, path)
+
+
+def plot_val_curves(results: dict[str, Any], path, *, title: str | None = None) -> Path | None:
+    """Each variant's fixed val_loss against training steps (mean over seeds, shaded 95 % CI)."""
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    drawn = 0
+    for v in results["variants"].values():
+        by_step: dict[int, list[float]] = {}
+        for rec in v["seeds"].values():
+            for p in rec.get("val_curve") or []:
+                by_step.setdefault(p["step"], []).append(p["val_loss"])
+        steps = sorted(s for s in by_step if len(by_step[s]) >= 2)
+        if len(steps) < 2:
+            continue
+        ivs = [mean_interval(by_step[s]) for s in steps]
+        line = ax.plot(steps, [iv.mean for iv in ivs], "o-", markersize=3, label=f"{v['label']} ({len(by_step[steps[-1]])} seeds)")[0]
+        ax.fill_between(steps, [iv.low for iv in ivs], [iv.high for iv in ivs], color=line.get_color(), alpha=0.15)
+        drawn += 1
+    if not drawn:
+        return None
+    ax.set_xlabel("training step")
+    ax.set_ylabel("fixed validation loss (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return save_figure(fig, path)
+
+
+def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = None) -> Path | None:
+    """The primary pair's paired gap (a − b) against training tokens, mean and 95 % CI over seeds, with the
+    slope per decade of tokens in the legend: does the lead vanish, hold or grow?"""
+    p = results.get("primary") or {}
+    traj = p.get("trajectory")
+    if not traj:
+        return None
+    pts = [q for q in traj["points"] if q.get("mean") is not None]
+    x = [q["tokens"] if q.get("tokens") is not None else q["step"] for q in pts]
+    fig = Figure(figsize=(7.0, 4.2), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(x, [q["mean"] for q in pts], "o-", color="black", label="paired gap, mean over seeds")
+    lo = [q["low"] if q.get("low") is not None else q["mean"] for q in pts]
+    hi = [q["high"] if q.get("high") is not None else q["mean"] for q in pts]
+    ax.fill_between(x, lo, hi, color="black", alpha=0.12, label="95 % CI (t over seeds)")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    slope = traj.get("slope_per_decade")
+    if slope and slope.get("low") is not None:
+        ax.plot([], [], " ", label=f"slope {slope['mean']:+.3f} [{slope['low']:+.3f}, {slope['high']:+.3f}] nats per 10× tokens")
+    a, b = (results["variants"][n]["label"] for n in p["pair"])
+    ax.set_xlabel("training tokens per run" if traj.get("tokens_per_step") else "training step")
+    ax.set_ylabel(f"{a} − {b}: fixed val_loss (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return save_figure(fig, path)

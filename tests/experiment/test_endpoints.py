@@ -1,0 +1,130 @@
+"""The declared endpoints on hand-built results: the primary comparison with its rank test, the step-0 gap and
+the training effect (each against a direct computation), the gap's trajectory and slope, TOST equivalence
+inside the multiplicity family, and the plateau criterion."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from sinkdlm.experiment.summary import summarise
+from sinkdlm.stats import rank_test
+
+SEEDS = [str(s) for s in range(6)]
+STEPS = (0, 300, 600)
+
+
+def _variant(label, start, end, mid=None, *, start_per_seed=True):
+    seeds = {}
+    for i, s in enumerate(SEEDS):
+        v0 = start[i] if start_per_seed else start[0]
+        vm = (v0 + end[i]) / 2 if mid is None else mid[i]
+        seeds[s] = {"val_loss": end[i], "val_loss_se": 0.01, "step0": {"val_loss": v0, "val_loss_se": 0.01},
+                    "val_loss_change": end[i] - v0,
+                    "val_curve": [{"step": st, "val_loss": v, "val_loss_se": 0.01} for st, v in zip(STEPS, (v0, vm, end[i]))]}
+    return {"label": label, "switches": {}, "seeds": seeds}
+
+
+def _results(variants, declared):
+    return {"preset": "t", "description": "hand-built", "seeds": list(range(6)), "variants": variants,
+            "machine": {"cpu_count": 2}, "train": {"max_steps": 600, "batch_size": 4, "seq_len": 128},
+            "declared": declared}
+
+
+def test_primary_separates_the_head_start_from_the_training_effect():
+    rng = np.random.default_rng(1)
+    van0 = [8.39] * 6  # a deterministic conversion: one shared control
+    sink0 = list(8.02 + rng.normal(0, 0.01, 6))  # each seed its own sink draw
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    sink = list(np.array(van) - 0.15 + rng.normal(0, 0.02, 6))
+    res = _results({"sink": _variant("S", sink0, sink), "vanilla": _variant("V", van0, van, start_per_seed=False)},
+                   {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}})
+    summarise(res, [("sink", "vanilla")])
+    p = res["primary"]
+    d = np.array(sink) - np.array(van)
+    assert p["t"]["mean"] == pytest.approx(d.mean())
+    assert p["rank"] == rank_test(d, "wilcoxon")
+    assert p["rank"]["p"] == pytest.approx(sps.wilcoxon(d, method="exact").pvalue)
+    d0 = np.array(sink0) - np.array(van0)
+    assert p["step0_gap"]["mean"] == pytest.approx(d0.mean()) and p["step0_gap"]["per_seed_controls"]
+    dt = (np.array(sink) - np.array(sink0)) - (np.array(van) - np.array(van0))  # Δ_train, paired per seed
+    assert p["training_effect"]["mean"] == pytest.approx(dt.mean())
+    half = sps.t.ppf(0.975, 5) * dt.std(ddof=1) / np.sqrt(6)
+    assert (p["training_effect"]["low"], p["training_effect"]["high"]) == (pytest.approx(dt.mean() - half), pytest.approx(dt.mean() + half))
+    assert p["training_effect"]["mean"] > 0  # the lead shrank: 0.37 at step 0, 0.15 at the end
+    # the change is compared like val_loss, and so reaches the comparisons
+    assert any(c["metric"] == "val_loss_change" for c in res["comparisons"])
+    traj = p["trajectory"]
+    assert [pt["step"] for pt in traj["points"]] == list(STEPS)
+    assert traj["points"][0]["mean"] == pytest.approx(d0.mean()) and traj["points"][-1]["mean"] == pytest.approx(d.mean())
+    slopes = [np.polyfit(np.log10([300, 600]), [(d0[i] + d[i]) / 2, d[i]], 1)[0] for i in range(6)]
+    assert traj["slope_per_decade"]["mean"] == pytest.approx(np.mean(slopes))
+    assert traj["points"][-1]["tokens"] == 600 * 4 * 128
+
+
+def test_tost_equivalence_is_in_the_family_and_never_printed_without_a_margin():
+    rng = np.random.default_rng(2)
+    base = list(5.6 + rng.normal(0, 0.1, 6))
+    same = list(np.array(base) + rng.normal(0, 0.005, 6))  # within ±0.05 for sure
+    far = list(np.array(base) + 0.3 + rng.normal(0, 0.005, 6))
+    variants = {"a": _variant("A", base, base), "b": _variant("B", same, same), "c": _variant("C", far, far)}
+    pairs = [("b", "a"), ("c", "a")]
+    res = _results(variants, {"equivalence": {"margin": 0.05, "pairs": [["b", "a"], ["c", "a"]]}})
+    summarise(res, pairs)
+    eq = {tuple(c["pair"]): c["equivalence"] for c in res["comparisons"] if "equivalence" in c}
+    assert eq[("b", "a")]["verdict"] == "equivalent within ±0.05"
+    assert eq[("c", "a")]["verdict"] == "different"
+    assert res["multiplicity"]["equivalence_tests"] == 2
+    assert all("p_adjusted" in e for e in eq.values())
+    res2 = _results(variants, {})
+    summarise(res2, pairs)
+    assert not any("equivalence" in c for c in res2["comparisons"])
+
+
+def test_plateau_is_measured_over_the_last_fifth():
+    variants = {"a": _variant("A", [6.0] * 6, [5.0] * 6, mid=[5.01] * 6)}
+    for rec in variants["a"]["seeds"].values():  # points at 4/5 and 5/5 of training
+        rec["val_curve"] = [{"step": 400, "val_loss": 5.01, "val_loss_se": 0.01}, {"step": 500, "val_loss": 5.0, "val_loss_se": 0.01}]
+    res = _results(variants, {"plateau_nats": 0.02})
+    summarise(res, [])
+    assert res["plateau"]["all_plateaued"] and res["plateau"]["max_drop"] == pytest.approx(0.01)
+
+
+def test_the_report_states_the_three_numbers_and_the_equivalence_verdicts():
+    from sinkdlm.experiment.report import markdown_summary
+
+    rng = np.random.default_rng(4)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    sink = list(np.array(van) - 0.15 + rng.normal(0, 0.02, 6))
+    res = _results({"sink": _variant("S", list(8.02 + rng.normal(0, 0.01, 6)), sink),
+                    "vanilla": _variant("V", [8.39] * 6, van, start_per_seed=False)},
+                   {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"},
+                    "equivalence": {"margin": 0.05, "pairs": [["sink", "vanilla"]]}})
+    summarise(res, [("sink", "vanilla")])
+    text = markdown_summary(res)
+    assert "**Primary endpoint**" in text and "**lower** with S than with V after 307,200 training tokens" in text
+    assert "Before training (step 0, each seed's own conversion) the gap was -0.36" in text
+    assert "training changed it by +0.2" in text and "the gap shrinks" in text
+    assert "| S − V |" in text and "| different |" in text
+    assert "includes the 1 declared equivalence tests" in text
+
+
+def test_the_report_draws_the_forest_the_curves_and_the_gap_trajectory(tmp_path):
+    from sinkdlm.experiment.report import write_report
+
+    rng = np.random.default_rng(5)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    variants = {"vanilla": _variant("V", [8.39] * 6, van, start_per_seed=False)}
+    for name, shift in (("sink", -0.15), ("end", -0.14)):
+        variants[name] = _variant(name.upper(), list(8.02 + rng.normal(0, 0.01, 6)),
+                                  list(np.array(van) + shift + rng.normal(0, 0.02, 6)))
+    res = _results(variants, {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"},
+                              "equivalence": {"margin": 0.05, "pairs": [["end", "sink"]]}})
+    res["machine"].update(processor="cpu", torch="2", cuda=False)
+    summarise(res, [("sink", "vanilla"), ("end", "vanilla"), ("end", "sink")])
+    write_report(res, tmp_path)
+    for name in ("gap_trajectory", "forest", "val_curves"):
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000
+    text = (tmp_path / "report.md").read_text()
+    assert "figures/gap_trajectory.png" in text and "figures/forest.png" in text
