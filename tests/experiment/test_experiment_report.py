@@ -266,7 +266,13 @@ def test_step0_control_value_norms_are_stated_per_layer():
     s0 = res["variants"]["v0"]["summary"]["step0_value_norm_layers"]
     assert [lay["diff"]["mean"] for lay in s0["layers"]] == pytest.approx([-1.0, 2.0])  # sink − normal per layer
     text = markdown_summary(res)
-    assert "step-0 control (one model, no interval) 1.0/3.0 vs 2.0/1.0 (sink above normal in 1 of 2 layers)" in text
+    assert "step-0 control (one model, no interval): sink above normal in 1 of 2 layers" in text
+    assert "1.0/3.0" not in text  # per-layer numbers go to the full report's table, not into a sentence
+    from sinkdlm.experiment.sink_tables import value_norm_layer_table
+
+    header, rows = value_norm_layer_table(res)
+    assert header[:3] == ["layer", "V0: sinks / normal", "V0 step 0: sinks / normal"]
+    assert rows[0][:3] == ["0", "1.5 / 1.0", "1.0 / 2.0"] and rows[1][:3] == ["1", "0.5 / 1.0", "3.0 / 1.0"]
     # every seed alike in both layers: no layer is a test, and the line says so rather than a direction
     assert "no difference detected in 0 of 0 layers tested" in text and "2 more without a variance estimate" in text
     assert "8.000 ± 0.010 (MC SE)" in text  # the step-0 table

@@ -17,7 +17,7 @@ from typing import Any
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
-    epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_lines,
+    epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
 )
 from sinkdlm.experiment.summary import (
     ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS, analysis_record, experiment_timing,
@@ -520,6 +520,9 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
                       "and normal tokens are compared within each layer and seed, and summarised by the unweighted "
                       "mean over layers.")
         doc.bullets([line.removeprefix("- ") for line in lines])
+        table = value_norm_layer_table(results)
+        if table:
+            doc.table(*table)
     eps_t = epsilon_table(results)
     if eps_t:
         doc.heading("Non-sink fraction vs ϵ (Rulli et al. Fig. 10)", 3)

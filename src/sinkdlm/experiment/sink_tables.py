@@ -86,7 +86,8 @@ def _per_layer_finding(lay: dict, sinks: str, others: str) -> str:
 def value_norm_lines(results: dict[str, Any]) -> list[str]:
     """The value-norm findings, stated per layer (One-Token Fig. 3): sinks vs normal tokens in every model,
     and the extra sink vs the other tokens from the second layer on, each with the step-0 control (the
-    converted model before training) or a note that this run did not measure it."""
+    converted model before training) or a note that this run did not measure it. The per-layer numbers
+    themselves are a table of the full report (`value_norm_layer_table`), not a list in a sentence."""
     lines = []
     vn = [(v, v["summary"]["value_norm_layers"]) for v in results["variants"].values() if v["summary"].get("value_norm_layers")]
     if vn:
@@ -94,15 +95,13 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
         for v, lay in vn:
             label, seeds = v["label"], lay["seeds"]
             pooled = pooled_value_norm_difference(v, seeds)  # the same seeds, for contrast
-            text = (f"{label}: {_per_layer_finding(lay, 'sinks', 'normal tokens')}; mean per layer "
-                    f"{_layer_values(lay['layers'], 'a')} vs {_layer_values(lay['layers'], 'b')}")
+            text = f"{label}: {_per_layer_finding(lay, 'sinks', 'normal tokens')}"
             if len(seeds) < len(results["seeds"]):
                 text += f" (per-layer norms recorded for seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} only)"
             s0 = v["summary"].get("step0_value_norm_layers")
             if s0:  # one model, no interval: what the converted model had before training
-                text += (f"; step-0 control (one model, no interval) {_layer_values(s0['layers'], 'a')} vs "
-                         f"{_layer_values(s0['layers'], 'b')} (sink above normal in {s0['positive_layers']} of "
-                         f"{s0['compared_layers']} layers)")
+                text += (f"; step-0 control (one model, no interval): sink above normal in {s0['positive_layers']} of "
+                         f"{s0['compared_layers']} layers")
             else:
                 text += "; step-0 control: not measured in this run"
             if lay.get("layer_mean"):
@@ -118,20 +117,19 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
     if extra:
         parts = []
         for name, label, e in extra:
-            mass = "/".join("–" if m is None else fmt_interval(m, 100.0, 1) for m in e["attention_mass"])
-            text = f"{label}: attention on it per layer {mass} % (over seeds {', '.join(e['attention_mass_seeds'])})"
+            shown = [m["mean"] for m in e["attention_mass"] if m and m.get("mean") is not None]
+            text = (f"{label}: attention on it {100 * min(shown):.1f}-{100 * max(shown):.1f} % per layer (over seeds "
+                    f"{', '.join(e['attention_mass_seeds'])}; per layer in the full report)" if shown else
+                    f"{label}: attention on it not recorded")
             vo = e.get("value_norm_vs_others")
             if vo:
                 later = vo["layers"][vo["from_layer"]:]
-                text += (f"; from the second layer on, {_per_layer_finding(vo, 'the extra sink', 'the other tokens')}; "
-                         f"mean per layer {_layer_values(later, 'a')} vs {_layer_values(later, 'b')} "
+                text += (f"; from the second layer on, {_per_layer_finding(vo, 'the extra sink', 'the other tokens')} "
                          f"(seed{'s' if len(vo['seeds']) > 1 else ''} {', '.join(vo['seeds'])})")
                 s0 = (results["variants"][name]["summary"].get("step0_extra_sink_layers") or {}).get("value_norm_vs_others")
                 if s0:
-                    s0_later = s0["layers"][s0["from_layer"]:]
-                    text += (f"; step-0 control (one model, no interval) {_layer_values(s0_later, 'a')} vs "
-                             f"{_layer_values(s0_later, 'b')} (below in {s0['negative_layers']} of {s0['compared_layers']} "
-                             "layers)")
+                    text += (f"; step-0 control (one model, no interval): below in {s0['negative_layers']} of "
+                             f"{s0['compared_layers']} layers")
                 else:
                     text += "; step-0 control: not measured in this run"
                 if vo.get("layer_mean"):
@@ -142,6 +140,36 @@ def value_norm_lines(results: dict[str, Any]) -> list[str]:
         lines.append("- **Is the extra sink's value norm below the other tokens' from the second layer on "
                      "(One-Token Fig. 3)?** " + "; ".join(parts) + ".")
     return lines
+
+
+def value_norm_layer_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Per layer, for every model: the mean value norm of sinks / normal tokens over seeds (and of the step-0
+    control), and for models with extra sinks the attention on them (%, mean [95 % CI]) and their value norm
+    / the other tokens'. The numbers behind `value_norm_lines`."""
+    columns: list[tuple[str, list[str]]] = []
+    for name, v in results["variants"].items():
+        s = v["summary"]
+        lay = s.get("value_norm_layers")
+        if lay:
+            columns.append((f"{v['label']}: sinks / normal", [f"{_layer_values([x], 'a')} / {_layer_values([x], 'b')}"
+                                                              for x in lay["layers"]]))
+            s0 = s.get("step0_value_norm_layers")
+            if s0:
+                columns.append((f"{v['label']} step 0: sinks / normal",
+                                [f"{_layer_values([x], 'a')} / {_layer_values([x], 'b')}" for x in s0["layers"]]))
+        e = s.get("extra_sink_layers")
+        if e:
+            columns.append((f"{v['label']}: attention on the extra sink %",
+                            ["–" if m is None else fmt_interval(m, 100.0, 1) for m in e["attention_mass"]]))
+            vo = e.get("value_norm_vs_others")
+            if vo:
+                columns.append((f"{v['label']}: extra sink / others value norm",
+                                [f"{_layer_values([x], 'a')} / {_layer_values([x], 'b')}" for x in vo["layers"]]))
+    if not columns:
+        return None
+    depth = max(len(c) for _, c in columns)
+    rows = [[str(i)] + [c[i] if i < len(c) else "–" for _, c in columns] for i in range(depth)]
+    return ["layer"] + [h for h, _ in columns], rows
 
 
 MASKING_METRICS = {"continuation_elbo_per_token": "continuation ELBO / token (nats)",
