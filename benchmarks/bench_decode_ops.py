@@ -2,10 +2,11 @@
 
 The CPU proxies of issue 44's GPU properties (a batch-1 step is bound by kernel launches; a host sync
 stalls the launch queue; every recompile is compile time), deterministic and exact:
-  * ATen ops, kernels (non-view ops: one launch each on a GPU) and host-syncing ops per step of
-    `generate`, counted with `tools/op_counter.py`'s `OpCounter` around a whole generation (its
-    first forward builds the sink cache: that is left out by a warm-up call) and divided by the
-    forwards it ran; for no cache, `prefix` and `dual`;
+  * ATen ops and kernels (non-view ops: one launch each on a GPU) per step of `generate`, counted with
+    `tools/op_counter.py`'s `OpCounter` around a whole generation (its first forward builds the sink
+    cache: that is left out by a warm-up call) and divided by the forwards it ran; host syncs per step
+    from the difference to the same generation in half the steps (what a call syncs once, checking its
+    prompt, is left out and listed apart); for no cache, `prefix` and `dual`;
   * graphs that `compile=True` (backend `aot_eager`) compiles for one generation of 4 blocks, read
     from `torch._dynamo.utils.counters`.
 Setting: the `tiny` preset + 1 sink, fp32, batch 1, a 16-token prompt, 64 tokens in blocks of 16,
@@ -45,8 +46,12 @@ def count() -> dict:
         generate(model, prompt, cache=cache, **kw)  # warm-up: the sink cache
         with OpCounter() as ops:
             steps = generate(model, prompt, cache=cache, **kw).steps_taken
+        with OpCounter() as half:  # half the steps: the syncs that grow with them are the per-step ones
+            half_steps = generate(model, prompt, cache=cache, **{**kw, "steps": GEN // 2}).steps_taken
+        per_step = (sum(ops.syncs.values()) - sum(half.syncs.values())) / (steps - half_steps)
         rows[name] = {"steps": steps, "ops_per_step": ops.total / steps, "kernels_per_step": ops.kernels / steps,
-                      "syncs_per_step": sum(ops.syncs.values()) / steps, "syncs": dict(ops.syncs)}
+                      "syncs_per_step": per_step, "syncs_per_call": sum(ops.syncs.values()) - per_step * steps,
+                      "syncs": dict(ops.syncs)}
     base = rows["no cache"]
     for row in rows.values():
         row["ops_ratio"] = row["ops_per_step"] / base["ops_per_step"]
@@ -93,7 +98,7 @@ def main() -> None:
         for name, r in res["modes"].items():
             g = res["compiled_graphs"].get(MODES[name], "–")
             print(f"| {name} | {r['ops_per_step']:.1f} | {r['ops_ratio']:.2f} | {r['kernels_per_step']:.1f} | "
-                  f"{r['syncs_per_step']:.2f} {r['syncs'] or ''} | {g} |")
+                  f"{r['syncs_per_step']:.2f} (+ {r['syncs_per_call']:.0f} per call) | {g} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
