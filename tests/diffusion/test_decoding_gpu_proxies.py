@@ -91,3 +91,8 @@ def test_a_compiled_generation_builds_at_most_two_graphs_and_gives_the_eager_tok
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
     assert out.compile_seconds > 0  # reported, not hidden
     assert torch.equal(out.sequences, generate(model, ids, **kw))
+    # a second generation of the same shapes (a new static cache, other tokens) compiles nothing
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    again = generate(model, ids.flip(1), **kw, compile=True, compile_backend="aot_eager", return_dict=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs and again.compile_seconds == 0
+    assert torch.equal(again.sequences, generate(model, ids.flip(1), **kw))

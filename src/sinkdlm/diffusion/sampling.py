@@ -435,8 +435,9 @@ def generate(
                 committed[:, blk.lo:blk.hi] = pick
                 state = StepState(
                     step=step, block=blk.index, x=x.clone(), masked=masked_before, committed=committed,
-                    logits=out.logits, attentions=out.attentions, values=out.values,
-                    attention_mask=attn, prompt_length=p, mask_id=mask_id,
+                    # a CUDA graph's output is overwritten by its next replay: the state keeps a copy
+                    logits=out.logits.clone() if compiled else out.logits, attentions=out.attentions,
+                    values=out.values, attention_mask=attn, prompt_length=p, mask_id=mask_id,
                     logit_columns=torch.arange(total, device=device) if plan.full_logits else
                     torch.arange(blk.lo, blk.hi, device=device),
                     virtual_sink_attentions=out.virtual_sink_attentions,
@@ -528,8 +529,9 @@ def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: b
             first = plan.blocks[0].lo - plan.shift
             ids, kv.write_from, kv.start = x[:, first:], kv.start, torch.tensor(first, device=x.device)
             head = torch.arange(start - first + head.start, start - first + head.stop, device=x.device)
-        key = (settings.compile_backend, x.device, tuple(ids.shape), tuple(kv.keys[0].shape), kv.keys[0].dtype,
+        key = (settings.compile_backend, x.device, tuple(ids.shape), tuple(kv.k0.shape), kv.k0.dtype,
                kv.mask is None, plan.cache)
+        torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph iteration
         out, seconds = timed_first_call(*compiled_step(settings.compile_backend, x.device), key, model, ids, kv, head)
         kv.write_from = None
     else:

@@ -17,13 +17,11 @@ model, which writes a block anywhere in the sequence rather than appending.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+from torch import nn
 
 
-@dataclass
-class KVCache:
+class KVCache(nn.Module):
     """Per-layer key/value buffers of one generation, and where the next pass writes.
 
     keys, values  per layer `[B, KVH, S, hd]`, rotated keys, the sinks' columns filled at allocation.
@@ -35,16 +33,30 @@ class KVCache:
     write_from    None: the pass writes all its columns; a 0-d long tensor (with a tensor `start`): only
                   those from this column on, the others keep the cached keys/values (a compiled prefix
                   step runs a fixed-width window whose first columns are the cached prefix).
+    The tensors are the module's (non-persistent) buffers: a compiled step then treats them as static
+    inputs, which a CUDA graph may update in place (`torch.compile(mode="reduce-overhead")`).
     """
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    cos: torch.Tensor
-    sin: torch.Tensor
-    mask: torch.Tensor | None
-    offset: int
-    start: int | torch.Tensor = 0
-    write_from: torch.Tensor | None = None
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                 mask: torch.Tensor | None, offset: int):
+        super().__init__()
+        for i, (k, v) in enumerate(zip(keys, values)):
+            self.register_buffer(f"k{i}", k, persistent=False)
+            self.register_buffer(f"v{i}", v, persistent=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("mask", mask, persistent=False)
+        self.num_layers, self.offset = len(keys), offset
+        self.start: int | torch.Tensor = 0
+        self.write_from: torch.Tensor | None = None
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return [getattr(self, f"k{i}") for i in range(self.num_layers)]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [getattr(self, f"v{i}") for i in range(self.num_layers)]
 
     @property
     def length(self) -> int:
@@ -60,7 +72,7 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Put the pass's fresh `k, v [B, KVH, l, hd]` at its columns; the whole buffers `[B, KVH, S, hd]`."""
-        kb, vb = self.keys[layer], self.values[layer]
+        kb, vb = getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
         l = k.shape[2]
         if isinstance(self.start, int):
             a = self.offset + self.start
@@ -78,10 +90,10 @@ class KVCache:
 
     def check(self, num_layers: int, batch: int, run_length: int) -> None:
         """Validate against a pass over `run_length` columns of `batch` rows, before any work."""
-        if len(self.keys) != num_layers:
-            raise ValueError(f"the KV cache has {len(self.keys)} layers, the model {num_layers}")
-        if self.keys[0].shape[0] != batch:
-            raise ValueError(f"the KV cache holds {self.keys[0].shape[0]} rows, the input {batch}")
+        if self.num_layers != num_layers:
+            raise ValueError(f"the KV cache has {self.num_layers} layers, the model {num_layers}")
+        if self.k0.shape[0] != batch:
+            raise ValueError(f"the KV cache holds {self.k0.shape[0]} rows, the input {batch}")
         if isinstance(self.start, int) and not (0 <= self.start and self.start + run_length <= self.length):
             raise ValueError(f"a pass over {run_length} columns from KVCache.start={self.start} does not fit "
                              f"the cache's {self.length} columns")
