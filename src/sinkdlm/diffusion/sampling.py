@@ -403,6 +403,7 @@ def generate(
         attn = torch.cat([prompt_mask, prompt_mask.new_ones(b, gen_length)], dim=1)  # [B, L]
     masked = torch.zeros(b, total, dtype=torch.bool, device=device)
     masked[:, p:] = True
+    model.fuse_projections()  # one matmul for q/k/v and one for gate/up per layer (the same parameters)
     kv = None  # a probe's maps and key masks need the plain forward, as does use_sink_cache=False without
     if probe == StepProbe() and (use_sink_cache or cache is not None):  # a cache (the sinks every step)
         with model.sink_cache_mode(use_sink_cache):

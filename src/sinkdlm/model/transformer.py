@@ -32,6 +32,7 @@ from sinkdlm.model.attention import (
     SINK_COLUMN_BACKENDS, apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin,
 )
 from sinkdlm.model.cache import KVCache
+from sinkdlm.model.fused import Packed, pack
 from sinkdlm.model.probe import Probe, ProbePass
 
 
@@ -72,6 +73,14 @@ class Attention(nn.Module):
         # The virtual sink column's score per head: learned (gpt-oss) or fixed at 0 (softmax_1).
         self.sink_logit = nn.Parameter(torch.empty(h)) if cfg.sink_logit else None
         self.softmax_one = cfg.softmax_one
+        self.qkv: Packed | None = None  # q/k/v as one matmul at inference (`DiffusionLM.fuse_projections`)
+
+    def project_qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """`x [B, R, d]` -> q `[B, R, H*hd]`, k, v `[B, R, KVH*hd]`: one matmul when packed and not training."""
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        if self.qkv is not None and not torch.is_grad_enabled() and self.qkv.holds(linears):
+            return self.qkv(x)
+        return [lin(x) for lin in linears]
 
     def sink_column(self, ref: torch.Tensor) -> torch.Tensor | None:
         """The virtual column's logit `[H]`, or None when the model has none."""
@@ -107,9 +116,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: Packed | None = None  # gate/up as one matmul at inference (`DiffusionLM.fuse_projections`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        linears = (self.gate_proj, self.up_proj)
+        if self.gate_up is not None and not torch.is_grad_enabled() and self.gate_up.holds(linears):
+            gate, up = self.gate_up(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU
 
 
 @dataclass
@@ -154,9 +169,8 @@ class Block(nn.Module):
         x = self.input_layernorm(h)
         b, r, _ = x.shape
         n, where = sinks.rows, sinks.position
-        q = attn.q_proj(x).view(b, r, nh, hd)
-        k = attn.k_proj(x).view(b, r, nkv, hd)
-        v = attn.v_proj(x).view(b, r, nkv, hd)
+        q, k, v = attn.project_qkv(x)
+        q, k, v = q.view(b, r, nh, hd), k.view(b, r, nkv, hd), v.view(b, r, nkv, hd)
         if sinks.keep is not None:  # Table 5: the sinks' value vectors are zero at every layer
             v = v * sinks.keep.to(v.dtype)  # in v's dtype: under autocast v stays bf16, as q and k
         column = attn.sink_column(x)
@@ -290,6 +304,16 @@ class DiffusionLM(nn.Module):
             cache.key = key
             self._sink_cache = cache
         return self._sink_cache
+
+    def fuse_projections(self) -> None:
+        """One matmul for each layer's q/k/v and one for its gate/up at inference (`fused.pack`): the
+        parameters become views of the joint tensors; names, values and memory are unchanged."""
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.qkv is None or not a.qkv.holds((a.q_proj, a.k_proj, a.v_proj)):
+                a.qkv = pack((a.q_proj, a.k_proj, a.v_proj))
+            if m.gate_up is None or not m.gate_up.holds((m.gate_proj, m.up_proj)):
+                m.gate_up = pack((m.gate_proj, m.up_proj))
 
     @torch.no_grad()
     def allocate_cache(self, batch: int, length: int, attention_mask: torch.Tensor | None = None) -> KVCache:
