@@ -15,7 +15,7 @@ import torch._dynamo
 
 from helpers import OpCounter, tiny_model
 from sinkdlm import DiffusionLM, ModelConfig, generate
-from sinkdlm.diffusion.sampling import compiled_step
+from sinkdlm.diffusion.steps import compiled_step
 
 # Syncs a call makes once, before its loop, in `prepare_prompts` and the prompt ids' range check
 # (min and max; with padding also the mask's checks and the real tokens' boolean selection).

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from helpers import tiny_model
 from sinkdlm import generate
 from sinkdlm.diffusion.likelihood import loglikelihood
-from sinkdlm.diffusion.sampling import StepProbe, steps_per_block, transfer_schedule
+from sinkdlm.diffusion.remasking import steps_per_block, transfer_schedule
+from sinkdlm.diffusion.sampling import StepProbe
 
 VARIANTS = {
     "vanilla": dict(num_sink_tokens=0),

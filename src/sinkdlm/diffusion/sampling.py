@@ -36,10 +36,8 @@ previous state when `key_masks_fn` is given), so memory stays flat across steps.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,19 +45,8 @@ import torch
 
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
-from sinkdlm.diffusion.remasking import (
-    add_gumbel_noise,
-    check_rule,
-    dream_timesteps,
-    dream_counts,
-    filter_logits,
-    predict,
-    resolve_rule,
-    reveal_probability,
-    select,
-    steps_per_block,
-    transfer_schedule,
-)
+from sinkdlm.diffusion.remasking import add_gumbel_noise, check_rule, filter_logits, resolve_rule, reveal_probability
+from sinkdlm.diffusion.steps import choose, commit, forward_step, plan_decoding
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
 from sinkdlm.config.checks import check_int
@@ -285,9 +272,9 @@ def generate(
                    the block's queries run, so a `probe` (whose maps and key masks cover the whole
                    sequence) is refused: analyse with cache=None.
     compile        run the cached steps' forward through `torch.compile` (`compile_backend`; CUDA graphs
-                   on a GPU): one graph per generation for "dual", two for "prefix" (`compiled_step`),
-                   and the tokens are the eager cached loop's (tested with aot_eager). The first calls'
-                   seconds (the compile time) are logged and returned as `compile_seconds`.
+                   on a GPU): one graph per generation (`steps.compiled_step`), and the tokens are
+                   the eager cached loop's (tested with aot_eager). The first calls' seconds (the
+                   compile time) are logged and returned as `compile_seconds`.
 
     Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
     temperature, sampled) left-to-right decoding, one token per step and `gen_length` steps; `steps`,
@@ -302,7 +289,7 @@ def generate(
     from the schedule, planned before the loop (`plan_decoding`), and the commits write slices. Threshold
     decoding and Dream's `origin` ask the device once a step whether the block is done (docs/guide.md).
     The loop's pieces, shared by the eager and compiled paths: `plan_decoding` (the schedule, before the
-    loop), `forward_step` (one forward), `choose` (predictions and picks) and `commit`.
+    loop), `forward_step` (one forward), `choose` (predictions and picks) and `commit` (`diffusion/steps.py`).
     """
     if generator is not None and "seed" in overrides:
         raise ValueError("pass either generator or seed, not both")
@@ -458,124 +445,6 @@ def generate(
     return x
 
 
-# ----------------------------------------------------------------------------- the loop's pieces
-@dataclass(frozen=True)
-class BlockPlan:
-    """One semi-autoregressive block: its columns `lo .. hi` and how many positions each step commits."""
-
-    index: int
-    lo: int
-    hi: int
-    # per step, the count each row commits, known before the loop (LLaDA's even split without its
-    # zero-commit steps; Dream's int(n (1 - s/t)) chain); None: adaptive (threshold, origin), the loop
-    # then asks the device once a step whether the block is done
-    counts: tuple[int, ...] | None
-    steps: int | None  # forwards at most (None: until the block is done, threshold decoding)
-    timesteps: torch.Tensor | None = None  # Dream's linspace(1, eps, steps + 1), for origin
-
-
-@dataclass(frozen=True)
-class DecodePlan:
-    """What a generation fixes before its loop: the blocks, each step's counts, the head's columns."""
-
-    blocks: tuple[BlockPlan, ...]
-    total: int  # L = prompt + gen_length
-    shift: int  # 1 with shift_logits: the logits at column c - 1 predict column c
-    cache: str | None
-    full_logits: bool  # the head on every column (a callback without a cache: the analysis' [B, L, V])
-
-    def window_end(self, blk: BlockPlan) -> int:
-        """Where a cached step's columns end: the sequence's end ("prefix") or the block's ("dual")."""
-        return self.total if self.cache == "prefix" else blk.hi
-
-
-def plan_decoding(settings: SampleConfig, schedule_name: str, remasking: str, p: int, steps: int | None,
-                  num_blocks: int, block_length: int, *, shift: int, full_logits: bool) -> DecodePlan:
-    """The schedule of every block, before any forward (docs/method.md §2): the counts come from the
-    schedule alone, since every row commits exactly its step's count under a confidence rule."""
-    blocks = []
-    for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
-        lo = p + blk * block_length
-        counts, timesteps = None, None
-        if settings.threshold is None and schedule_name == "dream":
-            timesteps = dream_timesteps(block_steps, settings.eps)
-            if remasking != "origin":  # Dream runs its zero-commit steps: `block_steps` forwards
-                counts = tuple(dream_counts(block_length, timesteps))
-        elif settings.threshold is None:  # LLaDA's zero-commit steps come last: not run
-            counts = tuple(k for k in transfer_schedule(block_length, block_steps) if k)
-        bounded = settings.threshold is None
-        blocks.append(BlockPlan(blk, lo, lo + block_length, counts,
-                                (len(counts) if counts is not None else block_steps) if bounded else None, timesteps))
-    return DecodePlan(tuple(blocks), p + num_blocks * block_length, shift, settings.cache, full_logits)
-
-
-def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: bool, settings: SampleConfig,
-                 step_probe: Probe | None):
-    """One step's forward: (logits `[B, n, V]` of the block's columns (or `[B, L, V]` for a callback
-    without a cache, shifted as predictions of their columns), the model output, compile seconds).
-
-    Without a cache, or at a block's first step, every column runs (written into `kv` from column 0);
-    a cached step runs the block and what follows it ("prefix") or the block alone ("dual"), from
-    the column before it with shift_logits. Compiled, the shapes never depend on the block: "prefix" then
-    runs a fixed window from the first block's start and writes only the columns from the block's."""
-    start = blk.lo - plan.shift if cached else 0
-    ids = x[:, start:(plan.window_end(blk) if cached else plan.total)]
-    head = None if plan.full_logits else slice(blk.lo - plan.shift - start, blk.hi - plan.shift - start)
-    seconds = 0.0
-    if kv is None:  # a probe: the plain forward over the whole sequence
-        out = model(ids, attention_mask=attn, logits_index=head, probe=step_probe)
-    elif settings.compile and cached:  # tensors for what moves with the block: one graph for every block
-        kv.start = torch.tensor(start, device=x.device)
-        if plan.cache == "prefix":  # the window's first columns are computed but keep their cached keys
-            first = plan.blocks[0].lo - plan.shift
-            ids, kv.write_from, kv.start = x[:, first:], kv.start, torch.tensor(first, device=x.device)
-            head = torch.arange(start - first + head.start, start - first + head.stop, device=x.device)
-        key = (settings.compile_backend, x.device, tuple(ids.shape), tuple(kv.k0.shape), kv.k0.dtype,
-               kv.mask is None, plan.cache)
-        torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph iteration
-        out, seconds = timed_first_call(*compiled_step(settings.compile_backend, x.device), key, model, ids, kv, head)
-        kv.write_from = None
-    else:
-        kv.start = start
-        out = model(ids, logits_index=head, cache=kv)
-    logits = out.logits
-    if plan.full_logits and plan.shift:  # logits[:, i-1] predicts x[:, i]
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)[:, blk.lo:blk.hi]
-    elif plan.full_logits:
-        logits = logits[:, blk.lo:blk.hi]
-    return logits, out, seconds
-
-
-def choose(logits, masked, k: int | None, reveal, settings: SampleConfig, remasking: str, mask_id: int,
-           model_dtype, generator):
-    """The step's predictions `x0 [B, n]` and which masked positions it commits `pick [B, n]` bool
-    (remasking.py): k by confidence, or every one above the threshold, or origin's revealed ones."""
-    logits = logits.to(torch.promote_types(model_dtype, torch.float32), copy=True)  # [B, n, V]
-    logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
-    x0, conf = predict(logits, remasking, settings.temperature, settings.top_p, settings.top_k, generator)
-    if reveal is not None:
-        return x0, reveal
-    return x0, select(conf, masked, k, settings.threshold, settings.alg_temp, generator)
-
-
-def commit(x, masked, blk: BlockPlan, x0, pick) -> None:
-    """Write the picked predictions into `x [B, L]` and unmask them, in place (slices: no host sync)."""
-    x[:, blk.lo:blk.hi] = torch.where(pick, x0, x[:, blk.lo:blk.hi])
-    masked[:, blk.lo:blk.hi] &= ~pick
-
-
-def timed_first_call(fn, seen: set, key: tuple, *args):
-    """`fn(*args)` and its wall seconds when it is `fn`'s first call with this `key` (shapes, the
-    call that compiles; 0 otherwise, `seen` holds the keys): the compile time a generation pays,
-    reported rather than hidden."""
-    if key in seen:
-        return fn(*args), 0.0
-    seen.add(key)
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t0
-
-
 def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig, generator, callback,
                              probe: StepProbe, return_dict):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
@@ -622,23 +491,3 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
     if return_dict:
         return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
     return x
-
-
-@functools.cache
-def compiled_step(backend: str, device: torch.device):
-    """The cached decoding step's forward through `torch.compile`, one per (backend, device), and the set
-    of the call keys it has seen (`timed_first_call`).
-
-    A cached step at batch 1 runs a block of columns through every layer: a few GFLOPs but hundreds of
-    kernel launches, so on a GPU it is launch-bound; `mode="reduce-overhead"` replays the step as a
-    CUDA graph. Its shapes never change: the static cache's buffers span the whole sequence and the
-    start column is a tensor, so "dual" compiles one graph per generation, "prefix" (whose width
-    shrinks block by block) two: the first block's and, after it, one with a dynamic width. Eager
-    stays the path of every block's first (full) step, and of CPU analysis.
-    """
-    mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-
-    def step(model, ids, cache, logits_index):
-        return model(ids, logits_index=logits_index, cache=cache)
-
-    return torch.compile(step, backend=backend, mode=mode), set()
