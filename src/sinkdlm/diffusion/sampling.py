@@ -391,10 +391,12 @@ def generate(
     masked = torch.zeros(b, total, dtype=torch.bool, device=device)
     masked[:, p:] = True
     model.fuse_projections()  # one matmul for q/k/v and one for gate/up per layer (the same parameters)
-    kv = None  # a probe's maps and key masks need the plain forward, as does use_sink_cache=False without
-    if probe == StepProbe() and (use_sink_cache or cache is not None):  # a cache (the sinks every step)
+    # One static KV cache for every pass of the call, except where the plain forward is asked for: a
+    # probe's maps and key masks, and use_sink_cache=False without a cache (the sinks at every step).
+    kv = None
+    if probe == StepProbe() and (use_sink_cache or cache is not None):
         with model.sink_cache_mode(use_sink_cache):
-            kv = model.allocate_cache(b, total, attn)  # every other pass writes this one static cache
+            kv = model.allocate_cache(b, total, attn)
     want_state = callback is not None or probe.key_masks is not None
     step, prev_state, compile_seconds = 0, None, 0.0
 
