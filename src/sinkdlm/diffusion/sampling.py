@@ -46,7 +46,7 @@ import torch
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
 from sinkdlm.diffusion.remasking import add_gumbel_noise, check_rule, filter_logits, resolve_rule, reveal_probability
-from sinkdlm.diffusion.steps import choose, commit, forward_step, plan_decoding
+from sinkdlm.diffusion.steps import choose, commit, compiled_columns, forward_step, plan_decoding
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
 from sinkdlm.config.checks import check_int
@@ -397,6 +397,7 @@ def generate(
     if probe == StepProbe() and (use_sink_cache or cache is not None):
         with model.sink_cache_mode(use_sink_cache):
             kv = model.allocate_cache(b, total, attn)
+    columns = compiled_columns(plan, device) if compiled else None
     want_state = callback is not None or probe.key_masks is not None
     step, prev_state, compile_seconds = 0, None, 0.0
 
@@ -414,7 +415,7 @@ def generate(
             cached = cache is not None and i > 0  # a block's first step is a full forward
             with model.sink_cache_mode(use_sink_cache):
                 logits, out, seconds = forward_step(model, plan, blk, x, attn, kv, cached, settings,
-                                                    probe.forward_probe(key_masks, hook))
+                                                    probe.forward_probe(key_masks, hook), columns)
             compile_seconds += seconds
             x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, remasking, mask_id,
                               model.dtype, generator)

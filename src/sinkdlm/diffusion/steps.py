@@ -72,15 +72,25 @@ def plan_decoding(settings: SampleConfig, schedule_name: str, remasking: str, p:
     return DecodePlan(tuple(blocks), p + num_blocks * block_length, shift, settings.cache, full_logits)
 
 
+def compiled_columns(plan: DecodePlan, device) -> torch.Tensor:
+    """`[blocks, 1 + n]` long, on the device in one copy per call: each block's first cached column
+    (`blk.lo - shift`) and the columns its head reads in "prefix"'s fixed window. A compiled step
+    takes them as tensors (so it does not specialise on a block) without a host-to-device copy per step."""
+    first = plan.blocks[0].lo - plan.shift
+    return torch.tensor([[b.lo - plan.shift] + list(range(b.lo - plan.shift - first, b.hi - plan.shift - first))
+                         for b in plan.blocks], device=device)
+
+
 def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: bool, settings: SampleConfig,
-                 step_probe: Probe | None):
+                 step_probe: Probe | None, columns: torch.Tensor | None = None):
     """One step's forward: (logits `[B, n, V]` of the block's columns (or `[B, L, V]` for a callback
     without a cache, shifted as predictions of their columns), the model output, compile seconds).
 
     Without a cache, or at a block's first step, every column runs (written into `kv` from column 0);
     a cached step runs the block and what follows it ("prefix") or the block alone ("dual"), from
     the column before it with shift_logits. Compiled, the shapes never depend on the block: "prefix" then
-    runs a fixed window from the first block's start and writes only the columns from the block's."""
+    runs a fixed window from the first block's start and writes only the columns from the block's;
+    `columns` (`compiled_columns`) hold what moves with the block."""
     start = blk.lo - plan.shift if cached else 0
     ids = x[:, start:(plan.window_end(blk) if cached else plan.total)]
     head = None if plan.full_logits else slice(blk.lo - plan.shift - start, blk.hi - plan.shift - start)
@@ -88,11 +98,10 @@ def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: b
     if kv is None:  # a probe: the plain forward over the whole sequence
         out = model(ids, attention_mask=attn, logits_index=head, probe=step_probe)
     elif settings.compile and cached:  # tensors for what moves with the block: one graph for every block
-        kv.start = torch.tensor(start, device=x.device)
+        kv.start = columns[blk.index, 0]
         if plan.cache == "prefix":  # the window's first columns are computed but keep their cached keys
-            first = plan.blocks[0].lo - plan.shift
-            ids, kv.write_from, kv.start = x[:, first:], kv.start, torch.tensor(first, device=x.device)
-            head = torch.arange(start - first + head.start, start - first + head.stop, device=x.device)
+            ids, kv.write_from, kv.start = x[:, plan.blocks[0].lo - plan.shift:], kv.start, columns[0, 0]
+            head = columns[blk.index, 1:]
         key = (settings.compile_backend, x.device, tuple(ids.shape), tuple(kv.k0.shape), kv.k0.dtype,
                kv.mask is None, plan.cache)
         torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph iteration
