@@ -37,9 +37,9 @@ class Packed:
             return True
         return tuple(lin.weight.data_ptr() for lin in linears) == self.addresses
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Every linear's output `[..., rows_i]` (views of one matmul's)."""
-        return list(F.linear(x, self.weight, self.bias).split(self.rows, dim=-1))
+    def joint(self, x: torch.Tensor) -> torch.Tensor:
+        """The linears' outputs side by side `[..., sum of rows]`: one matmul."""
+        return F.linear(x, self.weight, self.bias)
 
 
 @torch.no_grad()

@@ -75,12 +75,15 @@ class Attention(nn.Module):
         self.softmax_one = cfg.softmax_one
         self.qkv: Packed | None = None  # q/k/v as one matmul at inference (`DiffusionLM.fuse_projections`)
 
-    def project_qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """`x [B, R, d]` -> q `[B, R, H*hd]`, k, v `[B, R, KVH*hd]`: one matmul when packed and not training."""
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`x [B, R, d]` -> q `[B, R, H*hd]`, k, v `[B, R, KVH*hd]` and q|k `[B, R, (H+KVH)*hd]` side by
+        side (one matmul, when packed and not training; else None, three matmuls)."""
         linears = (self.q_proj, self.k_proj, self.v_proj)
         if self.qkv is not None and not torch.is_grad_enabled() and self.qkv.holds(linears):
-            return self.qkv(x)
-        return [lin(x) for lin in linears]
+            qkv = self.qkv.joint(x)
+            q, k, v = qkv.split(self.qkv.rows, dim=-1)
+            return q, k, v, qkv[..., :self.qkv.rows[0] + self.qkv.rows[1]]
+        return *(lin(x) for lin in linears), None
 
     def sink_column(self, ref: torch.Tensor) -> torch.Tensor | None:
         """The virtual column's logit `[H]`, or None when the model has none."""
@@ -121,7 +124,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         linears = (self.gate_proj, self.up_proj)
         if self.gate_up is not None and not torch.is_grad_enabled() and self.gate_up.holds(linears):
-            gate, up = self.gate_up(x)
+            gate, up = self.gate_up.joint(x).split(self.gate_up.rows, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)  # SwiGLU
@@ -169,7 +172,7 @@ class Block(nn.Module):
         x = self.input_layernorm(h)
         b, r, _ = x.shape
         n, where = sinks.rows, sinks.position
-        q, k, v = attn.project_qkv(x)
+        q, k, v, qk = attn.project_qkv(x)
         q, k, v = q.view(b, r, nh, hd), k.view(b, r, nkv, hd), v.view(b, r, nkv, hd)
         if sinks.keep is not None:  # Table 5: the sinks' value vectors are zero at every layer
             v = v * sinks.keep.to(v.dtype)  # in v's dtype: under autocast v stays bf16, as q and k
@@ -189,7 +192,10 @@ class Block(nn.Module):
             q = sinklib.content_of(q, n, where, dim=1)  # the content queries [B, L, H, hd]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, rows, hd]
         kv = (k, v) if not l else None  # the sink cache: keys before rotation
-        if rope is not None:
+        if rope is not None and qk is not None and not n:  # q, k side by side, one table: one rotation
+            qk = apply_rope(qk.view(b, r, nh + nkv, hd).transpose(1, 2), rope[0], rope[1])
+            q, k = qk[:, :nh], qk[:, nh:]  # [B, H | KVH, L, hd]
+        elif rope is not None:
             cos, sin, cos_q, sin_q = rope
             q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
         if cache is not None:  # keys are cached after rotation, at their absolute positions
