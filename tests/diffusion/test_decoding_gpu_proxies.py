@@ -96,3 +96,13 @@ def test_a_compiled_generation_builds_at_most_two_graphs_and_gives_the_eager_tok
     again = generate(model, ids.flip(1), **kw, compile=True, compile_backend="aot_eager", return_dict=True)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs and again.compile_seconds == 0
     assert torch.equal(again.sequences, generate(model, ids.flip(1), **kw))
+
+
+@pytest.mark.parametrize("kw", [dict(cache="prefix", steps=8), dict(cache="dual", threshold=0.3, block_length=4),
+                                dict(cache="prefix", threshold=0.3, block_length=4),
+                                dict(cache="dual", steps=8, block_length=4, shift_logits=True)], ids=str)
+def test_compiled_steps_give_the_eager_tokens_with_one_block_a_threshold_or_shifted_logits(kw):
+    model = tiny_model(num_sink_tokens=1, initializer_range=0.5)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    eager = generate(model, ids, gen_length=8, **kw)
+    assert torch.equal(generate(model, ids, gen_length=8, compile=True, compile_backend="aot_eager", **kw), eager)
