@@ -6,7 +6,9 @@ Every variant is timed in one process, interleaved, against `generate(cache=None
   * `cache="prefix"` and `cache="dual"` (Fast-dLLM), each must be >= 2x faster than no cache;
   * each cache with threshold 0.9;
   * each cache with its cached steps through `torch.compile` (`generate(compile=True)`: inductor, CUDA
-    graphs on a GPU), which must give the eager cache's tokens (compile time is left out: warm-up).
+    graphs on a GPU): in fp32 on a CPU it must give the eager cache's tokens, bit for bit (asserted);
+    in bf16 inductor sums in another order, so near-ties may flip and the tokens agreeing with the
+    eager cache are reported instead. The warm-up call's seconds (compiling included) are a column.
 The model is the `tiny` preset with one sink and random weights (speed does not depend on them), so
 the share of tokens that differ from `cache=None` is reported but says nothing about quality: see
 `bench_decoding.py` for accuracy on a trained model. Raw numbers: benchmarks/results/bench_cache.json.
@@ -69,14 +71,22 @@ def main() -> None:
     if not args.no_compile:  # the cached steps through torch.compile (inductor; CUDA graphs on a GPU)
         variants |= {"prefix, compiled": dict(cache="prefix", compile=True),
                      "dual, compiled": dict(cache="dual", compile=True)}
-    outs, steps = {}, {}
-    for name, kw in variants.items():  # warm-up (builds the sink cache; compiles, twice: automatic dynamic)
-        for _ in range(2 if kw.get("compile") else 1):
-            outs[name], steps[name] = run(**kw)
-    assert torch.equal(outs["no cache"], outs["no cache, head on all columns"]), "the narrow head changed tokens"
+    outs, steps, warmup = {}, {}, {}
+    for name, kw in variants.items():  # warm-up: builds the sink cache, compiles (one graph per generation)
+        sync()
+        t0 = time.perf_counter()
+        outs[name], steps[name] = run(**kw)
+        sync()
+        warmup[name] = time.perf_counter() - t0
+    exact = device.type == "cpu" and args.dtype == "float32"  # where bitwise equality holds
+    agree = {}  # compiled variant -> generated tokens equal to the same cache's eager ones
     for c in ("prefix", "dual"):
         if f"{c}, compiled" in outs:
-            assert torch.equal(outs[c], outs[f"{c}, compiled"]), f"the compiled {c} cache changed tokens"
+            same = outs[c][:, PROMPT:] == outs[f"{c}, compiled"][:, PROMPT:]
+            agree[f"{c}, compiled"] = int(same.sum())
+            assert not exact or bool(same.all()), f"the compiled {c} cache changed tokens (fp32, CPU)"
+    if exact:
+        assert torch.equal(outs["no cache"], outs["no cache, head on all columns"]), "the block head changed tokens"
     times = {k: [] for k in variants}
     for _ in range(args.repeats):
         for name, kw in variants.items():
@@ -90,14 +100,18 @@ def main() -> None:
     where = (f"CPU, {args.threads} thread(s)" if device.type == "cpu" else torch.cuda.get_device_name(device))
     print(f"prompt {PROMPT}, gen {GEN}, block {BLOCK}, batch {args.batch}, {args.preset} preset + 1 sink (random), "
           f"{args.dtype}, {where}, best of {args.repeats}\n")
-    print("| variant | forwards | seconds | tokens/s | speed-up vs no cache | tokens differing from no cache |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| variant | forwards | seconds | tokens/s | speed-up vs no cache | tokens differing from no cache | "
+          "warm-up s | tokens agreeing with eager |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in variants:
         sec = min(times[name])
         differ = int((outs[name] != outs["no cache"]).sum())
         rows[name] = dict(seconds=sec, all_seconds=times[name], forwards=steps[name],
-                          tokens_per_s=GEN * args.batch / sec, speedup=base / sec, tokens_differing=differ)
-        print(f"| {name} | {steps[name]} | {sec:.3f} | {GEN * args.batch / sec:.1f} | {base / sec:.2f}x | {differ} |")
+                          tokens_per_s=GEN * args.batch / sec, speedup=base / sec, tokens_differing=differ,
+                          warmup_seconds=warmup[name], tokens_agreeing_with_eager=agree.get(name))
+        agreeing = f"{agree[name]} of {GEN * args.batch}" if name in agree else ""
+        print(f"| {name} | {steps[name]} | {sec:.3f} | {GEN * args.batch / sec:.1f} | {base / sec:.2f}x | {differ} | "
+              f"{warmup[name]:.1f} | {agreeing} |")
     for c in ("prefix", "dual"):
         ok = rows[c]["speedup"] >= 2.0
         print(f"- {c}: {rows[c]['speedup']:.2f}x vs no cache ({'meets' if ok else 'MISSES'} the 2x target)")

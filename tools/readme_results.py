@@ -92,13 +92,19 @@ def _bench_cache(results_root: Path, file: str = "bench_cache.json") -> str | No
         return None
     r = json.loads(path.read_text())
     tokens = r["gen_length"] * r["batch"]
+    warm = all("warmup_seconds" in v for v in r["variants"].values())  # (older results have no warm-up column)
     lines = [f"{r['prompt_length']}-token prompt, {r['gen_length']} tokens in blocks of {r['block_length']}, one token "
              f"per step unless a threshold is set; {r['model']}, batch {r['batch']}, {_threads(r['threads'])}, best of "
              f"{r['repeats']}, {r.get('device', 'CPU')}, all in one process (`benchmarks/bench_cache.py`):", "",
-             "| mode | seconds | forwards | speed-up vs no cache | tokens differing from no cache |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {name} | {v['seconds']:.2f} | {v['forwards']} | {v['speedup']:.2f}× | {v['tokens_differing']} of {tokens} |"
-              for name, v in r["variants"].items()]
+             "| mode | seconds | forwards | speed-up vs no cache | tokens differing from no cache |"
+             + (" warm-up s | tokens agreeing with eager |" if warm else ""),
+             "|---|---:|---:|---:|---:|" + ("---:|---:|" if warm else "")]
+    for name, v in r["variants"].items():
+        row = f"| {name} | {v['seconds']:.2f} | {v['forwards']} | {v['speedup']:.2f}× | {v['tokens_differing']} of {tokens} |"
+        if warm:
+            agree = v.get("tokens_agreeing_with_eager")
+            row += f" {v['warmup_seconds']:.1f} | {'' if agree is None else f'{agree} of {tokens}'} |"
+        lines.append(row)
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +156,51 @@ def _bench_ops(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _bench_decode_ops(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_decode_ops.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    before = r.get("before")
+    lines = [f"One decoding step of `generate` ({r['preset']}, batch {r['batch']}, {r['prompt_length']}-token prompt, "
+             f"{r['gen_length']} tokens in blocks of {r['block_length']}, one token per step, fp32, torch {r['torch']}; "
+             "exact CPU counts, `benchmarks/bench_decode_ops.py`): ATen ops, kernels (non-view ops, one launch each "
+             "on a GPU) and host syncs per step, and the graphs `compile=True` (aot_eager) builds for the generation"
+             + (f"; before: {before['source']}, counted by the same script" if before else "") + ":", "",
+             "| mode | ATen ops / step | / no cache | kernels / step | host syncs / step | graphs, compiled |"
+             + (" ops / step before | kernels / step before | syncs / step before | graphs before |" if before else ""),
+             "|---|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if before else "")]
+    for name, v in r["modes"].items():
+        cache = {"no cache": None}.get(name, name)
+        row = (f"| {name} | {v['ops_per_step']:.1f} | {v['ops_ratio']:.2f} | {v['kernels_per_step']:.1f} | "
+               f"{v['syncs_per_step']:.2f} | {r['compiled_graphs'].get(cache, '–')} |")
+        if before:
+            b = before["modes"][name]
+            row += (f" {b['ops_per_step']:.1f} | {b['kernels_per_step']:.1f} | {b['syncs_per_step']:.2f} | "
+                    f"{before['compiled_graphs'].get(cache, '–')} |")
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def _bench_gpu_decode(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_gpu_decode.json"
+    if not path.is_file():
+        return _not_measured("benchmarks/gpu_suite.sh OUTDIR", "bench_gpu_decode.json")
+    r = json.loads(path.read_text())
+    lines = [f"{r['device']}, {r['model']} ({r['parameters'] / 1e9:.2f} B parameters, {r['dtype']}), "
+             f"{r['prompt_length']}-token prompt + {r['gen_length']} tokens in blocks of {r['block_length']}, one token "
+             f"per step, best of {r['repeats']}; weight-read bound {r['bound_ms_per_step']:.2f} ms per step at "
+             f"{r['bandwidth_gbs']:.0f} GB/s measured (`benchmarks/bench_gpu_decode.py`):", "",
+             "| batch | mode | ms / step | tok/s | of the weight-read bound | warm-up s | tokens agreeing with eager |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for v in r["rows"]:
+        warm = "" if v["warmup_s"] is None else f"{v['warmup_s']:.0f}"
+        agree = "" if v["tokens_agreeing_with_eager"] is None else f"{v['tokens_agreeing_with_eager']} of {v['tokens']}"
+        lines.append(f"| {v['batch']} | {v['mode']} | {v['ms_per_step']:.2f} | {v['tokens_per_s']:.0f} | "
+                     f"{100 * v['fraction_of_bound']:.0f} % | {warm} | {agree} |")
+    return "\n".join(lines) + "\n"
+
+
 def _not_measured(command: str, results_file: str) -> str:
     """The block of a GPU benchmark that has not run yet: what would fill it."""
     return ("Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
@@ -181,7 +232,8 @@ def _bench_gpu_train(results_root: Path) -> str | None:
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
-            "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu}
+            "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
+            "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

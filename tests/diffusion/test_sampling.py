@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.config import SampleConfig
-from sinkdlm.diffusion.sampling import StepProbe, StepState, add_gumbel_noise, transfer_schedule
+from sinkdlm.diffusion.remasking import add_gumbel_noise, transfer_schedule
+from sinkdlm.diffusion.sampling import StepProbe, StepState
 from sinkdlm.model import Probe
 
 VARIANTS = {

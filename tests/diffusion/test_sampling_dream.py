@@ -147,12 +147,9 @@ def test_a_dream_model_defaults_to_dreams_schedule_and_entropy():
 def test_the_schedules_differ_where_the_issue_says():
     """Dream's count of a step, int(n(1 - s/t)), is not the even split: at n = steps = 8 the first step
     commits int(8 * 0.999/8 ...) = 0 tokens (and the last several), LLaDA's one per step."""
-    from sinkdlm.diffusion.remasking import dream_timesteps, dream_transfer_count, transfer_schedule
+    from sinkdlm.diffusion.remasking import dream_counts, dream_timesteps, transfer_schedule
 
-    ts, n, counts = dream_timesteps(8, 1e-3), torch.tensor(8.0), []
-    for i in range(8):
-        counts.append(dream_transfer_count(n, ts, i))
-        n = n - counts[-1]
+    counts = dream_counts(8, dream_timesteps(8, 1e-3))
     want = []
     left = 8
     for i in range(8):  # the formula, in float64: differs from float32 only where it lands on an integer
@@ -160,6 +157,19 @@ def test_the_schedules_differ_where_the_issue_says():
         want.append(left if i == 7 else math.floor(left * (1 - s / t)))
         left -= want[-1]
     assert counts == want and sum(counts) == 8 and counts != transfer_schedule(8, 8)
+
+
+@pytest.mark.parametrize("n,steps,eps", [(8, 8, 1e-3), (32, 7, 1e-3), (64, 64, 1e-3), (17, 5, 0.2), (256, 31, 1e-4)])
+def test_the_counts_planned_on_the_host_are_dream_s_float32_counts(n, steps, eps):
+    """Dream's own arithmetic, on torch float32 tensors: `mask_index.sum() / batch * (1 - s / t)`."""
+    from sinkdlm.diffusion.remasking import dream_counts, dream_timesteps
+
+    ts = torch.linspace(1, eps, steps + 1)
+    left, want = torch.tensor(n) * 3 / 3, []  # a batch of 3 rows: float32, as Dream's
+    for i in range(steps):
+        want.append(int(left) if i == steps - 1 else int(left * (1 - ts[i + 1] / ts[i])))
+        left = left - want[-1]
+    assert dream_counts(n, dream_timesteps(steps, eps)) == want
 
 
 # ----------------------------------------------------------------------------- temperature > 0

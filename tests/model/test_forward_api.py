@@ -28,28 +28,36 @@ def batch():
     return ids, attn
 
 
+@pytest.mark.parametrize("switch", [{}, {"sink_position": "end", "num_sink_tokens": 2}, {"sink_logit": True}])
 @torch.no_grad()
-def test_cache_records_the_full_key_sequence_and_replaces_the_run_columns():
-    model = make()
+def test_a_static_cache_gives_the_plain_forward_and_keeps_its_shapes(switch):
+    model = make(**switch)
     ids, attn = batch()
-    full = model(ids, attention_mask=attn, cache=(rec := KVCache(record=True)))
+    full = model(ids, attention_mask=attn)
     cfg = model.config
-    assert len(rec.layers) == cfg.num_hidden_layers and rec.length == 10
-    assert rec.layers[0][0].shape == (2, cfg.num_key_value_heads, 10, cfg.head_dim)
-    # A dual pass over columns 4..7 that also records: the keys it stores are the full pass's.
-    dual = KVCache(rec.layers, start=4, record=True)
-    out = model(ids[:, 4:7], attention_mask=attn, cache=dual)
-    torch.testing.assert_close(out.logits, full.logits[:, 4:7])
-    for (k, v), (k0, v0) in zip(dual.layers, rec.layers):
-        torch.testing.assert_close(k, k0)
-        torch.testing.assert_close(v, v0)
-    # A prefix cache: crop keeps the first columns; the pass runs everything from `start`.
-    rec.crop(4)
-    assert rec.length == 4
-    rec.start = 4
-    torch.testing.assert_close(model(ids[:, 4:], attention_mask=attn, cache=rec).logits, full.logits[:, 4:])
-    # A cache that neither holds nor records anything is the plain pass.
-    assert torch.equal(model(ids, attention_mask=attn, cache=KVCache()).logits, full.logits)
+    kv = model.allocate_cache(2, 10, attn)
+    shape = (2, cfg.num_key_value_heads, 10 + cfg.num_sink_tokens, cfg.head_dim)
+    assert len(kv.keys) == cfg.num_hidden_layers and kv.keys[0].shape == shape
+    assert torch.equal(model(ids, cache=kv).logits, full.logits)  # from column 0 over all: the plain pass
+    # A dual pass over columns 4..7 (unchanged tokens: the cached keys are the fresh ones) and a prefix
+    # pass from column 4; the start as an int (eager) or a tensor (what a compiled step takes).
+    for start in (4, torch.tensor(4)):
+        kv.start = start
+        torch.testing.assert_close(model(ids[:, 4:7], cache=kv).logits, full.logits[:, 4:7], rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(ids[:, 4:], cache=kv).logits, full.logits[:, 4:], rtol=0, atol=1e-6)
+    assert all(k.shape == shape for k in kv.keys + kv.values)  # written in place: the shapes never change
+    # A pass over changed tokens writes its columns and no other: layer 0's keys are a token's own.
+    before = [k.clone() for k in kv.keys]
+    changed = ids.clone()
+    changed[:, 5] = 7
+    kv.start = 4
+    model(changed[:, 4:7], cache=kv)
+    model(changed, cache=(fresh := model.allocate_cache(2, 10, attn)))
+    col = kv.offset + torch.arange(10)
+    inside, outside = col[4:7], torch.cat([torch.arange(kv.offset + 4), col[7:]])
+    assert torch.equal(kv.keys[0][:, :, inside], fresh.keys[0][:, :, inside])
+    for k, k0 in zip(kv.keys, before):
+        assert torch.equal(k[:, :, outside], k0[:, :, outside])
 
 
 @pytest.mark.parametrize("switch", [{}, {"sink_logit": True}])
@@ -102,19 +110,21 @@ def test_sink_cache_mode_is_scoped():
 def test_bad_cache_and_probe_use_is_refused_before_any_work():
     model = make()
     ids, attn = batch()
-    rec = KVCache(record=True)
-    model(ids, cache=rec)
-    with pytest.raises(ValueError, match="start=11 must lie in"):
-        model(ids[:, :2], cache=KVCache(rec.layers, start=11))
-    with pytest.raises(ValueError, match="1 layers, the model 2"):
-        model(ids[:, :2], cache=KVCache(rec.layers[:1]))
-    with pytest.raises(ValueError, match="needs cached keys"):
-        model(ids, cache=KVCache(start=3))
-    for probe in (Probe(attentions=True), Probe(hook=lambda *a: None), Probe(key_masks=[None, None])):
+    kv = model.allocate_cache(2, 10, attn)
+    kv.start = 9
+    with pytest.raises(ValueError, match="from KVCache.start=9 does not fit"):
+        model(ids[:, :2], cache=kv)
+    kv.start = 0
+    with pytest.raises(ValueError, match="holds 2 rows, the input 1"):
+        model(ids[:1], cache=kv)
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        model.allocate_cache(2, 11, attn)
+    for probe in (Probe(attentions=True), Probe(key_masks=[None, None])):
         with pytest.raises(ValueError, match="KV cache cannot be combined"):
-            model(ids[:, :2], cache=KVCache(rec.layers), probe=probe)
-    with pytest.raises(ValueError, match="KV cache cannot be combined"):
-        model(ids[:, :2], cache=KVCache(rec.layers), causal=True)
+            model(ids[:, :2], cache=kv, probe=probe)
+    for kw in (dict(causal=True), dict(attention_mask=attn)):
+        with pytest.raises(ValueError, match="KV cache cannot be combined"):
+            model(ids, cache=kv, **kw)
     with pytest.raises(ValueError, match=r"\[B, L\] or \[B, 1, L, L\]"):
         model(ids, attention_mask=attn[:, None])
     with pytest.raises(TypeError):  # the old keywords are gone: a probe / a cache replaces them

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sinkdlm import DiffusionLM, ModelConfig
+from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.diffusion.loss import diffusion_loss, masked_loss, plan_masks
 from sinkdlm.diffusion.noise import MaskNoise
 from helpers import OpCounter
@@ -64,16 +64,24 @@ class SdpaSpy:
         monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
 
 
-@pytest.mark.parametrize("name", ["vanilla", "1 sink", "sink_logit", "softmax_one", "gated", "1 sink + sink_logit"])
-def test_under_bf16_autocast_q_k_and_v_reach_sdpa_in_bf16_with_no_float_mask(name, monkeypatch):
+@pytest.mark.parametrize("name", ["vanilla", "1 sink", "zero-value sink", "sink_logit", "softmax_one", "gated",
+                                  "1 sink + sink_logit"])
+@pytest.mark.parametrize("mode", ["train", "eval", "decode"])
+def test_under_bf16_autocast_q_k_and_v_reach_sdpa_in_bf16_with_no_float_mask(name, mode, monkeypatch):
+    # train: the sinks ride in the batch; eval: their cached keys/values are joined; decode: `generate`'s
+    # static KV cache, allocated under the autocast (issue 44: the zero-value sink's v was float32)
     spy = SdpaSpy(monkeypatch)
     torch.manual_seed(0)
-    model = DiffusionLM(tiny(**VARIANTS.get(name, {}))).train()
+    model = DiffusionLM(tiny(**VARIANTS.get(name, {}))).train(mode == "train")
     ids = torch.randint(0, 100, (2, 32))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(ids).logits
-    logits.float().sum().backward()
-    assert len(spy.calls) == model.config.num_hidden_layers
+        if mode == "decode":
+            generate(model, ids[:, :8], gen_length=8, steps=2, block_length=4, cache="dual")
+        else:
+            logits = model(ids).logits
+    if mode == "train":
+        logits.float().sum().backward()
+    assert len(spy.calls) == model.config.num_hidden_layers * (2 if mode == "decode" else 1)
     for qd, kd, vd, mask, hq, hk, hv in spy.calls:
         assert (qd, kd, vd) == (torch.bfloat16,) * 3  # RoPE's result in the activation dtype: no autocast copy
         assert mask is None or mask.dtype == torch.bool

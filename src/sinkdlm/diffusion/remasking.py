@@ -6,7 +6,7 @@ Two schedules (`schedule=`) say how many positions a block's step commits:
     (`transfer_schedule`, LLaDA's `get_num_transfer_tokens`);
   * "dream": Dream's `diffusion_generate`: timesteps `t_i = linspace(1, eps, steps + 1)`; the step
     t -> s commits `int(n_masked * (1 - s/t))` positions and the last step every remaining mask
-    (`dream_transfer_count`, computed in float32 as Dream does, so the counts are Dream's own).
+    (`dream_counts`, computed in float32 as Dream does, so the counts are Dream's own).
 
 The remasking rule (`remasking=`) says which ones, and what is predicted there (`predict`, `select`):
   * LLaDA: "low_confidence" (probability of the predicted token), "random" (uniform scores);
@@ -25,6 +25,7 @@ fixed generator repeats the output; the draws are Dream's in distribution, not i
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin")
@@ -91,14 +92,18 @@ def dream_timesteps(steps: int, eps: float) -> torch.Tensor:
     return torch.linspace(1, eps, steps + 1, dtype=torch.float32)
 
 
-def dream_transfer_count(num_masked: torch.Tensor, timesteps: torch.Tensor, i: int) -> int:
-    """Dream's count of step i: `int(n * (1 - s/t))` with t = t_i, s = t_{i+1}, and every mask at
-    the last step. `num_masked` is the masked count averaged over the rows (float32, as Dream's
-    `mask_index.sum() / batch`; every row has the same count under a confidence rule)."""
-    if i == len(timesteps) - 2:
-        return int(num_masked)
-    t, s = timesteps[i], timesteps[i + 1]
-    return int(num_masked.to(torch.float32) * (1 - s / t))
+def dream_counts(num_masked: int, timesteps: torch.Tensor) -> list[int]:
+    """Dream's count of every step of a block with `num_masked` masks, before any forward: `int(n (1 - s/t))`
+    with t = t_i, s = t_{i+1} and n the masks left, and every mask at the last step. In float32 as Dream
+    computes it (`mask_index.sum() / batch`; every row has the same count under a confidence rule), on
+    the host (numpy's float32 rounds as torch's), so the loop never asks the device for a count."""
+    ts = timesteps.numpy()  # float32
+    counts = []
+    for i in range(len(ts) - 1):
+        k = num_masked if i == len(ts) - 2 else int(np.float32(num_masked) * (np.float32(1) - ts[i + 1] / ts[i]))
+        counts.append(k)
+        num_masked -= k
+    return counts
 
 
 def reveal_probability(timesteps: torch.Tensor, i: int) -> float:

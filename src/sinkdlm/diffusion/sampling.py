@@ -17,10 +17,13 @@ current block and commit some of them (the rules are in `diffusion/remasking.py`
 What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/test_sampling.py):
   * probabilities, noise and selection are computed for the current block only (the later
     blocks' predictions are never used), and top-k is batched instead of a loop over rows;
+  * every pass reads and writes one static key/value cache (`model/cache.py`), also without
+    `cache=` (each step then writes every column): the sinks' keys and the rotary tables are
+    computed once per call, not per step;
   * "masked" is tracked as a boolean state, so a prompt that contains the `[MASK]` id is never
     changed; the `[MASK]` id is never predicted, so no mask is left at the end;
   * the even split's steps that would commit nothing (steps per block > block_length) are not run
-    (Dream's zero-commit steps are, as Dream runs them);
+    (Dream's zero-commit steps are, as Dream runs them); both are known from the schedule alone;
   * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, docs/method.md §3).
 Mixed-length prompts are left-padded with an attention mask; padding is invisible to the model
 and rotary positions restart at each row's first real token, so every row gets the tokens it
@@ -33,8 +36,8 @@ previous state when `key_masks_fn` is given), so memory stays flat across steps.
 
 from __future__ import annotations
 
-import functools
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,25 +45,14 @@ import torch
 
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
-from sinkdlm.diffusion.remasking import (
-    add_gumbel_noise,
-    check_rule,
-    dream_timesteps,
-    dream_transfer_count,
-    filter_logits,
-    predict,
-    resolve_rule,
-    reveal_probability,
-    select,
-    steps_per_block,
-    transfer_schedule,
-)
-from sinkdlm.model.cache import KVCache
+from sinkdlm.diffusion.remasking import add_gumbel_noise, check_rule, filter_logits, resolve_rule, reveal_probability
+from sinkdlm.diffusion.steps import choose, commit, compiled_columns, forward_step, plan_decoding
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
 from sinkdlm.config.checks import check_int
 
 CACHES = ("prefix", "dual")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,6 +92,8 @@ class GenerationOutput:
     attention_mask: torch.Tensor | None  # [B, P + gen_length]; None when no row is padded
     prompt_length: int  # P, the padded prompt width
     steps_taken: int  # model forward passes
+    # compile=True: wall seconds of the compiled step's first calls per shape (its compile time; 0: reused)
+    compile_seconds: float | None = None
 
 
 StepCallback = Callable[[StepState], None]
@@ -256,37 +250,46 @@ def generate(
     callback       `callback(StepState)` after every step.
     probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
                    maps and values in the StepState); None is the fast path.
-    use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step.
+    use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step
+                   (with a cache: once per call, into the static KV cache).
     shift_logits   position i-1 predicts token i (AR-initialised head, docs/method.md §5); None (default):
                    the model's own `config.shift_logits` (True for Dream), a bool overrides it.
     return_dict    return a `GenerationOutput` (sequences, attention_mask, steps_taken).
     cache          Fast-dLLM KV caching (their `generate_with_prefix_cache` / `_dual_cache`):
                    every block starts with a full forward (its logits make that step's commits)
-                   that stores each layer's content keys/values; the other steps of the block run
+                   that writes each layer's content keys/values into the call's static cache
+                   (`DiffusionLM.allocate_cache`, allocated once for prompt + gen_length and written
+                   in place, so no shape ever changes); the other steps of the block run
                    only the block and what follows it ("prefix": the keys/values before the block
                    are reused) or only the block ("dual": those before and after it are reused).
                    Keys are cached after rotation, at their absolute positions (which never change
                    during a call); each row keeps its own padding mask and positions, so a
-                   left-padded row gets what it gets alone. The sinks' keys/values stay the exact,
-                   global sink cache. With shift_logits the column before the block is run too
+                   left-padded row gets what it gets alone. The sinks' keys/values are the exact,
+                   global sink cache's, written into it once. With shift_logits the column before the block is run too
                    (it predicts the block's first token). Cached steps see stale keys/values
                    outside the block, so the tokens may differ from `cache=None` (Fast-dLLM's
                    approximation); with one step per block they are identical. Under a cache only
                    the block's queries run, so a `probe` (whose maps and key masks cover the whole
                    sequence) is refused: analyse with cache=None.
     compile        run the cached steps' forward through `torch.compile` (`compile_backend`; CUDA graphs
-                   on a GPU): the whole block's columns every step, so shapes are static per block and
-                   the tokens are the eager cached loop's (tested with aot_eager).
+                   on a GPU): one graph per generation (`steps.compiled_step`), and the tokens are
+                   the eager cached loop's (tested with aot_eager). The first calls' seconds (the
+                   compile time) are logged and returned as `compile_seconds`.
 
     Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
     temperature, sampled) left-to-right decoding, one token per step and `gen_length` steps; `steps`,
     `block_length` and `remasking` do not apply; callbacks, hooks and key masks see the causal maps
     of each step's input (the prompt and the tokens so far), docs/method.md §10.
 
-    Logits. The LM head runs only where its output is used: at temperature 0 with a confidence rule
-    (no alg_temp) on the block columns that some row still has masked, otherwise on the whole block
-    (so the seeded noise draws keep their `[B, block_length, V]` shape). A callback without a cache
-    receives every column's logits, as the analysis expects.
+    Logits. The LM head runs on the current block's columns (a slice: which of them are still masked
+    would be a question to the device), except that a callback without a cache receives every
+    column's logits, as the analysis expects.
+
+    Host syncs. With a fixed step count the loop never waits for the device: every step's count comes
+    from the schedule, planned before the loop (`plan_decoding`), and the commits write slices. Threshold
+    decoding and Dream's `origin` ask the device once a step whether the block is done (docs/guide.md).
+    The loop's pieces, shared by the eager and compiled paths: `plan_decoding` (the schedule, before the
+    loop), `forward_step` (one forward), `choose` (predictions and picks) and `commit` (`diffusion/steps.py`).
     """
     if generator is not None and "seed" in overrides:
         raise ValueError("pass either generator or seed, not both")
@@ -378,99 +381,70 @@ def generate(
         with model.sink_cache_mode(use_sink_cache):
             return _generate_autoregressive(model, prompt, prompt_mask, settings, generator, callback, probe, return_dict)
 
-    # ---- state
+    plan = plan_decoding(settings, schedule_name, remasking, p, steps, num_blocks, block_length,
+                         shift=1 if shift_logits else 0, full_logits=callback is not None and cache is None)
+    # ---- state: the sequence, what is still masked, and (without a probe) the generation's static cache
     x = torch.cat([prompt, prompt.new_full((b, gen_length), mask_id)], dim=1)  # [B, L]
     attn = None
     if prompt_mask is not None:
         attn = torch.cat([prompt_mask, prompt_mask.new_ones(b, gen_length)], dim=1)  # [B, L]
     masked = torch.zeros(b, total, dtype=torch.bool, device=device)
     masked[:, p:] = True
-    work_dtype = torch.promote_types(model.dtype, torch.float32)
-    want_state = callback is not None or key_masks_fn is not None
-    full_logits = callback is not None and cache is None  # the callback's documented [B, L, V]
-    # masked columns only when nothing is drawn (no noise, no random scores or positions)
-    narrow = temperature == 0 and not alg_temp and remasking not in ("random", "origin")
-    shift = 1 if shift_logits else 0  # logits at column c - shift predict column c
-    step, prev_state = 0, None
+    model.fuse_projections()  # one matmul for q/k/v and one for gate/up per layer (the same parameters)
+    # One static KV cache for every pass of the call, except where the plain forward is asked for: a
+    # probe's maps and key masks, and use_sink_cache=False without a cache (the sinks at every step).
+    kv = None
+    if probe == StepProbe() and (use_sink_cache or cache is not None):
+        with model.sink_cache_mode(use_sink_cache):
+            kv = model.allocate_cache(b, total, attn)
+    columns = compiled_columns(plan, device) if compiled else None
+    want_state = callback is not None or probe.key_masks is not None
+    step, prev_state, compile_seconds = 0, None, 0.0
 
-    for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
-        lo, hi = p + blk * block_length, p + (blk + 1) * block_length
-        schedule = transfer_schedule(block_length, block_steps) if threshold is None else None
-        timesteps = dream_timesteps(block_steps, settings.eps) if schedule_name == "dream" and schedule else None
-        # this block's cached content keys/values, recorded by its first (full) forward
-        kv = KVCache(record=True) if cache is not None else None
-        for i in range(block_steps) if threshold is None else itertools.count():
-            if not masked[:, lo:hi].any():  # LLaDA's zero-commit steps come last: not run
+    for blk in plan.blocks:
+        for i in range(blk.steps) if blk.steps is not None else itertools.count():
+            k = blk.counts[i] if blk.counts is not None else None
+            if blk.counts is None and not masked[:, blk.lo:blk.hi].any():  # adaptive: one host sync a step
                 break
-            # how many to commit (k), or origin's revealed positions (drawn before the step's noise).
-            # Dream's schedule can commit nothing at a step (int(n * (1 - s/t)) = 0); such a step is run,
-            # as Dream runs it, so a schedule of `steps` takes `steps` forwards.
-            k, reveal = None if schedule is None else schedule[i], None
-            if timesteps is not None and remasking == "origin":
-                u = torch.rand((b, hi - lo), generator=generator, device=device, dtype=torch.float64)
-                reveal = masked[:, lo:hi] & (u < reveal_probability(timesteps, i))  # [B, n]
-            elif timesteps is not None:
-                k = dream_transfer_count(masked[:, lo:hi].sum() / b, timesteps, i)
-            cached_step = kv is not None and not kv.record
-            if narrow and not full_logits and not (compiled and cached_step):
-                cols = lo + masked[:, lo:hi].any(0).nonzero().squeeze(-1)  # [K]
-            else:
-                cols = torch.arange(lo, hi, device=device)  # [n]
-            key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
-            hook = attention_hook_fn(step, x.masked_fill(masked, mask_id), attn) if attention_hook_fn else None
-            step_probe = probe.forward_probe(key_masks, hook)
-            if kv is None or kv.record:  # a full forward: no cache, or the first step of a cached block
-                q0, ids = 0, x
-            else:  # cached: run the block (and, for "prefix", everything after it)
-                q0 = kv.start = lo - shift
-                ids = x[:, q0:(total if cache == "prefix" else hi)]
+            reveal = None  # origin's revealed positions, drawn before the step's noise (Dream's order)
+            if remasking == "origin":
+                u = torch.rand((b, blk.hi - blk.lo), generator=generator, device=device, dtype=torch.float64)
+                reveal = masked[:, blk.lo:blk.hi] & (u < reveal_probability(blk.timesteps, i))  # [B, n]
+            key_masks = probe.key_masks(step, prev_state) if probe.key_masks is not None else None
+            hook = probe.hook(step, x.masked_fill(masked, mask_id), attn) if probe.hook else None
+            cached = cache is not None and i > 0  # a block's first step is a full forward
             with model.sink_cache_mode(use_sink_cache):
-                if compiled and cached_step:  # static shapes per block: the whole block's columns
-                    out = compiled_step(settings.compile_backend, device)(model, ids, attn, cols - shift - q0, kv)
-                else:
-                    out = model(ids, attention_mask=attn, logits_index=None if full_logits else cols - shift - q0,
-                                cache=kv, probe=step_probe)
-            if kv is not None and kv.record:  # keep what the block's steps will not recompute
-                if cache == "prefix":
-                    kv.crop(lo - shift)
-                kv.record = False
-            logits = out.logits  # [B, K, V] at `cols` (or [B, L, V] for a callback without a cache)
-            if full_logits:
-                if shift_logits:  # logits[:, i-1] predicts x[:, i]
-                    logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-                block_logits = logits[:, lo:hi]
-            else:
-                block_logits = logits
-            block_logits = block_logits.to(work_dtype, copy=True)  # [B, K, V]
-            block_logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
-            x0, conf = predict(block_logits, remasking, temperature, top_p, top_k, generator)
-            if reveal is not None:
-                pick = reveal[:, cols - lo]
-            else:
-                pick = select(conf, masked[:, cols], k, threshold, alg_temp, generator)
+                logits, out, seconds = forward_step(model, plan, blk, x, attn, kv, cached, settings,
+                                                    probe.forward_probe(key_masks, hook), columns)
+            compile_seconds += seconds
+            x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, remasking, mask_id,
+                              model.dtype, generator)
             masked_before = masked.clone() if want_state else None
-            x[:, cols] = torch.where(pick, x0, x[:, cols])
-            masked[:, cols] &= ~pick
+            commit(x, masked, blk, x0, pick)
             if want_state:
                 committed = torch.zeros_like(masked)
-                committed[:, cols] = pick
+                committed[:, blk.lo:blk.hi] = pick
                 state = StepState(
-                    step=step, block=blk, x=x.clone(), masked=masked_before, committed=committed,
-                    logits=logits, attentions=out.attentions, values=out.values,
-                    attention_mask=attn, prompt_length=p, mask_id=mask_id,
-                    logit_columns=torch.arange(total, device=device) if full_logits else cols,
+                    step=step, block=blk.index, x=x.clone(), masked=masked_before, committed=committed,
+                    # a CUDA graph's output is overwritten by its next replay: the state keeps a copy
+                    logits=out.logits.clone() if compiled else out.logits, attentions=out.attentions,
+                    values=out.values, attention_mask=attn, prompt_length=p, mask_id=mask_id,
+                    logit_columns=torch.arange(total, device=device) if plan.full_logits else
+                    torch.arange(blk.lo, blk.hi, device=device),
                     virtual_sink_attentions=out.virtual_sink_attentions,
                 )
                 if callback is not None:
                     callback(state)
-                prev_state = state if key_masks_fn is not None else None
+                prev_state = state if probe.key_masks is not None else None
                 del state
-            del out, logits, block_logits, x0, conf
+            del out, logits, x0, pick
             step += 1
 
-    assert not masked.any()
+    if compile_seconds:
+        log.info("generate(compile=True): %.1f s in first calls of the compiled step (compiling)", compile_seconds)
     if return_dict:
-        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=step)
+        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=step,
+                                compile_seconds=compile_seconds if compiled else None)
     return x
 
 
@@ -520,21 +494,3 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
     if return_dict:
         return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
     return x
-
-
-@functools.cache
-def compiled_step(backend: str, device: torch.device):
-    """The cached decoding step's forward through `torch.compile`, one per (backend, device).
-
-    A cached step at batch 1 runs a block of columns through every layer: a few GFLOPs but hundreds of
-    kernel launches, so on a GPU it is launch-bound; `mode="reduce-overhead"` replays the step as a
-    CUDA graph. Shapes are static within a block (the block's columns, the cache's length); a new
-    block's start column makes dynamo generalise it after one recompile. Eager stays the path of
-    every other step, and of CPU analysis.
-    """
-    mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-
-    def step(model, ids, attention_mask, logits_index, cache):
-        return model(ids, attention_mask=attention_mask, logits_index=logits_index, cache=cache)
-
-    return torch.compile(step, backend=backend, mode=mode)

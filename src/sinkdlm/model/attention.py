@@ -109,19 +109,22 @@ def get_backend(name: str) -> AttentionFn:
 
 # ----------------------------------------------------------------------------- rotary embedding
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin `[B|1, L, hd]` for integer positions `[B|1, L]` (computed in fp32, as HF does)."""
+    """cos/sin `[B|1, L, hd]` for integer positions `[B|1, L]` (computed in fp32, as HF does), the sine's
+    first half negated: rotate-half's sign folded into the table, so `apply_rope` launches no `neg`."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
     freqs = positions.float()[..., None] * inv_freq  # [B, L, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = emb.sin()
+    return emb.cos().to(dtype), torch.cat((-sin[..., : head_dim // 2], sin[..., head_dim // 2:]), -1).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x [B, H, L, hd]` (the LLaMA/Qwen2 rotate-half convention)."""
+    """Rotate `x [B, H, L, hd]` (the LLaMA/Qwen2 rotate-half convention) with `rope_cos_sin`'s tables:
+    `x cos + [-x2, x1] sin = x cos + [x2, x1] [-sin1, sin2]`, bit for bit (negation is exact)."""
     cos, sin = cos[:, None], sin[:, None]
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * sin
 
 
 # ----------------------------------------------------------------------------- content masks

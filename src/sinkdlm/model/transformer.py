@@ -33,6 +33,7 @@ from sinkdlm.model.attention import (
     SINK_COLUMN_BACKENDS, apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin,
 )
 from sinkdlm.model.cache import KVCache
+from sinkdlm.model.fused import Packed, pack
 from sinkdlm.model.probe import Probe, ProbePass
 
 
@@ -73,6 +74,17 @@ class Attention(nn.Module):
         # The virtual sink column's score per head: learned (gpt-oss) or fixed at 0 (softmax_1).
         self.sink_logit = nn.Parameter(torch.empty(h)) if cfg.sink_logit else None
         self.softmax_one = cfg.softmax_one
+        self.qkv: Packed | None = None  # q/k/v as one matmul at inference (`DiffusionLM.fuse_projections`)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`x [B, R, d]` -> q `[B, R, H*hd]`, k, v `[B, R, KVH*hd]` and q|k `[B, R, (H+KVH)*hd]` side by
+        side (one matmul, when packed and not training; else None, three matmuls)."""
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        if self.qkv is not None and not torch.is_grad_enabled() and self.qkv.holds(linears):
+            qkv = self.qkv.joint(x)
+            q, k, v = qkv.split(self.qkv.rows, dim=-1)
+            return q, k, v, qkv[..., :self.qkv.rows[0] + self.qkv.rows[1]]
+        return *(lin(x) for lin in linears), None
 
     def sink_column(self, ref: torch.Tensor) -> torch.Tensor | None:
         """The virtual column's logit `[H]`, or None when the model has none."""
@@ -108,9 +120,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: Packed | None = None  # gate/up as one matmul at inference (`DiffusionLM.fuse_projections`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        linears = (self.gate_proj, self.up_proj)
+        if self.gate_up is not None and not torch.is_grad_enabled() and self.gate_up.holds(linears):
+            gate, up = self.gate_up.joint(x).split(self.gate_up.rows, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU
 
 
 @dataclass
@@ -137,17 +155,16 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, rope, sinks: SinkRows, sink_kv, mask, backend, need_probs, past_kv=None, start=0):
+    def forward(self, h, rope, sinks: SinkRows, sink_kv, mask, backend, need_probs, cache=None, index=0):
         """h `[B, R, d]`: `sinks.rows` sink rows and L content columns, in layout order.
 
         rope: (cos, sin) `[B|1, R, hd]` for the keys of all rows and `[B|1, L, hd]` for the content
         queries, or None: no rotation (the sink cache keeps keys before rotation). sink_kv: the sinks'
-        rotated constant keys/values `[B|1, KVH, n, hd]`, when they do not ride in `h`. past_kv: cached
-        content (k rotated, v) `[B, KVH, Lc, hd]`; the content rows are then the columns
-        `start .. start+L`, which replace those columns of the cache (shorter: a prefix cache).
+        rotated constant keys/values `[B|1, KVH, n, hd]`, when they do not ride in `h`. cache: the static
+        `KVCache` (layer `index`): the content rows are its columns `cache.start .. +L`, written there in
+        place, and attention reads its whole buffer (the sinks' columns included: then sink_kv is None).
         Returns (h, probs `[B, H, L, S]` | None (S + 1 columns with a virtual sink column, last),
         values `[B, KVH, S, hd]` in layout order, kv, p_self `[B, H, rows]` | None), where kv is the
-        content's (k, v) over all key columns when no sink rides in `h` (what a KV cache records), the
         sink rows' (k before rotation, v) when `h` holds sinks only (the sink cache), else None.
         """
         attn = self.self_attn
@@ -156,11 +173,10 @@ class Block(nn.Module):
         x = self.input_layernorm(h)
         b, r, _ = x.shape
         n, where = sinks.rows, sinks.position
-        q = attn.q_proj(x).view(b, r, nh, hd)
-        k = attn.k_proj(x).view(b, r, nkv, hd)
-        v = attn.v_proj(x).view(b, r, nkv, hd)
+        q, k, v, qk = attn.project_qkv(x)
+        q, k, v = q.view(b, r, nh, hd), k.view(b, r, nkv, hd), v.view(b, r, nkv, hd)
         if sinks.keep is not None:  # Table 5: the sinks' value vectors are zero at every layer
-            v = v * sinks.keep
+            v = v * sinks.keep.to(v.dtype)  # in v's dtype: under autocast v stays bf16, as q and k
         column = attn.sink_column(x)
         l = r - n
         y_sink = p_self = None
@@ -177,16 +193,14 @@ class Block(nn.Module):
             q = sinklib.content_of(q, n, where, dim=1)  # the content queries [B, L, H, hd]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, rows, hd]
         kv = (k, v) if not l else None  # the sink cache: keys before rotation
-        if rope is not None:
+        if rope is not None and qk is not None and not n:  # q, k side by side, one table: one rotation
+            qk = apply_rope(qk.view(b, r, nh + nkv, hd).transpose(1, 2), rope[0], rope[1])
+            q, k = qk[:, :nh], qk[:, nh:]  # [B, H | KVH, L, hd]
+        elif rope is not None:
             cos, sin, cos_q, sin_q = rope
             q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
-        if past_kv is not None:  # keys are cached after rotation, at their absolute positions
-            pk, pv = past_kv
-            end = start + l
-            k = torch.cat([pk[:, :, :start], k, pk[:, :, end:]], dim=2)
-            v = torch.cat([pv[:, :, :start], v, pv[:, :, end:]], dim=2)
-        if not n:
-            kv = (k, v)
+        if cache is not None:  # keys are cached after rotation, at their absolute positions
+            k, v = cache.write(index, k, v)  # [B, KVH, S, hd], layout order, sinks included
         if sink_kv is not None:
             ks, vs = sink_kv
             k = sinklib.join(ks.expand(b, -1, -1, -1), k, where, dim=2)
@@ -308,6 +322,50 @@ class DiffusionLM(nn.Module):
             self._sink_cache = cache
         return self._sink_cache
 
+    def fuse_projections(self) -> None:
+        """One matmul for each layer's q/k/v and one for its gate/up at inference (`fused.pack`): the
+        parameters become views of the joint tensors; names, values and memory are unchanged."""
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.qkv is None or not a.qkv.holds((a.q_proj, a.k_proj, a.v_proj)):
+                a.qkv = pack((a.q_proj, a.k_proj, a.v_proj))
+            if m.gate_up is None or not m.gate_up.holds((m.gate_proj, m.up_proj)):
+                m.gate_up = pack((m.gate_proj, m.up_proj))
+
+    @torch.no_grad()
+    def allocate_cache(self, batch: int, length: int, attention_mask: torch.Tensor | None = None) -> KVCache:
+        """A static `KVCache` (cache.py) for `batch` rows of `length` content columns, once per generation.
+
+        The sinks' rotated keys and values are written at their columns (constants of the model,
+        docs/method.md §3), the content's rotary tables and the padding's key mask (`attention_mask`
+        `[B, L]`, True = real) are built here, so no pass recomputes them. Allocate it under the
+        autocast the passes run in: the buffers take its dtype, as the keys do."""
+        cfg = self.config
+        n, dev, where = cfg.num_sink_tokens, self.device, cfg.sink_position
+        if length > cfg.max_content_length:
+            raise ValueError(f"sequence of {length} tokens is longer than the model's {cfg.content_length_note()} "
+                             "positions; shorten the input")
+        if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
+            raise ValueError(f"attention_mask must be [batch, length] = [{batch}, {length}], "
+                             f"got {tuple(attention_mask.shape)}")
+        act_dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else self.dtype
+        pos_content, pos_sink = sinklib.positions(batch, length, n, where, attention_mask, dev)
+        cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, L, hd]
+        shape = (batch, cfg.num_key_value_heads, n + length, cfg.head_dim)
+        keys = [torch.zeros(shape, dtype=act_dtype, device=dev) for _ in self.layers]
+        values = [torch.zeros(shape, dtype=act_dtype, device=dev) for _ in self.layers]
+        mask = None if attention_mask is None else padding_mask(attention_mask)  # [B, 1, 1, L]
+        if n:
+            use = (not self.training) if self.use_sink_cache is None else self.use_sink_cache
+            sinks = self.sink_cache() if use else self.sink_stream()
+            cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, n, hd]
+            for kb, vb, k, v in zip(keys, values, sinks.k, sinks.v):
+                sinklib.sinks_of(kb, n, where, dim=2).copy_(apply_rope(k.to(act_dtype), cos_s, sin_s))
+                sinklib.sinks_of(vb, n, where, dim=2).copy_(v.to(act_dtype))
+            if mask is not None:  # every content query sees the sinks (eq. 6, second case)
+                mask = sinklib.join(mask.new_ones(batch, 1, 1, n), mask, where, dim=-1)  # [B, 1, 1, S]
+        return KVCache(keys, values, cos, sin, mask, offset=n if where == "front" else 0)
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -335,15 +393,17 @@ class DiffusionLM(nn.Module):
                        (the training loss reads only masked positions; indices built on the host keep
                        the step free of host syncs); or a bool `[B, L]` mask: `[N, V]`, row-major. The head is the largest matmul
                        for 49k-151k vocabularies; callers that read a few positions skip the rest.
-        cache          a Fast-dLLM `KVCache` (cache.py): with cached keys/values `input_ids` are
-                       the columns `cache.start .. cache.start+L` and only they run; with
-                       `cache.record` the pass stores its keys/values in it.
+        cache          a static `KVCache` (cache.py, from `allocate_cache`): `input_ids` are the content
+                       columns `cache.start .. cache.start+L`; their keys/values are written there in
+                       place and attention reads the whole cache (Fast-dLLM's prefix and dual caches;
+                       from column 0 over every column: the plain forward). Its padding and positions
+                       are the ones given to `allocate_cache`.
         probe          a `Probe` (probe.py): key masks, per-layer maps/values, a per-layer hook.
         How, not what: the sinks' keys/values come from the sink cache when `self.use_sink_cache`
         (None: when not training) and the attention runs `self.attn_implementation`.
         """
         cfg = self.config
-        b, l, total, causal = self._check_forward(input_ids, attention_mask, causal, cache, probe)
+        b, l, total, causal = self._check_forward(input_ids, attention_mask, position_ids, causal, cache, probe)
         n = cfg.num_sink_tokens
         need_maps = probe is not None and probe.needs_maps
         backend_name = "eager" if need_maps else ((probe and probe.backend) or self.attn_implementation)
@@ -355,52 +415,48 @@ class DiffusionLM(nn.Module):
                 f"{backend_name!r} attention backend cannot compute; use one of {sorted(SINK_COLUMN_BACKENDS)}"
             )
 
-        padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-        start = cache.start if cache is not None else 0
-        pos_content, pos_sink = sinklib.positions(b, total, n, cfg.sink_position, padding, input_ids.device)
-        pos_content = pos_content[:, start:start + l]  # the columns being run
-        if position_ids is not None:
-            pos_content = position_ids
         h = self.embed_tokens(input_ids)  # [B, L, d]
         # RoPE in the dtype the projections compute in (bf16 under autocast), so q, k and v reach
         # attention in one dtype and autocast copies none of them (angles are still built in fp32).
         dev = h.device.type
         act_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
-        mask = self._content_mask(attention_mask, causal, l, h.device)  # None on the fast path
-
-        sinks, rows = None, 0
-        if n > 0:
-            use_cache = (not self.training) if self.use_sink_cache is None else self.use_sink_cache
-            if use_cache or not self.training or cache is not None or probe is not None:
-                # the sinks' constant keys/values (eq. 6: they depend on the weights only); recomputed
-                # outside training by the same arithmetic as the cache, so the two agree bit for bit
-                sinks = self.sink_cache() if use_cache else self.sink_stream()
-            else:  # training: the sinks ride in the sequence, one batched pass, no second stream
-                rows = n
-                h = sinklib.join(self.sink_embeddings[None].to(h.dtype).expand(b, -1, -1), h, cfg.sink_position, dim=1)
-                pos_content = sinklib.join(pos_sink.expand(pos_content.shape[0], -1), pos_content,
-                                           cfg.sink_position, dim=1)
-            if mask is not None:  # every content query sees the sinks (eq. 6, second case)
-                mask = mask.expand(b, -1, l, -1)
-                mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
-        cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, R, hd]
-        rope = (cos, sin, *((sinklib.content_of(t, rows, cfg.sink_position, dim=1) for t in (cos, sin))
-                            if rows else (cos, sin)))  # keys: every row; queries: the content
+        sinks, rows, sink_kv = None, 0, None
+        if cache is not None:  # the static cache holds the rotary tables, the key mask and the sinks' columns
+            cos, sin = cache.rope(l)
+            rope, mask = (cos, sin, cos, sin), cache.mask
+        else:
+            padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+            pos_content, pos_sink = sinklib.positions(b, total, n, cfg.sink_position, padding, input_ids.device)
+            if position_ids is not None:
+                pos_content = position_ids
+            mask = self._content_mask(attention_mask, causal, l, h.device)  # None on the fast path
+            if n > 0:
+                use_cache = (not self.training) if self.use_sink_cache is None else self.use_sink_cache
+                if use_cache or not self.training or probe is not None:
+                    # the sinks' constant keys/values (eq. 6: they depend on the weights only); recomputed
+                    # outside training by the same arithmetic as the cache, so the two agree bit for bit
+                    sinks = self.sink_cache() if use_cache else self.sink_stream()
+                else:  # training: the sinks ride in the sequence, one batched pass, no second stream
+                    rows = n
+                    h = sinklib.join(self.sink_embeddings[None].to(h.dtype).expand(b, -1, -1), h, cfg.sink_position, dim=1)
+                    pos_content = sinklib.join(pos_sink.expand(pos_content.shape[0], -1), pos_content,
+                                               cfg.sink_position, dim=1)
+                if mask is not None:  # every content query sees the sinks (eq. 6, second case)
+                    mask = mask.expand(b, -1, l, -1)
+                    mask = sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1)
+            cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, R, hd]
+            rope = (cos, sin, *((sinklib.content_of(t, rows, cfg.sink_position, dim=1) for t in (cos, sin))
+                                if rows else (cos, sin)))  # keys: every row; queries: the content
+            if sinks is not None:
+                cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, act_dtype)
         layout = self._sink_rows(rows, h)
-        sink_kv = None
-        if sinks is not None:
-            cos_s, sin_s = rope_cos_sin(pos_sink, cfg.head_dim, cfg.rope_theta, act_dtype)
 
         seen = ProbePass(probe, cfg, l, b, sinks) if probe is not None else None
-        fresh = []  # per layer content (k, v) over all key columns, for cache.record
         for i, layer in enumerate(self.layers):
             if sinks is not None:
                 sink_kv = (apply_rope(sinks.k[i].to(act_dtype), cos_s, sin_s), sinks.v[i].to(act_dtype))
             layer_mask = mask if probe is None else probe.mask(i, mask, l, n, cfg.sink_position)
-            past = cache.get(i) if cache is not None else None
-            h, probs, v, kv, _ = layer(h, rope, layout, sink_kv, layer_mask, backend, need_maps, past, start)
-            if cache is not None and cache.record:
-                fresh.append(kv)
+            h, probs, v, kv, _ = layer(h, rope, layout, sink_kv, layer_mask, backend, need_maps, cache, i)
             if seen is not None:
                 maps = seen.maps(i, probs) if need_maps else None
                 del probs  # before the hook runs: one layer's maps alive, not two copies
@@ -409,8 +465,6 @@ class DiffusionLM(nn.Module):
             # Drop this layer's keys/values now: kept until the next assignment, they would stay alive
             # while the next layer computes its maps (the analysis of an 8B model counts every MiB).
             del v, kv
-        if cache is not None and cache.record:
-            cache.layers = fresh
         if rows:
             h = sinklib.content_of(h, rows, cfg.sink_position, dim=1)  # the content rows [B, L, d]
         if isinstance(logits_index, tuple):  # (rows, cols): [N, d], the head only where the caller reads it
@@ -423,7 +477,7 @@ class DiffusionLM(nn.Module):
         logits = self.lm_head(self.norm(h))
         return DiffusionLMOutput(logits=logits, **(seen.output() if seen is not None else {}))
 
-    def _check_forward(self, input_ids, attention_mask, causal, cache, probe):
+    def _check_forward(self, input_ids, attention_mask, position_ids, causal, cache, probe):
         """Every user error of `forward` before any work; (B, L, key length, causal)."""
         cfg = self.config
         if input_ids.dim() != 2:
@@ -434,13 +488,15 @@ class DiffusionLM(nn.Module):
             raise ValueError(f"attention_mask must be [B, L] or [B, 1, L, L], got shape {tuple(attention_mask.shape)}")
         total = l
         if cache is not None:
-            if cache.layers is not None and (causal or (attention_mask is not None and attention_mask.dim() == 4) or (
-                    probe is not None and (probe.key_masks is not None or probe.needs_maps))):
+            if causal or attention_mask is not None or position_ids is not None or (
+                    probe is not None and (probe.key_masks is not None or probe.needs_maps)):
                 raise ValueError(
-                    "a KV cache cannot be combined with causal, a 4-D attention_mask, key masks or attention "
-                    "maps (they need the whole sequence's queries); run without a cache"
+                    "a KV cache cannot be combined with causal, an attention_mask or position_ids (the cache "
+                    "holds the padding and positions given to allocate_cache), key masks or attention maps "
+                    "(they need the whole sequence's queries); run without a cache"
                 )
-            total = cache.key_length(len(self.layers), l)
+            cache.check(len(self.layers), b, l)
+            total = cache.length
         if total > cfg.max_content_length:
             raise ValueError(
                 f"sequence of {total} tokens is longer than the model's {cfg.content_length_note()} "
