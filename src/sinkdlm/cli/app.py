@@ -11,10 +11,30 @@ from __future__ import annotations
 import sys
 
 import typer
+import typer.core
 import typer.main
+
+
+
+class HelpGroup(typer.core.TyperGroup):
+    """A command group whose `--help` lists each command's whole first paragraph (click cuts it at the first
+    period or the terminal's width, with "...")."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                first = (cmd.short_help or cmd.help or "").strip().split("\n\n")[0]
+                rows.append((name, " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 app = typer.Typer(
     name="sinkdlm",
+    cls=HelpGroup,
     help="Masked diffusion language models with a stable attention sink: "
     "train, sample, evaluate, analyse.",
     no_args_is_help=True,

@@ -8,12 +8,12 @@ from typing import Optional
 
 import typer
 
-from sinkdlm.cli.app import app, typed_command
+from sinkdlm.cli.app import HelpGroup, app, typed_command
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.model import MODEL_SWITCHES
 from sinkdlm.config.train import TrainConfig
 
-tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True)
+tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True, cls=HelpGroup)
 app.add_typer(tokenizer_app, name="tokenizer")
 
 ConfigFile = typer.Option(None, "--config", help="YAML/JSON file of TrainConfig fields (flags typed here override it).")

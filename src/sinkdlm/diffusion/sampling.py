@@ -478,8 +478,12 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
                              probe: StepProbe, return_dict):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
     whole prefix, so the analysis sees each step's complete causal maps). `settings` is the call's
-    resolved `SampleConfig` (gen_length, temperature, top_p, top_k); the caller sets the sink-cache mode.""" 
+    resolved `SampleConfig` (gen_length, temperature, top_p, top_k, stop_token_ids); the caller sets the
+    sink-cache mode. With `stop_token_ids`, decoding stops once every row has produced one of them and the
+    remaining positions get the first, so the output keeps its `[B, P + gen_length]` shape."""
     gen_length, temperature, top_p, top_k = settings.gen_length, settings.temperature, settings.top_p, settings.top_k
+    stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
+    ended = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # [B]
     b, p = prompt.shape
     x, attn = prompt, prompt_mask
     work_dtype = torch.promote_types(model.dtype, torch.float32)
@@ -499,6 +503,9 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
             keep = filter_logits(logits / temperature if temperature else logits, top_p, top_k) > float("-inf")
             logits = logits.masked_fill(~keep, float("-inf"))
         nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
+        if stops.numel():  # a row that has ended keeps padding with the first stop id
+            nxt = torch.where(ended, stops[0], nxt)
+            ended |= torch.isin(nxt, stops)
         x = torch.cat([x, nxt[:, None]], dim=1)
         if attn is not None:
             attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
@@ -517,8 +524,15 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
             prev_state = state if key_masks_fn is not None else None
             del state
         del out, logits
+        if stops.numel() and bool(ended.all()):
+            break
+    taken = x.shape[1] - p
+    if taken < gen_length:  # stopped early: the rest is the stop id (and real tokens for the mask)
+        x = torch.cat([x, x.new_full((b, gen_length - taken), int(stops[0]))], dim=1)
+        if attn is not None:
+            attn = torch.cat([attn, attn.new_ones(b, gen_length - taken)], dim=1)
     if return_dict:
-        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
+        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=taken)
     return x
 
 
