@@ -95,10 +95,10 @@ def test_autoregressive_model_accepts_the_settings_it_uses(tmp_path, capsys):
 # ----------------------------------------------------------------------------- checks before any weight
 @pytest.mark.parametrize("flags, message", [
     (["--gen-length", "8"], "error: --steps is required"),
-    (["--gen-length", "24", "--steps", "24", "--block-length", "7"], "error: --block-length=7 does not divide --gen-length=24"),
+    (["--gen-length", "24", "--steps", "24", "--block-length", "7"], "error: --gen-length=24 is not divisible by --block-length=7"),
     (["--gen-length", "-5", "--steps", "4"], "error: --gen-length must be an integer >= 1, got -5"),
     (["--gen-length", "8", "--steps", "8", "--cache", "dual"], "error: --cache=dual reuses"),
-    (["--gen-length", "8", "--steps", "1", "--block-length", "4"], "error: --steps=1 is fewer than the 2 blocks"),
+    (["--gen-length", "8", "--steps", "1", "--block-length", "4"], "error: --steps=1 is fewer than the number of blocks (8/4 = 2)"),
     (["--gen-length", "8", "--steps", "8", "--remasking", "nope"], "error: --remasking must be one of"),
     (["--gen-length", "8", "--threshold", "2"], "error: --threshold must be a probability in [0, 1], got 2.0"),
 ])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.cli.out_lock import exclusive_out
@@ -80,7 +80,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
 
     cfg = dataclasses.replace(cfg, label=cfg.label or run_label(cfg.model))
     with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files
-        net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
+            net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
         for text in texts or ():
             check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {cfg.prompts}")
         if texts is None:

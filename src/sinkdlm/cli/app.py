@@ -8,7 +8,9 @@ usage errors (unknown option, not an integer, ...) get the same one line.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 
 import typer
 import typer.core
@@ -186,3 +188,16 @@ def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) 
         else:
             words += [param.opts[0], str(value)]
     return shlex.join([*words, *extra])
+
+
+@contextlib.contextmanager
+def said_when_slow(message: str, after_s: float = 3.0):
+    """Print `message` to stderr if the block is still running after `after_s` seconds (loading a GGUF,
+    converting, preparing a run): a slow step says what it does, a quick one (or a refusal) prints nothing."""
+    timer = threading.Timer(after_s, lambda: typer.echo(message, err=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield timer
+    finally:
+        timer.cancel()

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import GenerateConfig
 
@@ -58,8 +58,8 @@ def generate(cfg: GenerateConfig) -> None:
     from sinkdlm.config.checks import check_prompt_size
     from sinkdlm.diffusion.text import generate_text
 
-    typer.echo(f"loading {cfg.model} ...", err=True)
-    net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
+        net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
     check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if cfg.prompt_file is not None else "--prompt")
     callback = None
     if cfg.show_steps:

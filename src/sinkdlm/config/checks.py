@@ -209,8 +209,8 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
     if block_length is not None:
         check_int("block_length", block_length, 1)
         if settings.gen_length % block_length:
-            raise ValueError(f"block_length={block_length} does not divide gen_length={settings.gen_length}; "
-                             "choose a block length that divides it")
+            raise ValueError(f"gen_length={settings.gen_length} is not divisible by block_length={block_length}; "
+                             "choose a block_length that divides gen_length")
     blocks = settings.gen_length // (block_length or settings.gen_length)
     if threshold is not None:
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
@@ -221,13 +221,14 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
     if steps is not None:
         check_int("steps", steps, 1)
         if threshold is None and steps < blocks:
-            raise ValueError(f"steps={steps} is fewer than the {blocks} blocks (gen_length={settings.gen_length} / "
-                             f"block_length={block_length}); every block needs at least one step")
+            raise ValueError(f"steps={steps} is fewer than the number of blocks ({settings.gen_length}/{block_length} "
+                             f"= {blocks}); every block needs at least one step")
     if settings.cache is not None and settings.cache not in CACHE_CHOICES:
         raise ValueError(f"cache must be prefix or dual, got {settings.cache!r}")
     if settings.cache == "dual" and blocks == 1:
-        raise ValueError("cache=dual reuses the keys/values after the current block and a single block has none: "
-                         "give a block_length that splits gen_length into several blocks, or use cache=prefix")
+        raise ValueError("cache=dual reuses the keys/values after the current block, and with a single block "
+                         "there are none: pass a block_length that splits gen_length into several blocks (e.g. 32), "
+                         "or use cache=prefix")
     if settings.compile and settings.cache is None:
         raise ValueError("compile=True compiles the cached decoding step, so it needs a cache: give cache=prefix "
                          "or cache=dual")
