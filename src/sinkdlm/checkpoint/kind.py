@@ -24,9 +24,14 @@ class ModelKind:
     chat_template: bool  # the tokenizer carries a chat template
 
 
-def model_kind(path: str | Path) -> ModelKind | None:
-    """The `ModelKind` of the model at `path`; None when the header cannot tell (loading then says why)."""
+def model_kind(path: str | Path, flag: str = "--model") -> ModelKind | None:
+    """The `ModelKind` of the model at `path`; None when a GGUF header cannot tell (loading then says why).
+    Nothing there, or a file that is no .gguf: the loader's one-line error, naming `flag`."""
     path = Path(path).expanduser()
+    if not path.is_dir() and not (path.is_file() and path.suffix.lower() == ".gguf"):
+        from sinkdlm.io.files import check_model_path
+
+        check_model_path(path, flag)  # raises
     if path.is_file() and path.suffix.lower() == ".gguf":
         from sinkdlm.io.gguf_header import read_gguf_keys
 
@@ -36,11 +41,9 @@ def model_kind(path: str | Path) -> ModelKind | None:
             return None
         return ModelKind(autoregressive=arch not in _GGUF_DIFFUSION, family="dream" if arch == "dream" else "llada",
                          chat_template=bool(meta.get("tokenizer.chat_template")))
-    if not path.is_dir():
-        return None
     from sinkdlm.model.loader import open_source
 
-    config = open_source(path).config  # config.json only
+    config = open_source(path, flag).config  # config.json only
     return ModelKind(autoregressive=config.causal, family=config.family, chat_template=_has_chat_template(path))
 
 

@@ -38,6 +38,11 @@ def generate(cfg: GenerateConfig) -> None:
     if (cfg.prompt is None) == (cfg.prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     check_seed(cfg.seed, "--seed")
+    prompt = cfg.prompt
+    if cfg.prompt_file is not None:
+        from sinkdlm.config.checks import read_text_file
+
+        prompt = read_text_file(cfg.prompt_file, "--prompt-file")
     # Every check that needs only the model's header, before a weight is read (a GGUF's take ~0.1 s).
     kind = model_kind(cfg.model)
     check_sample_settings(cfg, autoregressive=None if kind is None else kind.autoregressive)
@@ -49,11 +54,6 @@ def generate(cfg: GenerateConfig) -> None:
         schedule, remasking = resolve_rule(kind.family, cfg.schedule, cfg.remasking, cfg.threshold)
         check_rule(schedule, remasking, threshold=cfg.threshold, temperature=cfg.temperature, alg_temp=cfg.alg_temp,
                    top_p=cfg.top_p, top_k=cfg.top_k, eps=cfg.eps)
-    prompt = cfg.prompt
-    if cfg.prompt_file is not None:
-        from sinkdlm.config.checks import read_text_file
-
-        prompt = read_text_file(cfg.prompt_file, "--prompt-file")
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.config.checks import check_prompt_size
     from sinkdlm.diffusion.text import generate_text
