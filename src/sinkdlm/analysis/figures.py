@@ -66,7 +66,7 @@ def say_empty(ax, text: str = "no sinks detected") -> None:
 
 def _title(fig: Figure, title: str | None) -> None:
     if title:  # wrapped: a long run name in it would run past the figure's edge
-        fig.suptitle(textwrap.fill(title, 100), fontsize=12)
+        fig.suptitle(textwrap.fill(title, 110), fontsize=12)
 
 
 def save_figure(fig: Figure, path) -> Path:

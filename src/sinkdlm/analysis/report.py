@@ -144,7 +144,7 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path, *, title: str | 
         ax_mass.set_title(textwrap.fill(f"{name}share of attention on the detected sinks per layer", 60), fontsize=10)
         ax_mass.set(xlabel="layer", ylabel="attention mass on sinks")
     if title:
-        fig.suptitle(textwrap.fill(title, 100), fontsize=12)
+        fig.suptitle(textwrap.fill(title, 110), fontsize=12)
     return save_figure(fig, path)
 
 
