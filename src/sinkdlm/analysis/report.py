@@ -346,14 +346,16 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
     F.plot_non_sink_fraction(curves, out_dir / FIGURES["non_sink_fraction"], scale=scale,
                              mark_epsilon=next(iter(analyses.values()))["epsilon"], title=f"{versus}: non-sink fraction vs ϵ")
     figs["non_sink_fraction"] = FIGURES["non_sink_fraction"]
-    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png", title=f"{versus}: detected sinks per layer")
+    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png",
+                            title=f"{versus}: value norms and attention of the detected sinks per layer")
     figs["sink_mass_layers"] = "sink_mass_layers.png"
     extra = {k: a["extra_sink"] for k, a in analyses.items() if a["extra_sink"] is not None}
     if extra:
         F.plot_layer_bars({k: _floats(e["value_norm"]) for k, e in extra.items()},
                           {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
                           {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"],
-                          title=f"{versus}: the extra sink token per layer")
+                          title=f"{', '.join(extra)} (with an extra sink token): its value norm and share of "
+                                "attention per layer")
         figs["layer_bars"] = FIGURES["layer_bars"]
     arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
     if len(arrays) == len(runs):
