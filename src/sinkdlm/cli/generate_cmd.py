@@ -72,11 +72,12 @@ def generate(cfg: GenerateConfig) -> None:
             text = render_partial(tokenizer, gen, still)
             print(f"[step {state.step:>4} block {state.block}] {text!r}", file=out_stream, flush=True)
 
-    if cfg.steps is not None and cfg.threshold is None and cfg.steps > cfg.gen_length:
-        # The schedule commits at least one token per step; the surplus steps would commit nothing.
-        typer.echo(f"note: --steps {cfg.steps} > --gen-length {cfg.gen_length}: at most one token is committed per "
-                   f"step, so {cfg.gen_length} steps run", err=True)
     out = generate_text(net, tokenizer, prompt, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos, callback=callback)
+    if cfg.steps is not None and cfg.threshold is None and cfg.steps > cfg.gen_length:
+        # The schedule commits at least one token per step; the surplus steps would commit nothing. Said
+        # after the run, so that no note comes before an error.
+        typer.echo(f"note: --steps {cfg.steps} > --gen-length {cfg.gen_length}: at most one token is committed per "
+                   f"step, so {cfg.gen_length} steps ran", err=True)
     if out.blank:
         typer.echo("note: the output is only whitespace or special tokens (end-of-text, <|im_end|>): the model writes "
                    "no text at these settings; a diffusion LM adapted on a small budget often cannot yet (see "
