@@ -224,3 +224,12 @@ def test_example_gguf_header_says_autoregressive_with_a_chat_template():
 
     kind = model_kind(example_gguf_or_skip())
     assert kind.autoregressive and kind.chat_template
+
+
+def test_analyze_refuses_diffusion_flags_on_an_autoregressive_model(tmp_path, capsys, no_weights):
+    model = save_model(tmp_path / "ar", causal=True)
+    code, _, err = run(["analyze", "--model", str(model), "--prompts", str(model / "config.json"), "--gen-length", "4",
+                        "--block-length", "2", "--remasking", "random", "--out", str(tmp_path / "a")], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        "error: this model is autoregressive (it decodes one token per step, left to right): --block-length=2 and "
+        "--remasking=random apply to diffusion decoding only; leave them out"]

@@ -69,6 +69,12 @@ def analyze(cfg: AnalyzeConfig) -> None:
     if (cfg.prompts is None) == (cfg.data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")
     check_options(cfg)
+    from sinkdlm.checkpoint.kind import model_kind
+    from sinkdlm.config.checks import check_sample_settings
+
+    kind = model_kind(cfg.model)  # the header only: an autoregressive model refuses diffusion-only flags
+    if kind is not None and kind.autoregressive:
+        check_sample_settings(cfg.sample, autoregressive=True)
     if cfg.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
     texts = read_prompts(cfg.prompts)[:cfg.num_prompts] if cfg.prompts is not None else None
