@@ -74,6 +74,7 @@ def generate_text(model, tokenizer, prompt: str, config: SampleConfig | None = N
     a diffusion LM's later positions become that token); False keeps all `gen_length` tokens.
     `callback` as for `sinkdlm.generate`."""
     settings = with_overrides(SampleConfig, config, overrides, "generate_text")
+    # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
     settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
     check_sample_settings(settings, autoregressive=model.config.causal)
     ids = encode_prompt(tokenizer, prompt, chat)
