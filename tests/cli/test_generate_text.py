@@ -70,7 +70,7 @@ def run(args, capsys) -> tuple[int, str, str]:
     (["--threshold", "0.9"], ["--threshold=0.9"]),
     (["--remasking", "entropy", "--schedule", "dream"], ["--remasking=entropy", "--schedule=dream"]),
     (["--alg-temp", "0.5"], ["--alg-temp=0.5"]),
-    (["--block-length", "2", "--steps", "4"], ["--steps=4", "--block-length=2"]),
+    (["--block-length", "2", "--steps", "2"], ["--steps=2", "--block-length=2"]),
     (["--compile", "--eps", "0.01"], ["--compile", "--eps=0.01"]),
 ])
 def test_autoregressive_model_refuses_exactly_the_diffusion_flags_given(tmp_path, capsys, no_weights, flags, named):
@@ -85,9 +85,11 @@ def test_autoregressive_model_refuses_exactly_the_diffusion_flags_given(tmp_path
 
 
 def test_autoregressive_model_accepts_the_settings_it_uses(tmp_path, capsys):
+    """Temperature, top-k, seed, and steps = block length = gen length (one token per step: what it does)."""
     model = save_model(tmp_path / "ar", causal=True)
     code, out, err = run(["generate", "--model", str(model), "--prompt", "w1 w2", "--gen-length", "3",
-                          "--temperature", "0.5", "--top-k", "5", "--seed", "3", "--json"], capsys)
+                          "--temperature", "0.5", "--top-k", "5", "--seed", "3", "--steps", "3", "--block-length", "3",
+                          "--json"], capsys)
     assert code == 0, err
     assert len(json.loads(out)["tokens"]) == 3
 

@@ -197,8 +197,11 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
     check_int("gen_length", settings.gen_length, 1)
     if autoregressive:
         defaults = {f.name: field_default(f) for f in dataclasses.fields(settings) if f.name in DIFFUSION_ONLY}
+        # one step per token in one block is what left-to-right decoding does: steps=gen_length is no conflict
+        defaults.update(steps=(None, settings.gen_length), block_length=(None, settings.gen_length))
         given = [f"{name}={getattr(settings, name)}" for name in DIFFUSION_ONLY
-                 if getattr(settings, name) != defaults[name]]
+                 if getattr(settings, name) not in (defaults[name] if isinstance(defaults[name], tuple)
+                                                    else (defaults[name],))]
         if given:
             one = len(given) == 1
             raise ValueError(f"this model is autoregressive (it decodes one token per step, left to right): "
