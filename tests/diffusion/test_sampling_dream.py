@@ -321,3 +321,23 @@ def test_analyze_flags_build_the_sample_config():
                                            out="o"))
     s = cfg.sample
     assert (s.remasking, s.schedule, s.eps, s.alg_temp, s.top_p, s.top_k) == ("topk_margin", "dream", 1e-3, 0.3, 0.9, None)
+
+
+def test_python_generate_on_an_ar_model_refuses_exactly_the_diffusion_settings_given():
+    """The library call runs the command line's one rule (config/checks.check_sample_settings): nothing a
+    user gives is silently ignored, and the line names exactly what was given."""
+    model = tiny_model(causal=True, shift_logits=True, mask_token_id=None)
+    ids = [torch.tensor([1, 2, 3])]
+    with pytest.raises(ValueError) as e:
+        generate(model, ids, gen_length=4, remasking="entropy", schedule="dream")
+    msg = str(e.value)
+    assert "remasking=entropy and schedule=dream apply to diffusion decoding only" in msg and "cache" not in msg
+    with pytest.raises(ValueError, match=r"cache=prefix applies to diffusion decoding only"):
+        generate(model, ids, gen_length=4, cache="prefix")
+    assert generate(model, ids, gen_length=4, steps=4).shape == (1, 7)  # one step per token: no conflict
+
+
+def test_python_generate_speaks_the_users_words_when_steps_are_missing():
+    with pytest.raises(ValueError) as e:
+        generate(tiny_model(), [torch.tensor([1, 2, 3])], gen_length=4)
+    assert "steps is required" in str(e.value) and "None" not in str(e.value)

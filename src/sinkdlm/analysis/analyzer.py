@@ -14,6 +14,7 @@ both draw their prompts with it (seeded token windows, docs/method.md §6).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -234,10 +235,15 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
         "samples": samples[:5],
         "timing": {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds},
     }
+    if progress:  # drawing the figures takes seconds on a CPU
+        print(f"[sinkdlm] sink analysis: writing figures and the report to {out_dir}", file=sys.stderr, flush=True)
     _save_arrays(out_dir / ARRAYS_NAME, arrays)
     analysis["figures"] = write_figures(out_dir, analysis, arrays)
     atomic_write_json(out_dir / "analysis.json", analysis)
     write_analysis_report(analysis, out_dir, sinks_per_head=mean_over_layers(analysis["sinks_per_head"]))
+    if progress:
+        print(f"[sinkdlm] sink analysis: wrote {out_dir / 'analysis.json'}, {out_dir / 'report.md'} (and .html) and "
+              f"{len(analysis['figures'])} figures in {out_dir}", file=sys.stderr, flush=True)
     return analysis
 
 

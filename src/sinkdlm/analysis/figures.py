@@ -14,6 +14,7 @@ with nothing to show says so ("no sinks detected") instead of staying blank.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -64,8 +65,8 @@ def say_empty(ax, text: str = "no sinks detected") -> None:
 
 
 def _title(fig: Figure, title: str | None) -> None:
-    if title:
-        fig.suptitle(title, fontsize=12)
+    if title:  # wrapped: a long run name in it would run past the figure's edge
+        fig.suptitle(textwrap.fill(title, 110), fontsize=12)
 
 
 def save_figure(fig: Figure, path) -> Path:
@@ -219,13 +220,14 @@ def plot_layer_bars(extra_sink_norm, others_norm, sink_mass, path, *, title: str
         ax_norm.bar(layers + 0.2, o, width=0.4, color="tab:blue", label="others (mean)")
         ax_norm.set_xlabel("layer")
         ax_norm.set_ylabel("mean value L2 norm")
-        ax_norm.set_title(f"{label + ': ' if label else ''}value norm per layer", fontsize=10)
+        name = f"{label}: " if label and len(sinks) > 1 else ""  # one model: named in the figure's title
+        ax_norm.set_title(textwrap.fill(f"{name}value norm per layer", 60), fontsize=10)
         ax_norm.legend(fontsize=8)
         ax_mass.bar(layers, m, width=0.7, color="tab:purple")
         ax_mass.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax_mass.set_xlabel("layer")
         ax_mass.set_ylabel("attention mass on sink")
-        ax_mass.set_title(f"{label + ': ' if label else ''}attention mass on the sink per layer", fontsize=10)
+        ax_mass.set_title(textwrap.fill(f"{name}attention mass on the sink per layer", 60), fontsize=10)
         integer_ticks(ax_norm)
         integer_ticks(ax_mass)
     _title(fig, title)

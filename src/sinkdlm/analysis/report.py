@@ -9,6 +9,7 @@ them back. Matplotlib is imported only when a figure is drawn.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -85,10 +86,11 @@ def write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]
     if extra is not None:
         F.plot_layer_bars(_floats(extra["value_norm"]), _floats(extra["others_value_norm"]),
                           _floats(extra["attention_mass"]), out_dir / FIGURES["layer_bars"],
-                          title=f"{label}: the extra sink token per layer")
+                          title=f"{label}: the extra sink token's value norm and share of attention per layer")
     else:
         plot_detected_sink_bars({label: analysis}, out_dir / FIGURES["layer_bars"],
-                                title=f"{label}: detected sinks per layer")
+                                title=f"{label}: value norms and attention of the detected sinks (ϵ = "
+                                      f"{analysis['epsilon']:g}) per layer")
     written["layer_bars"] = FIGURES["layer_bars"]
     curve = {float(e): v for e, v in analysis["non_sink_fraction_by_epsilon"].items()}
     F.plot_non_sink_fraction({label: curve}, out_dir / FIGURES["non_sink_fraction"], scale=analysis["scale"],
@@ -120,7 +122,11 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path, *, title: str | 
         layers = np.arange(len(mass))
         ax_norm.bar(layers - 0.2, sink, width=0.4, color="tab:red", label=f"sinks at ϵ={a['epsilon']:g}")
         ax_norm.bar(layers + 0.2, normal, width=0.4, color="tab:blue", label="normal tokens")
-        ax_norm.set(xlabel="layer", ylabel="mean value L2 norm", title=f"{label}: value norm per layer")
+        # One model: its name is in the figure's title; several: each row's titles name theirs (wrapped,
+        # as a long run name would be clipped at the panel's width).
+        name = f"{label}: " if len(analyses) > 1 else ""
+        ax_norm.set_title(textwrap.fill(f"{name}value norm per layer, sinks vs normal tokens", 60), fontsize=10)
+        ax_norm.set(xlabel="layer", ylabel="mean value L2 norm")
         ax_norm.legend(fontsize=8)
         virtual = a.get("virtual_sink")
         if virtual is None:
@@ -135,9 +141,10 @@ def plot_detected_sink_bars(analyses: Mapping[str, dict], path, *, title: str | 
             if not np.nan_to_num(mass).any():
                 say_empty(ax)
         ax_mass.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax_mass.set(xlabel="layer", ylabel="attention mass on sinks", title=f"{label}: attention on detected sinks")
+        ax_mass.set_title(textwrap.fill(f"{name}share of attention on the detected sinks per layer", 60), fontsize=10)
+        ax_mass.set(xlabel="layer", ylabel="attention mass on sinks")
     if title:
-        fig.suptitle(title, fontsize=12)
+        fig.suptitle(textwrap.fill(title, 110), fontsize=12)
     return save_figure(fig, path)
 
 
@@ -300,7 +307,6 @@ def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | Non
     """Δ score vs K, one line per model and scored setting of its extra sink (`extra_sinks`: label ->
     number of extra sink tokens, to name the setting), with ±1 s.e. bars when the ablation has them.
     The legend sits under the axes (a study compares nine models) and the title is wrapped."""
-    import textwrap
 
     from matplotlib.figure import Figure
 
@@ -340,14 +346,16 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
     F.plot_non_sink_fraction(curves, out_dir / FIGURES["non_sink_fraction"], scale=scale,
                              mark_epsilon=next(iter(analyses.values()))["epsilon"], title=f"{versus}: non-sink fraction vs ϵ")
     figs["non_sink_fraction"] = FIGURES["non_sink_fraction"]
-    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png", title=f"{versus}: detected sinks per layer")
+    plot_detected_sink_bars(analyses, out_dir / "sink_mass_layers.png",
+                            title=f"{versus}: value norms and attention of the detected sinks per layer")
     figs["sink_mass_layers"] = "sink_mass_layers.png"
     extra = {k: a["extra_sink"] for k, a in analyses.items() if a["extra_sink"] is not None}
     if extra:
         F.plot_layer_bars({k: _floats(e["value_norm"]) for k, e in extra.items()},
                           {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
                           {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"],
-                          title=f"{versus}: the extra sink token per layer")
+                          title=f"{', '.join(extra)} (with an extra sink token): its value norm and share of "
+                                "attention per layer")
         figs["layer_bars"] = FIGURES["layer_bars"]
     arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
     if len(arrays) == len(runs):

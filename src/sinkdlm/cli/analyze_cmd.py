@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.cli.out_lock import exclusive_out
@@ -69,6 +69,12 @@ def analyze(cfg: AnalyzeConfig) -> None:
     if (cfg.prompts is None) == (cfg.data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")
     check_options(cfg)
+    from sinkdlm.checkpoint.kind import model_kind
+    from sinkdlm.config.checks import check_sample_settings
+
+    kind = model_kind(cfg.model)  # the header only: an autoregressive model refuses diffusion-only flags
+    if kind is not None and kind.autoregressive:
+        check_sample_settings(cfg.sample, autoregressive=True)
     if cfg.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
     texts = read_prompts(cfg.prompts)[:cfg.num_prompts] if cfg.prompts is not None else None
@@ -80,7 +86,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
 
     cfg = dataclasses.replace(cfg, label=cfg.label or run_label(cfg.model))
     with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files
-        net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
+            net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
         for text in texts or ():
             check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {cfg.prompts}")
         if texts is None:

@@ -8,13 +8,35 @@ usage errors (unknown option, not an integer, ...) get the same one line.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 
 import typer
+import typer.core
 import typer.main
+
+
+
+class HelpGroup(typer.core.TyperGroup):
+    """A command group whose `--help` lists each command's whole first paragraph (click cuts it at the first
+    period or the terminal's width, with "...")."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                first = (cmd.short_help or cmd.help or "").strip().split("\n\n")[0]
+                rows.append((name, " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 app = typer.Typer(
     name="sinkdlm",
+    cls=HelpGroup,
     help="Masked diffusion language models with a stable attention sink: "
     "train, sample, evaluate, analyse.",
     no_args_is_help=True,
@@ -168,3 +190,16 @@ def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) 
         else:
             words += [param.opts[0], str(value)]
     return shlex.join([*words, *extra])
+
+
+@contextlib.contextmanager
+def said_when_slow(message: str, after_s: float = 3.0):
+    """Print `message` to stderr if the block is still running after `after_s` seconds (loading a GGUF,
+    converting, preparing a run): a slow step says what it does, a quick one (or a refusal) prints nothing."""
+    timer = threading.Timer(after_s, lambda: typer.echo(message, err=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield timer
+    finally:
+        timer.cancel()

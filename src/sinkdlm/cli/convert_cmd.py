@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import ConvertConfig
 
@@ -20,7 +20,9 @@ def convert(cfg: ConvertConfig) -> None:
     check_seed(cfg.seed, "--seed")
     check_model_switches(cfg.switches(), where="--")  # before reading --from-hf, in the flags' own names
     check_output_dir(cfg.out)
-    model = convert_hf_checkpoint(cfg.from_hf, cfg.out, seed=cfg.seed, **cfg.switches())
+    with said_when_slow(f"converting {cfg.from_hf}: reading its weights, then writing {cfg.out} ..."):
+        model = convert_hf_checkpoint(cfg.from_hf, cfg.out, seed=cfg.seed, shift_logits=cfg.shift_logits,
+                                      **cfg.switches())
     c = model.config
     typer.echo(
         f"wrote {cfg.out}: {model.num_parameters() / 1e6:.1f}M parameters, vocab {c.vocab_size}, "

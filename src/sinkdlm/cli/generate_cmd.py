@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import typer
 
-from sinkdlm.cli.app import app
+from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import GenerateConfig
 
@@ -30,49 +29,61 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 
 
 @app.command()
-@config_options(GenerateConfig, required=("model",))
+@config_options(GenerateConfig, required=("model",), first=("model", "prompt", "prompt_file"))
 def generate(cfg: GenerateConfig) -> None:
-    """Generate a continuation of a prompt with a masked diffusion LM (or, left to right, an autoregressive one)."""
-    from sinkdlm.diffusion.sampling import generate as sample
-    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
-    from sinkdlm.config.checks import check_prompt_size, check_seed
+    """Continue a prompt with a diffusion LM (or, left to right, an autoregressive one)."""
+    from sinkdlm.checkpoint.kind import model_kind
+    from sinkdlm.config.checks import check_sample_settings, check_seed
 
-    prompt, prompt_file, gen_length, steps, threshold = cfg.prompt, cfg.prompt_file, cfg.gen_length, cfg.steps, cfg.threshold
-    model = cfg.model  # required by the command line
-    if (prompt is None) == (prompt_file is None):
+    if (cfg.prompt is None) == (cfg.prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     check_seed(cfg.seed, "--seed")
-    if prompt_file is not None:
+    prompt = cfg.prompt
+    if cfg.prompt_file is not None:
         from sinkdlm.config.checks import read_text_file
 
-        prompt = read_text_file(prompt_file, "--prompt-file")
-    net, tokenizer = load_model_and_tokenizer(model, device=cfg.device, dtype=cfg.dtype)
-    check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if prompt_file is not None else "--prompt")
-    ids = tokenizer(prompt)["input_ids"]
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")
+        prompt = read_text_file(cfg.prompt_file, "--prompt-file")
+    # Every check that needs only the model's header, before a weight is read (a GGUF's take ~0.1 s).
+    kind = model_kind(cfg.model)
+    check_sample_settings(cfg, autoregressive=None if kind is None else kind.autoregressive)
+    if cfg.chat and kind is not None and not kind.chat_template:
+        raise ValueError(f"--chat needs the model's chat template and {cfg.model} has none; drop --chat")
+    if kind is not None and not kind.autoregressive:
+        from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 
-    if threshold is None and steps is not None and steps > gen_length:
-        # The schedule commits at least one token per step; the surplus steps would commit nothing.
-        typer.echo(f"note: --steps {steps} > --gen-length {gen_length}: at most one token is committed per "
-                   f"step, so {gen_length} steps run", err=True)
+        schedule, remasking = resolve_rule(kind.family, cfg.schedule, cfg.remasking, cfg.threshold)
+        check_rule(schedule, remasking, threshold=cfg.threshold, temperature=cfg.temperature, alg_temp=cfg.alg_temp,
+                   top_p=cfg.top_p, top_k=cfg.top_k, eps=cfg.eps)
+    from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+    from sinkdlm.config.checks import check_prompt_size
+    from sinkdlm.diffusion.text import generate_text
+
+    with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
+        net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if cfg.prompt_file is not None else "--prompt")
     callback = None
     if cfg.show_steps:
         out_stream = sys.stderr if cfg.as_json else sys.stdout
-        p = len(ids)
 
         def callback(state) -> None:
+            p = state.prompt_length
             gen = state.x[0, p:].tolist()
             still = (state.masked[0, p:] & ~state.committed[0, p:]).tolist()
             text = render_partial(tokenizer, gen, still)
             print(f"[step {state.step:>4} block {state.block}] {text!r}", file=out_stream, flush=True)
 
-    start = time.perf_counter()
-    out = sample(net, ids, cfg, callback=callback, return_dict=True)  # a GenerateConfig is a SampleConfig
-    seconds = time.perf_counter() - start
-    tokens = out.sequences[0, out.prompt_length:].tolist()
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    out = generate_text(net, tokenizer, prompt, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos, callback=callback)
+    if cfg.steps is not None and cfg.threshold is None and cfg.steps > cfg.gen_length:
+        # The schedule commits at least one token per step; the surplus steps would commit nothing. Said
+        # after the run, so that no note comes before an error.
+        typer.echo(f"note: --steps {cfg.steps} > --gen-length {cfg.gen_length}: at most one token is committed per "
+                   f"step, so {cfg.gen_length} steps ran", err=True)
+    if out.blank:
+        typer.echo("note: the output is only whitespace or special tokens (end-of-text, <|im_end|>): the model writes "
+                   "no text at these settings; a diffusion LM adapted on a small budget often cannot yet (see "
+                   "README, Quick start), and `sinkdlm analyze` shows what its attention does", err=True)
     if cfg.as_json:
-        typer.echo(json.dumps({"text": text, "tokens": tokens, "steps_taken": out.steps_taken, "seconds": seconds}))
+        typer.echo(json.dumps({"text": out.text, "tokens": out.tokens, "steps_taken": out.steps_taken,
+                               "seconds": out.seconds}))
     else:
-        typer.echo(text)
+        typer.echo(out.text)

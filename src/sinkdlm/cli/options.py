@@ -45,8 +45,9 @@ def _shown(value: Any, decls: tuple[str, ...]) -> str:
 
 def config_parameters(cls: type, *, layered: bool = False, exclude: tuple[str, ...] = (),
                       flags: dict[str, str] | None = None, defaults: dict[str, Any] | None = None,
-                      required: tuple[str, ...] = ()) -> list[inspect.Parameter]:
-    """The keyword parameters (each a `typer.Option`) for the command-line fields of `cls`."""
+                      required: tuple[str, ...] = (), first: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """The keyword parameters (each a `typer.Option`) for the command-line fields of `cls`, in `--help`'s order:
+    those named in `first`, then the required ones, then the rest in declaration order."""
     flags, defaults = flags or {}, defaults or {}
     docs, types = field_docs(cls), field_types(cls)
     params = []
@@ -69,7 +70,8 @@ def config_parameters(cls: type, *, layered: bool = False, exclude: tuple[str, .
             default, annotation = None, Optional[annotation]
         option = typer.Option(default, *decls, help=help_text, show_default=not layered)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
-    return params
+    rank = {name: i for i, name in enumerate(first)}
+    return sorted(params, key=lambda p: (rank.get(p.name, len(rank)), p.default.default is not ...))
 
 
 def _flattened_parameters(cls: type, holder: dataclasses.Field) -> list[inspect.Parameter]:

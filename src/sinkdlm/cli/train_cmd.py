@@ -8,12 +8,12 @@ from typing import Optional
 
 import typer
 
-from sinkdlm.cli.app import app, typed_command
+from sinkdlm.cli.app import HelpGroup, app, said_when_slow, typed_command
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.model import MODEL_SWITCHES
 from sinkdlm.config.train import TrainConfig
 
-tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True)
+tokenizer_app = typer.Typer(help="Tokenizer utilities.", no_args_is_help=True, cls=HelpGroup)
 app.add_typer(tokenizer_app, name="tokenizer")
 
 ConfigFile = typer.Option(None, "--config", help="YAML/JSON file of TrainConfig fields (flags typed here override it).")
@@ -45,7 +45,11 @@ def _run(ctx: typer.Context, cfg) -> None:
     if isinstance(cfg.out, (str, Path)):  # a file there: say so before any work (else train() says)
         check_output_dir(cfg.out)
     try:
-        summary = train(cfg, resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
+        # the tokenizer, the --init-from weights and the packed data come before step 1 (half a minute for
+        # the example GGUF on a CPU); the trainer prints progress from step 1
+        with said_when_slow("preparing the run: tokenizer, model and data ...") as note:
+            summary = train(cfg, on_step=lambda row: note.cancel(),
+                            resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
     except TrainingStopped as stopped:
         raise typer.Exit(stopped.exit_code) from None
     typer.echo(json.dumps(summary))

@@ -10,6 +10,7 @@ No torch import here: the CLI imports this module on its fast `--help` path.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable
@@ -170,4 +171,67 @@ def cli_message(message: str, flags: Iterable[str]) -> str:
         named = re.escape(name) + ("?" if name.endswith("s") else "")
         out = re.sub(r"^(unknown (?:[\w-]+ )?" + named + r" ('(?:[^'\\]|\\.)*'|\"[^\"]*\"))",
                      lambda m: f"{m.group(1)} ({flag})", out)
+    # a switch given as `name=True` (a library keyword) is the flag itself on the command line
+    out = re.sub(r"(?<![\w-])--([\w-]+)=True\b", r"--\1", out)
+    out = re.sub(r"(?<![\w-])--([\w-]+)=False\b", r"--no-\1", out)
     return out.replace("got None", "got nothing")
+
+
+# ----------------------------------------------------------------------------- decoding settings
+# The `SampleConfig` fields only diffusion decoding reads: an autoregressive model decodes one token per
+# step, left to right, and uses only gen_length, temperature, top_p, top_k and seed.
+DIFFUSION_ONLY = ("steps", "block_length", "threshold", "cache", "compile", "compile_backend", "remasking",
+                  "schedule", "eps", "alg_temp")
+CACHE_CHOICES = ("prefix", "dual")
+
+
+def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
+    """Every check of a `SampleConfig` that needs no model, only its kind (`autoregressive`, read from the
+    model's header; None: not known), so a command refuses bad settings before it reads any weight.
+
+    An autoregressive model refuses every diffusion-only setting that differs from its default, all of
+    them named in one line; a diffusion model needs `steps` unless `threshold`, a `block_length` that
+    divides `gen_length` into no more blocks than steps, a threshold in [0, 1] and a known cache."""
+    from sinkdlm.config.fields import field_default
+
+    check_int("gen_length", settings.gen_length, 1)
+    if autoregressive:
+        defaults = {f.name: field_default(f) for f in dataclasses.fields(settings) if f.name in DIFFUSION_ONLY}
+        # one step per token in one block is what left-to-right decoding does: steps=gen_length is no conflict
+        defaults.update(steps=(None, settings.gen_length), block_length=(None, settings.gen_length))
+        given = [f"{name}={getattr(settings, name)}" for name in DIFFUSION_ONLY
+                 if getattr(settings, name) not in (defaults[name] if isinstance(defaults[name], tuple)
+                                                    else (defaults[name],))]
+        if given:
+            one = len(given) == 1
+            raise ValueError(f"this model is autoregressive (it decodes one token per step, left to right): "
+                             f"{', '.join(given[:-1]) + ' and ' if not one else ''}{given[-1]} {'applies' if one else 'apply'} to diffusion decoding only; "
+                             f"leave {'it' if one else 'them'} out")
+        return
+    steps, threshold, block_length = settings.steps, settings.threshold, settings.block_length
+    if block_length is not None:
+        check_int("block_length", block_length, 1)
+        if settings.gen_length % block_length:
+            raise ValueError(f"gen_length={settings.gen_length} is not divisible by block_length={block_length}; "
+                             "choose a block_length that divides gen_length")
+    blocks = settings.gen_length // (block_length or settings.gen_length)
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
+    elif steps is None:
+        raise ValueError("steps is required: give the number of denoising steps (as many as gen_length: one token "
+                         "per step), or decode with a confidence threshold (e.g. threshold=0.9)")
+    if steps is not None:
+        check_int("steps", steps, 1)
+        if threshold is None and steps < blocks:
+            raise ValueError(f"steps={steps} is fewer than the number of blocks ({settings.gen_length}/{block_length} "
+                             f"= {blocks}); every block needs at least one step")
+    if settings.cache is not None and settings.cache not in CACHE_CHOICES:
+        raise ValueError(f"cache must be prefix or dual, got {settings.cache!r}")
+    if settings.cache == "dual" and blocks == 1:
+        raise ValueError("cache=dual reuses the keys/values after the current block, and with a single block "
+                         "there are none: pass a block_length that splits gen_length into several blocks (e.g. 32), "
+                         "or use cache=prefix")
+    if settings.compile and settings.cache is None:
+        raise ValueError("compile=True compiles the cached decoding step, so it needs a cache: give cache=prefix "
+                         "or cache=dual")

@@ -74,10 +74,23 @@ class SampleConfig(RemaskingOptions):
     """torch.compile backend for --compile (aot_eager: no code generation, for checking)."""
     seed: int = 0
     """Random seed (used when temperature > 0 or remasking=random)."""
+    stop_token_ids: tuple[int, ...] | None = option(None, cli=False)
+    """Ids that end the text (`generate_text` sets them): an autoregressive model stops decoding once every row has
+    produced one, and fills its remaining positions with the first."""
 
 
 @dataclass(kw_only=True)
-class GenerateConfig(ModelOptions, SampleConfig):
+class TextOptions:
+    """How a prompt becomes ids and the ids become text (`sinkdlm.diffusion.text.generate_text`)."""
+
+    chat: bool = False
+    """Wrap the prompt in the model's chat template (GGUF: tokenizer.chat_template; a directory: its tokenizer config) and end the text at the end of the assistant's turn."""
+    stop_at_eos: bool = True
+    """End the text at the end-of-text token (an autoregressive model stops there; a diffusion LM pads after it with that token, as LLaDA does)."""
+
+
+@dataclass(kw_only=True)
+class GenerateConfig(ModelOptions, SampleConfig, TextOptions):
     """`sinkdlm generate`: a prompt, a model and the decoding settings."""
 
     prompt: str | None = None
@@ -209,6 +222,8 @@ class ConvertConfig(_ConvertSwitchFields):
     """Output checkpoint directory."""
     seed: int = 0
     """Seed for the new sink embeddings and sink logits."""
+    shift_logits: bool = False
+    """Keep the AR head's shift: position i-1 predicts token i (Dream's recipe, docs/method.md §5); off, each masked position predicts itself (LLaDA's). Stored in the checkpoint; train and generate follow it."""
 
     def switches(self) -> dict:
         return switch_values(self)

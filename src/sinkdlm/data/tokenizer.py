@@ -118,11 +118,17 @@ def load_pretrained_tokenizer(directory: str | Path, mask_token_id: int | None =
     if not file.is_file():
         raise ValueError(f"{file} is missing: sinkdlm reads a pretrained model's fast tokenizer (tokenizer.json) only")
     roles: dict[str, str] = {}
+    template = None
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
         if (directory / name).is_file():
             meta = read_json(directory / name, "tokenizer settings")
             roles.update({r: t for r in _ROLES if (t := _token_text(meta.get(r))) is not None})
+            template = meta.get("chat_template", template)
+    if (directory / "chat_template.jinja").is_file():  # where transformers >= 4.43 saves it
+        template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
     tok = PreTrainedTokenizerFast(tokenizer_file=str(file), clean_up_tokenization_spaces=False, **roles)
+    if isinstance(template, str):  # (a list of named templates is left to transformers' own loader)
+        tok.chat_template = template
     return _with_mask(tok, mask_token_id, file)
 
 
@@ -232,6 +238,8 @@ def gguf_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTra
         if isinstance(index, int) and 0 <= index < len(tokens):
             roles[role] = tokens[index]
     tok = _wrap(backend, **roles)
+    if isinstance(meta.get("tokenizer.chat_template"), str):  # generate --chat applies it
+        tok.chat_template = meta["tokenizer.chat_template"]
     return _with_mask(tok, mask_token_id, path)
 
 

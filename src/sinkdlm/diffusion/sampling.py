@@ -49,9 +49,8 @@ from sinkdlm.diffusion.remasking import add_gumbel_noise, check_rule, filter_log
 from sinkdlm.diffusion.steps import choose, commit, compiled_columns, forward_step, plan_decoding
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
-from sinkdlm.config.checks import check_int
+from sinkdlm.config.checks import check_sample_settings
 
-CACHES = ("prefix", "dual")
 log = logging.getLogger(__name__)
 
 
@@ -303,60 +302,24 @@ def generate(
         raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     probe = probe or StepProbe()
     key_masks_fn, attention_hook_fn = probe.key_masks, probe.hook
-    # ---- every user error before any work
-    check_int("gen_length", gen_length, 1)
+    # ---- every user error before any work: the settings' own checks have one home (config/checks.py), which
+    # the command line runs before any weight is read; an AR model refuses every diffusion-only setting given
+    check_sample_settings(settings, autoregressive=bool(cfg.causal))
     block_length = gen_length if block_length is None else block_length
-    check_int("block_length", block_length, 1)
-    if gen_length % block_length:
-        raise ValueError(
-            f"gen_length={gen_length} is not divisible by block_length={block_length}; "
-            "choose a block_length that divides gen_length"
-        )
     num_blocks = gen_length // block_length
-    if threshold is None:
-        if steps is None and not cfg.causal:  # an AR model decodes one token per step: steps is not used
-            raise ValueError("steps is required (it may be None only with threshold decoding)")
-        if steps is not None:
-            check_int("steps", steps, 1)
-        if steps is not None and steps < num_blocks and not cfg.causal:
-            raise ValueError(
-                f"steps={steps} is fewer than the number of blocks ({gen_length}/{block_length} = "
-                f"{num_blocks}); every block needs at least one step"
-            )
-    else:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
-        if steps is not None:
-            check_int("steps", steps, 1)
     schedule_name, remasking = resolve_rule(cfg.family, settings.schedule, remasking, threshold)
     alg_temp, top_p, top_k = settings.alg_temp, settings.top_p, settings.top_k
     check_rule(schedule_name, remasking, threshold=threshold, temperature=temperature, alg_temp=alg_temp,
                top_p=top_p, top_k=top_k, eps=settings.eps)
-    if cfg.causal and (cache is not None or threshold is not None):
-        raise ValueError(
-            "this is an autoregressive model (config.causal): it decodes one token per step left to right, "
-            "so cache= and threshold= (diffusion decoding options) do not apply; leave them unset"
-        )
     if cache is not None:
-        if cache not in CACHES:
-            raise ValueError(f"cache must be None, 'prefix' or 'dual', got {cache!r}")
         if probe != StepProbe():
             raise ValueError(
                 f"cache={cache!r} runs only the current block's queries, but a probe's maps, values, hook and "
                 "key masks cover the whole sequence at every step; use cache=None for attention analysis and "
                 "sink ablation"
             )
-        if cache == "dual" and num_blocks == 1:
-            raise ValueError(
-                "cache='dual' reuses the keys/values after the current block, and with a single block "
-                "(block_length = gen_length) there are none: pass a block_length that splits gen_length "
-                "into several blocks (e.g. 32), or use cache='prefix'"
-            )
     device = model.device
     if compiled:
-        if cache is None:
-            raise ValueError("compile=True compiles the cached decoding step; set cache='prefix' or 'dual' "
-                             "(without a cache every step runs the eager path)")
         check_compile(settings.compile_backend, device)
     prompt, prompt_mask = prepare_prompts(
         prompt_ids, attention_mask, (mask_id or 0) if pad_token_id is None else pad_token_id, device
@@ -452,8 +415,12 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
                              probe: StepProbe, return_dict):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
     whole prefix, so the analysis sees each step's complete causal maps). `settings` is the call's
-    resolved `SampleConfig` (gen_length, temperature, top_p, top_k); the caller sets the sink-cache mode.""" 
+    resolved `SampleConfig` (gen_length, temperature, top_p, top_k, stop_token_ids); the caller sets the
+    sink-cache mode. With `stop_token_ids`, decoding stops once every row has produced one of them and the
+    remaining positions get the first, so the output keeps its `[B, P + gen_length]` shape."""
     gen_length, temperature, top_p, top_k = settings.gen_length, settings.temperature, settings.top_p, settings.top_k
+    stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
+    ended = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # [B]
     b, p = prompt.shape
     x, attn = prompt, prompt_mask
     work_dtype = torch.promote_types(model.dtype, torch.float32)
@@ -473,6 +440,9 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
             keep = filter_logits(logits / temperature if temperature else logits, top_p, top_k) > float("-inf")
             logits = logits.masked_fill(~keep, float("-inf"))
         nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
+        if stops.numel():  # a row that has ended keeps padding with the first stop id
+            nxt = torch.where(ended, stops[0], nxt)
+            ended |= torch.isin(nxt, stops)
         x = torch.cat([x, nxt[:, None]], dim=1)
         if attn is not None:
             attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
@@ -491,6 +461,13 @@ def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig,
             prev_state = state if key_masks_fn is not None else None
             del state
         del out, logits
+        if stops.numel() and bool(ended.all()):
+            break
+    taken = x.shape[1] - p
+    if taken < gen_length:  # stopped early: the rest is the stop id (and real tokens for the mask)
+        x = torch.cat([x, x.new_full((b, gen_length - taken), int(stops[0]))], dim=1)
+        if attn is not None:
+            attn = torch.cat([attn, attn.new_ones(b, gen_length - taken)], dim=1)
     if return_dict:
-        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=gen_length)
+        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=taken)
     return x

@@ -34,7 +34,7 @@ from sinkdlm.data.tokenizer import check_tokenizer_matches, encode_texts
 from sinkdlm.diffusion.likelihood import METHODS
 from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
-from sinkdlm.diffusion.sampling import CACHES
+from sinkdlm.config.checks import CACHE_CHOICES as CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.config.checks import check_int, check_optional_int
 from sinkdlm.config.commands import EvalConfig, RemaskingOptions  # the one home of the defaults (field docstrings)

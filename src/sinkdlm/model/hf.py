@@ -100,11 +100,13 @@ def convert_hf_checkpoint(
     out: str | Path,
     *,
     seed: int = 0,
+    shift_logits: bool = False,
     **switches: Any,
 ) -> DiffusionLM:
     """Convert a local HF Qwen2/LLaMA causal LM into a sinkdlm checkpoint at `out` (`convert_hf_model`,
-    then `save_pretrained`)."""
+    then `save_pretrained`). `shift_logits`: keep the AR head's shift (Dream's recipe, docs/method.md §5)."""
     model, tokenizer = convert_hf_model(src, seed=seed, **switches)
+    model.config.shift_logits = bool(shift_logits)  # stored in config.json; train/generate read it there
     model.save_pretrained(Path(out), tokenizer=tokenizer)
     return model
 

@@ -402,7 +402,12 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     tokens_per_step = cfg.batch_size * cfg.seq_len
     bar = tqdm(total=cfg.max_steps, initial=start, disable=not (env.is_main and sys.stderr.isatty()), unit="step", dynamic_ncols=True)
     last_time, last_step, last = time.perf_counter(), start, {}
+    began = last_time  # for the ETA
     grad_norm_max = None
+    if env.is_main:  # the first step of a 135M model takes seconds on a CPU: say what is coming
+        print(f"[sinkdlm] training steps {start + 1}-{cfg.max_steps}: {cfg.batch_size} sequences x {cfg.seq_len} "
+              f"tokens a step on {device}; progress (loss, tokens/s, ETA) from step {start + 1} on",
+              flush=True)
     stop.arm()  # from here on, SIGINT/SIGTERM finish the step and save (before: they stop at once)
     for step in range(start, stop_at):
         lr = lr_at(step, cfg)
@@ -448,11 +453,17 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             grad_norm_max = None
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
             row["val_loss"] = evaluate(model, val_set, cfg, device, env)  # every rank: its share
+        first = done == start + 1  # shown at once, not after --log-every steps of silence
+        if row is not None or first:
+            now = time.perf_counter()
+            shown = row or {"step": done, "loss": float(loss), "lr": lr,
+                            "tokens_per_s": tokens_per_step / max(now - began, 1e-9)}
+            eta = (now - began) / (done - start) * (cfg.max_steps - done)
+            bar.set_postfix(loss=f"{shown['loss']:.3f}", tok_s=f"{shown['tokens_per_s']:.0f}")
+            if env.is_main and bar.disable:  # no terminal (CI, logs): plain lines instead of a bar
+                print(_format_row(shown, cfg.max_steps, eta), flush=True)
         if row is not None:
             last = row
-            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-            if env.is_main and bar.disable:  # no terminal (CI, logs): plain lines instead of a bar
-                print(_format_row(row, cfg.max_steps), flush=True)
             log.log(row)
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
@@ -481,10 +492,13 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     return {"out": str(out), "checkpoint": str(final) if final else None, "last": last, "steps": cfg.max_steps}
 
 
-def _format_row(row: dict, max_steps: int) -> str:
+def _format_row(row: dict, max_steps: int, eta_s: float) -> str:
+    """One plain progress line (when stderr is no terminal): step, loss, lr, tokens/s, [val_loss], ETA."""
     parts = [f"step {row['step']}/{max_steps}", f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}", f"{row['tokens_per_s']:.0f} tok/s"]
     if "val_loss" in row:
         parts.append(f"val_loss {row['val_loss']:.4f}")
+    minutes, seconds = divmod(round(eta_s), 60)
+    parts.append(f"ETA {minutes}:{seconds:02d}")
     return "[sinkdlm] " + " | ".join(parts)
 
 

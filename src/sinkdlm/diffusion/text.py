@@ -1,0 +1,93 @@
+"""Text in, text out: `generate_text` encodes a prompt (through the model's chat template with `chat=True`),
+samples with `sinkdlm.generate` and decodes what came out, cut at the end of the text.
+
+Where the text ends: the tokenizer's end-of-text token and, with a chat template, the tokens that open
+and close a turn (`<|im_start|>`, `<|im_end|>`), so a role name never reaches the output. An
+autoregressive model stops decoding there; a diffusion LM fills all `gen_length` positions at once, so
+its positions after the end are set to the end-of-text token, as LLaDA's generations pad with EOS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from sinkdlm.config.checks import check_sample_settings
+from sinkdlm.config.commands import SampleConfig, TextOptions
+from sinkdlm.config.fields import with_overrides
+from sinkdlm.diffusion.sampling import generate
+
+
+@dataclass
+class GeneratedText:
+    """What `generate_text` returns."""
+
+    text: str  # the decoded continuation, special tokens dropped, cut at the end of the text
+    tokens: list[int]  # the gen_length generated ids (after the end: the end-of-text id)
+    steps_taken: int
+    seconds: float
+    blank: bool  # the text is empty or whitespace: only special tokens or newlines came out
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """The prompt's ids: as is, or as a user turn of the tokenizer's chat template followed by the
+    assistant's turn opening (`add_generation_prompt`)."""
+    if not chat:
+        ids = tokenizer(prompt)["input_ids"]
+    else:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat=True needs the model's chat template, and its tokenizer has none; "
+                             "leave chat out and give the plain prompt")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")
+    return ids
+
+
+def stop_token_ids(tokenizer, chat: bool) -> tuple[int, ...]:
+    """The ids that end the text: end-of-text, and with `chat` the special tokens that close and open a
+    turn, read off the chat template rendered around placeholder messages (ChatML's `<|im_end|>` and
+    `<|im_start|>`, Llama 3's `<|eot_id|>` and `<|start_header_id|>`), so no role name is decoded."""
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    stops = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    if chat:  # the special tokens between a user's message and the assistant's, and after the assistant's
+        marker = "\u2063sinkdlm\u2063"  # text no template adds around a message
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": marker}, {"role": "assistant", "content": marker}], tokenize=False)
+        around = rendered.split(marker, 1)[-1].replace(marker, "")
+        stops += [i for i in tokenizer(around, add_special_tokens=False)["input_ids"] if i in special]
+    return tuple(dict.fromkeys(stops))
+
+
+def generate_text(model, tokenizer, prompt: str, config: SampleConfig | None = None, *,
+                  chat: bool = TextOptions.chat, stop_at_eos: bool = TextOptions.stop_at_eos,
+                  callback=None, **overrides) -> GeneratedText:
+    """Sample a continuation of `prompt` (a string) and decode it.
+
+    `config`/`overrides`: the decoding settings (`SampleConfig`, as for `sinkdlm.generate`), checked against
+    the model's kind first (an autoregressive model refuses the diffusion-only ones, named). `chat`: wrap
+    the prompt in the model's chat template and end the text at the end of the assistant's turn.
+    `stop_at_eos`: end the text at the end-of-text token (an autoregressive model stops decoding there,
+    a diffusion LM's later positions become that token); False keeps all `gen_length` tokens.
+    `callback` as for `sinkdlm.generate`."""
+    settings = with_overrides(SampleConfig, config, overrides, "generate_text")
+    # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
+    settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
+    check_sample_settings(settings, autoregressive=model.config.causal)
+    ids = encode_prompt(tokenizer, prompt, chat)
+    stops = stop_token_ids(tokenizer, chat) if stop_at_eos else ()
+    if stops and model.config.causal:
+        settings = dataclasses.replace(settings, stop_token_ids=stops)
+    start = time.perf_counter()
+    out = generate(model, ids, settings, callback=callback, return_dict=True)
+    seconds = time.perf_counter() - start
+    tokens = out.sequences[0, out.prompt_length:].tolist()
+    end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+    if end < len(tokens):  # pad after the end with end-of-text, as LLaDA's generations do
+        tokens = tokens[:end] + [stops[0]] * (len(tokens) - end)
+    text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
+    return GeneratedText(text=text, tokens=tokens, steps_taken=out.steps_taken, seconds=seconds,
+                         blank=not text.strip())
