@@ -281,7 +281,7 @@ def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, dream, tok, monkeyp
     assert d["model"]["shift_logits"] and d["model"]["source_format"] == "dream" and d["setup"]["steps_taken"] == 4
     ar_dir = save_hf(hf_causal("qwen2"), tmp_path / "ar", tok)
     ar, _ = load_model_and_tokenizer(ar_dir, device="cpu")
-    b = analyze(ar, tok, prompts, AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=2), ablation_k=[1, 5],
+    b = analyze(ar, tok, prompts, AnalyzeConfig(sample=SampleConfig(gen_length=4), ablation_k=[1, 5],
                                                 out=tmp_path / "ar", quiet=True, label="qwen2"))
     assert b["model"]["causal"] and b["setup"]["steps_taken"] == 4  # one step per generated token
     assert b["ablation"]["metric"] == "continuation_logprob_per_token" and set(b["ablation"]["scores"]) == {"0", "1", "5"}

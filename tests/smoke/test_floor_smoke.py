@@ -10,7 +10,7 @@ runs in an environment that has only sinkdlm's dependencies at exactly their `>=
 
 Marked `floors`, so the default suite (which covers all of this more thoroughly) leaves it out;
 `python -m pytest -m floors tests/smoke` runs it in any environment. `make test-floors` runs every
-test of tests/smoke, so also test_help.py (`--help` of every command), which the default suite runs too.
+test of tests/smoke, so also test_help_every_command.py (`--help` of every command), which the default suite runs too.
 """
 
 from __future__ import annotations

@@ -283,13 +283,14 @@ class DLMPredictor:
         bar = tqdm(total=len(rows), desc=desc, disable=not self.progress, leave=False)
         for k, start in enumerate(range(0, len(order), self.batch_size)):
             chunk = order[start: start + self.batch_size]
-            res = sample(
-                self.model, [rows[i] for i in chunk], gen_length=padded, steps=None if threshold is not None else steps,
-                block_length=block_length, temperature=temperature, seed=self.seed + k,
-                return_dict=True, threshold=threshold,
+            # an AR model decodes one token per step, left to right: the diffusion settings are not given to it
+            # (generate refuses any that is, so that a user's is never silently ignored)
+            diffusion = {} if self.model.config.causal else dict(
+                steps=None if threshold is not None else steps, block_length=block_length, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
-                **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")),
-            )
+                **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")))
+            res = sample(self.model, [rows[i] for i in chunk], gen_length=padded, temperature=temperature,
+                         seed=self.seed + k, return_dict=True, **diffusion)
             new = res.sequences[:, res.prompt_length: res.prompt_length + gen_length].tolist()
             for i, ids in zip(chunk, new):
                 out[i] = ids
