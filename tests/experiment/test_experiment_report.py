@@ -391,3 +391,19 @@ def test_ar_vs_dlm_states_the_training_steps_a_preset_left_at_its_default():
     dlm["train"].pop("max_steps", None)
     text = ar_vs_dlm_markdown(ar, dlm)
     assert f"{TrainConfig().max_steps} training steps" in text and "? training" not in text
+
+
+def test_a_masking_curve_of_the_first_seed_only_is_one_seed_not_a_crash():
+    """A preset that analyses only its first seed (analyse_every_seed=False): the other seeds have no
+    analysis, and the masking curve is stated over the analysed seed (inconclusive with 1 seed)."""
+    rng = np.random.default_rng(7)
+    res = _null_results(rng, n_variants=2, seeds=3)
+    for v in res["variants"].values():
+        for seed, rec in v["seeds"].items():
+            if seed == "0":
+                rec["analysis"]["ablation"] = _ablation(rng, 6, 0.1, False)
+            else:
+                rec.pop("analysis")
+    summarise(res)
+    row = res["variants"]["v0"]["summary"]["masking"]["settings"][0]["k"]["1"]["delta"]
+    assert row["n"] == 1 and row["verdict"].startswith("inconclusive with 1 seed")

@@ -471,7 +471,8 @@ def masking_intervals(variant: dict[str, Any], confidence: float = 0.95) -> dict
     first = recs[0]["analysis"]["ablation"]
     settings = [False, True] if _has_extra_sinks(variant) else [None]
     out = {"metric": first.get("metric"), "settings": []}
-    seeds = sorted(variant["seeds"], key=str)
+    # the analysed seeds (a preset may analyse the first seed only): the others have no curve to pair
+    seeds = sorted((s for s, rec in variant["seeds"].items() if (rec.get("analysis") or {}).get("ablation")), key=str)
     for include in settings:
         blocks = {seed: _ablation_setting(variant["seeds"][seed], include) for seed in seeds}
         entry: dict[str, Any] = {"include_extra_sink": bool(include), "measured": any(blocks.values()), "k": {}}
@@ -482,7 +483,7 @@ def masking_intervals(variant: dict[str, Any], confidence: float = 0.95) -> dict
                 masked = [b["masked_keys_per_head"][key] for b in blocks.values()
                           if b and (b.get("masked_keys_per_head") or {}).get(key) is not None]
                 row: dict[str, Any] = {"masked_keys_per_head": interval_of(masked), "seeds": len(masked)}
-                per = {s: b.get("per_request") for s, b in blocks.items()}
+                per = {s: (b or {}).get("per_request") for s, b in blocks.items()}
                 if all(p and key in p and "0" in p for p in per.values()) and len({len(p[key]) for p in per.values()}) == 1:
                     iv = paired_accuracy_difference({s: p[key] for s, p in per.items()}, {s: p["0"] for s, p in per.items()},
                                                     confidence)
