@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from sinkdlm.experiment.formatting import train_setting
 from sinkdlm.stats import equivalence_test, mean_interval, paired_difference, rank_test
 
 
@@ -111,8 +112,8 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
         change = _iv(dc, confidence)
         out["training_effect"] = {k: change.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
         out["training_effect"]["rank"] = rank_test(dc, test, confidence) if dc else None
-    traj = trajectory(a, b, (results.get("train") or {}).get("batch_size", 0) * (results.get("train") or {}).get("seq_len", 0) or None,
-                      confidence)
+    # tokens per step: results.json keeps only what the preset set, the rest are TrainConfig's defaults
+    traj = trajectory(a, b, train_setting(results, "batch_size") * train_setting(results, "seq_len"), confidence)
     if traj:
         out["trajectory"] = traj
     return out

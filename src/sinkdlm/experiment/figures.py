@@ -98,7 +98,8 @@ def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = No
     x = [q["tokens"] if q.get("tokens") is not None else q["step"] for q in pts]
     fig = Figure(figsize=(7.0, 4.2), layout="constrained")
     ax = fig.subplots()
-    ax.plot(x, [q["mean"] for q in pts], "o-", color="black", label="paired gap, mean over seeds")
+    a, b = (results["variants"][n]["label"] for n in p["pair"])
+    ax.plot(x, [q["mean"] for q in pts], "o-", color="black", label=f"{a} − {b}, mean over seeds")
     lo = [q["low"] if q.get("low") is not None else q["mean"] for q in pts]
     hi = [q["high"] if q.get("high") is not None else q["mean"] for q in pts]
     ax.fill_between(x, lo, hi, color="black", alpha=0.12, label="95 % CI (t over seeds)")
@@ -106,9 +107,8 @@ def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = No
     slope = traj.get("slope_per_decade")
     if slope and slope.get("low") is not None:
         ax.plot([], [], " ", label=f"slope {slope['mean']:+.3f} [{slope['low']:+.3f}, {slope['high']:+.3f}] nats per 10× tokens")
-    a, b = (results["variants"][n]["label"] for n in p["pair"])
     ax.set_xlabel("training tokens per run" if traj.get("tokens_per_step") else "training step")
-    ax.set_ylabel(f"{a} − {b}: fixed val_loss (nats / token)")
+    ax.set_ylabel("paired gap in fixed val_loss (nats / token)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:

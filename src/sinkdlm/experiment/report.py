@@ -402,7 +402,8 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         gap = plot_gap_trajectory(results, fig_dir / "gap_trajectory.png")
         if gap:
             doc.image(gap, "Does the lead vanish, hold or grow with training? The paired gap on the fixed validation "
-                           "at each scored step (from step 0, the converted models), mean and 95 % CI over seeds")
+                           "at each scored step (step 0: the converted models, when the runs start from an AR "
+                           "checkpoint), mean and 95 % CI over seeds")
         for line in primary:
             doc.paragraph(line)
     doc.heading("Results (mean [95 % CI])")
