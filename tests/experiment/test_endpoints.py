@@ -108,6 +108,12 @@ def test_the_report_states_the_three_numbers_and_the_equivalence_verdicts():
     assert "training changed it by +0.2" in text and "the gap shrinks" in text
     assert "| S − V |" in text and "| different |" in text
     assert "includes the 1 declared equivalence tests" in text
+    from sinkdlm.experiment.report import primary_seed_table
+
+    header, rows = primary_seed_table(res)
+    assert header[:4] == ["seed", "S val_loss", "V val_loss", "difference"] and "Δ_train" in header and len(rows) == 6
+    rec_s, rec_v = res["variants"]["sink"]["seeds"]["0"], res["variants"]["vanilla"]["seeds"]["0"]
+    assert rows[0][3] == f"{rec_s['val_loss'] - rec_v['val_loss']:+.3f}".replace("-", "-")
 
 
 def test_the_report_draws_the_forest_the_curves_and_the_gap_trajectory(tmp_path):

@@ -284,6 +284,32 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def primary_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """The primary pair seed by seed: each run's fixed val_loss, its step-0 control where there is one, the
+    paired difference, and each run's largest pre-clip gradient norm beside it (a spike shows in its seed's row)."""
+    p = results.get("primary")
+    if not p or p.get("missing"):
+        return None
+    a, b = (results["variants"][n] for n in p["pair"])
+    step0 = any((rec.get("step0") or {}) for rec in a["seeds"].values())
+    header = ["seed", f"{a['label']} val_loss", f"{b['label']} val_loss", "difference"]
+    header += [f"{a['label']} step 0", f"{b['label']} step 0", "Δ_train"] if step0 else []
+    header += [f"{a['label']} peak grad norm", f"{b['label']} peak grad norm"]
+    rows = []
+    for seed in sorted(a["seeds"], key=int):
+        ra, rb = a["seeds"][seed], b["seeds"].get(seed) or {}
+        num = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
+        row = [seed, num(ra.get("val_loss")), num(rb.get("val_loss")),
+               "–" if rb.get("val_loss") is None else signed(ra["val_loss"] - rb["val_loss"], 3)]
+        if step0:
+            ca, cb = ra.get("val_loss_change"), rb.get("val_loss_change")
+            row += [num((ra.get("step0") or {}).get("val_loss")), num((rb.get("step0") or {}).get("val_loss")),
+                    "–" if ca is None or cb is None else signed(ca - cb, 3)]
+        row += [num(ra.get("train_grad_norm_peak"), 0), num(rb.get("train_grad_norm_peak"), 0)]
+        rows.append(row)
+    return header, rows
+
+
 def equivalence_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
     """The declared equivalence claims: Δ [CI], the TOST p (raw and BH-adjusted) and the verdict."""
     rows = []
@@ -406,6 +432,9 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
                            "checkpoint), mean and 95 % CI over seeds")
         for line in primary:
             doc.paragraph(line)
+        per_seed = primary_seed_table(results)
+        if per_seed:
+            doc.table(*per_seed)
     doc.heading("Results (mean [95 % CI])")
     doc.table(*results_table(results))
     baseline = (results.get("primary") or {}).get("pair", [None, next(iter(variants))])[1]
