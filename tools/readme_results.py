@@ -203,8 +203,10 @@ def _bench_gpu_decode(results_root: Path) -> str | None:
 
 def _not_measured(command: str, results_file: str) -> str:
     """The block of a GPU benchmark that has not run yet: what would fill it."""
-    return ("Not measured yet: no GPU has been lent to this project since the sink moved into the sequence "
-            f"(`{command}` writes `benchmarks/results/{results_file}`, and this table is generated from it).\n")
+    return ("Not measured here yet: no results file from a GPU run of this code is committed (figures quoted in "
+            "issues are not reproduced in this table). Whoever is lent a GPU runs `benchmarks/gpu_suite.sh OUTDIR`"
+            + ("" if command.startswith("benchmarks/gpu_suite.sh") else f", which runs `{command}`")
+            + f"; it writes `benchmarks/results/{results_file}`, and this table is generated from it.\n")
 
 
 def _bench_cache_gpu(results_root: Path) -> str | None:
