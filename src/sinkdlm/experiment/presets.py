@@ -24,7 +24,7 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
                    (Intel Sapphire Rapids and later) and GPUs: on such a 2-core CPU a run takes about half
                    the time of `real`'s fp32; on a CPU without bf16 units it is slower than `real`.
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
-                   bf16 (its run time is not measured yet: no GPU has been lent). Each run keeps only its
+                   bf16 (its run time is not measured yet: it has not run on a GPU). Each run keeps only its
                    last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.
   * `paper-0.5b` — Tables 1-2: Qwen2.5-0.5B init, FineWeb; needs `--init-from` (a local HF Qwen2.5
                    directory), `--data` (local FineWeb files) and `--gsm8k DIR` (train/test JSONL), the
