@@ -23,7 +23,8 @@ def _variant(label, start, end, mid=None, *, start_per_seed=True):
         seeds[s] = {"val_loss": end[i], "val_loss_se": 0.01, "step0": {"val_loss": v0, "val_loss_se": 0.01},
                     "val_loss_change": end[i] - v0,
                     "val_curve": [{"step": st, "val_loss": v, "val_loss_se": 0.01} for st, v in zip(STEPS, (v0, vm, end[i]))]}
-    return {"label": label, "switches": {}, "seeds": seeds}
+    return {"label": label, "switches": {}, "seeds": seeds,
+            "step0": {"val_loss": start[0], "val_loss_se": 0.01, "per_seed": start_per_seed}}
 
 
 def _results(variants, declared):

@@ -100,14 +100,14 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
     out["agree"] = t_says == r_says
     if metric == "val_loss" and any((rec.get("step0") or {}) for rec in a["seeds"].values()):
         d0 = list(paired_seed_differences(a, b, "step0").values())
-        shared = len({round(v, 12) for v in d0}) == 1 and len(d0) > 1
         gap0 = _iv(d0, confidence)
         out["step0_gap"] = {k: gap0.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
         se0 = [math.hypot((rec.get("step0") or {}).get("val_loss_se") or 0.0,
                           ((b["seeds"].get(s) or {}).get("step0") or {}).get("val_loss_se") or 0.0)
                for s, rec in a["seeds"].items()]
         out["step0_gap"]["validation_se"] = float(np.mean(se0)) if se0 else None  # unpaired bound on the MC noise
-        out["step0_gap"]["per_seed_controls"] = not shared
+        # what the runner recorded (runner.draws_at_conversion), not guessed from the values
+        out["step0_gap"]["per_seed_controls"] = any((v.get("step0") or {}).get("per_seed") for v in (a, b))
         dc = list(paired_seed_differences(a, b, "val_loss_change").values())
         change = _iv(dc, confidence)
         out["training_effect"] = {k: change.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
