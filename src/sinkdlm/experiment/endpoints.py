@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sinkdlm.experiment.formatting import train_setting
-from sinkdlm.stats import equivalence_test, mean_interval, paired_difference, rank_test
+from sinkdlm.stats import equivalence_test, mean_interval, rank_test
 
 
 def _per_seed(variant: dict[str, Any], key: str) -> dict[str, float]:
@@ -36,7 +36,7 @@ def _per_seed(variant: dict[str, Any], key: str) -> dict[str, float]:
 
 
 def _iv(d: list[float], confidence: float) -> dict[str, Any]:
-    return paired_difference(d, [0.0] * len(d), confidence).to_dict() if d else {}
+    return mean_interval(d, confidence).to_dict() if d else {}
 
 
 def paired_seed_differences(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, float]:
