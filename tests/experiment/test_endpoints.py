@@ -64,6 +64,32 @@ def test_primary_separates_the_head_start_from_the_training_effect():
     assert traj["points"][-1]["tokens"] == 600 * 4 * 128
 
 
+def test_a_primary_declared_as_t_is_decided_by_the_t_test_with_the_wilcoxon_beside_it():
+    """4 seeds: no exact test can reject at 5 % (smallest two-sided p 1/8), so a study that small declares `t`."""
+    from sinkdlm.experiment.presets import Primary
+    from sinkdlm.experiment.report import primary_lines
+
+    van = [5.40, 5.52, 5.47, 5.44]
+    sink = [v - 0.20 + e for v, e in zip(van, [0.01, -0.012, 0.004, -0.003])]
+    pad = [0.0] * (len(SEEDS) - 4)  # _variant builds every seed of SEEDS; the study keeps the first 4
+    variants = {"sink": _variant("S", [8.0] * len(SEEDS), sink + pad),
+                "vanilla": _variant("V", [8.4], van + pad, start_per_seed=False)}
+    for rec in variants.values():
+        rec["seeds"] = {k: r for k, r in rec["seeds"].items() if int(k) < 4}
+    res = _results(variants, {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "t"}})
+    summarise(res, [("sink", "vanilla")])
+    p = res["primary"]
+    d = np.array(sink) - np.array(van)
+    assert p["t"]["p"] == pytest.approx(sps.ttest_1samp(d, 0).pvalue)
+    assert p["rank"] == rank_test(d, "wilcoxon") and p["rank"]["p"] == pytest.approx(0.125)
+    assert p["rejects"] and p["t_rejects"] and not p["rank_rejects"] and not p["agree"]
+    text = "\n".join(primary_lines(res))
+    assert "paired t test over 4 seeds: **lower** with S than with V" in text
+    assert "beside it the exact Wilcoxon signed-rank test" in text and "a rank test cannot reject with this few seeds" in text
+    with pytest.raises(ValueError, match="Primary.test"):
+        Primary(("a", "b"), test="welch")
+
+
 def test_tost_equivalence_is_in_the_family_and_never_printed_without_a_margin():
     rng = np.random.default_rng(2)
     base = list(5.6 + rng.normal(0, 0.1, 6))

@@ -3,9 +3,10 @@
 A preset declares them before the run (`ExperimentPreset.primary`, `.equivalence`, `.plateau_nats`); the
 runner copies the declaration into results.json's `declared`, and `summarise` fills in what was measured:
 
-* `primary` (results.json top level): the declared pair, metric and rank test (an exact Wilcoxon signed-rank
-  or sign test with the Hodges-Lehmann / median estimate, `stats.rank_test`) beside the paired t interval, and
-  where they disagree. From an AR initialisation it carries the two numbers a head start cannot hide behind:
+* `primary` (results.json top level): the declared pair, metric and test: an exact Wilcoxon signed-rank or
+  sign test with the Hodges-Lehmann / median estimate (`stats.rank_test`) beside the paired t interval, or
+  (`t`, for fewer seeds than an exact test can reject with) the paired t test with the Wilcoxon beside it;
+  `rejects` is what the declared test says, `agree` whether the two agree. From an AR initialisation it carries the two numbers a head start cannot hide behind:
   the step-0 gap (the converted models before training, paired per seed) and the training effect
   Δ_train = (a(T) - a(0)) - (b(T) - b(0)), the `val_loss_change` comparison; and the gap's trajectory over
   the runs' `val_curve` steps with its slope against log10 training tokens (per seed, then a t interval).
@@ -92,11 +93,15 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
     out: dict[str, Any] = {**declared, "seeds": len(d)}
     if entry is not None:
         out["t"] = {k: entry.get(k) for k in ("mean", "low", "high", "p", "df", "degenerate", "mde")}
-    rank = rank_test(d, test, confidence) if d else None
+    # test "t": the paired t test decides (a study with fewer than 6 seeds, where no exact test can reach 5 %);
+    # the exact Wilcoxon test is still computed and shown beside it, for the tails
+    rank_name = "wilcoxon" if test == "t" else test
+    rank = rank_test(d, rank_name, confidence) if d else None
     out["rank"] = rank
     t_says = entry is not None and entry.get("p") is not None and entry["p"] < alpha and not entry.get("degenerate")
     r_says = rank is not None and rank.get("p") is not None and rank["p"] < alpha
     out["t_rejects"], out["rank_rejects"] = bool(t_says), bool(r_says)
+    out["rejects"] = bool(t_says if test == "t" else r_says)  # what the declared test says
     out["agree"] = t_says == r_says
     if metric == "val_loss" and any((rec.get("step0") or {}) for rec in a["seeds"].values()):
         d0 = list(paired_seed_differences(a, b, "step0").values())
@@ -111,7 +116,7 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
         dc = list(paired_seed_differences(a, b, "val_loss_change").values())
         change = _iv(dc, confidence)
         out["training_effect"] = {k: change.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
-        out["training_effect"]["rank"] = rank_test(dc, test, confidence) if dc else None
+        out["training_effect"]["rank"] = rank_test(dc, rank_name, confidence) if dc else None
     # tokens per step: results.json keeps only what the preset set, the rest are TrainConfig's defaults
     traj = trajectory(a, b, train_setting(results, "batch_size") * train_setting(results, "seq_len"), confidence)
     if traj:

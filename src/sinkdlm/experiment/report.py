@@ -245,26 +245,32 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     variants = results["variants"]
     a, b = (variants[n]["label"] for n in p["pair"])
     rank, t = p.get("rank") or {}, p.get("t") or {}
-    name = {"wilcoxon": "exact Wilcoxon signed-rank", "sign": "exact sign"}[p["test"]]
-    est = "Hodges-Lehmann" if p["test"] == "wilcoxon" else "median"
+    by_t = p["test"] == "t"
+    rank_test_name = "exact sign" if p["test"] == "sign" else "exact Wilcoxon signed-rank"
+    name = "paired t" if by_t else rank_test_name
+    est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
     tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
     after = f" after {tokens:,} training tokens per run" if tokens else ""
     conf = f"{100 * rank.get('confidence', 0.95):g} %"
-    if rank.get("p") is not None and p["rank_rejects"]:
-        word = "lower" if rank["estimate"] < 0 else "higher"
-        head = f"**{word}** with {a} than with {b}{after}"
+    decided = p.get("rejects", p["t_rejects"] if by_t else p["rank_rejects"])
+    estimate = t.get("mean") if by_t else rank.get("estimate")
+    if decided and estimate is not None:
+        head = f"**{'lower' if estimate < 0 else 'higher'}** with {a} than with {b}{after}"
     else:
         head = f"no difference detected{after} (inconclusive with {p['seeds']} seeds)"
     rank_ci = (f"[{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None
                else f"(no {conf} interval: the smallest p with {rank.get('n')} seeds is {rank.get('min_p', 1):.3g})")
+    rank_part = f"{est} {signed(rank.get('estimate', 0), 3)} {rank_ci}, p = {rank.get('p', float('nan')):.3g}"
+    t_part = f"paired t {_ci(t)}, p = {t.get('p', float('nan')):.3g}"
+    detail = (f"{t_part}; beside it the {rank_test_name} test: {rank_part}" if by_t else f"{rank_part}; {t_part}")
     lines = [f"**Primary endpoint** (declared before the run): {a} − {b} `{p['metric']}` at the end of training, "
-             f"{name} test over {p['seeds']} seeds: {head}; {est} {signed(rank.get('estimate', 0), 3)} {rank_ci}, "
-             f"p = {rank['p']:.3g}; paired t {_ci(t)}, p = {t.get('p', float('nan')):.3g}."]
+             f"{name} test over {p['seeds']} seeds: {head}; {detail}."]
     if not p["agree"]:
-        lines.append(f"The t interval and the {name} test disagree: the t test "
+        lines.append(f"The t interval and the {rank_test_name} test disagree: the t test "
                      f"{'rejects' if p['t_rejects'] else 'does not reject'} and the rank test "
-                     f"{'rejects' if p['rank_rejects'] else 'does not'}; the declared test decides, and a few seeds' tails "
-                     "(e.g. a gradient-norm spike) can move the t interval on their own.")
+                     f"{'rejects' if p['rank_rejects'] else 'does not'}; the declared test ({name}) decides"
+                     + (", and a rank test cannot reject with this few seeds." if by_t and rank.get("low") is None
+                        else ", and a few seeds' tails (e.g. a gradient-norm spike) can move the t interval on their own."))
     if p.get("step0_gap"):
         g0, te = p["step0_gap"], p["training_effect"]
         controls = ("each seed's own conversion" if g0.get("per_seed_controls")
