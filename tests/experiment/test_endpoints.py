@@ -90,6 +90,21 @@ def test_a_primary_declared_as_t_is_decided_by_the_t_test_with_the_wilcoxon_besi
         Primary(("a", "b"), test="welch")
 
 
+@pytest.mark.parametrize("test", ["t", "wilcoxon"])
+def test_a_primary_over_one_seed_is_reported_without_a_test(test):
+    """A study's first finished pair (or a one-seed shard) has no interval: the report says so, it does not crash."""
+    from sinkdlm.experiment.report import primary_lines
+
+    pad = [0.0] * (len(SEEDS) - 1)
+    variants = {"sink": _variant("S", [8.0] * len(SEEDS), [5.3] + pad), "vanilla": _variant("V", [8.4], [5.4] + pad, start_per_seed=False)}
+    for rec in variants.values():
+        rec["seeds"] = {k: r for k, r in rec["seeds"].items() if k == "0"}
+    res = _results(variants, {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": test}})
+    summarise(res, [("sink", "vanilla")])
+    text = "\n".join(primary_lines(res))
+    assert "over 1 seed: no difference detected" in text and "one seed: no test" in text
+
+
 def test_tost_equivalence_is_in_the_family_and_never_printed_without_a_margin():
     rng = np.random.default_rng(2)
     base = list(5.6 + rng.normal(0, 0.1, 6))

@@ -236,6 +236,10 @@ def _ci(d: dict[str, Any] | None, digits: int = 3) -> str:
     return text
 
 
+def _p(p: float | None) -> str:
+    return "– (one seed: no test)" if p is None else f"{p:.3g}"
+
+
 def primary_lines(results: dict[str, Any]) -> list[str]:
     """The declared primary comparison in words: the gap at the end with its declared test and the t interval,
     where they disagree, and (from an AR initialisation) the step-0 gap and the training effect beside it."""
@@ -246,6 +250,7 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     a, b = (variants[n]["label"] for n in p["pair"])
     rank, t = p.get("rank") or {}, p.get("t") or {}
     by_t = p["test"] == "t"
+    n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
     rank_test_name = "exact sign" if p["test"] == "sign" else "exact Wilcoxon signed-rank"
     name = "paired t" if by_t else rank_test_name
     est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
@@ -257,14 +262,14 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     if decided and estimate is not None:
         head = f"**{'lower' if estimate < 0 else 'higher'}** with {a} than with {b}{after}"
     else:
-        head = f"no difference detected{after} (inconclusive with {p['seeds']} seeds)"
+        head = f"no difference detected{after} (inconclusive with {n_seeds})"
     rank_ci = (f"[{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None
                else f"(no {conf} interval: the smallest p with {rank.get('n')} seeds is {rank.get('min_p', 1):.3g})")
-    rank_part = f"{est} {signed(rank.get('estimate', 0), 3)} {rank_ci}, p = {rank.get('p', float('nan')):.3g}"
-    t_part = f"paired t {_ci(t)}, p = {t.get('p', float('nan')):.3g}"
+    rank_part = f"{est} {signed(rank.get('estimate', 0), 3)} {rank_ci}, p = {_p(rank.get('p'))}"
+    t_part = f"paired t {_ci(t)}, p = {_p(t.get('p'))}"
     detail = (f"{t_part}; beside it the {rank_test_name} test: {rank_part}" if by_t else f"{rank_part}; {t_part}")
     lines = [f"**Primary endpoint** (declared before the run): {a} − {b} `{p['metric']}` at the end of training, "
-             f"{name} test over {p['seeds']} seeds: {head}; {detail}."]
+             f"{name} test over {n_seeds}: {head}; {detail}."]
     if not p["agree"]:
         lines.append(f"The t interval and the {rank_test_name} test disagree: the t test "
                      f"{'rejects' if p['t_rejects'] else 'does not reject'} and the rank test "
@@ -277,7 +282,7 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
                     else "one conversion shared by every seed (nothing in it depends on the seed)")
         lines.append(f"Before training (step 0, {controls}) the gap was {_ci(g0)}; training changed it by "
                      f"{_ci(te)} (Δ_train = ({a}(T) − {a}(0)) − ({b}(T) − {b}(0)), paired per seed, p = "
-                     f"{te.get('p', float('nan')):.3g}). A head start is not a training effect: only Δ_train says what "
+                     f"{_p(te.get('p'))}). A head start is not a training effect: only Δ_train says what "
                      "training with the change did.")
     traj = p.get("trajectory") or {}
     slope = traj.get("slope_per_decade")
