@@ -346,6 +346,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     from sinkdlm.config.fields import check_device
 
     check_device(device)  # "auto" is resolved where each stage places its model
+    from sinkdlm.training.cpu import flush_denormals
+
+    flush_denormals()  # before the first parallel op (conversion, validation, training): training/cpu.py
     seeds = list(seeds) if seeds else list(preset.seeds)
     # the study the progress page and interim.json show: the preset's seeds and any asked for (a --seeds
     # shard of it, or more seeds added), whichever shard this call runs
