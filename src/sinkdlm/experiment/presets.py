@@ -246,8 +246,10 @@ def study() -> ExperimentPreset:
     #     +0.06, +0.04 at 2,400 ... 12,000 steps, seed 0's +0.09, -0.01, -0.01, ..., -0.005. At 12,000 steps the
     #     per-seed differences spread by 0.034 nats (1 df: its 95 % interval is 0.015-1.1), so an MDE of 0.05 needs
     #     6 seeds per variant at that spread; at 4,000 steps the pilot measured 0.30 (hundreds of seeds).
-    #   * cost: a 12,000-step run trains at 10,000-20,000 tokens/s here (the rate drifts within a run, for every
-    #     variant alike), 13-22 min with its validation, evaluation and analysis: about 16 min on quiet cores.
+    #   * cost: a 12,000-step run trained at 10,000-20,000 tokens/s here, 13-22 min with its validation, evaluation
+    #     and analysis: about 16 min on quiet cores. (The mid-schedule drop to ~10,000 was denormal attention
+    #     probabilities in the CPU attention backward; training now flushes them, bit-identically on this
+    #     protocol, and ran 17,500-19,700 tokens/s where it had run 14,000-15,000: training/cpu.py.)
     #   * so: 6 h holds about 22 runs. The 6 pilot-long runs (vanilla and + 1 sink, seeds 0-2 at 12,000 steps; the
     #     same settings as here, so they are this study's runs and are reused) plus 22 new ones make 7 variants x 4
     #     seeds. The budget forces dropping two of the nine mechanisms: the per-head sink logit and softmax-off-by-one,
