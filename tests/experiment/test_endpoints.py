@@ -59,6 +59,7 @@ def test_primary_separates_the_head_start_from_the_training_effect():
     traj = p["trajectory"]
     assert [pt["step"] for pt in traj["points"]] == list(STEPS)
     assert traj["points"][0]["mean"] == pytest.approx(d0.mean()) and traj["points"][-1]["mean"] == pytest.approx(d.mean())
+    assert traj["points"][-1]["per_seed"] == {s: pytest.approx(d[i]) for i, s in enumerate(SEEDS)}  # each seed's own gap
     slopes = [np.polyfit(np.log10([300, 600]), [(d0[i] + d[i]) / 2, d[i]], 1)[0] for i in range(6)]
     assert traj["slope_per_decade"]["mean"] == pytest.approx(np.mean(slopes))
     assert traj["points"][-1]["tokens"] == 600 * 4 * 128

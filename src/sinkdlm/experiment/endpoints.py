@@ -64,7 +64,8 @@ def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None
     for step in sorted(curves):
         d = list(curves[step].values())
         points.append({"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
-                       "seeds": len(d), **{k: v for k, v in _iv(d, confidence).items() if k in ("mean", "low", "high", "p")}})
+                       "seeds": len(d), **{k: v for k, v in _iv(d, confidence).items() if k in ("mean", "low", "high", "p")},
+                       "per_seed": dict(curves[step])})  # each seed's gap: which seed lags is visible, not only the spread
     slopes = []
     for seed in a["seeds"]:
         xs = [(math.log10(s), curves[s][seed]) for s in sorted(curves) if s > 0 and seed in curves[s]]

@@ -99,6 +99,10 @@ def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = No
     fig = Figure(figsize=(7.0, 4.2), layout="constrained")
     ax = fig.subplots()
     a, b = (results["variants"][n]["label"] for n in p["pair"])
+    seeds = sorted({s for q in pts for s in q.get("per_seed") or {}}, key=lambda s: int(s) if str(s).isdigit() else s)
+    for i, seed in enumerate(seeds):  # one thin line per seed: a lagging seed shows as itself, not only as a wide CI
+        xy = [(xi, q["per_seed"][seed]) for xi, q in zip(x, pts) if seed in (q.get("per_seed") or {})]
+        ax.plot(*zip(*xy), "-", color="tab:blue", alpha=0.35, linewidth=0.9, label="one seed" if i == 0 else None)
     ax.plot(x, [q["mean"] for q in pts], "o-", color="black", label=f"{a} − {b}, mean over seeds")
     lo = [q["low"] if q.get("low") is not None else q["mean"] for q in pts]
     hi = [q["high"] if q.get("high") is not None else q["mean"] for q in pts]
