@@ -468,10 +468,16 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         u.save_timing()
         write_interim()
 
+    def run_steps_of(unit: _Unit) -> int:  # the run's training steps: --max-steps, else the preset's
+        return unit.kwargs.get("max_steps", preset.train.max_steps)
+
+    def analysed_seed(seed: int) -> bool:  # the first seed always; every seed where the preset asks
+        return (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
+
     for unit in [u for us in zip(*runs.values()) for u in us]:  # seed-major: pairs complete early
         variant, seed, run = variant_of[id(unit)], unit.seed, unit.dir
-        analysed = (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
-        run_steps = unit.kwargs.get("max_steps", preset.train.max_steps)
+        analysed = analysed_seed(seed)
+        run_steps = run_steps_of(unit)
         curve_dirs = {s: run / "curve" / f"step-{s}" for s in preset.validation.curve_steps(run_steps)[:-1]}
         products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if analysed else ()),
                     *(d / VAL for d in curve_dirs.values())]
@@ -596,13 +602,13 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 record["sft_checkpoint"] = unit.sft["checkpoint"]
                 record["sft_val_loss"] = unit.sft["last"].get("val_loss")
             record["eval"] = json.loads((run / "eval.json").read_text())
-            if (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis:
+            if analysed_seed(seed):
                 adir = run / "analysis"
                 if seed == seeds[0]:
                     analysis_dirs[variant.label] = adir
                 record["analysis_dir"] = str(adir)
                 record["analysis"] = analysis_record(json.loads((adir / "analysis.json").read_text()))
-            run_steps = unit.kwargs.get("max_steps", preset.train.max_steps)
+            run_steps = run_steps_of(unit)
             val_curve = []  # the fixed validation at the declared steps (Validation.checkpoints), step 0 first
             if init_from:
                 val0 = json.loads((out / "step0" / step0_name(variant, seed) / VAL).read_text())
