@@ -5,8 +5,9 @@ normal (1.2e-38), and the CPU's flash-attention backward slows down on such deno
 builds that state on purpose: the `tiny` preset with its query and key projections scaled by `--scale`
 (attention logits scaled by its square), measures forward + backward of the diffusion loss at batch
 8 x 128 with 2 intra-op threads, once with denormals kept and once flushed, and reports the ratio.
-Each measurement runs in its own thread: the mode is per thread and OpenMP worker threads take it from
-their master when its pool is created, so a fresh thread per setting gives both settings in one process.
+Each measurement runs in its own fresh thread, which sets the mode before its first op: a setting changed
+after a thread's first parallel op was measured to gain nothing (training/cpu.py), so one thread per
+setting gives both settings in one process.
 Also reported: the fraction of the softmax probabilities that are denormal, and whether the loss and
 gradients differ between the two settings (they should not).
 

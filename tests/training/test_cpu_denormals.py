@@ -8,16 +8,21 @@ benchmarks/bench_denormal.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.helpers import cfg_for, subprocess_env, write_corpus
+from tests.helpers import subprocess_env, write_corpus
+
+ROOT = Path(__file__).resolve().parents[2]  # the child imports tests.helpers from here
 
 PROBE = "int((torch.full((1 << 20,), 1e-39) * 1.0).count_nonzero())"  # 1e-39 < float32's smallest normal
 
 
 def _child(code: str, tmp_path) -> dict:
-    env = {**subprocess_env(), "OMP_NUM_THREADS": "2"}
+    env = subprocess_env()
+    env = {**env, "OMP_NUM_THREADS": "2", "PYTHONPATH": f"{env['PYTHONPATH']}{os.pathsep}{ROOT}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -34,8 +39,7 @@ from sinkdlm.training import train
 train(cfg_for(Path({str(tmp_path)!r}), Path({str(corpus)!r}), max_steps=2, eval_every=2, save_every=2))
 print(json.dumps({{"threads": torch.get_num_threads(), "before": before, "after": {PROBE}}}))
 """
-    env_code = "import sys; sys.path.insert(0, " + repr(str(__import__("pathlib").Path(__file__).resolve().parents[2])) + ")\n" + code
-    got = _child(env_code, tmp_path)
+    got = _child(code, tmp_path)
     assert got["threads"] == 2
     assert got["before"] == 1 << 20  # denormals survive a product by default: the probe can see the mode
     assert got["after"] == 0  # every thread's part flushed
