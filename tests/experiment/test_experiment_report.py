@@ -153,6 +153,16 @@ def test_value_norms_per_layer_where_pooling_flips_the_sign():
     assert variant["summary"]["value_norm_sink_minus_normal_pooled"]["mean"] < 0
 
 
+def test_the_summary_names_a_few_layers_and_leaves_a_long_list_to_the_full_report():
+    from sinkdlm.experiment.sink_tables import _per_layer_finding
+
+    lay = {"compared_layers": 30, "seeds": ["0", "1", "2"],
+           "per_layer_tests": {"tested": 30, "lower": list(range(2, 30)), "higher": [0]}}
+    text = _per_layer_finding(lay, "sinks", "normal tokens")
+    assert "lower than normal tokens in 28, higher in 1 (layer 0), no difference detected in 1 of 30" in text
+    assert "2, 3, 4" not in text and "per layer in the full report" in text
+
+
 def test_extra_sink_per_layer_intervals_stay_in_bounds():
     seeds = {str(s): {"analysis": {"extra_sink": {"attention_mass": [0.002 * s, 0.5 + 0.01 * s, 0.999 + 0.0005 * s],
                                                   "value_norm": [9.0, 3.0 + s, 2.0],

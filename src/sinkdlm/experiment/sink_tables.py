@@ -72,12 +72,12 @@ def _per_layer_finding(lay: dict, sinks: str, others: str) -> str:
     tested = tests.get("tested", 0)
     lower, higher = tests.get("lower", []), tests.get("higher", [])
 
-    def which(layers):
-        return f" (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})" if layers else ""
+    def which(layers):  # a few layers are named; a longer list is the full report's per-layer table
+        return f" (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})" if 0 < len(layers) <= 3 else ""
 
     text = (f"per layer, {sinks} lower than {others} in {len(lower)}{which(lower)}, higher in {len(higher)}{which(higher)}, "
             f"no difference detected in {tested - len(lower) - len(higher)} of {tested} layers tested (paired t over "
-            f"{len(lay['seeds'])} seeds per layer, Benjamini-Hochberg over those layers)")
+            f"{len(lay['seeds'])} seeds per layer, Benjamini-Hochberg over those layers; per layer in the full report)")
     if n > tested:
         text += f"; {n - tested} more without a variance estimate (every seed alike) or with sinks in one seed only"
     return text
