@@ -177,3 +177,32 @@ def test_the_report_draws_the_forest_the_curves_and_the_gap_trajectory(tmp_path)
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000
     text = (tmp_path / "report.md").read_text()
     assert "figures/gap_trajectory.png" in text and "figures/forest.png" in text
+
+
+def test_the_verdict_line_leads_with_the_three_numbers_and_a_direction_only_where_the_declared_test_rejects():
+    from sinkdlm.experiment.report import markdown_summary, verdict_line
+    from sinkdlm.stats import signed
+
+    rng = np.random.default_rng(4)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    sink = list(np.array(van) - 0.15 + rng.normal(0, 0.02, 6))
+    sink0, van0 = list(8.02 + rng.normal(0, 0.01, 6)), [8.39] * 6
+    res = _results({"sink": _variant("S", sink0, sink), "vanilla": _variant("V", van0, van, start_per_seed=False)},
+                   {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}})
+    summarise(res, [("sink", "vanilla")])
+    line = verdict_line(res)
+    d, d0 = np.array(sink) - np.array(van), np.array(sink0) - np.array(van0)
+    dt = d - d0
+    hl = np.median([(d[i] + d[j]) / 2 for i in range(6) for j in range(i, 6)])  # Hodges-Lehmann: Walsh averages
+    assert line.startswith(f"**Verdict**: S − V `val_loss` after 307,200 training tokens per run: {signed(hl, 3)} [")
+    assert "exact Wilcoxon signed-rank test over 6 seeds, p = 0.0312): **lower** with S" in line  # 2 / 2^6
+    assert f"before training (step 0) the gap was {signed(d0.mean(), 3)} [" in line
+    assert f"training changed it by {signed(dt.mean(), 3)} [" in line and "nats per 10× training tokens" in line
+    assert markdown_summary(res).startswith(line)
+    # one seed of the other sign: the exact test cannot reject, so no direction, whatever the t interval says
+    van[0], sink[0] = 5.40, 5.60
+    res = _results({"sink": _variant("S", sink0, sink), "vanilla": _variant("V", van0, van, start_per_seed=False)},
+                   {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}})
+    summarise(res, [("sink", "vanilla")])
+    line = verdict_line(res)
+    assert "no difference detected" in line and "**lower**" not in line

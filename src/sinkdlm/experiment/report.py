@@ -295,6 +295,39 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def verdict_line(results: dict[str, Any]) -> str | None:
+    """The primary comparison in one sentence that a reader cannot take for more than it is: the gap at the
+    end by the declared test (a direction only where that test rejects), and, from an AR initialisation, the
+    step-0 gap and the training effect beside it, each with its interval, then the gap's trend."""
+    p = results.get("primary")
+    if not p or p.get("missing"):
+        return None
+    a, b = (results["variants"][n]["label"] for n in p["pair"])
+    rank, t = p.get("rank") or {}, p.get("t") or {}
+    tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
+    after = f" after {tokens:,} training tokens per run" if tokens else " at the end of training"
+    n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
+    if p["test"] == "t":
+        gap, how = _ci(t), f"paired t over {n_seeds}, p = {_p(t.get('p'))}"
+    else:
+        est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
+        ci = (f" [{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None else "")
+        gap = signed(rank["estimate"], 3) + ci if rank.get("estimate") is not None else "–"
+        how = f"{est}, exact {'sign' if p['test'] == 'sign' else 'Wilcoxon signed-rank'} test over {n_seeds}, p = {_p(rank.get('p'))}"
+    decided = p.get("rejects", p["t_rejects"] if p["test"] == "t" else p["rank_rejects"])
+    estimate = t.get("mean") if p["test"] == "t" else rank.get("estimate")
+    word = (f"**{'lower' if estimate < 0 else 'higher'}** with {a}" if decided and estimate is not None
+            else "no difference detected")
+    text = f"**Verdict**: {a} − {b} `{p['metric']}`{after}: {gap} ({how}): {word}"
+    if p.get("step0_gap"):
+        text += (f"; before training (step 0) the gap was {_ci(p['step0_gap'])}; training changed it by "
+                 f"{_ci(p['training_effect'])} (Δ_train, p = {_p(p['training_effect'].get('p'))})")
+    slope = (p.get("trajectory") or {}).get("slope_per_decade")
+    if slope:
+        text += f"; its trend {_ci(slope)} nats per 10× training tokens"
+    return text + "."
+
+
 def primary_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
     """The primary pair seed by seed: each run's fixed val_loss, its step-0 control where there is one, the
     paired difference, and each run's largest pre-clip gradient norm beside it (a spike shows in its seed's row)."""
@@ -365,6 +398,9 @@ def markdown_summary(results: dict[str, Any]) -> str:
     primary = primary_lines(results)
     if primary:
         parts[1:1] = ["", *primary]
+    verdict = verdict_line(results)
+    if verdict:  # the page leads with it: one sentence, every number from results.json
+        parts[0:0] = [verdict, ""]
     equivalence = equivalence_rows(results)
     if equivalence:
         parts += ["", "Equivalence claims (TOST at the declared margin, inside the multiplicity family; \"≈\" only "
@@ -441,6 +477,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
             doc.image(gap, "Does the lead vanish, hold or grow with training? The paired gap on the fixed validation "
                            "at each scored step (step 0: the converted models, when the runs start from an AR "
                            "checkpoint), mean and 95 % CI over seeds")
+        doc.paragraph(verdict_line(results))
         for line in primary:
             doc.paragraph(line)
         per_seed = primary_seed_table(results)
