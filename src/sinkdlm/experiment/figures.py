@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from sinkdlm.analysis.figures import save_figure
 from sinkdlm.stats import mean_interval
@@ -113,6 +114,7 @@ def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = No
         ax.plot([], [], " ", label=f"slope {slope['mean']:+.3f} [{slope['low']:+.3f}, {slope['high']:+.3f}] nats per 10× tokens")
     ax.set_xlabel("training tokens per run" if traj.get("tokens_per_step") else "training step")
     ax.set_ylabel("paired gap in fixed val_loss (nats / token)")
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # 307,200 tokens, not 300000 in sci. notation
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:

@@ -396,8 +396,9 @@ def markdown_summary(results: dict[str, Any]) -> str:
         validation_note(results),
     ]
     primary = primary_lines(results)
-    if primary:
-        parts[1:1] = ["", *primary]
+    if primary:  # each its own paragraph, then the primary pair seed by seed (peak gradient norms beside)
+        per_seed = primary_seed_table(results)
+        parts += [x for line in primary for x in ("", line)] + (["", md_table(*per_seed)] if per_seed else [])
     verdict = verdict_line(results)
     if verdict:  # the page leads with it: one sentence, every number from results.json
         parts[0:0] = [verdict, ""]
