@@ -1,7 +1,8 @@
 """Developer tooling: regenerate the README's result blocks from the committed results files.
 
 Each block sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and is generated from
-`docs/results/NAME/`: an experiment's `results.json` (`sinkdlm.experiment.report.markdown_summary`)
+`docs/results/NAME/`: an experiment's `results.json` (`sinkdlm.experiment.report.markdown_summary`; a block
+`NAME#PART` holds one part of it, `report.summary_part`, e.g. the one-line verdict under a figure)
 or an analysis over prompts' `intervals.json` (`sinkdlm.analysis.over_prompts_report.markdown_headline`);
 the `bench/...` blocks of docs/benchmarks.md from `benchmarks/results/*.json` (`COMBINED`).
 `tests/project/test_readme_results.py` checks that every block equals what this file generates.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MARKER = re.compile(r"<!-- results:([\w./-]+) -->")
+MARKER = re.compile(r"<!-- results:([\w./#-]+) -->")
 
 
 def block_names(readme: Path = README) -> list[str]:
@@ -242,7 +243,14 @@ def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -
     """The markdown for block `name`, or None when its results are not committed (yet)."""
     if name in COMBINED:
         return COMBINED[name](results_root)
+    name, _, part = name.partition("#")  # NAME#PART: one part of the summary (report.SUMMARY_PARTS), e.g. under a figure
     folder = results_root / name
+    if part:
+        if not (folder / "results.json").is_file():
+            return None
+        from sinkdlm.experiment.report import summary_part
+
+        return summary_part(json.loads((folder / "results.json").read_text()), part)
     if (folder / "results.json").is_file():
         from sinkdlm.experiment.report import markdown_summary
 

@@ -151,6 +151,10 @@ def test_the_report_states_the_three_numbers_and_the_equivalence_verdicts():
     assert "training changed it by +0.2" in text and "the gap shrinks" in text
     assert "| S − V |" in text and "| different |" in text
     assert "includes the 1 declared equivalence tests" in text
+    from sinkdlm.experiment.report import summary_part
+
+    eq = summary_part(res, "equivalence")
+    assert eq.startswith("**Equivalence** (declared margin ±0.05 nats, `val_loss`): S − V: different (TOST adjusted p = ")
     from sinkdlm.experiment.report import primary_seed_table
 
     header, rows = primary_seed_table(res)
@@ -180,7 +184,7 @@ def test_the_report_draws_the_forest_the_curves_and_the_gap_trajectory(tmp_path)
 
 
 def test_the_verdict_line_leads_with_the_three_numbers_and_a_direction_only_where_the_declared_test_rejects():
-    from sinkdlm.experiment.report import markdown_summary, verdict_line
+    from sinkdlm.experiment.report import verdict_line
     from sinkdlm.stats import signed
 
     rng = np.random.default_rng(4)
@@ -198,7 +202,12 @@ def test_the_verdict_line_leads_with_the_three_numbers_and_a_direction_only_wher
     assert "exact Wilcoxon signed-rank test over 6 seeds, p = 0.0312): **lower** with S" in line  # 2 / 2^6
     assert f"before training (step 0) the gap was {signed(d0.mean(), 3)} [" in line
     assert f"training changed it by {signed(dt.mean(), 3)} [" in line and "nats per 10× training tokens" in line
-    assert markdown_summary(res).startswith(line)
+    from sinkdlm.experiment.report import summary_part
+
+    assert summary_part(res, "verdict") == line + "\n"  # a results page's `<!-- results:NAME#verdict -->` block
+    assert summary_part(res, "equivalence") is None  # none declared: no "≈" line at all
+    with pytest.raises(ValueError, match="unknown summary part"):
+        summary_part(res, "verdicts")
     # one seed of the other sign: the exact test cannot reject, so no direction, whatever the t interval says
     van[0], sink[0] = 5.40, 5.60
     res = _results({"sink": _variant("S", sink0, sink), "vanilla": _variant("V", van0, van, start_per_seed=False)},

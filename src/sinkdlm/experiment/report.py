@@ -378,6 +378,30 @@ def plateau_note(results: dict[str, Any]) -> str | None:
             f"{held} of {len(pl['runs'])} runs; the largest drop over the last fifth was {pl['max_drop']:.3f} nats.")
 
 
+def equivalence_line(results: dict[str, Any]) -> str | None:
+    """The declared equivalence claims in one sentence: each claim's verdict at its margin."""
+    rows = [(f"{c['variant']} − {c['baseline']}", c["equivalence"]) for c in results.get("comparisons", [])
+            if c.get("equivalence")]
+    if not rows:
+        return None
+    said = [f"{pair}: {eq.get('verdict', '–')} (TOST adjusted p = {_p(eq.get('p_adjusted'))})" for pair, eq in rows]
+    return f"**Equivalence** (declared margin ±{rows[0][1]['margin']:g} nats, `val_loss`): " + "; ".join(said) + "."
+
+
+# The parts of the summary that a results page can place on their own (`<!-- results:NAME#PART -->`),
+# e.g. a one-line verdict under its figure.
+SUMMARY_PARTS = {"verdict": lambda r: verdict_line(r), "equivalence": lambda r: equivalence_line(r),
+                 "plateau": lambda r: plateau_note(r)}
+
+
+def summary_part(results: dict[str, Any], part: str) -> str | None:
+    """One part of the summary (`SUMMARY_PARTS`) as a markdown paragraph, or None when the results lack it."""
+    if part not in SUMMARY_PARTS:
+        raise ValueError(f"unknown summary part {part!r}: choose from {sorted(SUMMARY_PARTS)}")
+    text = SUMMARY_PARTS[part](results)
+    return None if text is None else text + "\n"
+
+
 def markdown_summary(results: dict[str, Any]) -> str:
     """The README's tables for one experiment, generated from its results.json only."""
     n = len(results["seeds"])
@@ -399,9 +423,6 @@ def markdown_summary(results: dict[str, Any]) -> str:
     if primary:  # each its own paragraph, then the primary pair seed by seed (peak gradient norms beside)
         per_seed = primary_seed_table(results)
         parts += [x for line in primary for x in ("", line)] + (["", md_table(*per_seed)] if per_seed else [])
-    verdict = verdict_line(results)
-    if verdict:  # the page leads with it: one sentence, every number from results.json
-        parts[0:0] = [verdict, ""]
     equivalence = equivalence_rows(results)
     if equivalence:
         parts += ["", "Equivalence claims (TOST at the declared margin, inside the multiplicity family; \"≈\" only "
