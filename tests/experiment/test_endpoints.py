@@ -215,3 +215,16 @@ def test_the_verdict_line_leads_with_the_three_numbers_and_a_direction_only_wher
     summarise(res, [("sink", "vanilla")])
     line = verdict_line(res)
     assert "no difference detected" in line and "**lower**" not in line
+
+
+def test_the_mde_line_splits_the_val_loss_contrasts_at_the_target():
+    from sinkdlm.experiment.report import summary_part
+
+    res = {"sizing": {"target": 0.05}, "comparisons": [
+        {"metric": "val_loss", "variant": "A", "baseline": "V", "mde": 0.041},
+        {"metric": "val_loss", "variant": "B", "baseline": "V", "mde": 0.05},
+        {"metric": "val_loss", "variant": "C", "baseline": "A", "mde": 0.083},
+        {"metric": "shakespeare_cloze/acc", "variant": "A", "baseline": "V", "mde": 0.01}]}
+    line = summary_part(res, "mde")
+    assert "reached by 2 of 3 contrasts (A − V (0.041); B − V (0.050)); not by C − A (0.083)." in line
+    assert summary_part({"comparisons": res["comparisons"]}, "mde") is None  # no declared target: no line

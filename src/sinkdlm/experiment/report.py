@@ -388,10 +388,24 @@ def equivalence_line(results: dict[str, Any]) -> str | None:
     return f"**Equivalence** (declared margin ±{rows[0][1]['margin']:g} nats, `val_loss`): " + "; ".join(said) + "."
 
 
+def mde_line(results: dict[str, Any]) -> str | None:
+    """Which `val_loss` contrasts reach the study's target MDE (summary.study_sizing's target) and which do not."""
+    target = (results.get("sizing") or {}).get("target")
+    rows = [(f"{c['variant']} − {c['baseline']}", c["mde"]) for c in results.get("comparisons", [])
+            if c["metric"] == "val_loss" and c.get("mde") is not None]
+    if target is None or not rows:
+        return None
+    met = [f"{pair} ({mde:.3f})" for pair, mde in rows if mde <= target]
+    not_met = [f"{pair} ({mde:.3f})" for pair, mde in rows if mde > target]
+    return (f"**Minimum detectable effect** (`val_loss`, 80 % power, two-sided 5 %, at each contrast's observed spread; "
+            f"target {target:g} nats): reached by {len(met)} of {len(rows)} contrasts"
+            + (f" ({'; '.join(met)})" if met else "") + (f"; not by {'; '.join(not_met)}" if not_met else "") + ".")
+
+
 # The parts of the summary that a results page can place on their own (`<!-- results:NAME#PART -->`),
 # e.g. a one-line verdict under its figure.
 SUMMARY_PARTS = {"verdict": lambda r: verdict_line(r), "equivalence": lambda r: equivalence_line(r),
-                 "plateau": lambda r: plateau_note(r)}
+                 "plateau": lambda r: plateau_note(r), "mde": lambda r: mde_line(r)}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
