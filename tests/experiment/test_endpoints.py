@@ -228,3 +228,30 @@ def test_the_mde_line_splits_the_val_loss_contrasts_at_the_target():
     line = summary_part(res, "mde")
     assert "reached by 2 of 3 contrasts (A − V (0.041); B − V (0.050)); not by C − A (0.083)." in line
     assert summary_part({"comparisons": res["comparisons"]}, "mde") is None  # no declared target: no line
+
+
+def test_the_declared_primary_is_tested_once_outside_the_family_and_its_row_says_so():
+    from sinkdlm.experiment.report import multiplicity_note
+
+    rng = np.random.default_rng(4)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    sink = list(np.array(van) - 0.15 + rng.normal(0, 0.02, 6))
+    variants = lambda: {"sink": _variant("S", list(8.02 + rng.normal(0, 0.01, 6)), sink),  # noqa: E731
+                        "vanilla": _variant("V", [8.39] * 6, van, start_per_seed=False)}
+    declared = _results(variants(), {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}})
+    plain = _results(variants(), {})
+    summarise(declared, [("sink", "vanilla")])
+    summarise(plain, [("sink", "vanilla")])
+    row = next(c for c in declared["comparisons"] if c["metric"] == "val_loss")
+    assert row["declared_primary"] and not row["in_family"] and row["p_adjusted"] is None
+    # all 6 seeds lower: the exact Wilcoxon p is 2 / 2^6, and the row carries that decision, unadjusted
+    assert row["survives"] and row["verdict"].startswith("lower (better) by ")
+    assert "exact Wilcoxon signed-rank test, p = 0.0312, at 5 % outside the family" in row["verdict"]
+    m, m0 = declared["multiplicity"], plain["multiplicity"]
+    assert m["size"] == m0["size"] - 1 and m["left_out"]["declared primary"] == 1
+    assert "the declared primary comparison (tested once at 5 % by its declared test, above)" in multiplicity_note(declared)
+    from sinkdlm.experiment.formatting import short_verdict
+
+    assert short_verdict(row) == "lower (better) (declared primary test)"
+    row["survives"] = False
+    assert short_verdict(row) == "no difference detected (declared primary test, 6 seeds)"

@@ -77,6 +77,36 @@ def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None
             "tokens_per_step": tokens_per_step}
 
 
+def declared_primary_entry(results: dict[str, Any], comparisons: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The comparison (pair, metric) the preset declared primary, taken out of the multiplicity family: it is
+    tested once, at 5 %, by its declared test (docs/method.md §7); the family adjusts every other comparison."""
+    declared = (results.get("declared") or {}).get("primary")
+    if not declared:
+        return None
+    metric = declared.get("metric", "val_loss")
+    entry = next((c for c in comparisons if c["pair"] == list(declared["pair"]) and c["metric"] == metric), None)
+    if entry is not None and not entry.get("missing"):
+        entry.update(in_family=False, declared_primary=True)
+        return entry
+    return None
+
+
+def primary_verdict(entry: dict[str, Any], primary: dict[str, Any]) -> None:
+    """The declared primary's row in the comparisons: the declared test's decision, not a BH-adjusted one."""
+    test = primary.get("test", "wilcoxon")
+    rank, t = primary.get("rank") or {}, primary.get("t") or {}
+    name = {"t": "paired t", "sign": "exact sign"}.get(test, "exact Wilcoxon signed-rank")
+    estimate, p = (t.get("mean"), t.get("p")) if test == "t" else (rank.get("estimate"), rank.get("p"))
+    where = f"the declared primary: {name} test, p = {'–' if p is None else f'{p:.3g}'}, at 5 % outside the family"
+    entry["p_adjusted"], entry["survives"] = None, bool(primary.get("rejects"))
+    if primary.get("rejects") and estimate is not None:
+        better = entry.get("lower_is_better")
+        quality = "" if better is None else (" (better)" if (estimate < 0) == better else " (worse)")
+        entry["verdict"] = f"{'lower' if estimate < 0 else 'higher'}{quality} by {abs(estimate):.3g} ({where})"
+    else:
+        entry["verdict"] = f"no difference detected ({where})"
+
+
 def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any] | None:
     """results.json's `primary`: the declared comparison measured (see the module docstring)."""
     declared = (results.get("declared") or {}).get("primary")

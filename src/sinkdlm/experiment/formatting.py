@@ -44,6 +44,10 @@ def fmt_diff(c: dict, bold: bool = True) -> str:
 def short_verdict(c: dict) -> str:
     if c.get("missing"):
         return "missing"
+    if c.get("declared_primary"):  # tested once by its declared test, outside the family
+        if c.get("survives"):
+            return c["verdict"].split(" by ")[0] + " (declared primary test)"
+        return f"no difference detected (declared primary test, {c['n']} seeds)"
     if not c.get("in_family", True):
         return "not tested (alternative)"
     if c.get("degenerate"):

@@ -108,8 +108,10 @@ def multiplicity_note(results: dict[str, Any]) -> str:
     left = mult["left_out"]
     const = results.get("constant_metrics") or []
     out = (f"Multiplicity: {mult['method']} at q = {100 * mult['q']:g} % over the family of {mult['size']} paired "
-           f"comparisons in this report ({mult['family']}). Left out, because they are no tests: "
-           f"{left['alternative definitions']} comparisons of alternative definitions (shown for reference), "
+           f"comparisons in this report ({mult['family']}). Left out of it: "
+           + ("the declared primary comparison (tested once at 5 % by its declared test, above); and, because they "
+              "are no tests, " if left.get("declared primary") else "because they are no tests, ")
+           + f"{left['alternative definitions']} comparisons of alternative definitions (shown for reference), "
            f"{left['no variance estimate']} without a variance estimate"
            + (f" (metrics that cannot vary: {', '.join(f'`{m}`' for m in const)})" if const else "")
            + f", {left['one seed']} with one seed, {left['missing']} missing. "

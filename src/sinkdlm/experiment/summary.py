@@ -31,7 +31,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from sinkdlm.experiment.endpoints import attach_equivalence, finish_equivalence, plateau, primary_endpoint
+from sinkdlm.experiment.endpoints import (attach_equivalence, declared_primary_entry, finish_equivalence, plateau,
+                                          primary_endpoint, primary_verdict)
 from sinkdlm.stats import (
     Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
     verdict,
@@ -547,7 +548,9 @@ def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95,
         "expected_by_chance": (1 - confidence) * len(family),
         "survivors": sum(e["survives"] for e in family),
         "min_p_adjusted": min((e["p_adjusted"] for e in family), default=None),
-        "left_out": {"alternative definitions": sum(not e.get("in_family", True) for e in entries),
+        "left_out": {"alternative definitions": sum(not e.get("in_family", True) and not e.get("declared_primary")
+                                                    for e in entries),
+                     "declared primary": sum(bool(e.get("declared_primary")) for e in entries),
                      "no variance estimate": sum(bool(e.get("degenerate")) and e.get("in_family", True) for e in entries),
                      "one seed": sum(e.get("n", 0) < 2 and e.get("mean") is not None and e.get("in_family", True)
                                      for e in entries),
@@ -627,6 +630,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
     results["comparisons"] = comparisons
     results["constant_metrics"] = constant_metrics(results)
     with_equivalence = attach_equivalence(results, comparisons)  # declared "≈" claims: TOST, in the family
+    primary_entry = declared_primary_entry(results, comparisons)  # tested once at 5 %, outside the family
     results["multiplicity"] = {
         **adjust_family(comparisons + family, confidence, [c["equivalence"] for c in with_equivalence]),
         "family": ("every paired comparison the report gives a verdict for: each compared pair of variants × metric "
@@ -634,11 +638,13 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
                    "sinks − normal tokens and of the extra sink − the other tokens, and each K of the masking curve "
                    "against K = 0"),
     }
-    finish_equivalence(with_equivalence, confidence)
     # the declared endpoints: the primary comparison (with the head start and the training effect) and the plateau
     for key, value in (("primary", primary_endpoint(results, comparisons, confidence)), ("plateau", plateau(results))):
         if value is not None:
             results[key] = value
+    if primary_entry is not None and results.get("primary"):  # its row says what the declared test decided
+        primary_verdict(primary_entry, results["primary"])
+    finish_equivalence(with_equivalence, confidence)  # after: a "different" reads each row's final decision
     # what the val_loss target would take at this spread, unadjusted and at the level the family asks
     results["sizing"] = study_sizing(results, family=comparisons + family)
 
