@@ -116,7 +116,7 @@ def multiplicity_note(results: dict[str, Any]) -> str:
            + (f" (metrics that cannot vary: {', '.join(f'`{m}`' for m in const)})" if const else "")
            + f", {left['one seed']} with one seed, {left['missing']} missing. "
            f"{mult['raw_excluding_zero']} of the {mult['size']} raw 95 % intervals exclude zero, where "
-           f"{mult['expected_by_chance']:.1f} would by chance alone; {mult['survivors']} survive the adjustment")
+           f"{mult['expected_by_chance']:.1f} would by chance alone; {mult['survivors']} survive{'s' if mult['survivors'] == 1 else ''} the adjustment")
     if mult.get("min_p_adjusted") is not None:
         out += f" (smallest adjusted p = {mult['min_p_adjusted']:.2g})"
     eq = mult.get("equivalence_tests")
