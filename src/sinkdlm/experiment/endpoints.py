@@ -77,6 +77,18 @@ def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None
             "tokens_per_step": tokens_per_step}
 
 
+def declared_decision(primary: dict[str, Any]) -> tuple[str, float | None, float | None, bool]:
+    """(test name, estimate, p, rejects) of a measured primary by its declared test: the paired t test's mean,
+    or the rank test's estimate (Hodges-Lehmann / median). A results.json from before `rejects` was stored
+    reads the declared test's own flag."""
+    test = primary.get("test", "wilcoxon")
+    rank, t = primary.get("rank") or {}, primary.get("t") or {}
+    name = {"t": "paired t", "sign": "exact sign"}.get(test, "exact Wilcoxon signed-rank")
+    estimate, p = (t.get("mean"), t.get("p")) if test == "t" else (rank.get("estimate"), rank.get("p"))
+    rejects = primary.get("rejects", primary.get("t_rejects" if test == "t" else "rank_rejects"))
+    return name, estimate, p, bool(rejects)
+
+
 def declared_primary_entry(results: dict[str, Any], comparisons: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The comparison (pair, metric) the preset declared primary, taken out of the multiplicity family: it is
     tested once, at 5 %, by its declared test (docs/method.md §7); the family adjusts every other comparison."""
@@ -93,13 +105,10 @@ def declared_primary_entry(results: dict[str, Any], comparisons: list[dict[str, 
 
 def primary_verdict(entry: dict[str, Any], primary: dict[str, Any]) -> None:
     """The declared primary's row in the comparisons: the declared test's decision, not a BH-adjusted one."""
-    test = primary.get("test", "wilcoxon")
-    rank, t = primary.get("rank") or {}, primary.get("t") or {}
-    name = {"t": "paired t", "sign": "exact sign"}.get(test, "exact Wilcoxon signed-rank")
-    estimate, p = (t.get("mean"), t.get("p")) if test == "t" else (rank.get("estimate"), rank.get("p"))
+    name, estimate, p, rejects = declared_decision(primary)
     where = f"the declared primary: {name} test, p = {'–' if p is None else f'{p:.3g}'}, at 5 % outside the family"
-    entry["p_adjusted"], entry["survives"] = None, bool(primary.get("rejects"))
-    if primary.get("rejects") and estimate is not None:
+    entry["p_adjusted"], entry["survives"] = None, rejects
+    if rejects and estimate is not None:
         better = entry.get("lower_is_better")
         quality = "" if better is None else (" (better)" if (estimate < 0) == better else " (worse)")
         entry["verdict"] = f"{'lower' if estimate < 0 else 'higher'}{quality} by {abs(estimate):.3g} ({where})"

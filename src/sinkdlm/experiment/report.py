@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.experiment.endpoints import declared_decision
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
@@ -254,13 +255,11 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     by_t = p["test"] == "t"
     n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
     rank_test_name = "exact sign" if p["test"] == "sign" else "exact Wilcoxon signed-rank"
-    name = "paired t" if by_t else rank_test_name
+    name, estimate, _, decided = declared_decision(p)
     est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
     tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
     after = f" after {tokens:,} training tokens per run" if tokens else ""
     conf = f"{100 * rank.get('confidence', 0.95):g} %"
-    decided = p.get("rejects", p["t_rejects"] if by_t else p["rank_rejects"])
-    estimate = t.get("mean") if by_t else rank.get("estimate")
     if decided and estimate is not None:
         head = f"**{'lower' if estimate < 0 else 'higher'}** with {a} than with {b}{after}"
     else:
@@ -309,15 +308,14 @@ def verdict_line(results: dict[str, Any]) -> str | None:
     tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
     after = f" after {tokens:,} training tokens per run" if tokens else " at the end of training"
     n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
+    name, estimate, p_value, decided = declared_decision(p)
     if p["test"] == "t":
-        gap, how = _ci(t), f"paired t over {n_seeds}, p = {_p(t.get('p'))}"
+        gap, how = _ci(t), f"{name} over {n_seeds}, p = {_p(p_value)}"
     else:
         est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
         ci = (f" [{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None else "")
-        gap = signed(rank["estimate"], 3) + ci if rank.get("estimate") is not None else "–"
-        how = f"{est}, exact {'sign' if p['test'] == 'sign' else 'Wilcoxon signed-rank'} test over {n_seeds}, p = {_p(rank.get('p'))}"
-    decided = p.get("rejects", p["t_rejects"] if p["test"] == "t" else p["rank_rejects"])
-    estimate = t.get("mean") if p["test"] == "t" else rank.get("estimate")
+        gap = signed(estimate, 3) + ci if estimate is not None else "–"
+        how = f"{est}, {name} test over {n_seeds}, p = {_p(p_value)}"
     word = (f"**{'lower' if estimate < 0 else 'higher'}** with {a}" if decided and estimate is not None
             else "no difference detected")
     text = f"**Verdict**: {a} − {b} `{p['metric']}`{after}: {gap} ({how}): {word}"
@@ -406,8 +404,7 @@ def mde_line(results: dict[str, Any]) -> str | None:
 
 # The parts of the summary that a results page can place on their own (`<!-- results:NAME#PART -->`),
 # e.g. a one-line verdict under its figure.
-SUMMARY_PARTS = {"verdict": lambda r: verdict_line(r), "equivalence": lambda r: equivalence_line(r),
-                 "plateau": lambda r: plateau_note(r), "mde": lambda r: mde_line(r)}
+SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
