@@ -33,6 +33,11 @@ def quick_start_block(readme: Path = ROOT / "README.md") -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+def is_setup(line: str) -> bool:
+    """A line that sets up the shell (`source`, `export`, `NAME=value`) rather than running a command."""
+    return line.startswith(("source ", "export ")) or re.match(r"^\w+=", line) is not None
+
+
 def _du(path: Path) -> int | None:
     if not path.exists():
         return None
@@ -64,7 +69,7 @@ def main() -> int:
             (cwd / name).symlink_to(ROOT / name)
         setup: list[str] = []
         for line in lines:
-            if line.startswith(("source ", "export ")) or re.match(r"^\w+=", line):
+            if is_setup(line):
                 setup.append(line)
                 continue
             row = run_line(setup, line, cwd)
@@ -74,8 +79,8 @@ def main() -> int:
             if row["returncode"] != 0:
                 print(row["stderr_tail"], file=sys.stderr)
                 break
-    record["all_ran"] = all(r["returncode"] == 0 for r in record["lines"]) and len(record["lines"]) == sum(
-        not (ln.startswith(("source ", "export ")) or re.match(r"^\w+=", ln)) for ln in lines)
+    record["all_ran"] = (all(r["returncode"] == 0 for r in record["lines"])
+                         and len(record["lines"]) == sum(not is_setup(ln) for ln in lines))
     tmp_out = OUT.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(record, indent=1) + "\n")
     tmp_out.replace(OUT)

@@ -38,12 +38,11 @@ def test_the_quick_start_table_measures_the_quick_start_as_it_is_written():
     if not path.is_file():
         pytest.skip("benchmarks/bench_quickstart.py has not been run")
     import json
-    import re
 
-    spec = importlib.util.spec_from_file_location("bench_quickstart", ROOT / "benchmarks" / "bench_quickstart.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    commands = [ln for ln in bench.quick_start_block() if not (ln.startswith("source ") or re.match(r"^\w+=", ln))]
+    from helpers import _load_tool
+
+    bench = _load_tool("bench_quickstart", "benchmarks")
+    commands = [ln for ln in bench.quick_start_block() if not bench.is_setup(ln)]
     measured = json.loads(path.read_text())
     assert [row["line"] for row in measured["lines"]] == commands
     assert measured["all_ran"] and all(row["returncode"] == 0 for row in measured["lines"])
