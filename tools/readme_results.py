@@ -250,7 +250,8 @@ def _quickstart_row(row: dict) -> tuple[str, str]:
         text = out.split("note:")[0].strip()
         if re.search(r"[A-Za-z]{2}", text):
             return "`generate` (the DLM)", f"`{' '.join(text.split())[:60]}`"
-        return "`generate` (the DLM)", f"no text yet: {' '.join(repr(c) for c in sorted(set(text)) if not c.isspace()) or 'whitespace'} and newlines (see below)"
+        marks = " ".join(f"`{c}`" for c in sorted(set(text)) if not c.isspace()) or "whitespace"
+        return "`generate` (the DLM)", f"no text yet: {marks} and newlines (see below)"
     if line.startswith("sinkdlm analyze --compare"):
         return "`analyze --compare`", f"`{written.get('path')}/report.html`: the AR model's sinks beside the DLM's"
     if line.startswith("sinkdlm analyze --model $M"):
@@ -273,10 +274,11 @@ def _bench_quickstart(results_root: Path) -> str | None:
     if not path.is_file():
         return None
     r = json.loads(path.read_text())
-    load = r["loadavg_at_start"][0]
+    busy = r["busy_cores_at_start"]
     lines = [f"What each line does, with its wall time and peak memory, measured by running the block above as "
-             f"written on {r['cpu_count']} CPU cores (load average {load:.1f} at the start; loading the GGUF is "
-             "10-20 s of each line; `benchmarks/bench_quickstart.py`):", "",
+             f"written on {r['cpu_count']} CPU cores ("
+             + ("otherwise idle" if busy < 0.1 else f"{busy:.1f} of them busy with other work") + " at the start; "
+             "`benchmarks/bench_quickstart.py`):", "",
              "| line | prints / writes | time | peak memory |", "|---|---|---:|---:|"]
     for row in r["lines"]:
         if row["line"].startswith("make "):
@@ -287,12 +289,21 @@ def _bench_quickstart(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _bench_quickstart_python(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
+    if not path.is_file():
+        return None
+    py = json.loads(path.read_text())["python"]
+    return (f"This takes {_minutes(py['wall_s'])} and {py['peak_rss_bytes'] / 1e9:.1f} GB (run as written, "
+            "`benchmarks/bench_quickstart.py`).\n")
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
             "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
             "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode,
-            "bench/quickstart": _bench_quickstart}
+            "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

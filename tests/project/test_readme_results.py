@@ -45,5 +45,7 @@ def test_the_quick_start_table_measures_the_quick_start_as_it_is_written():
     commands = [ln for ln in bench.quick_start_block() if not bench.is_setup(ln)]
     measured = json.loads(path.read_text())
     assert [row["line"] for row in measured["lines"]] == commands
+    assert measured["python"]["source"] == bench.quick_start_python()
     assert measured["all_ran"] and all(row["returncode"] == 0 for row in measured["lines"])
-    assert "sinkdlm" in tool.generated_block("bench/quickstart")
+    rows = [ln for ln in tool.generated_block("bench/quickstart").splitlines() if ln.startswith("| `")]
+    assert len(rows) == sum(ln.startswith("sinkdlm ") for ln in commands)  # one row per sinkdlm line
