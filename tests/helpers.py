@@ -54,11 +54,11 @@ def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
                           env=subprocess_env(), cwd=cwd)
 
 
-def _load_tool(name: str):
-    """A developer tool from tools/ (not part of the package), loaded by path."""
+def _load_tool(name: str, folder: str = "tools"):
+    """A developer tool from tools/ or benchmarks/ (not part of the package), loaded by path."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -66,6 +66,11 @@ def _load_tool(name: str):
 
 
 OpCounter = _load_tool("op_counter").OpCounter  # ATen ops, kernels and host syncs of a pass
+
+
+def quick_start_block() -> list[str]:
+    """The lines of the README's Quick-start bash block (benchmarks/bench_quickstart.py reads them)."""
+    return _load_tool("bench_quickstart", "benchmarks").quick_start_block()
 
 
 def example_gguf_or_skip() -> Path:

@@ -232,11 +232,78 @@ def _bench_gpu_train(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _size(n: int | None) -> str:
+    return "–" if n is None else (f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB")
+
+
+def _minutes(s: float) -> str:
+    return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {s % 60:.0f} s"
+
+
+def _quickstart_row(row: dict) -> tuple[str, str]:
+    """(label, what it prints or writes) of one measured Quick-start line, from the line and its output."""
+    line, out = row["line"], row["stdout_tail"]
+    written = row.get("written") or {}
+    if line.startswith("sinkdlm generate"):
+        if "--chat" in line:
+            return "`generate --chat`", f"`{out.splitlines()[-1] if out else ''}` (the model's chat template; stops at the end of its turn)"
+        text = out.split("note:")[0].strip()
+        if re.search(r"[A-Za-z]{2}", text):
+            return "`generate` (the DLM)", f"`{' '.join(text.split())[:60]}`"
+        marks = " ".join(f"`{c}`" for c in sorted(set(text)) if not c.isspace()) or "whitespace"
+        return "`generate` (the DLM)", f"no text yet: {marks} and newlines (see below)"
+    if line.startswith("sinkdlm analyze --compare"):
+        return "`analyze --compare`", f"`{written.get('path')}/report.html`: the AR model's sinks beside the DLM's"
+    if line.startswith("sinkdlm analyze --model $M"):
+        return "`analyze` (the AR model)", (f"`{written.get('path')}/report.html`: sinks per layer, value norms, the "
+                                            "sink-masking ablation")
+    if line.startswith("sinkdlm analyze"):
+        return "`analyze` (the DLM)", f"`{written.get('path')}/report.html`: how much attention the sink token takes per layer"
+    if line.startswith("sinkdlm convert"):
+        return "`convert --shift-logits`", f"`{written.get('path')}`, a {_size(written.get('bytes'))} checkpoint with one sink token"
+    if line.startswith("sinkdlm train"):
+        steps, batch, seq = (re.search(rf"--{k} (\d+)", line).group(1) for k in ("max-steps", "batch-size", "seq-len"))
+        return (f"`train` ({steps} steps × {batch} × {seq} tokens)",
+                f"a progress line from step 1 (loss, tokens/s, ETA); `{written.get('path')}`, "
+                f"{_size(written.get('bytes'))} with the checkpoints and the optimizer state")
+    return f"`{line.split('  #')[0][:40]}`", ""
+
+
+def _bench_quickstart(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    busy = r["busy_cores_at_start"]
+    lines = [f"What each line does, with its wall time and peak memory, measured by running the block above as "
+             f"written on {r['cpu_count']} CPU cores ("
+             + ("otherwise idle" if busy < 0.1 else f"{busy:.1f} of them busy with other work") + " at the start; "
+             "`benchmarks/bench_quickstart.py`):", "",
+             "| line | prints / writes | time | peak memory |", "|---|---|---:|---:|"]
+    for row in r["lines"]:
+        if row["line"].startswith("make "):
+            continue
+        label, what = _quickstart_row(row)
+        status = "" if row["returncode"] == 0 else f" **(exit {row['returncode']})**"
+        lines.append(f"| {label} | {what}{status} | {_minutes(row['wall_s'])} | {row['peak_rss_bytes'] / 1e9:.1f} GB |")
+    return "\n".join(lines) + "\n"
+
+
+def _bench_quickstart_python(results_root: Path) -> str | None:
+    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
+    if not path.is_file():
+        return None
+    py = json.loads(path.read_text())["python"]
+    return (f"This takes {_minutes(py['wall_s'])} and {py['peak_rss_bytes'] / 1e9:.1f} GB (run as written, "
+            "`benchmarks/bench_quickstart.py`).\n")
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
             "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
-            "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode}
+            "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode,
+            "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

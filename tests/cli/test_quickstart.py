@@ -14,8 +14,6 @@ import pytest
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
 
 def sinkdlm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     from helpers import subprocess_env
@@ -30,8 +28,9 @@ def quick_start_lines() -> list[list[str]]:
     """The `sinkdlm ...` lines of the README's Quick start block, as argument lists (comments dropped)."""
     import shlex
 
-    text = README.read_text(encoding="utf-8").split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return [shlex.split(line.split("  #")[0])[1:] for line in text.splitlines() if line.startswith("sinkdlm ")]
+    from helpers import quick_start_block
+
+    return [shlex.split(line.split("  #")[0])[1:] for line in quick_start_block() if line.startswith("sinkdlm ")]
 
 
 def reduced(args: list[str], gguf: Path) -> list[str]:

@@ -142,3 +142,34 @@ def test_sizing_states_the_seeds_the_adjusted_test_needs():
     note = sizing_note(results)
     assert f"{adj['adjusted_worst']['seeds']:,} seeds" in note and "adjustment over 5 comparisons" in note
     assert study_sizing(results)["pairs"][0].get("adjusted") is None  # no family given: the unadjusted sizing only
+
+
+def test_sizing_prices_the_declared_rank_test_and_its_power_holds_by_simulation():
+    """A preset that declares an exact Wilcoxon primary is decided by that test, not the t test the seeds are
+    priced by: the sizing adds its own count (t seeds / ARE, at least the 6 seeds below which an exact test
+    cannot reach 5 %), and a simulation of normal differences at the target shows that count has the power."""
+    from scipy import stats as st
+
+    from sinkdlm.experiment.report import sizing_note
+    from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, rank_test_seeds, seeds_for_mde, study_sizing
+
+    assert rank_test_seeds(3, "wilcoxon")["seeds"] == 6  # 2 / 2^5 = 0.0625 > 5 %: 6 seeds at least
+    assert rank_test_seeds(3, "wilcoxon", alpha=0.01)["min_seeds"] == 8  # 2 / 2^8 <= 1 % < 2 / 2^7
+    assert rank_test_seeds(20, "sign")["seeds"] == math.ceil(20 * math.pi / 2)
+    diffs = [-0.09, -0.02, -0.05, -0.08]
+    iv = paired_difference([5.0 + d for d in diffs], [5.0] * 4).to_dict()
+    results = {"variants": {"vanilla": {"seeds": {}}, "sink1-front": {"seeds": {}}},
+               "declared": {"primary": {"pair": ["sink1-front", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}},
+               "timing": {"compute_s": 3600.0, "compute_parts": ["train"], "runs": 6, "runs_timed": 6},
+               "comparisons": [{"pair": ["sink1-front", "vanilla"], "metric": "val_loss", **iv, "mde": None}]}
+    results["sizing"] = study_sizing(results)
+    row = results["sizing"]["pairs"][0]
+    sd = float(np.std(diffs, ddof=1))
+    t_seeds = seeds_for_mde(sd, TARGET_MDE)
+    assert row["declared_test"]["seeds"] == max(6, math.ceil(t_seeds * math.pi / 3))
+    assert f"the declared exact Wilcoxon signed-rank test needs about {row['declared_test']['seeds']} seeds" in sizing_note(results)
+    rng = np.random.default_rng(0)
+    n = row["declared_test"]["seeds"]
+    d = rng.normal(TARGET_MDE, sd, size=(2000, n))
+    power = np.mean([st.wilcoxon(x, method="exact").pvalue < 0.05 for x in d])
+    assert power >= MDE_POWER - 0.03  # 2,000 draws: SE of the power about 0.009

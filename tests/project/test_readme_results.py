@@ -29,3 +29,23 @@ def test_readme_tables_equal_the_committed_results(page, name):
         assert block.strip() == "", f"{page.name} shows results for {name!r} without docs/results/{name}/"
         return
     assert block == want, f"{page.name}'s {name!r} tables differ from docs/results/{name}/: run `make readme-results`"
+
+
+def test_the_quick_start_table_measures_the_quick_start_as_it_is_written():
+    """The README's Quick-start table comes from benchmarks/bench_quickstart.py, which ran the block as written:
+    every command line of the block, in order, and nothing else (a README edit without a new measurement fails)."""
+    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
+    if not path.is_file():
+        pytest.skip("benchmarks/bench_quickstart.py has not been run")
+    import json
+
+    from helpers import _load_tool
+
+    bench = _load_tool("bench_quickstart", "benchmarks")
+    commands = [ln for ln in bench.quick_start_block() if not bench.is_setup(ln)]
+    measured = json.loads(path.read_text())
+    assert [row["line"] for row in measured["lines"]] == commands
+    assert measured["python"]["source"] == bench.quick_start_python()
+    assert measured["all_ran"] and all(row["returncode"] == 0 for row in measured["lines"])
+    rows = [ln for ln in tool.generated_block("bench/quickstart").splitlines() if ln.startswith("| `")]
+    assert len(rows) == sum(ln.startswith("sinkdlm ") for ln in commands)  # one row per sinkdlm line

@@ -218,8 +218,17 @@ def sizing_note(results: dict[str, Any]) -> str | None:
                         f"it must clear a raw p of {now['alpha']:.2g} given the other comparisons' p-values now: "
                         f"{seeds_at(now)}, and {worst['alpha']:.2g} if it were the family's only discovery: "
                         f"{seeds_at(worst)}")
+        declared = ""
+        rank = row.get("declared_test")
+        if rank:  # the t test prices the seeds; the declared rank test needs a few more, and at least min_seeds
+            h = rank.get("compute_h")
+            name = "exact Wilcoxon signed-rank" if rank["test"] == "wilcoxon" else "exact sign"
+            declared = (f"; the declared {name} test needs about {rank['seeds']:,} seeds"
+                        + ("" if h is None else f" ({_about_hours(h)})")
+                        + f" (its efficiency against the t test is {rank['are']:.3f} for normal differences, and "
+                        f"below {rank['min_seeds']} seeds it cannot reject at all)")
         parts.append(f"{pair}: {'met with' if met else 'needs'} {row['seeds']:,} seeds per variant{cost} "
-                     f"(this study ran {row['seeds_run']}; {spread}){adjusted}")
+                     f"(this study ran {row['seeds_run']}; {spread}){declared}{adjusted}")
     per_run = sz.get("per_run_compute_s")
     run = "" if per_run is None else (f" A run took {per_run / 60:,.1f} min of compute here "
                                       f"({', '.join(sz.get('compute_parts') or [])}).")

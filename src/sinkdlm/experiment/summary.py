@@ -277,6 +277,23 @@ def seeds_for_mde(sd: float, target: float, power: float = MDE_POWER, alpha: flo
     return n
 
 
+# Pitman's asymptotic relative efficiency of the exact rank tests against the paired t test when the
+# differences are normal (Lehmann, Nonparametrics, ch. 2 and 3): a rank test needs about 1 / ARE times the
+# t test's seeds for the same power (docs/method.md §7).
+RANK_TEST_ARE = {"wilcoxon": 3 / math.pi, "sign": 2 / math.pi}
+
+
+def rank_test_seeds(t_seeds: int | None, test: str, alpha: float = 0.05) -> dict[str, Any] | None:
+    """What a declared exact rank test (`wilcoxon` or `sign`) needs where the paired t test needs `t_seeds`:
+    about t_seeds / ARE seeds, and never fewer than the smallest n whose most extreme outcome (every seed one
+    sign) reaches `alpha`, 2 / 2^n <= alpha, below which the exact test cannot reject at all."""
+    if t_seeds is None or test not in RANK_TEST_ARE:
+        return None
+    floor = math.ceil(math.log2(2 / alpha) - 1e-12)
+    return {"test": test, "are": RANK_TEST_ARE[test], "min_seeds": floor,
+            "seeds": max(floor, math.ceil(t_seeds / RANK_TEST_ARE[test]))}
+
+
 def bh_threshold(others: Sequence[float], family_size: int, q: float = 0.05) -> float:
     """The largest raw p-value at which one more test in a Benjamini-Hochberg family of `family_size` is
     rejected, given the other tests' raw p-values `others`: BH rejects it at rank i when at least i - 1 others
@@ -326,6 +343,11 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE,
             row["adjusted"] = {"family": len(members), **{
                 k: {"alpha": a, "seeds": (ns := seeds_for_mde(spread, target, alpha=a)), "compute_h": compute_h(ns)}
                 for k, a in levels.items()}}
+        declared = (results.get("declared") or {}).get("primary") or {}
+        if list(declared.get("pair") or ()) == c["pair"] and declared.get("metric", "val_loss") == "val_loss":
+            rank = rank_test_seeds(seeds, declared.get("test", "wilcoxon"), alpha)  # the test that decides
+            if rank:
+                row["declared_test"] = {**rank, "compute_h": compute_h(rank["seeds"])}
         if split:
             upper = split.get("seeds_for_target_upper")
             row["split"] = {"sd_train": math.sqrt(split["var_train"]), "sd_train_interval": split["sd_train_interval"],
