@@ -1,5 +1,7 @@
 """Every figure function writes a PNG that matplotlib reads back."""
 
+from pathlib import Path
+
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
@@ -175,6 +177,20 @@ def test_score_bars_draw_an_asymmetric_interval_as_given(tmp_path, monkeypatch):
     assert path.is_file()
     below, above = seen[0]
     assert list(below) == pytest.approx([0.3, 0.1]) and list(above) == pytest.approx([0.2, 0.1])
+
+
+def test_training_curves_name_every_model_even_without_a_step_common_to_its_seeds(tmp_path, monkeypatch):
+    """Each model's mean line carries its label; a model whose seeds logged no common step has no mean line,
+    so its first seed's line carries the label instead (the legend is never empty and names every model)."""
+    from sinkdlm.analysis import figures
+
+    seen = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    curves = {"dlm": {"0": ([10, 15], [6.0, 5.5]), "1": ([20, 30], [5.7, 5.4])},
+              "sink": {"0": ([10, 20], [5.9, 5.6]), "1": ([10, 20], [5.8, 5.5])}}
+    plot_training_curves(curves, tmp_path / "c.png")
+    labels = [t.get_text() for t in seen[0].axes[0].get_legend().get_texts()]
+    assert len(labels) == 2 and labels[1].startswith("sink (mean of 2 seeds") and labels[0].startswith("dlm (each seed")
 
 
 def test_training_curves_per_seed_and_paired_differences(tmp_path):

@@ -347,9 +347,10 @@ def plot_training_curves(
     for i, (label, seeds) in enumerate(curves.items()):
         colour = f"C{i % 10}"
         series = {seed: dict(zip(_np(st, "steps").tolist(), _np(v, "values").tolist())) for seed, (st, v) in seeds.items()}
-        for seed, c in series.items():
-            ax.plot(list(c), list(c.values()), color=colour, linewidth=0.8, alpha=0.45)
         common = sorted(set.intersection(*(set(c) for c in series.values()))) if series else []
+        for j, c in enumerate(series.values()):  # without a mean line the first seed's line names the model
+            ax.plot(list(c), list(c.values()), color=colour, linewidth=0.8, alpha=0.45,
+                    label=f"{label} (each seed; no step logged by all)" if j == 0 and not common else None)
         if common:
             ax.plot(common, [float(np.mean([c[st] for c in series.values()])) for st in common], color=colour,
                     linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seed{'s' if len(series) != 1 else ''}; thin: each seed)")
