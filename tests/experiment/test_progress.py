@@ -24,8 +24,17 @@ def test_progress_prices_what_is_left_at_the_measured_rates(tmp_path):
                                                               "seconds": vsecs}))
     text = write_progress(tmp_path, "t", {"vanilla": "DLM"}, [0, 1, 2], 10, 8).read_text()
     # training: 6 steps left at median(5, 7) = 6 s; validation: 4 + 6 + 8 = 18 sequences at median(5, 7) = 6 s
-    assert "training 6 steps, about 0.0 h at 6.0 s each" in text
-    assert "fixed validation 18 sequences, about 0.0 h at 6.0 s each" in text
+    assert "training 6 steps, about 1 min at 6.0 s each" in text
+    assert "fixed validation 18 sequences, about 2 min at 6.0 s each" in text
+
+
+def test_progress_prices_fast_steps_with_their_significant_digits():
+    """A tiny model's step takes a fraction of a second: the rate keeps two significant digits, not "0.0 s"."""
+    from sinkdlm.experiment.progress import _remaining
+
+    text = _remaining(368_500, [0.093, 0.095], 7_936, [0.04])
+    assert "training 368,500 steps, about 9.6 h at 0.094 s each" in text  # 368,500 x 0.094 s = 34,639 s
+    assert "fixed validation 7,936 sequences, about 5 min at 0.04 s each" in text  # 317 s
 
 
 def test_progress_counts_a_finished_run_whose_weights_are_gone_as_training_left(tmp_path):
@@ -48,4 +57,4 @@ def test_progress_counts_a_finished_run_whose_weights_are_gone_as_training_left(
     text = write_progress(tmp_path, "t", {"vanilla": "DLM"}, [0, 1], 10, 8).read_text()
     assert "| DLM | 0 | 10/10 (done) |" in text
     assert "| DLM | 1 | 10/10 (done; weights gone: trains again) |" in text
-    assert "training 10 steps, about 0.0 h at 4.0 s each" in text
+    assert "training 10 steps, about 1 min at 4.0 s each" in text

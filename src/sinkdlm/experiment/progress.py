@@ -120,8 +120,11 @@ def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: l
             return "done"
         if not rates:
             return f"{n:,} {unit} (no rate measured yet)"
-        hours = n * statistics.median(rates) / 3600
-        return f"{n:,} {unit}, about {hours:.1f} h at {statistics.median(rates):.1f} s each"
+        rate = statistics.median(rates)
+        hours = n * rate / 3600
+        left = f"{hours:.1f} h" if hours >= 0.1 else f"{60 * hours:.0f} min"
+        return f"{n:,} {unit}, about {left} at {rate:.1f} s each" if rate >= 1 else (
+            f"{n:,} {unit}, about {left} at {rate:.2g} s each")  # a tiny model's step takes a fraction of a second
 
     return (f"**Left:** training {cost(steps, step_rates, 'steps')}; fixed validation "
             f"{cost(sequences, seq_rates, 'sequences')} (rates: the median over the models measured on this "
