@@ -41,7 +41,7 @@ from sinkdlm.stats import (
 
 # Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
 # for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
-LOWER_IS_BETTER = {"val_loss", "val_loss_change"}
+LOWER_IS_BETTER = {"val_loss"}
 # Per-seed analysis scalars compared between variants: key -> (path into the analysis summary, label).
 # Moving sinks are compared over the content keys (docs/method.md §6): the extra sink's key is a sink
 # at nearly every step and would count as overlap for sink models only. The all-keys definition is
@@ -64,7 +64,9 @@ CONTENT_FALLBACK = {"content_sink_set_change_rate": "sink_set_change_rate", "con
 # largest pre-clip gradient norm of a run, on a log10 scale so that a difference is a ratio: the moving
 # sink's loss spikes (docs/method.md §5), which a stable sink should remove.
 TRAINING_METRICS = {"log10_peak_grad_norm": ("train_grad_norm_peak", "log10 largest pre-clip gradient norm in training")}
-NEUTRAL = set(ANALYSIS_METRICS) | set(TRAINING_METRICS)  # descriptive: a difference without "better"/"worse"
+# descriptive: a difference without "better"/"worse". The change from step 0 too: a model that starts
+# better has less to gain, so a smaller drop is not by itself a worse training (docs/method.md §7).
+NEUTRAL = set(ANALYSIS_METRICS) | set(TRAINING_METRICS) | {"val_loss_change"}
 # Alternative definitions, shown for reference beside the compared ones: no verdict, outside the family
 # (the all-keys moving-sink metrics repeat the content-key ones for models without extra sinks; the
 # pooled value norms weight layers by their sink counts, docs/method.md §6).
