@@ -257,3 +257,13 @@ def test_the_declared_primary_is_tested_once_outside_the_family_and_its_row_says
     assert short_verdict(row) == "lower (better) (declared primary test)"
     row["survives"] = False
     assert short_verdict(row) == "no difference detected (declared primary test, 6 seeds)"
+
+
+def test_the_time_part_says_how_long_the_experiment_took_from_its_timing():
+    """`<!-- results:demo#time -->` under the README's set-up: the runner's elapsed time and machine, no more."""
+    from sinkdlm.experiment.report import summary_part
+
+    res = {"preset": "demo", "timing": {"elapsed_s": 1114.3, "runs": 6}, "machine": {"cpu_count": 2, "cuda": False}}
+    assert summary_part(res, "time") == ("The `demo` experiment took 19 min here from its first start to its report, "
+                                         "on 2 CPU cores (6 runs).\n")  # 1,114 s = 18.6 min
+    assert summary_part({"preset": "demo", "timing": {}}, "time") is None  # not recorded: no sentence

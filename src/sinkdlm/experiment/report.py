@@ -413,7 +413,19 @@ def mde_line(results: dict[str, Any]) -> str | None:
 
 # The parts of the summary that a results page can place on their own (`<!-- results:NAME#PART -->`),
 # e.g. a one-line verdict under its figure.
-SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line}
+def time_line(results: dict[str, Any]) -> str | None:
+    """How long the experiment took from its first start to its report, and on what (a page's "how long will
+    this take" answer, from the runner's `timing` and `machine`)."""
+    t, machine = results.get("timing") or {}, results.get("machine") or {}
+    if t.get("elapsed_s") is None:
+        return None
+    where = (f"{machine['cpu_count']} CPU cores" if not machine.get("cuda") else "a CUDA GPU") if machine.get("cpu_count") else "this machine"
+    return (f"The `{results.get('preset', 'experiment')}` experiment took {t['elapsed_s'] / 60:.0f} min here from its "
+            f"first start to its report, on {where} ({t['runs']} runs).")
+
+
+SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
+                 "time": time_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
