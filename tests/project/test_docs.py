@@ -37,3 +37,16 @@ def test_every_relative_link_in_the_docs_resolves():
             if not (page.parent / target.split("#")[0]).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, f"links to files that are not in the repository: {broken}"
+
+
+def test_every_project_file_the_docs_name_exists():
+    """A path in backticks (`tests/...py`, `tools/...py`, `docs/...md`) names a file of this checkout; the only
+    exceptions are the results files a GPU run writes, which the pages say are not measured yet."""
+    import re
+
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md"), ROOT / "docs" / "results" / "README.md"]
+    pattern = re.compile(r"`((?:src|tests|tools|benchmarks|docs)/[\w./-]+\.(?:py|md|json|sh|png))")
+    gpu_results = re.compile(r"benchmarks/results/bench_(?:gpu_\w+|cache_gpu)\.json")
+    missing = [f"{page.relative_to(ROOT)}: {path}" for page in pages for path in pattern.findall(page.read_text())
+               if not (ROOT / path).exists() and not (page.parent / path).exists() and not gpu_results.fullmatch(path)]
+    assert not missing, f"the docs name files that are not in the checkout: {missing}"
