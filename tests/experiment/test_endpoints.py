@@ -106,6 +106,7 @@ def test_a_primary_over_one_seed_is_reported_without_a_test(test):
     summarise(res, [("sink", "vanilla")])
     text = "\n".join(primary_lines(res))
     assert "over 1 seed: no difference detected" in text and "one seed: no test" in text
+    assert "agree" not in text  # no test ran, so nothing agreed
 
 
 def test_tost_equivalence_is_in_the_family_and_never_printed_without_a_margin():
@@ -150,6 +151,7 @@ def test_the_report_states_the_three_numbers_and_the_equivalence_verdicts():
     text = markdown_summary(res)
     assert "**Primary endpoint**" in text and "**lower** with S than with V after 307,200 training tokens" in text
     assert "Before training (step 0, each seed's own conversion) the gap was -0.36" in text
+    assert "The paired t test and the exact Wilcoxon signed-rank test agree: both reject at 5 %." in text
     assert "training changed it by +0.2" in text and "the gap shrinks" in text
     assert "| S − V |" in text and "| different |" in text
     assert "includes the 1 declared equivalence tests" in text

@@ -280,7 +280,10 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     detail = (f"{t_part}; beside it the {rank_test_name} test: {rank_part}" if by_t else f"{rank_part}; {t_part}")
     lines = [f"**Primary endpoint** (declared before the run): {a} − {b} `{p['metric']}` at the end of training, "
              f"{name} test over {n_seeds}: {head}; {detail}."]
-    if not p["agree"]:
+    if p["agree"] and t.get("p") is not None and rank.get("p") is not None:  # said either way, where both ran
+        lines.append(f"The paired t test and the {rank_test_name} test agree: "
+                     f"{'both reject' if p['t_rejects'] else 'neither rejects'} at 5 %.")
+    elif not p["agree"]:
         lines.append(f"The t interval and the {rank_test_name} test disagree: the t test "
                      f"{'rejects' if p['t_rejects'] else 'does not reject'} and the rank test "
                      f"{'rejects' if p['rank_rejects'] else 'does not'}; the declared test ({name}) decides"
