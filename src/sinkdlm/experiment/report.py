@@ -446,7 +446,7 @@ def markdown_summary(results: dict[str, Any]) -> str:
     headline = ["val_loss"] + [m for m in tasks if m.endswith(("word_order/acc", "cloze/acc", "next_line/acc_norm", "/exact_match"))
                                and "cloze/exact" not in m]
     parts = [
-        f"Preset `{results['preset']}`: {results['description']}. {train_setting(results, 'max_steps')} steps × "
+        f"Preset `{results['preset']}`: {results['description']}. {train_setting(results, 'max_steps'):,} steps × "
         f"{train_setting(results, 'batch_size')} × {train_setting(results, 'seq_len')} tokens per run, seeds {results['seeds']} ({results['machine'].get('cpu_count')} CPU cores"
         f"{' + CUDA' if results['machine'].get('cuda') else ''}). {cost_line(results)} "
         f"Mean [95 % CI]: validation loss over the {n} seeds (Student t); accuracies over seeds and items "
@@ -521,7 +521,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     m = results["machine"]
     doc.paragraph(
         f"{results['description']}. Seeds {results['seeds']}; every variant trained with the same budget "
-        f"({train_setting(results, 'max_steps')} steps × {train_setting(results, 'batch_size')} sequences × "
+        f"({train_setting(results, 'max_steps'):,} steps × {train_setting(results, 'batch_size')} sequences × "
         f"{train_setting(results, 'seq_len')} tokens on `{train_setting(results, 'data')}`) and the same "
         f"seeds, so the comparisons are paired. Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
