@@ -269,3 +269,17 @@ def test_the_time_part_says_how_long_the_experiment_took_from_its_timing():
     assert summary_part(res, "time") == ("The `demo` experiment took 19 min here from its first start to its report, "
                                          "on 2 CPU cores (6 runs).\n")  # 1,114 s = 18.6 min
     assert summary_part({"preset": "demo", "timing": {}}, "time") is None  # not recorded: no sentence
+
+
+def test_seed_values_read_each_metric_one_way_and_skip_what_a_run_lacks():
+    """metrics.seed_values: the record's own val_loss / change, its step-0 control's val_loss, log10 of the
+    peak gradient norm; None where a run lacks the value or it is not finite."""
+    from sinkdlm.experiment.metrics import seed_scalars, seed_values
+
+    variant = {"seeds": {"0": {"val_loss": 5.0, "val_loss_change": -3.0, "step0": {"val_loss": 8.0},
+                               "train_grad_norm_peak": 100.0},
+                         "1": {"val_loss": float("nan"), "step0": {}, "train_grad_norm_peak": 0.0}}}
+    assert seed_values(variant, "val_loss") == {"0": 5.0, "1": None}
+    assert seed_values(variant, "step0") == {"0": 8.0, "1": None}
+    assert seed_values(variant, "log10_peak_grad_norm") == {"0": pytest.approx(2.0), "1": None}
+    assert seed_scalars(variant, "val_loss_change") == {"0": -3.0}

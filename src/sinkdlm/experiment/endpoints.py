@@ -24,16 +24,8 @@ from typing import Any
 import numpy as np
 
 from sinkdlm.experiment.formatting import train_setting
+from sinkdlm.experiment.metrics import seed_scalars
 from sinkdlm.stats import equivalence_test, mean_interval, rank_test
-
-
-def _per_seed(variant: dict[str, Any], key: str) -> dict[str, float]:
-    out = {}
-    for seed, rec in variant["seeds"].items():
-        v = rec.get(key) if key != "step0" else (rec.get("step0") or {}).get("val_loss")
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            out[seed] = float(v)
-    return out
 
 
 def _iv(d: list[float], confidence: float) -> dict[str, Any]:
@@ -42,7 +34,7 @@ def _iv(d: list[float], confidence: float) -> dict[str, Any]:
 
 def paired_seed_differences(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, float]:
     """{seed: a - b} of a per-seed scalar (`val_loss`, `val_loss_change`, `step0`) over the seeds both have."""
-    sa, sb = _per_seed(a, key), _per_seed(b, key)
+    sa, sb = seed_scalars(a, key), seed_scalars(b, key)
     return {s: sa[s] - sb[s] for s in sa if s in sb}
 
 

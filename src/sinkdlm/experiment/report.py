@@ -20,9 +20,9 @@ from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, shor
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
 )
+from sinkdlm.experiment.metrics import ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS
 from sinkdlm.experiment.summary import (
-    ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS, analysis_record, experiment_timing,
-    paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
+    analysis_record, experiment_timing, paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
 )
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed

@@ -33,50 +33,15 @@ from typing import Any
 
 from sinkdlm.experiment.endpoints import (attach_equivalence, declared_primary_entry, finish_equivalence, plateau,
                                           primary_endpoint, primary_verdict)
+from sinkdlm.experiment.metrics import (ALTERNATIVES, ANALYSIS_METRICS, LOWER_IS_BETTER, METHOD_ITEMS, METHOD_SEEDS,
+                                        NEUTRAL, SHARES, TRAINING_METRICS, has_extra_sinks, seed_scalars,
+                                        seed_values)
 from sinkdlm.stats import (
     Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
     verdict,
 )
 
 
-# Metrics where lower is better; everything else (accuracies, Jaccard, non-sink fraction) is higher-is-better
-# for the purpose of the words "better"/"worse" (sink metrics have no better: see NEUTRAL).
-LOWER_IS_BETTER = {"val_loss"}
-# Per-seed analysis scalars compared between variants: key -> (path into the analysis summary, label).
-# Moving sinks are compared over the content keys (docs/method.md §6): the extra sink's key is a sink
-# at nearly every step and would count as overlap for sink models only. The all-keys definition is
-# kept under its own name as the alternative.
-ANALYSIS_METRICS = {
-    "non_sink_fraction": (("non_sink_fraction",), "non-sink fraction"),
-    "content_sink_set_change_rate": (("moving", "content_sink_set_change_rate"),
-                                     "sink-set change rate between steps (content keys)"),
-    "content_sink_set_jaccard": (("moving", "content_sink_set_jaccard"), "Jaccard of consecutive sink sets (content keys)"),
-    "sink_set_change_rate": (("moving", "sink_set_change_rate"), "sink-set change rate between steps (every key)"),
-    "sink_set_jaccard": (("moving", "sink_set_jaccard"), "Jaccard of consecutive sink sets (every key)"),
-    "value_norm_sink": (("value_norm", "sink_mean"), "value norm of sinks (pooled over layers)"),
-    "value_norm_normal": (("value_norm", "normal_mean"), "value norm of normal tokens (pooled over layers)"),
-    "repetition_rate": (("repetition_rate",), "repetition rate of the analysed generations"),
-}
-# Without extra sink tokens the content keys are every key: a record from before the content-key
-# metrics existed holds them under the all-keys name.
-CONTENT_FALLBACK = {"content_sink_set_change_rate": "sink_set_change_rate", "content_sink_set_jaccard": "sink_set_jaccard"}
-# Per-seed training scalars compared between variants: key -> (field of the per-seed record, label). The
-# largest pre-clip gradient norm of a run, on a log10 scale so that a difference is a ratio: the moving
-# sink's loss spikes (docs/method.md §5), which a stable sink should remove.
-TRAINING_METRICS = {"log10_peak_grad_norm": ("train_grad_norm_peak", "log10 largest pre-clip gradient norm in training")}
-# descriptive: a difference without "better"/"worse". The change from step 0 too: a model that starts
-# better has less to gain, so a smaller drop is not by itself a worse training (docs/method.md §7).
-NEUTRAL = set(ANALYSIS_METRICS) | set(TRAINING_METRICS) | {"val_loss_change"}
-# Alternative definitions, shown for reference beside the compared ones: no verdict, outside the family
-# (the all-keys moving-sink metrics repeat the content-key ones for models without extra sinks; the
-# pooled value norms weight layers by their sink counts, docs/method.md §6).
-ALTERNATIVES = {"sink_set_change_rate", "sink_set_jaccard", "value_norm_sink", "value_norm_normal"}
-# Quantities in [0, 1]: their intervals are kept inside it (stats.mean_interval bounds).
-SHARES = {"repetition_rate", "non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard", "sink_set_change_rate",
-          "sink_set_jaccard"}
-# The method of each kind of interval, as the reports label it.
-METHOD_SEEDS = "Student t over seeds (n − 1 df)"
-METHOD_ITEMS = "seeds × items (two-way random effects, t with n − 1 df)"
 
 
 # What results.json keeps of each scored setting of the masking ablation: the per-request scores give
@@ -119,41 +84,6 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
         "samples": list(samples),
         "repetition_rate": statistics.fmean(rates) if rates else None,
     }
-
-
-def _get(d: Any, path: tuple[str, ...]) -> float | None:
-    for key in path:
-        if not isinstance(d, dict) or d.get(key) is None:
-            return None
-        d = d[key]
-    return float(d) if isinstance(d, (int, float)) and math.isfinite(d) else None
-
-
-def _has_extra_sinks(variant: dict[str, Any]) -> bool:
-    return bool(variant.get("switches", {}).get("num_sink_tokens", 0))
-
-
-def _seed_values(variant: dict[str, Any], metric: str) -> dict[str, float | None]:
-    """{seed: value or None (not recorded)} of one per-seed scalar metric, for every seed of the variant."""
-    out: dict[str, float | None] = {}
-    for seed, rec in variant["seeds"].items():
-        if metric in ("val_loss", "val_loss_change"):  # the change: from the run's own step-0 control
-            value = rec.get(metric)
-            value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-        elif metric in TRAINING_METRICS:
-            raw = rec.get(TRAINING_METRICS[metric][0])
-            value = math.log10(raw) if isinstance(raw, (int, float)) and math.isfinite(raw) and raw > 0 else None
-        else:
-            value = _get(rec.get("analysis"), ANALYSIS_METRICS[metric][0])
-            if value is None and metric in CONTENT_FALLBACK and not _has_extra_sinks(variant):
-                value = _get(rec.get("analysis"), ANALYSIS_METRICS[CONTENT_FALLBACK[metric]][0])
-        out[seed] = value
-    return out
-
-
-def _seed_scalars(variant: dict[str, Any], metric: str) -> dict[str, float]:
-    """{seed: value} of the seeds that recorded the metric."""
-    return {k: v for k, v in _seed_values(variant, metric).items() if v is not None}
 
 
 def task_metrics(results: dict[str, Any]) -> list[str]:
@@ -212,7 +142,7 @@ def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confiden
         iv = paired_accuracy_difference({s: sa[s]["per_item"] for s in sa}, {s: sb[s]["per_item"] for s in sa}, confidence)
         scale, unit, label = 100.0, " points", METHOD_ITEMS
     else:
-        sa, sb = _seed_values(a, metric), _seed_values(b, metric)
+        sa, sb = seed_values(a, metric), seed_values(b, metric)
         gone = sorted((k for k in sa if sa[k] is None or sb[k] is None), key=str)
         if gone:
             return _missing(a, b, metric, gone)
@@ -494,7 +424,7 @@ def masking_intervals(variant: dict[str, Any], confidence: float = 0.95) -> dict
     if not recs:
         return None
     first = recs[0]["analysis"]["ablation"]
-    settings = [False, True] if _has_extra_sinks(variant) else [None]
+    settings = [False, True] if has_extra_sinks(variant) else [None]
     out = {"metric": first.get("metric"), "settings": []}
     # the analysed seeds (a preset may analyse the first seed only): the others have no curve to pair
     seeds = sorted((s for s, rec in variant["seeds"].items() if (rec.get("analysis") or {}).get("ablation")), key=str)
@@ -588,13 +518,13 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
     variants = results["variants"]
     names = list(variants)
     scalar_metrics = ["val_loss"] + [m for m in ("val_loss_change", *TRAINING_METRICS, *ANALYSIS_METRICS)
-                                     if any(_seed_scalars(v, m) for v in variants.values())]
+                                     if any(seed_scalars(v, m) for v in variants.values())]
     tasks = task_metrics(results)
     family: list[dict[str, Any]] = []  # every paired comparison whose verdict the report prints
     for v in variants.values():
         summary = {}
         for m in scalar_metrics:
-            vals = list(_seed_scalars(v, m).values())
+            vals = list(seed_scalars(v, m).values())
             if vals:
                 iv = mean_interval(vals, confidence, bounds=(0.0, 1.0) if m in SHARES else None)
                 summary[m] = {**iv.to_dict(), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
@@ -622,7 +552,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             if layers["layer_mean"]:
                 family.append(layers["layer_mean"])
         # The pooled difference, kept for contrast: it weights each layer by its number of sinks.
-        sink_vn, normal_vn = _seed_scalars(v, "value_norm_sink"), _seed_scalars(v, "value_norm_normal")
+        sink_vn, normal_vn = seed_scalars(v, "value_norm_sink"), seed_scalars(v, "value_norm_normal")
         if sink_vn and set(sink_vn) == set(normal_vn):
             iv = paired_difference(sink_vn, normal_vn, confidence)
             summary["value_norm_sink_minus_normal_pooled"] = {**iv.to_dict(), "method_label": METHOD_SEEDS,
@@ -750,7 +680,7 @@ def token_type_intervals(variant: dict[str, Any]) -> dict[str, dict | None] | No
 def pooled_value_norm_difference(variant: dict[str, Any], seeds: list[str]) -> float | None:
     """Sink − normal value norm pooled over layers (weighted by sink counts), mean over `seeds`: the
     contrast to the per-layer comparison (docs/method.md §6)."""
-    sink_vn, normal_vn = _seed_scalars(variant, "value_norm_sink"), _seed_scalars(variant, "value_norm_normal")
+    sink_vn, normal_vn = seed_scalars(variant, "value_norm_sink"), seed_scalars(variant, "value_norm_normal")
     return _mean_or_none([sink_vn[s] - normal_vn[s] for s in seeds if s in sink_vn and s in normal_vn])
 
 
@@ -774,7 +704,7 @@ def paired_val_loss_differences(results: dict[str, Any]) -> list[dict[str, Any]]
         if c["metric"] != "val_loss" or c.get("missing") or c.get("mean") is None:
             continue
         a, b = (results["variants"][name] for name in c["pair"])
-        va, vb = _seed_values(a, "val_loss"), _seed_values(b, "val_loss")
+        va, vb = seed_values(a, "val_loss"), seed_values(b, "val_loss")
         out.append({"label": f"{c['variant']} − {c['baseline']}", "per_seed": {s: va[s] - vb[s] for s in sorted(va, key=str)},
                     "interval": {k: c.get(k) for k in ("mean", "low", "high", "n", "degenerate", "survives")}})
     return out
