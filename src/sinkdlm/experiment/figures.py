@@ -1,10 +1,12 @@
 """Figures of an experiment's declared questions, drawn from its results.json only (no statistic is computed
-here; `experiment.summary` and `experiment.endpoints` made every number):
+here but a learning curve's mean and interval over seeds; `experiment.summary` and `experiment.endpoints` made
+every other number):
 
 * `plot_forest`: the paired val_loss differences against a baseline, each with its 95 % CI, its MDE
   (the smallest true difference the study would detect with 80 % power) and, where a claim of "≈" was
   declared, the equivalence margin;
-* `plot_val_curves`: each variant's fixed val_loss at the scored steps (`val_curve`), mean and 95 % CI over seeds;
+* `plot_val_curves`: each variant's fixed val_loss at the scored steps (`val_curve`), mean and 95 % CI over seeds,
+  and beside it each variant's paired gap to the baseline at those steps (`trajectories`);
 * `plot_gap_trajectory`: the primary pair's paired gap against training tokens, from step 0, with its CI.
 """
 
@@ -43,7 +45,8 @@ def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | No
         if eq:
             ax.plot([-eq["margin"], eq["margin"]], [y + 0.28] * 2, "|--", color="tab:green", linewidth=1.2,
                     label="± declared equivalence margin")
-        verdict = (eq or {}).get("verdict") or ("survives BH" if c.get("survives") else "")
+        decided = "declared test rejects" if c.get("declared_primary") else "survives BH"  # the primary is not in BH
+        verdict = (eq or {}).get("verdict") or (decided if c.get("survives") else "")
         if verdict:
             ax.annotate(verdict, (c["high"] if c.get("high") is not None else c["mean"], y), textcoords="offset points",
                         xytext=(6, -3), fontsize=7)
@@ -60,12 +63,17 @@ def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | No
     return save_figure(fig, path)
 
 
-def plot_val_curves(results: dict[str, Any], path, *, title: str | None = None) -> Path | None:
-    """Each variant's fixed val_loss against training steps (mean over seeds, shaded 95 % CI)."""
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.subplots()
-    drawn = 0
-    for v in results["variants"].values():
+def plot_val_curves(results: dict[str, Any], path, baseline: str | None = None, *, title: str | None = None) -> Path | None:
+    """Left: each variant's fixed val_loss against training steps (mean over seeds, shaded 95 % CI). Right, given a
+    `baseline` with stored `trajectories`: each variant's paired gap to it at every scored step (mean and 95 % CI
+    over seeds): the left panel's bands are the seeds' spread, which pairing removes, so only the right one says
+    when a difference appears and whether it holds."""
+    gaps = [t for t in results.get("trajectories") or [] if baseline is not None and t["pair"][1] == baseline]
+    fig = Figure(figsize=(13.0 if gaps else 7.5, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2 if gaps else 1, squeeze=False)[0]
+    ax = axes[0]
+    colour, drawn = {}, 0
+    for name, v in results["variants"].items():
         by_step: dict[int, list[float]] = {}
         for rec in v["seeds"].values():
             for p in rec.get("val_curve") or []:
@@ -76,13 +84,30 @@ def plot_val_curves(results: dict[str, Any], path, *, title: str | None = None) 
         ivs = [mean_interval(by_step[s]) for s in steps]
         line = ax.plot(steps, [iv.mean for iv in ivs], "o-", markersize=3, label=f"{v['label']} ({len(by_step[steps[-1]])} seeds)")[0]
         ax.fill_between(steps, [iv.low for iv in ivs], [iv.high for iv in ivs], color=line.get_color(), alpha=0.15)
+        colour[name] = line.get_color()
         drawn += 1
     if not drawn:
         return None
-    ax.set_xlabel("training step")
     ax.set_ylabel("fixed validation loss (nats / token)")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    if gaps:
+        gx = axes[1]
+        for t in gaps:  # the same colour as the variant's curve on the left
+            pts = [q for q in t["points"] if q.get("mean") is not None]  # step 0 too: a head start shows
+            steps = [q["step"] for q in pts]
+            c = colour.get(t["pair"][0])
+            gx.plot(steps, [q["mean"] for q in pts], "o-", markersize=3, color=c,
+                    label=f"{results['variants'][t['pair'][0]]['label']} − {results['variants'][baseline]['label']}")
+            lo = [q["low"] if q.get("low") is not None else q["mean"] for q in pts]
+            hi = [q["high"] if q.get("high") is not None else q["mean"] for q in pts]
+            gx.fill_between(steps, lo, hi, color=c, alpha=0.12)
+        gx.axhline(0.0, color="grey", linewidth=0.8)
+        gx.set_ylabel("paired gap in fixed val_loss (nats / token)")
+        gx.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, never on them
+    for a in axes:
+        a.set_xlabel("training step")
+        a.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        a.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=11)
     return save_figure(fig, path)

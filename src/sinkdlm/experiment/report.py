@@ -550,10 +550,11 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         doc.image(forest, f"Every variant against {variants[baseline]['label']}: the paired val_loss difference with its "
                           "95 % CI over seeds, ± the study's MDE (the smallest difference it would detect with 80 % "
                           "power) and, where the preset declared a claim of \"≈\", ± its margin with the TOST verdict")
-    curves_fig = plot_val_curves(results, fig_dir / "val_curves.png")
+    curves_fig = plot_val_curves(results, fig_dir / "val_curves.png", baseline)
     if curves_fig:
         doc.image(curves_fig, "The fixed validation loss at the scored steps (`val_curve`), mean and 95 % CI over seeds: "
-                              "learning curves on the same set and noise for every variant")
+                              "learning curves on the same set and noise for every variant; right, each variant's "
+                              f"paired gap to {variants[baseline]['label']} at those steps (95 % CI over seeds)")
     equivalence = equivalence_rows(results)
     if equivalence:
         doc.heading("Equivalence claims")

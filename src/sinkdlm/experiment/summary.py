@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sinkdlm.experiment.endpoints import (attach_equivalence, declared_primary_entry, finish_equivalence, plateau,
-                                          primary_endpoint, primary_verdict)
+                                          primary_endpoint, primary_verdict, trajectory)
+from sinkdlm.experiment.formatting import train_setting
 from sinkdlm.experiment.metrics import (ALTERNATIVES, ANALYSIS_METRICS, LOWER_IS_BETTER, METHOD_ITEMS, METHOD_SEEDS,
                                         NEUTRAL, SHARES, TRAINING_METRICS, has_extra_sinks, seed_scalars,
                                         seed_values)
@@ -593,6 +594,13 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
                    "against K = 0"),
     }
     # the declared endpoints: the primary comparison (with the head start and the training effect) and the plateau
+    # every compared pair's paired gap at each scored step (`val_curve`): when its difference appears, and whether
+    # it holds (the primary's own trajectory is also under `primary`)
+    tokens_per_step = train_setting(results, "batch_size") * train_setting(results, "seq_len")
+    curves = [{"pair": [a, b], **traj} for a, b in pairs if a in variants and b in variants
+              and (traj := trajectory(variants[a], variants[b], tokens_per_step, confidence))]
+    if curves:
+        results["trajectories"] = curves
     for key, value in (("primary", primary_endpoint(results, comparisons, confidence)), ("plateau", plateau(results))):
         if value is not None:
             results[key] = value
