@@ -5,8 +5,8 @@ The bash block under "## Quick start", then the Python block below it, are read 
 holds only links to this checkout's `.venv`, `Makefile` and `pyproject.toml` (what its lines need), so `runs/`
 is created there as a newcomer's would be. Set-up lines (`source ...`, `M=...`) are replayed before each
 command; a command runs as `exec` under bash, so `os.wait4` gives that process's own peak RSS (what
-`/usr/bin/time -v` prints). Needs the example model (`make example-model`) and a quiet machine: the load
-average at the start is recorded beside the times.
+`/usr/bin/time -v` prints). Needs the example model (`make example-model`) and a quiet machine: how many
+cores other work kept busy at the start is recorded beside the times.
 
 Run: `.venv/bin/python benchmarks/bench_quickstart.py` (about 10 min on 2 cores).
 Writes `benchmarks/results/bench_quickstart.json`.
@@ -68,11 +68,10 @@ def run_line(setup: list[str], line: str, cwd: Path) -> dict:
     proc = subprocess.Popen(["bash", "-c", script], cwd=cwd, stdout=out_f, stderr=err_f, text=True)
     _, status, usage = os.wait4(proc.pid, 0)  # this process's own rusage (Popen.wait would discard it)
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
     out, err = (f.seek(0) or f.read() for f in (out_f, err_f))
     target = re.search(r"--out\s+(\S+)", line)
     written = None if target is None else {"path": target.group(1), "bytes": _du(cwd / target.group(1))}
-    return {"line": line, "returncode": proc.returncode, "wall_s": round(wall, 1),
+    return {"line": line, "returncode": os.waitstatus_to_exitcode(status), "wall_s": round(wall, 1),
             "peak_rss_bytes": usage.ru_maxrss * 1024, "written": written,
             "stdout_tail": out.strip()[-400:], "stderr_tail": err.strip()[-400:]}
 
@@ -97,9 +96,9 @@ def main() -> int:
             if row["returncode"] != 0:
                 print(row["stderr_tail"], file=sys.stderr)
                 break
-        (cwd / "quickstart.py").write_text(quick_start_python())
-        record["python"] = run_line(setup, "python quickstart.py", cwd)  # the block as a newcomer pastes it
-        record["python"]["source"] = quick_start_python()
+        source = quick_start_python()
+        (cwd / "quickstart.py").write_text(source)
+        record["python"] = {**run_line(setup, "python quickstart.py", cwd), "source": source}  # as a newcomer pastes it
         print(f"{record['python']['wall_s']:7.1f} s {record['python']['peak_rss_bytes'] / 1e9:5.2f} GB "
               f"rc {record['python']['returncode']}  the Python block", flush=True)
     record["all_ran"] = (all(r["returncode"] == 0 for r in record["lines"]) and record["python"]["returncode"] == 0

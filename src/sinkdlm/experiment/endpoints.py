@@ -69,13 +69,18 @@ def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None
             "tokens_per_step": tokens_per_step}
 
 
+def declared_test_name(test: str) -> str:
+    """How the reports name a declared test (`t`, `wilcoxon` or `sign`)."""
+    return {"t": "paired t", "sign": "exact sign"}.get(test, "exact Wilcoxon signed-rank")
+
+
 def declared_decision(primary: dict[str, Any]) -> tuple[str, float | None, float | None, bool]:
     """(test name, estimate, p, rejects) of a measured primary by its declared test: the paired t test's mean,
     or the rank test's estimate (Hodges-Lehmann / median). A results.json from before `rejects` was stored
     reads the declared test's own flag."""
     test = primary.get("test", "wilcoxon")
     rank, t = primary.get("rank") or {}, primary.get("t") or {}
-    name = {"t": "paired t", "sign": "exact sign"}.get(test, "exact Wilcoxon signed-rank")
+    name = declared_test_name(test)
     estimate, p = (t.get("mean"), t.get("p")) if test == "t" else (rank.get("estimate"), rank.get("p"))
     rejects = primary.get("rejects", primary.get("t_rejects" if test == "t" else "rank_rejects"))
     return name, estimate, p, bool(rejects)

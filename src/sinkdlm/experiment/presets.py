@@ -254,7 +254,8 @@ def study() -> ExperimentPreset:
     #     runs measure it) 6 h holds about 30 runs. The pilot-long's 4 finished runs (vanilla and + 1 sink, seeds 0
     #     and 1 at 12,000 steps; the same settings as here, so they are this study's runs and are reused) and its seed
     #     2 vanilla run (stopped at step 1,137, resumed from its checkpoint) plus 30 new ones make 7 variants x 5
-    #     seeds. The budget forces dropping two of the nine mechanisms: the per-head sink logit and softmax-off-by-one, which are not in the paper's Tables 2-5 (they stay in `study-gpu`). 5 seeds: the MDE is
+    #     seeds. The budget forces dropping two of the nine mechanisms: the per-head sink logit and
+    #     softmax-off-by-one, which are not in the paper's Tables 2-5 (they stay in `study-gpu`). 5 seeds: the MDE is
     #     1.68 x the spread (4 seeds: 2.13 x, 3: 3.26 x), 0.057 nats at the pilot's spread; the 0.05 target is met
     #     where a contrast's spread is <= 0.030 (the report sizes every contrast at the spread it measured).
     #   * the primary test: with 5 seeds the smallest two-sided p of an exact Wilcoxon or sign test is 1/16, so it

@@ -123,8 +123,8 @@ def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: l
         rate = statistics.median(rates)
         hours = n * rate / 3600
         left = f"{hours:.1f} h" if hours >= 0.1 else f"{60 * hours:.0f} min"
-        return f"{n:,} {unit}, about {left} at {rate:.1f} s each" if rate >= 1 else (
-            f"{n:,} {unit}, about {left} at {rate:.2g} s each")  # a tiny model's step takes a fraction of a second
+        each = f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"  # a tiny model's step takes a fraction of a second
+        return f"{n:,} {unit}, about {left} at {each} s each"
 
     return (f"**Left:** training {cost(steps, step_rates, 'steps')}; fixed validation "
             f"{cost(sequences, seq_rates, 'sequences')} (rates: the median over the models measured on this "

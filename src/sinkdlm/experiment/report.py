@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
-from sinkdlm.experiment.endpoints import declared_decision
+from sinkdlm.experiment.endpoints import declared_decision, declared_test_name
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
@@ -222,8 +222,8 @@ def sizing_note(results: dict[str, Any]) -> str | None:
         rank = row.get("declared_test")
         if rank:  # the t test prices the seeds; the declared rank test needs a few more, and at least min_seeds
             h = rank.get("compute_h")
-            name = "exact Wilcoxon signed-rank" if rank["test"] == "wilcoxon" else "exact sign"
-            declared = (f"; the declared {name} test needs about {rank['seeds']:,} seeds"
+            declared = (f"; the declared {declared_test_name(rank['test'])} test needs about "
+                        f"{rank['seeds']:,} seeds"
                         + ("" if h is None else f" ({_about_hours(h)})")
                         + f" (its efficiency against the t test is {rank['are']:.3f} for normal differences, and "
                         f"below {rank['min_seeds']} seeds it cannot reject at all)")
@@ -263,7 +263,7 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     rank, t = p.get("rank") or {}, p.get("t") or {}
     by_t = p["test"] == "t"
     n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
-    rank_test_name = "exact sign" if p["test"] == "sign" else "exact Wilcoxon signed-rank"
+    rank_test_name = declared_test_name("wilcoxon" if by_t else p["test"])  # beside a declared t: the Wilcoxon
     name, estimate, _, decided = declared_decision(p)
     est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
     tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
@@ -422,7 +422,8 @@ def time_line(results: dict[str, Any]) -> str | None:
     t, machine = results.get("timing") or {}, results.get("machine") or {}
     if t.get("elapsed_s") is None:
         return None
-    where = (f"{machine['cpu_count']} CPU cores" if not machine.get("cuda") else "a CUDA GPU") if machine.get("cpu_count") else "this machine"
+    where = ("a CUDA GPU" if machine.get("cuda") else f"{machine['cpu_count']} CPU cores" if machine.get("cpu_count")
+             else "this machine")
     return (f"The `{results.get('preset', 'experiment')}` experiment took {t['elapsed_s'] / 60:.0f} min here from its "
             f"first start to its report, on {where} ({t['runs']} runs).")
 
