@@ -158,6 +158,34 @@ def test_two_process_gloo_matches_one_process(tmp_path, corpus):
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6)
 
 
+DESTROY_PROBE = """
+import gc, json, sys
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from sinkdlm.training import TrainConfig, train
+
+real = dist.destroy_process_group
+def probed(*args, **kwargs):
+    alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    print(f"DDP wrappers alive at destroy_process_group: {alive}", flush=True)
+    return real(*args, **kwargs)
+dist.destroy_process_group = probed
+train(TrainConfig.resolve(**json.loads(open(sys.argv[1]).read())))
+"""
+
+
+def test_ddp_wrapper_is_freed_before_the_process_group(tmp_path, corpus):
+    """The CPU proxy for a hang at the end of a finished two-process run (CI, 1 run in 10 here): a DDP
+    Reducer freed after destroy_process_group is the gloo group's last holder, and its destructor joins
+    the worker thread with the GIL held. The trainer must drop the wrapper first, on every rank."""
+    cfg = cfg_for(tmp_path, corpus, max_steps=2, eval_every=2, save_every=2)
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    (tmp_path / "probe.py").write_text(DESTROY_PROBE)
+    res = torchrun(2, str(tmp_path / "probe.py"), str(tmp_path / "cfg.json"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("DDP wrappers alive at destroy_process_group: 0") == 2, res.stdout[-2000:]
+
+
 @pytest.mark.parametrize("data", ["arithmetic", "gsm8k"])
 def test_sft_run_on_arithmetic_masks_only_responses(tmp_path, corpus, data):
     base = cfg_for(tmp_path / "pre", corpus, max_steps=2, save_every=2, eval_every=2)

@@ -177,5 +177,18 @@ def barrier(env: DistEnv) -> None:
 
 
 def shutdown(env: DistEnv) -> None:
+    """Destroy the process group; the caller has dropped its DDP wrapper first.
+
+    Why the order matters: DDP's C++ Reducer holds the gloo process group, and pybind frees the Reducer
+    with the GIL held. Were the Reducer the group's last holder (the wrapper freed after
+    `destroy_process_group`, when `train()`'s frame goes), ~ProcessGroupGloo would join its worker
+    thread with the GIL held, while that thread needs the GIL to free the tensors of the last
+    collective: a hang at the very end of a finished run (one in ten two-process CPU runs here).
+    Collected first, the Reducer only lets go of its reference; the last one is the Python-side group's,
+    whose destructor releases the GIL.
+    """
     if env.distributed and dist.is_initialized():
+        import gc
+
+        gc.collect()  # a wrapper caught in a reference cycle is freed here, not after the group
         dist.destroy_process_group()

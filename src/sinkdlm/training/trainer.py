@@ -485,11 +485,13 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         if signum and done < cfg.max_steps:
             bar.close()
             log.close()
+            del wrapped  # before the process group: see dist_utils.shutdown
             dist_utils.shutdown(env)
             raise run.stopped(done, cfg.max_steps, signum, resume_command)
     bar.close()
     log.close()
     final = latest_checkpoint(out)
+    del wrapped  # before the process group: see dist_utils.shutdown
     dist_utils.shutdown(env)
     return {"out": str(out), "checkpoint": str(final) if final else None, "last": last, "steps": cfg.max_steps}
 
