@@ -1,5 +1,6 @@
 """The README's Quick start, run exactly as written at full size: each line's wall time, peak memory and what
-it wrote, so the README's table comes from a measurement (`make readme-results`, block `bench/quickstart`).
+it wrote (and, for `analyze`, where the attention went per layer), so the README's table and its sentence about
+the sink token come from a measurement (`make readme-results`, blocks `bench/quickstart`, `bench/quickstart-sinks`).
 
 The bash block under "## Quick start", then the Python block below it, are read from README.md and run line by line in a fresh directory that
 holds only links to this checkout's `.venv`, `Makefile` and `pyproject.toml` (what its lines need), so `runs/`
@@ -73,13 +74,27 @@ def run_line(setup: list[str], line: str, cwd: Path) -> dict:
     written = None if target is None else {"path": target.group(1), "bytes": _du(cwd / target.group(1))}
     return {"line": line, "returncode": os.waitstatus_to_exitcode(status), "wall_s": round(wall, 1),
             "peak_rss_bytes": usage.ru_maxrss * 1024, "written": written,
-            "stdout_tail": out.strip()[-400:], "stderr_tail": err.strip()[-400:]}
+            "stdout_tail": out.strip()[-400:], "stderr_tail": err.strip()[-400:],
+            "attention": None if written is None else attention_summary(cwd / written["path"])}
+
+
+def attention_summary(out: Path) -> dict | None:
+    """Per layer, the attention mass on the detected sinks and (a DLM with sink tokens) on the sink token,
+    from an `analyze` run's analysis.json; None for other outputs. The README's sentence about where the
+    converted model's attention goes is generated from these lists, not typed."""
+    path = out / "analysis.json"
+    if not path.is_file():
+        return None
+    a = json.loads(path.read_text())
+    extra = a.get("extra_sink") or {}
+    return {"label": a["model"]["label"], "detected_sink_mass": a["sink_attention_mass"],
+            "sink_token_mass": extra.get("attention_mass")}
 
 
 def main() -> int:
     lines = quick_start_block()
     record = {"benchmark": "bench_quickstart", "cpu_count": os.cpu_count(), "busy_cores_at_start": busy_cores(),
-              "python": sys.version.split()[0], "lines": []}
+              "python_version": sys.version.split()[0], "lines": []}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         cwd = Path(tmp)
         for name in (".venv", "Makefile", "pyproject.toml"):

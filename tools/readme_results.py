@@ -298,12 +298,47 @@ def _bench_quickstart_python(results_root: Path) -> str | None:
             "`benchmarks/bench_quickstart.py`).\n")
 
 
+def _bench_quickstart_sinks(results_root: Path) -> str | None:
+    """Where the Quick start's models put their attention, per layer (the `analyze` lines' analysis.json)."""
+    import statistics
+
+    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
+    if not path.is_file():
+        return None
+    rows = [r.get("attention") for r in json.loads(path.read_text())["lines"] if r["line"].startswith("sinkdlm analyze")]
+    dlm = next((a for a in rows if a and a.get("sink_token_mass")), None)
+    ar = next((a for a in rows if a and not a.get("sink_token_mass")), None)
+    if dlm is None or ar is None:
+        return None
+    pct = lambda v: f"{100 * v:.0f} %"
+    q1, med, q3 = statistics.quantiles(dlm["sink_token_mass"], n=4)
+    return (f"In the measured run the DLM's sink token took a median {pct(med)} of a layer's attention ({pct(q1)} to "
+            f"{pct(q3)} over the middle half of its {len(dlm['sink_token_mass'])} layers); the AR model's detected "
+            f"sinks took a median {pct(statistics.median(ar['detected_sink_mass']))} (`analyze`'s analysis.json, "
+            "from `benchmarks/bench_quickstart.py`).\n")
+
+
+def _bench_shift_logits(results_root: Path) -> str | None:
+    """Validation loss after the Quick start's training, converted with and without `--shift-logits`."""
+    path = ROOT / "benchmarks" / "results" / "bench_shift_logits.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    d, rows = r["shift_minus_no_shift"], r["rows"]
+    mean = lambda key: sum(row[key] for row in rows) / len(rows)
+    return (f"After {r['max_steps']} steps of {r['batch_size']} × {r['seq_len']} tokens, the validation loss was "
+            f"{mean('shift'):.2f} with the shift and {mean('no_shift'):.2f} without (mean of {len(rows)} seeds, each "
+            f"the same sink draw, data and masks for both heads): shift − no shift {r['verdict']}; the smallest "
+            f"difference {len(rows)} seeds detect is {r['mde']:.2f} (`benchmarks/bench_shift_logits.py`).\n")
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
             "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
             "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode,
-            "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python}
+            "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python,
+            "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

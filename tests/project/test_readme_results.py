@@ -49,3 +49,32 @@ def test_the_quick_start_table_measures_the_quick_start_as_it_is_written():
     assert measured["all_ran"] and all(row["returncode"] == 0 for row in measured["lines"])
     rows = [ln for ln in tool.generated_block("bench/quickstart").splitlines() if ln.startswith("| `")]
     assert len(rows) == sum(ln.startswith("sinkdlm ") for ln in commands)  # one row per sinkdlm line
+
+
+def test_quickstart_sink_sentence_is_computed_from_the_measured_layers(tmp_path, monkeypatch):
+    """The bench keeps each `analyze` line's per-layer masses; the README sentence is their median and
+    quartiles (statistics.quantiles, written out here), never a typed range."""
+    import json
+
+    from helpers import _load_tool
+
+    bench = _load_tool("bench_quickstart", "benchmarks")
+    analysis = {"model": {"label": "DLM + 1 sink"}, "sink_attention_mass": [0.9] * 4,
+                "extra_sink": {"attention_mass": [0.10, 0.20, 0.30, 0.40, 0.50]}}
+    (tmp_path / "dlm").mkdir()
+    (tmp_path / "dlm" / "analysis.json").write_text(json.dumps(analysis))
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "ar" / "analysis.json").write_text(json.dumps({"model": {"label": "AR"}, "sink_attention_mass": [0.2, 0.6, 0.7]}))
+    dlm, ar = bench.attention_summary(tmp_path / "dlm"), bench.attention_summary(tmp_path / "ar")
+    assert dlm["sink_token_mass"] == analysis["extra_sink"]["attention_mass"] and ar["sink_token_mass"] is None
+    assert bench.attention_summary(tmp_path / "nothing") is None
+    fake_root = tmp_path / "root"
+    (fake_root / "benchmarks" / "results").mkdir(parents=True)
+    rows = [{"line": "sinkdlm analyze --model $M", "attention": ar}, {"line": "sinkdlm convert", "attention": None},
+            {"line": "sinkdlm analyze --model x", "attention": dlm}]
+    (fake_root / "benchmarks" / "results" / "bench_quickstart.json").write_text(json.dumps({"lines": rows}))
+    monkeypatch.setattr(tool, "ROOT", fake_root)
+    text = tool.generated_block("bench/quickstart-sinks")
+    # quartiles of 0.1..0.5 (exclusive method): 0.15, 0.30, 0.45; the AR median 0.6
+    assert "median 30 % of a layer's attention (15 % to 45 % over the middle half of its 5 layers)" in text
+    assert "detected sinks took a median 60 %" in text
