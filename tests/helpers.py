@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -47,11 +48,29 @@ def subprocess_env() -> dict[str, str]:
 
 
 def torchrun(nproc: int, *args: str, cwd, timeout: int = 300):
-    """Run `torchrun_cmd` to completion with `subprocess_env()`; the CompletedProcess."""
+    """Run `torchrun_cmd` to completion with `subprocess_env()`; the CompletedProcess.
+
+    A run still going after `timeout` s is a hang, not a slow machine (a 4-step run takes seconds): its
+    workers get SIGABRT, so Python's faulthandler prints every thread's stack, and the test fails with
+    those stacks instead of a bare timeout (how the teardown hang of dist_utils.shutdown was found)."""
+    import signal
     import subprocess
 
-    return subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=timeout,
-                          env=subprocess_env(), cwd=cwd)
+    proc = subprocess.Popen(torchrun_cmd(nproc, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**subprocess_env(), "PYTHONFAULTHANDLER": "1"}, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        for pid in workers:
+            os.kill(int(pid), signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"torchrun hung for {timeout} s; the workers' stacks at SIGABRT:\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _load_tool(name: str, folder: str = "tools"):

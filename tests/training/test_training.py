@@ -341,3 +341,11 @@ def test_grad_norm_max_is_the_largest_norm_since_the_last_logged_row(tmp_path, c
     assert [r["step"] for r in sparse] == [4, 8]
     for r in sparse:  # the same run logged every step: the max over the 4 steps of each window
         assert r["grad_norm_max"] == pytest.approx(max(norms[s] for s in range(r["step"] - 3, r["step"] + 1)), rel=1e-5)
+
+
+def test_a_hung_torchrun_fails_with_the_workers_stacks(tmp_path):
+    """The helper turns a hang into a failure that shows where each worker waits (faulthandler at SIGABRT)."""
+    (tmp_path / "hang.py").write_text("import time\n\ndef wait_forever():\n    time.sleep(3600)\n\nwait_forever()\n")
+    with pytest.raises(AssertionError, match="torchrun hung") as caught:
+        torchrun(2, str(tmp_path / "hang.py"), cwd=tmp_path, timeout=8)
+    assert caught.value.args[0].count("in wait_forever") == 2  # both ranks' stacks
