@@ -319,6 +319,13 @@ def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_pat
     assert len(chunks) == 6 * 4  # 8 sequences in chunks of 2, each saved, on every model and curve point
     interim = json.loads((out / "interim.json").read_text())
     assert interim["sequences_scored"] == 8 and interim["val_loss_splits"][0]["sequences"] == 8
+    # the interim head start and training effect are the final record's, once every sequence is scored
+    (head,) = interim["head_start"]
+    sink, van = (results["variants"][n]["seeds"]["0"] for n in ("sink1-front", "vanilla"))
+    assert head["pair"] == ["sink1-front", "vanilla"] and head["sequences"] == 8
+    assert head["step0_gap"]["mean"] == pytest.approx(sink["step0"]["val_loss"] - van["step0"]["val_loss"], abs=1e-9)
+    assert head["training_effect"]["mean"] == pytest.approx(sink["val_loss_change"] - van["val_loss_change"], abs=1e-9)
+    assert "Head start and training effect so far" in (out / "progress.md").read_text()
     for name, v in results["variants"].items():
         step0 = v["step0"]
         assert {"val_loss", "val_loss_se", "analysis"} <= set(step0)

@@ -58,3 +58,39 @@ def test_progress_counts_a_finished_run_whose_weights_are_gone_as_training_left(
     assert "| DLM | 0 | 10/10 (done) |" in text
     assert "| DLM | 1 | 10/10 (done; weights gone: trains again) |" in text
     assert "training 10 steps, about 1 min at 4.0 s each" in text
+
+
+def test_interim_head_start_on_the_sequences_all_four_models_scored(tmp_path):
+    """`head_start_splits`: per seed, the step-0 gap mean(a0 - b0) and Δ_train mean((aT - a0) - (bT - b0)) over
+    the first N sequences that the two runs and the two step-0 controls have all scored (a seed with fewer is
+    left out, as for the end values); written out here with numpy on random values."""
+    import json
+
+    import numpy as np
+    import pytest
+
+    from sinkdlm.experiment.variance import head_start_splits
+
+    rng = np.random.default_rng(0)
+    vals, dirs = {}, {}
+    scored = {("a", "T", 0): 6, ("a", 0, 0): 8, ("b", "T", 0): 8, ("b", 0, 0): 8,  # seed 0: 6 in common
+              ("a", "T", 1): 6, ("a", 0, 1): 6, ("b", "T", 1): 7, ("b", 0, 1): 6,  # seed 1: 6 in common
+              ("a", "T", 2): 3, ("a", 0, 2): 8, ("b", "T", 2): 8, ("b", 0, 2): 8}  # seed 2: behind, left out
+    for (v, k, s), n in scored.items():
+        d = tmp_path / ("runs" if k == "T" else "step0") / f"{v}-s{s}"
+        d.mkdir(parents=True)
+        vals[v, k, s] = rng.normal(3 + (k == 0), 0.5, size=(n, 2))
+        (d / "val.partial.json").write_text(json.dumps({"key": {}, "values": vals[v, k, s].tolist()}))
+        if k == 0:
+            dirs[v, s] = d
+    (h,) = head_start_splits(tmp_path, [("a", "b")], [0, 1, 2], None, dirs)  # None: any validation key
+    assert h["seeds"] == 2 and h["sequences"] == 6
+    for s in (0, 1):
+        v = {key: x[:6] for key, x in vals.items() if key[2] == s}
+        assert h["step0_gap"]["per_seed"][str(s)] == pytest.approx((v["a", 0, s] - v["b", 0, s]).mean())
+        want = ((v["a", "T", s] - v["a", 0, s]) - (v["b", "T", s] - v["b", 0, s])).mean()
+        assert h["training_effect"]["per_seed"][str(s)] == pytest.approx(want)
+    gaps = list(h["step0_gap"]["per_seed"].values())
+    assert h["step0_gap"]["mean"] == pytest.approx(np.mean(gaps))
+    half = 12.706 * np.std(gaps, ddof=1) / np.sqrt(2)  # t_{0.975, 1}
+    assert h["step0_gap"]["high"] - h["step0_gap"]["mean"] == pytest.approx(half, rel=1e-3)

@@ -4,7 +4,8 @@ A study on a CPU runs for many hours and is interrupted (docs/method.md §7, "On
 `sinkdlm experiment` rewrites this page after every training run and every saved chunk of the fixed
 validation, so what is finished can be read, and committed, while the rest runs. It reads only the files the runs keep
 (`runs/*/train/metrics.jsonl`, `val.json` / `val.partial.json`, `interim.json`) and states no verdict:
-the interim intervals are raw, over the seeds trained so far; the final report adjusts them.
+the interim intervals are raw, over the seeds trained so far; the final report adjusts them. From an AR
+initialisation it also shows each pair's step-0 gap and training effect so far (`interim.json`'s `head_start`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                        "training-seed sd [95 % CI]", f"seeds per variant for MDE {TARGET_MDE:g} nats"], irows)
         else:
             doc.paragraph("No pair has scored sequences on every seed yet.")
+        heads = interim.get("head_start") or []
+        if heads:  # from an AR initialisation: what the converted models started with, and what training did
+            doc.heading("Head start and training effect so far (step-0 controls, the same sequences)")
+            doc.table(["difference", "seeds", "sequences", "step-0 gap [95 % CI, raw]", "Δ_train [95 % CI, raw]"],
+                      [[" − ".join(labels.get(n, n) for n in h["pair"]), f"{h['seeds']}", f"{h['sequences']}",
+                        fmt_interval(h["step0_gap"]), fmt_interval(h["training_effect"])] for h in heads])
+            doc.paragraph("Δ_train = (a(T) − a(0)) − (b(T) − b(0)): positive when training narrowed a lead a had at step 0.")
     return doc.write(out, PROGRESS)[0]
 
 

@@ -35,8 +35,8 @@ from sinkdlm.config.commands import ExperimentConfig, RemaskingOptions
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant, get_preset
 from sinkdlm.experiment.summary import analysis_record
-from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, same_validation, val_loss_splits, validation_key,
-                                         validation_values)
+from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, head_start_splits, same_validation, val_loss_splits,
+                                         validation_key, validation_values)
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
@@ -440,6 +440,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     def write_interim() -> None:
         interim = {"sequences_scored": min(len(validation_values(d, preset.validation)) for d in study_dirs),
                    "val_loss_splits": val_loss_splits(out, study_compared, study_seeds, preset.validation, set_sequences)}
+        if init_from:  # the head start and what training did with it, so far (the report's primary decides)
+            step0_dirs = {(v.name, s): out / "step0" / step0_name(v, s) for v in study.variants for s in study_seeds}
+            interim["head_start"] = head_start_splits(out, study_compared, study_seeds, preset.validation, step0_dirs)
         atomic_write_json(out / "interim.json", interim)
         for sp in interim["val_loss_splits"]:
             if logged.get((*sp["pair"], sp["seeds"])) == sp["sequences"]:

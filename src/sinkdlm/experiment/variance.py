@@ -25,7 +25,7 @@ import torch
 from sinkdlm.diffusion.likelihood import stratified_se
 from sinkdlm.experiment.presets import Validation
 from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, minimum_detectable_effect, seeds_for_mde
-from sinkdlm.stats import paired_difference
+from sinkdlm.stats import mean_interval, paired_difference
 
 VAL = "val.json"  # a run's fixed validation (docs/method.md §1)
 VAL_PARTIAL = "val.partial.json"  # the sequences scored so far, while it runs
@@ -145,4 +145,33 @@ def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], v
         split = variance_split({str(s): vals[a, s][:common] for s in used}, {str(s): vals[b, s][:common] for s in used},
                                full_sequences=full_sequences or common)
         splits.append({"pair": [a, b], **split})
+    return splits
+
+
+def head_start_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], validation: Validation | None,
+                      step0_dirs: Mapping[tuple[str, int], Path]) -> list[dict[str, Any]]:
+    """From an AR initialisation, per compared pair and on the sequences scored so far: the step-0 gap
+    `mean(a0 - b0)` (the converted models before training) and the training effect
+    Δ_train = `mean((aT - a0) - (bT - b0))`, per seed and as a raw t interval over seeds (no verdict: the
+    report's `primary` decides). Read from `out/runs/<variant>-s<seed>/` and `step0_dirs[(variant, seed)]`
+    (the seed's step-0 control, `runner.step0_name`): on the seeds where all four have scored the most
+    sequences in common (a pair with none is left out), as `val_loss_splits` does for the end values."""
+    splits = []
+    for a, b in pairs:
+        vals = {}
+        for s in seeds:
+            for v in (a, b):
+                vals[v, "T", s] = validation_values(out / "runs" / f"{v}-s{s}", validation)
+                vals[v, 0, s] = validation_values(step0_dirs[v, s], validation) if (v, s) in step0_dirs else []
+        scored = {s: min(len(vals[v, k, s]) for v in (a, b) for k in ("T", 0)) for s in seeds}
+        common = max(scored.values(), default=0)
+        if common == 0:
+            continue
+        used = [s for s in seeds if scored[s] == common]
+        t = {key: torch.as_tensor(x[:common], dtype=torch.float64) for key, x in vals.items() if key[2] in used}
+        gap0 = {str(s): float((t[a, 0, s] - t[b, 0, s]).mean()) for s in used}
+        change = {str(s): float(((t[a, "T", s] - t[a, 0, s]) - (t[b, "T", s] - t[b, 0, s])).mean()) for s in used}
+        splits.append({"pair": [a, b], "seeds": len(used), "sequences": common,
+                       "step0_gap": {"per_seed": gap0, **mean_interval(list(gap0.values())).to_dict()},
+                       "training_effect": {"per_seed": change, **mean_interval(list(change.values())).to_dict()}})
     return splits
