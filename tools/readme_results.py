@@ -25,6 +25,12 @@ def block_names(readme: Path = README) -> list[str]:
     return MARKER.findall(readme.read_text())
 
 
+def _bench_result(name: str) -> dict | None:
+    """benchmarks/results/NAME as a dict, or None when that benchmark has not been run (committed) yet."""
+    path = ROOT / "benchmarks" / "results" / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def _ar_vs_dlm(results_root: Path) -> str | None:
     ar, dlm = results_root / "smollm2" / "ar" / "intervals.json", results_root / "smollm2" / "dlm" / "results.json"
     if not (ar.is_file() and dlm.is_file()):
@@ -35,10 +41,9 @@ def _ar_vs_dlm(results_root: Path) -> str | None:
 
 
 def _bench_real_train(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_real_train.json"
-    if not path.is_file():
+    r = _bench_result("bench_real_train.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     b, l = r["batch"]
     lines = [f"{r['model']}, batch {b} × {l}, fp32, {r['threads']} threads, median of {r['repeats']} round-robin rounds "
              "(`benchmarks/bench_real_train.py`):", "", "| training step (forward + backward) | median s | speed-up vs transformers |",
@@ -64,10 +69,9 @@ MODEL_RATIOS = {
 
 
 def _bench_model(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_model.json"
-    if not path.is_file():
+    r = _bench_result("bench_model.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     shapes = r["shapes"]
     passes = list(r["passes"])  # e.g. 2thr_wall, 1thr_cpu
     clock = {"wall": "wall time", "cpu": "CPU time"}
@@ -88,10 +92,9 @@ def _bench_model(results_root: Path) -> str | None:
 
 
 def _bench_cache(results_root: Path, file: str = "bench_cache.json") -> str | None:
-    path = ROOT / "benchmarks" / "results" / file
-    if not path.is_file():
+    r = _bench_result(file)
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     tokens = r["gen_length"] * r["batch"]
     warm = all("warmup_seconds" in v for v in r["variants"].values())  # (older results have no warm-up column)
     lines = [f"{r['prompt_length']}-token prompt, {r['gen_length']} tokens in blocks of {r['block_length']}, one token "
@@ -110,10 +113,9 @@ def _bench_cache(results_root: Path, file: str = "bench_cache.json") -> str | No
 
 
 def _bench_sampling(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_sampling.json"
-    if not path.is_file():
+    r = _bench_result("bench_sampling.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     su, th, mem = r["setup"], r["threshold"], r["memory"]
     lines = [f"gen_length {su['gen_length']}, steps {su['steps']}, block {su['block_length']}, "
              f"{su['prompt_tokens']}-token prompts, {su['model']}, {_threads(su['threads'])}, best of {su['repeats']} "
@@ -134,10 +136,9 @@ def _bench_sampling(results_root: Path) -> str | None:
 
 
 def _bench_ops(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_ops.json"
-    if not path.is_file():
+    r = _bench_result("bench_ops.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     before = r.get("before", {}).get("variants", {})
     lines = [f"ATen ops dispatched by one forward + backward (`tiny` preset, {r['layers']} layers, batch {r['batch']} × "
              f"{r['seq_len']}, torch {r['torch']}; exact counts, `benchmarks/bench_ops.py`). Kernels leave out views, "
@@ -158,10 +159,9 @@ def _bench_ops(results_root: Path) -> str | None:
 
 
 def _bench_decode_ops(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_decode_ops.json"
-    if not path.is_file():
+    r = _bench_result("bench_decode_ops.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     before = r.get("before")
     lines = [f"One decoding step of `generate` ({r['preset']}, batch {r['batch']}, {r['prompt_length']}-token prompt, "
              f"{r['gen_length']} tokens in blocks of {r['block_length']}, one token per step, fp32, torch {r['torch']}; "
@@ -184,10 +184,9 @@ def _bench_decode_ops(results_root: Path) -> str | None:
 
 
 def _bench_gpu_decode(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_gpu_decode.json"
-    if not path.is_file():
+    r = _bench_result("bench_gpu_decode.json")
+    if r is None:
         return _not_measured("benchmarks/gpu_suite.sh OUTDIR", "bench_gpu_decode.json")
-    r = json.loads(path.read_text())
     lines = [f"{r['device']}, {r['model']} ({r['parameters'] / 1e9:.2f} B parameters, {r['dtype']}), "
              f"{r['prompt_length']}-token prompt + {r['gen_length']} tokens in blocks of {r['block_length']}, one token "
              f"per step, best of {r['repeats']}; weight-read bound {r['bound_ms_per_step']:.2f} ms per step at "
@@ -216,10 +215,9 @@ def _bench_cache_gpu(results_root: Path) -> str | None:
 
 
 def _bench_gpu_train(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_gpu_train.json"
-    if not path.is_file():
+    r = _bench_result("bench_gpu_train.json")
+    if r is None:
         return _not_measured("benchmarks/bench_gpu_train.py", "bench_gpu_train.json")
-    r = json.loads(path.read_text())
     a = r["args"]
     lines = [f"{r['device']} (bf16 matmul {r['bf16_matmul_tflops']:.0f} TFLOP/s measured), `{a['preset']}` + 1 sink, "
              f"batch {a['batch']} × {a['seq_len']}, bf16 autocast, median of {a['repeats']} "
@@ -270,10 +268,9 @@ def _quickstart_row(row: dict) -> tuple[str, str]:
 
 
 def _bench_quickstart(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
-    if not path.is_file():
+    r = _bench_result("bench_quickstart.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     busy = r["busy_cores_at_start"]
     lines = [f"What each line does, with its wall time and peak memory, measured by running the block above as "
              f"written on {r['cpu_count']} CPU cores ("
@@ -290,10 +287,10 @@ def _bench_quickstart(results_root: Path) -> str | None:
 
 
 def _bench_quickstart_python(results_root: Path) -> str | None:
-    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
-    if not path.is_file():
+    r = _bench_result("bench_quickstart.json")
+    if r is None:
         return None
-    py = json.loads(path.read_text())["python"]
+    py = r["python"]
     return (f"This takes {_minutes(py['wall_s'])} and {py['peak_rss_bytes'] / 1e9:.1f} GB (run as written, "
             "`benchmarks/bench_quickstart.py`).\n")
 
@@ -302,10 +299,10 @@ def _bench_quickstart_sinks(results_root: Path) -> str | None:
     """Where the Quick start's models put their attention, per layer (the `analyze` lines' analysis.json)."""
     import statistics
 
-    path = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
-    if not path.is_file():
+    r = _bench_result("bench_quickstart.json")
+    if r is None:
         return None
-    rows = [r.get("attention") for r in json.loads(path.read_text())["lines"] if r["line"].startswith("sinkdlm analyze")]
+    rows = [row.get("attention") for row in r["lines"] if row["line"].startswith("sinkdlm analyze")]
     dlm = next((a for a in rows if a and a.get("sink_token_mass")), None)
     ar = next((a for a in rows if a and not a.get("sink_token_mass")), None)
     if dlm is None or ar is None:
@@ -320,10 +317,9 @@ def _bench_quickstart_sinks(results_root: Path) -> str | None:
 
 def _bench_shift_logits(results_root: Path) -> str | None:
     """Validation loss after the Quick start's training, converted with and without `--shift-logits`."""
-    path = ROOT / "benchmarks" / "results" / "bench_shift_logits.json"
-    if not path.is_file():
+    r = _bench_result("bench_shift_logits.json")
+    if r is None:
         return None
-    r = json.loads(path.read_text())
     d, rows = r["shift_minus_no_shift"], r["rows"]
     mean = lambda key: sum(row[key] for row in rows) / len(rows)
     return (f"After {r['max_steps']} steps of {r['batch_size']} × {r['seq_len']} tokens, the validation loss was "

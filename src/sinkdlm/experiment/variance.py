@@ -127,6 +127,13 @@ def validation_seconds(run_dir: Path) -> float | None:
     return None
 
 
+def _scored_in_common(scored: Mapping[int, int]) -> tuple[int, list[int]]:
+    """(N, seeds): the most sequences that every model of a seed has scored, and the seeds at N. A study scores
+    one model at a time, so the seeds ahead are compared on their N sequences and the rest wait."""
+    common = max(scored.values(), default=0)
+    return common, [s for s, n in scored.items() if n == common]
+
+
 def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], validation: Validation,
                     full_sequences: int | None = None) -> list[dict[str, Any]]:
     """Per compared pair, `variance_split` of the paired val_loss difference, read from
@@ -137,11 +144,9 @@ def val_loss_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int], v
     splits = []
     for a, b in pairs:
         vals = {(v, s): validation_values(out / "runs" / f"{v}-s{s}", validation) for v in (a, b) for s in seeds}
-        scored = {s: min(len(vals[a, s]), len(vals[b, s])) for s in seeds}
-        common = max(scored.values(), default=0)
+        common, used = _scored_in_common({s: min(len(vals[a, s]), len(vals[b, s])) for s in seeds})
         if common == 0:
             continue
-        used = [s for s in seeds if scored[s] == common]
         split = variance_split({str(s): vals[a, s][:common] for s in used}, {str(s): vals[b, s][:common] for s in used},
                                full_sequences=full_sequences or common)
         splits.append({"pair": [a, b], **split})
@@ -163,11 +168,9 @@ def head_start_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int],
             for v in (a, b):
                 vals[v, "T", s] = validation_values(out / "runs" / f"{v}-s{s}", validation)
                 vals[v, 0, s] = validation_values(step0_dirs[v, s], validation) if (v, s) in step0_dirs else []
-        scored = {s: min(len(vals[v, k, s]) for v in (a, b) for k in ("T", 0)) for s in seeds}
-        common = max(scored.values(), default=0)
+        common, used = _scored_in_common({s: min(len(vals[v, k, s]) for v in (a, b) for k in ("T", 0)) for s in seeds})
         if common == 0:
             continue
-        used = [s for s in seeds if scored[s] == common]
         t = {key: torch.as_tensor(x[:common], dtype=torch.float64) for key, x in vals.items() if key[2] in used}
         gap0 = {str(s): float((t[a, 0, s] - t[b, 0, s]).mean()) for s in used}
         change = {str(s): float(((t[a, "T", s] - t[a, 0, s]) - (t[b, "T", s] - t[b, 0, s])).mean()) for s in used}
