@@ -73,7 +73,18 @@ def test_forest_names_the_declared_primarys_own_test_not_bh(tmp_path, monkeypatc
     monkeypatch.setattr(figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
     figures.plot_forest(res, tmp_path / "f.png", "vanilla")
     notes = [t.get_text() for t in seen[0].axes[0].texts]
-    assert notes == ["declared test rejects"]  # the primary only: END − VANILLA has no direction
+    assert notes == ["no difference detected", "declared test rejects"]  # drawn bottom-up: END − VANILLA, then SINK
+
+
+def test_forest_says_when_a_raw_interval_clear_of_zero_does_not_survive_the_adjustment():
+    from sinkdlm.experiment.figures import _forest_note
+
+    row = {"mean": -0.28, "low": -0.51, "high": -0.05, "excludes_zero": True, "survives": False, "p_adjusted": 0.56}
+    assert _forest_note(row) == "raw CI excludes 0; not after BH (adjusted p = 0.56)"
+    assert _forest_note({**row, "declared_primary": True}) == "raw CI excludes 0; the declared test does not reject"
+    assert _forest_note({**row, "survives": True}) == "survives BH"
+    assert _forest_note({**row, "excludes_zero": False, "degenerate": True}) == "inconclusive (no variance)"
+    assert _forest_note({**row, "equivalence": {"margin": 0.05, "p": 0.7, "verdict": "inconclusive"}}) == "inconclusive"
 
 
 def test_the_question_figures_write_pngs(tmp_path):

@@ -22,10 +22,29 @@ from sinkdlm.analysis.figures import save_figure
 from sinkdlm.stats import mean_interval
 
 
+def _forest_note(c: dict[str, Any]) -> str:
+    """The status written beside a forest row, so the picture cannot be read as more than the report says: a raw
+    interval clear of zero that the multiplicity adjustment (or the declared test) does not confirm says so."""
+    eq = c.get("equivalence")
+    if eq:
+        return eq["verdict"]
+    primary = c.get("declared_primary")  # tested once by its declared test, outside the BH family
+    if c.get("survives"):
+        return "declared test rejects" if primary else "survives BH"
+    if c.get("degenerate"):
+        return "inconclusive (no variance)"
+    if c.get("excludes_zero"):
+        if primary:
+            return "raw CI excludes 0; the declared test does not reject"
+        adjusted = c.get("p_adjusted")
+        return "raw CI excludes 0; not after BH" + (f" (adjusted p = {adjusted:.2g})" if adjusted is not None else "")
+    return "no difference detected"
+
+
 def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | None = None) -> Path | None:
     """One row per variant compared with `baseline` on val_loss, and one per declared equivalence claim: Δ with its
-    95 % CI (black), ± the MDE around 0 (blue) and ± a declared equivalence margin (green, dashed) with the TOST
-    verdict. None when nothing was compared."""
+    95 % CI (black), ± the MDE around 0 (blue) and ± a declared equivalence margin (green, dashed); beside each row
+    its status (`_forest_note`: the TOST verdict, or whether a direction survives). None when nothing was compared."""
     rows = [c for c in results.get("comparisons", [])
             if c["metric"] == "val_loss" and (c["pair"][1] == baseline or c.get("equivalence")) and c.get("mean") is not None]
     if not rows:
@@ -45,11 +64,8 @@ def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | No
         if eq:
             ax.plot([-eq["margin"], eq["margin"]], [y + 0.28] * 2, "|--", color="tab:green", linewidth=1.2,
                     label="± declared equivalence margin")
-        decided = "declared test rejects" if c.get("declared_primary") else "survives BH"  # the primary is not in BH
-        verdict = (eq or {}).get("verdict") or (decided if c.get("survives") else "")
-        if verdict:
-            ax.annotate(verdict, (c["high"] if c.get("high") is not None else c["mean"], y), textcoords="offset points",
-                        xytext=(6, -3), fontsize=7)
+        ax.annotate(_forest_note(c), (c["high"] if c.get("high") is not None else c["mean"], y),
+                    textcoords="offset points", xytext=(6, -3), fontsize=7)
     ax.axvline(0.0, color="grey", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [f"{c['variant']} − {c['baseline']}" for c in reversed(rows)], fontsize=8)
     ax.set_ylim(-0.7, len(rows) - 0.3)
