@@ -526,3 +526,26 @@ def test_a_study_committed_without_its_weights_resumes_by_retraining_only_unfini
     stamps = {p: p.stat().st_mtime_ns for p in (run / runner.VAL, run / "eval.json")}
     run_experiment(ExperimentConfig(preset=preset, out=str(out)), skip_analysis=True)
     assert trained == [] and {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_smoke_records_each_runs_escape_and_the_censored_tests(smoke):
+    """Every run is probed every `Escape.every` steps (3 steps: probes 1, 2, 3); results.json keeps its plateau,
+    threshold (plateau - margin), escape step (or censoring at the last probe) and probe curve; `escape` the tests."""
+    from sinkdlm.experiment.escape import escape_step
+
+    out, results = smoke
+    escape = get_preset("smoke").escape
+    for name, v in results["variants"].items():
+        for seed, rec in v["seeds"].items():
+            e = rec["escape"]
+            probes = json.loads((out / "runs" / f"{name}-s{seed}" / "escape" / "probes.json").read_text())
+            assert sorted(int(s) for s in probes["probes"]) == [1, 2, 3]
+            assert e["threshold"] == pytest.approx(e["plateau"]["probe_cross_entropy"] - escape.margin)
+            assert e["curve"] == [[int(s), p["loss"]] for s, p in sorted(probes["probes"].items(), key=lambda x: int(x[0]))]
+            assert e["escape"] == escape_step([tuple(c) for c in e["curve"]], e["threshold"])
+            layers = len(probes["probes"]["3"]["detected_sink_mass"])
+            assert layers == 2 and (probes["probes"]["3"]["sink_token_mass"] is None) == (name != "sink1-front")
+            assert e["grad_norm_peak"]["value"] > 0
+    tests = results["escape"]["tests"]
+    assert [t["pair"] for t in tests] == [list(escape.pair), *map(list, escape.secondary)] and tests[0]["primary"]
+    assert results["declared"]["escape"]["margin"] == escape.margin

@@ -329,12 +329,14 @@ def stratified_se(values: torch.Tensor) -> float:
 @torch.no_grad()
 def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, batch_size: int = 8,
                     shift_logits: bool | None = None, progress: Callable[[int, int], None] | None = None,
-                    first_sequence: int = 0) -> ValidationELBO:
+                    first_sequence: int = 0, probe=None) -> ValidationELBO:
     """The per-token ELBO bound of `x0 [N, L]` with the fixed noise `validation_noise(N, L, draws, noise_seed)`.
 
     Every model scored with the same (x0, draws, noise_seed) sees the same masked inputs, whatever its
     variant (extra sinks are the model's own, outside x0). `progress(done, total)` after each batch.
     `first_sequence`: the index of x0's first row in the whole set (a slice scored on its own).
+    `probe`: a `model.probe.Probe` handed to every forward (rows `n * draws + d` in order, `batch_size` at a
+    time): the escape probe reads the attention of the very forwards it scores (experiment/escape.py).
     """
     cfg = model.config
     if cfg.mask_token_id is None:
@@ -359,7 +361,7 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
             need[:, :-1] = msk[:, 1:]
         else:
             need = msk
-        logits = model(xt, logits_index=need).logits  # [K, V], row-major as `msk`
+        logits = model(xt, logits_index=need, probe=probe).logits  # [K, V], row-major as `msk`
         ce = torch.nn.functional.cross_entropy(logits.float(), x[msk], reduction="none").double()
         rows = msk.nonzero()[:, 0]
         per_row = torch.zeros(len(x), dtype=torch.float64, device=ce.device).index_add_(0, rows, ce)

@@ -10,6 +10,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `study`      — the paper's from-scratch claims (front/end, 1/2/4 sinks, zero-value sink, gated
                    attention) on the pilot's protocol: 7 variants x 5 seeds x 12,000 steps, the "≈" claims
                    tested for equivalence; about 6 hours on a 2-core CPU.
+  * `escape`     — when each run leaves the unigram plateau (issue 54): vanilla, + 1 sink, gated attention, 20 fresh
+                   seeds x 6,000 steps probed every 100; ~7-8 min per run on a 2-core CPU (docs/method.md §11).
   * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
                    the plateau and the paired spread that size `study`.
   * `study-pilot-long` — its second phase at 12,000 steps (the first found no plateau at 4,000).
@@ -88,6 +90,38 @@ class Validation:
 
 
 @dataclass(frozen=True)
+class Escape:
+    """The escape endpoint (issue 54, docs/method.md §11), declared before a study's runs: every `every` training
+    steps the run is probed on a fixed set, the first `sequences` rows of the packed validation split, each with
+    `draws` masked-count draws from `noise_seed` (`diffusion.likelihood.validation_elbo`, the study's estimator),
+    and its attention is read on the same forwards (sinks at `epsilon`, docs/method.md §6). The escape step is the
+    first probe from which the probe loss stays below the plateau minus `margin` nats; the plateau is the
+    probe set's cross-entropy under the training split's unigram distribution (what a model that predicts the
+    unigram marginal scores there). A run that never escapes is right-censored at its last probe.
+    `pair` (arm, baseline) is the primary log2 ratio of escape steps (exact sign test, censored pairs ordered
+    conservatively: `experiment.escape.censored_sign_test`); `secondary` pairs are reported beside it.
+    Sink onset: the first probe from which the largest attention mass on detected sinks over the layers from
+    `onset_first_layer` on stays at or above `onset_mass` (every arm; a sink token counts when it is detected).
+    Layer 0 is left out: in a 400-step probe run (+ 1 sink, seed 7, not a study seed) it already put 0.27-0.44 of
+    its attention on detected keys from step 100, on the plateau, before any other layer had a sink."""
+
+    pair: tuple[str, str]
+    secondary: tuple[tuple[str, str], ...] = ()
+    every: int = 100
+    sequences: int = 16
+    draws: int = 4  # even: its standard error pairs neighbouring strata
+    noise_seed: int = 1
+    margin: float = 0.4
+    epsilon: float = 3.0
+    onset_mass: float = 0.3
+    onset_first_layer: int = 1
+
+    def __post_init__(self):
+        if self.every < 1 or self.sequences < 1 or self.draws < 2 or self.draws % 2 or self.margin <= 0:
+            raise ValueError(f"Escape: every, sequences >= 1, draws even >= 2 and margin > 0; got {self}")
+
+
+@dataclass(frozen=True)
 class Primary:
     """A study's primary comparison, declared before its run (docs/method.md §7): the pair, the metric and the
     test that decides it: an exact `wilcoxon` signed-rank or `sign` test, shown beside the paired t interval,
@@ -138,13 +172,16 @@ class ExperimentPreset:
     plateau_nats: float | None = None
     primary: Primary | None = None
     equivalence: Equivalence | None = None
+    escape: Escape | None = None  # probe every run as it trains; the escape endpoint (docs/method.md §11)
 
     def declared(self) -> dict[str, Any]:
         """What the preset declares before the run (results.json's `declared`)."""
         return {"primary": self.primary and {**dataclasses.asdict(self.primary), "pair": list(self.primary.pair)},
                 "equivalence": self.equivalence and {"margin": self.equivalence.margin,
                                                      "pairs": [list(p) for p in self.equivalence.pairs]},
-                "plateau_nats": self.plateau_nats}
+                "plateau_nats": self.plateau_nats,
+                "escape": self.escape and {**dataclasses.asdict(self.escape), "pair": list(self.escape.pair),
+                                           "secondary": [list(p) for p in self.escape.secondary]}}
 
     @property
     def eval_tasks(self) -> list[str]:
@@ -210,6 +247,7 @@ def smoke() -> ExperimentPreset:
         analyse_every_seed=True,
         comparisons=(("sink1-front", "vanilla"), ("gated", "vanilla"), ("gated", "sink1-front")),
         validation=Validation(tokens=256, draws=2, batch_size=16, checkpoints=(0.5,)),  # a path test, not a measurement
+        escape=Escape(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),), every=1, sequences=2, draws=2),
     )
 
 
@@ -281,6 +319,46 @@ def study() -> ExperimentPreset:
         primary=Primary((SINK.name, VANILLA.name), test="t"),
         equivalence=Equivalence(0.05, ((SINK_END.name, SINK.name), (SINK2.name, SINK.name), (SINK4.name, SINK.name),
                                        (SINK_ZERO.name, SINK.name))),
+    )
+
+
+def escape() -> ExperimentPreset:
+    """When does a run leave the unigram plateau, and does a sink token or gated attention move that moment? (issue 54)
+    Vanilla vs + 1 front sink vs gated attention, tiny preset on shakespeare, 20 fresh seeds, 6,000 steps, probed
+    every 100 steps; primary: + 1 sink vs vanilla, the log2 ratio of escape steps (docs/method.md §11)."""
+    # Declared before any of its runs (issue 54). Sized from the 35 runs of docs/results/study (7 variants x 5
+    # seeds x 12,000 steps), their escape steps recomputed from the logged training loss under this rule as nearly
+    # as a 50-step single-batch log allows (tools/escape_sizing.py -> docs/results/escape-sizing/, exploratory):
+    #   * threshold: the unigram plateau minus 0.4 nats. The tiny tokenizer's training-split unigram entropy is
+    #     6.11 nats, so the committed runs escape below 5.71; the probe's own plateau (its set's cross-entropy under
+    #     the training unigram, ~6.35 for its first 16 validation rows) is the probe's reference.
+    #   * steps: 32 of the 35 committed runs escaped by 4,450 steps (24 by 2,400, 30 by 4,000), the other 3 at
+    #     9,500-11,900 (trailing mean of 5 logged losses): 6,000 steps leave the typical range a margin and censor
+    #     the stragglers, whose order the censored sign test still uses. The schedule is this run's own (warm-up
+    #     5 %, cosine to 6,000), not the committed 12,000-step one: the first pairs show whether escapes moved.
+    #   * spread and seeds: the paired log2 ratio of escape steps spread by sd 1.0-1.8 over the study's 5 seeds
+    #     (pooled 1.35 over the six contrasts with vanilla). MDE of the exact two-sided sign test at 5 %, 80 % power
+    #     (`escape.sign_test_mde`, normal differences at sd 1.35): 1.87 log2 at 10 seeds, 1.52 at 12, 1.42 at 16,
+    #     1.13 at 20 (24: 1.13 again, the test is discrete). So 20 seeds: MDE 1.13 log2 (a 2.2x ratio of escape
+    #     steps). The exploratory + 1 sink / vanilla median was +0.04 and gated / vanilla -1.22 (5 of 5 earlier):
+    #     an effect of the latter's size is detectable, one of -0.9 is not (docs/results/escape-sizing/).
+    #   * cost: ~7-8 min per run on 2 quiet cores (6,000 steps at the committed study's ~17 steps/s, 60 probes of
+    #     0.5-0.9 s, the fixed validation ~40 s), 60 runs: ~8 h over several sessions; every run is finished, recorded and committable
+    #     before the next starts (`--out docs/results/escape`: the checkpoints stay out of git, runner docstring).
+    #   * fresh seeds 100-119: no earlier preset used them, so no run was seen before the rule was declared.
+    pilot = study_pilot()
+    return ExperimentPreset(
+        name="escape",
+        description=("escape from the unigram plateau: vanilla vs + 1 front sink vs gated attention, tiny preset on "
+                     "shakespeare, 6,000 steps probed every 100, 20 fresh seeds, paired log2 ratio of escape steps"),
+        variants=(VANILLA, SINK, GATED),
+        seeds=tuple(range(100, 120)),
+        train=dataclasses.replace(pilot.train, max_steps=6000, eval_every=1500, save_every=500),
+        evaluation=pilot.evaluation,
+        analysis=pilot.analysis,
+        comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
+        validation=Validation(tokens=32_768, draws=8),  # the loss at the last step (secondary); the probes are the curve
+        escape=Escape(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),)),
     )
 
 
@@ -469,7 +547,7 @@ def paper_0_5b() -> ExperimentPreset:
 
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
-    "smoke": smoke, "demo": demo, "study": study, "study-pilot": study_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
+    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "study-pilot": study_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
     "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b,
 }
 

@@ -91,7 +91,8 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
 def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None, *,
                 need_weights: bool = True,
                 on_retrained: Callable[[dict[str, Any]], None] | None = None,
-                at_steps: dict[int, Callable[[str], None]] | None = None) -> dict[str, Any]:
+                at_steps: dict[int, Callable[[str], None]] | None = None,
+                probe: tuple[int, Callable[[Any, int], None]] | None = None) -> dict[str, Any]:
     """Train `TrainConfig(**cfg_kwargs)` into `run_dir` once: the summary (with `seconds`) is kept in
     `run_dir/DONE.json`, and a second call returns it; an interrupted run resumes from its checkpoint.
 
@@ -103,7 +104,8 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
 
     `at_steps` {step: score(checkpoint)}: training stops at each such step before `max_steps` (the schedule
     unchanged), the callback scores that checkpoint, and training goes on; the callbacks' time is not
-    training time. Pass only the steps still to score: a resumed run past a step cannot score it."""
+    training time. Pass only the steps still to score: a resumed run past a step cannot score it.
+    `probe` (every, fn): handed to `train` (the escape probe, experiment/escape.py)."""
     from sinkdlm.training import TrainConfig, train
 
     done, previous_done = run_dir / DONE, run_dir / DONE_PREVIOUS
@@ -122,11 +124,11 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     t0, scoring = time.perf_counter(), 0.0
     for step, score in sorted((at_steps or {}).items()):
         if step < cfg.max_steps:
-            part = train(cfg, resume_command=resume_command, stop_at=step)
+            part = train(cfg, resume_command=resume_command, stop_at=step, probe=probe)
             t1 = time.perf_counter()
             score(part["checkpoint"])
             scoring += time.perf_counter() - t1
-    summary = train(cfg, resume_command=resume_command)  # Ctrl-C: saves, raises TrainingStopped (no DONE)
+    summary = train(cfg, resume_command=resume_command, probe=probe)  # Ctrl-C: saves, raises TrainingStopped (no DONE)
     # A resumed run's wall time covers only its last part; the metrics log keeps every interval's rate
     # (rows past a resumed checkpoint are dropped), so the steps before the interruption count too.
     summary["seconds"] = max(time.perf_counter() - t0 - scoring,
@@ -484,6 +486,12 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         curve_dirs = {s: run / "curve" / f"step-{s}" for s in preset.validation.curve_steps(run_steps)[:-1]}
         products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if analysed else ()),
                     *(d / VAL for d in curve_dirs.values())]
+        prober = None
+        if preset.escape is not None:  # the escape probe, every `escape.every` steps as the run trains
+            from sinkdlm.experiment.escape import PROBES, make_prober
+
+            products.append(run / "escape" / PROBES)
+            prober = (preset.escape.every, make_prober(run / "escape" / PROBES, unit.kwargs, preset.escape))
         needed = not all(p.is_file() for p in products)
         if not (run / "train" / DONE).is_file():
             _log(f"{unit.label}: training -> {run / 'train'}")
@@ -509,7 +517,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
         summary = train_stage(run / "train", unit.kwargs, resume_command, need_weights=needed,
                               on_retrained=discard_if_other_weights,
-                              at_steps={s: scorer(d, s) for s, d in curve_dirs.items() if not (d / VAL).is_file()})
+                              at_steps={s: scorer(d, s) for s, d in curve_dirs.items() if not (d / VAL).is_file()},
+                              probe=prober)
         stage_seconds["train"] += time.perf_counter() - t0
         unit.timing["train"] = summary.get("seconds")
         unit.ckpt, unit.summary = summary["checkpoint"], summary
@@ -599,6 +608,10 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
                 # the largest pre-clip gradient norm of the whole run: the moving sink's spikes (docs/method.md §5)
                 "train_grad_norm_peak": max((g for _, g in grad_norm_peaks(read_metrics(run / "train"))), default=None),
             }
+            if preset.escape is not None:
+                from sinkdlm.experiment.escape import PROBES, escape_record
+
+                record["escape"] = escape_record(run / "escape" / PROBES, read_metrics(run / "train"), preset.escape)
             if summary.get("retrained"):
                 record["retrained"] = summary["retrained"]
             if unit.sft is not None:
@@ -648,6 +661,10 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     results["elapsed_s"] = time.perf_counter() - t_start
     results["timing"] = run_timing_summary(results, time.time() - json.loads(started.read_text())["time"])
     summarise(results, pairs)  # after the timing: the report's sizing prices seeds at the measured compute per run
+    if preset.escape is not None:
+        from sinkdlm.experiment.escape import escape_summary
+
+        results["escape"] = escape_summary(results)
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     _log(f"done in {results['elapsed_s'] / 60:.1f} min: report at {out / 'report.md'} and {out / 'report.html'}")

@@ -307,7 +307,8 @@ class MetricsLog:
 
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
-          resume_command: str | None = None, stop_at: int | None = None) -> dict[str, Any]:
+          resume_command: str | None = None, stop_at: int | None = None,
+          probe: tuple[int, Callable[[DiffusionLM, int], None]] | None = None) -> dict[str, Any]:
     """Run (or resume) training as described by `cfg`; returns a summary of the run.
 
     `cfg.out` is locked for the run and never overwritten silently (`rundir`). On SIGINT/SIGTERM
@@ -316,6 +317,9 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
 
     `stop_at`: return after that step, its checkpoint saved, the schedule still `cfg.max_steps`'s; a later
     call resumes there (the experiment scores a run's fixed validation at declared steps this way).
+
+    `probe` (every, fn): `fn(model, step)` after every `every`-th optimizer step (the experiment's escape probe,
+    experiment/escape.py); its time is left out of the logged tokens/s. It must not touch the training RNG.
     """
     cfg.validate()
     if stop_at is not None and not 0 < stop_at <= cfg.max_steps:
@@ -326,11 +330,11 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
     if cfg.compile:
         dist_utils.check_compile(cfg.compile_backend, device)
     with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
-        return _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps)
+        return _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps, probe)
 
 
 def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, on_step,
-           resume_command, stop_at: int) -> dict[str, Any]:
+           resume_command, stop_at: int, probe=None) -> dict[str, Any]:
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
@@ -445,6 +449,10 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         loss = dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env)
         done = step + 1
         bar.update(1)
+        if probe is not None and done % probe[0] == 0:
+            t_probe = time.perf_counter()
+            probe[1](model, done)
+            last_time += time.perf_counter() - t_probe  # the probe is not training time
         row = None
         if done % cfg.log_every == 0 or done % cfg.eval_every == 0 or done == cfg.max_steps:
             now = time.perf_counter()
