@@ -10,6 +10,8 @@ import torch
 from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.noise import MaskNoise, forward_mask, sample_t
 
+from numerics import assert_fp_close
+
 
 class Recorder(torch.nn.Module):
     """A stand-in model with fixed random logits that remembers the input it saw."""
@@ -159,5 +161,6 @@ def test_head_on_masked_positions_only_equals_the_full_head(shift, sinks):
         logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
     ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x0.flatten(), reduction="none").view_as(x0)
     want = ((ce * masked).sum(-1) / t / 12).mean()
-    torch.testing.assert_close(out.loss, want, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(grads, torch.autograd.grad(want, model.lm_head.weight)[0], atol=1e-6, rtol=1e-4)
+    # the same forward; the cross-entropy over 49 classes and the mean over 36 tokens summed in another order
+    assert_fp_close(out.loss, want, n=x0.numel() * 49, depth=2)
+    assert_fp_close(grads, torch.autograd.grad(want, model.lm_head.weight)[0], n=x0.numel() * 49, depth=2)

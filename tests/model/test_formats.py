@@ -39,6 +39,8 @@ TEXTS = ["the quick brown fox jumps over the lazy dog, and the cat sleeps. " * 3
          "to be or not to be: that is the question; whether tis nobler. " * 30]
 EVIL = "import pathlib\npathlib.Path(__file__).with_name('EXECUTED').write_text('x')\nraise SystemExit('ran')\n"
 
+from numerics import assert_model_close, fp_tolerance, model_reduction
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -170,7 +172,7 @@ def test_llada_logits_equal_an_eager_reference(llada_dir, tok):
     with torch.no_grad():
         ours = model(x).logits
     # RMSNorm statistics and rotary angles are computed in fp32 (as LLaDA does), hence fp32-level agreement
-    torch.testing.assert_close(ours, llada_reference(tensors, x), atol=1e-5, rtol=1e-5)
+    assert_model_close(ours, llada_reference(tensors, x), cfg, dtype=torch.float32)
     assert not (path / "EXECUTED").exists()  # auto_map code never imported
 
 
@@ -229,14 +231,16 @@ def test_dream_shifted_logits_equal_bidirectional_qwen2(dream, tok):
         ref = hf.lm_head(hf.model(input_ids=x, attention_mask=zero).last_hidden_state)
         ours = model(x).logits
     shift = lambda z: torch.cat([z[:, :1], z[:, :-1]], 1)  # noqa: E731  (Dream: row i predicts token i+1)
-    torch.testing.assert_close(shift(ours), shift(ref), atol=1e-5, rtol=1e-5)
+    assert_model_close(shift(ours), shift(ref), model.config)  # transformers' kernels
     # the sampler reads the shift from the model: the default equals an explicit shift_logits=True
     a = generate(model, [5, 6, 7], gen_length=4, steps=4)
-    assert torch.equal(a, generate(model, [5, 6, 7], gen_length=4, steps=4, shift_logits=True))
+    assert torch.equal(a, generate(model, [5, 6, 7], gen_length=4, steps=4, shift_logits=True))  # same path
     ll = loglikelihood(model, [5, 6], [7], mc_num=2, seed=0, method="mc_count")
     with torch.no_grad():  # one-token answer: exact; scored by the logits of the previous position
         masked = model(torch.tensor([[5, 6, tok.mask_token_id]])).logits[0, 1].double()
-    assert float(ll.logprob) == pytest.approx(float(torch.log_softmax(masked, -1)[7]), abs=1e-6)
+    want = float(torch.log_softmax(masked, -1)[7])  # a float32 model in another batch shape: rule 2, not 1e-6
+    tol = fp_tolerance(torch.float32, **model_reduction(model.config), scale=abs(want))
+    assert float(ll.logprob) == pytest.approx(want, abs=tol["atol"])
     assert not (path / "EXECUTED").exists()
 
 
@@ -250,8 +254,10 @@ def test_autoregressive_checkpoints_load_as_causal(tmp_path, tok, arch):
     x = ids()
     with torch.no_grad():
         ref = hf(input_ids=x).logits
-        torch.testing.assert_close(model(x).logits, ref, atol=1e-5, rtol=1e-5)
-        # greedy decoding: the HF model's argmax, one token at a time
+        assert_model_close(model(x).logits, ref, model.config)  # transformers' kernels
+        # greedy decoding: the HF model's argmax, one token at a time; token parity across two
+        # implementations in float64, where no argmax gap is within rounding (tests/numerics.py)
+        model, hf = model.double(), hf.double()
         seq = torch.tensor([[5, 6, 7]])
         for _ in range(4):
             seq = torch.cat([seq, hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
@@ -261,7 +267,7 @@ def test_autoregressive_checkpoints_load_as_causal(tmp_path, tok, arch):
     with torch.no_grad():
         lp = torch.log_softmax(hf(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits[0].double(), -1)
     assert ll.method == "exact" and float(ll.stderr) == 0
-    assert float(ll.logprob) == pytest.approx(float(lp[2, 8] + lp[3, 9]), abs=1e-5)  # fp32 model vs float64 reference: 1 ulp at |12| is 1e-6
+    assert float(ll.logprob) == pytest.approx(float(lp[2, 8] + lp[3, 9]), abs=1e-5)  # float64, HF's fp32 rotary angles: 2e-7 here, rule 2 at fp32 allows ~1e-4
     assert not (path / "EXECUTED").exists()
 
 

@@ -32,8 +32,9 @@ import sinkdlm  # noqa: F401  (registers the checkpoint format)
 from sinkdlm import CheckpointError, DiffusionLM
 from sinkdlm.model.hf import convert_hf_checkpoint
 
+from numerics import assert_fp_close, assert_model_close
+
 VOCAB = 128
-TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -115,10 +116,10 @@ def test_causal_and_bidirectional_parity(tmp_path, arch, tie):
         ours_causal = ours(ids, causal=True).logits
         ours_bidir = ours(ids).logits
     assert ours_causal.shape == (2, 11, VOCAB + 1)  # + the [MASK] row
-    torch.testing.assert_close(ours_causal[..., :VOCAB], hf_logits(hf, ids), **TOL)
+    assert_model_close(ours_causal[..., :VOCAB], hf_logits(hf, ids), ours.config)  # transformers' kernels
     full = torch.ones(11, 11, dtype=torch.bool)
     ref_bidir = hf_logits(hf, ids, allowed=full)
-    torch.testing.assert_close(ours_bidir[..., :VOCAB], ref_bidir, **TOL)
+    assert_model_close(ours_bidir[..., :VOCAB], ref_bidir, ours.config)
     # The two patterns really differ (otherwise the test would prove nothing).
     assert not torch.allclose(ref_bidir, hf_logits(hf, ids), atol=1e-3)
 
@@ -136,7 +137,7 @@ def test_bidirectional_parity_with_sdpa_and_left_padding(tmp_path):
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=bias, position_ids=positions).logits
         got = ours(ids, attention_mask=pad).logits[..., :VOCAB]
-    torch.testing.assert_close(got[pad], ref[pad], **TOL)
+    assert_model_close(got[pad], ref[pad], ours.config)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -158,8 +159,8 @@ def test_sink_parity_with_hf_on_joined_sequence(tmp_path, arch, position, n):
         got = ours(ids).logits[..., :VOCAB]
         with ours.sink_cache_mode(False):
             got_nocache = ours(ids).logits[..., :VOCAB]
-    torch.testing.assert_close(got, ref, **TOL)
-    torch.testing.assert_close(got_nocache, ref, **TOL)
+    assert_model_close(got, ref, ours.config)
+    assert_model_close(got_nocache, ref, ours.config)
     # And the sink changes the output: it is not the vanilla bidirectional model.
     vanilla = hf_logits(hf, ids, allowed=torch.ones(l, l, dtype=torch.bool))
     assert not torch.allclose(got, vanilla, atol=1e-3)
@@ -174,7 +175,7 @@ def test_sharded_safetensors_source(tmp_path):
     ids = ids_batch()
     with torch.no_grad():
         got = ours(ids, causal=True).logits[..., :VOCAB]
-    torch.testing.assert_close(got, hf_logits(hf, ids), **TOL)
+    assert_model_close(got, hf_logits(hf, ids), ours.config)
 
 
 # ----------------------------------------------------------------------------- converter details
@@ -222,16 +223,16 @@ def test_mask_token_added_to_tokenizer(tmp_path, n_tok, with_mask, grows):
     # Every trained row is kept; a newly added [MASK] row — a spare padded row too (Qwen2.5's case)
     # — and every grown row start at the mean of the trained rows (those below the mask id).
     keep = [i for i in range(VOCAB) if with_mask or i != expect_mask]
-    torch.testing.assert_close(emb[keep], old_emb[keep], atol=0, rtol=0)
+    torch.testing.assert_close(emb[keep], old_emb[keep], atol=0, rtol=0)  # copied rows: bit for bit
     torch.testing.assert_close(head[keep], old_head[keep], atol=0, rtol=0)
     if not with_mask:
         trained = min(VOCAB, expect_mask)
-        torch.testing.assert_close(emb[expect_mask], old_emb[:trained].mean(0), **TOL)
-        torch.testing.assert_close(head[expect_mask], old_head[:trained].mean(0), **TOL)
+        assert_fp_close(emb[expect_mask], old_emb[:trained].mean(0), n=trained)  # a mean: one sum of `trained` rows
+        assert_fp_close(head[expect_mask], old_head[:trained].mean(0), n=trained)
     if grows:
         new = ours.config.vocab_size - VOCAB
-        torch.testing.assert_close(emb[VOCAB:], old_emb.mean(0, keepdim=True).expand(new, -1), **TOL)
-        torch.testing.assert_close(head[VOCAB:], old_head.mean(0, keepdim=True).expand(new, -1), **TOL)
+        assert_fp_close(emb[VOCAB:], old_emb.mean(0, keepdim=True).expand(new, -1), n=VOCAB)
+        assert_fp_close(head[VOCAB:], old_head.mean(0, keepdim=True).expand(new, -1), n=VOCAB)
 
 
 def test_no_tokenizer_mask_is_a_new_mean_row(tmp_path):
@@ -239,7 +240,7 @@ def test_no_tokenizer_mask_is_a_new_mean_row(tmp_path):
     ours = convert(save_hf(hf, tmp_path / "hf"), tmp_path / "dlm")
     assert ours.config.vocab_size == VOCAB + 1 and ours.config.mask_token_id == VOCAB
     old = hf.get_input_embeddings().weight
-    torch.testing.assert_close(ours.embed_tokens.weight[VOCAB], old.mean(0), **TOL)
+    assert_fp_close(ours.embed_tokens.weight[VOCAB], old.mean(0), n=VOCAB)
     assert ours.lm_head.weight is ours.embed_tokens.weight  # still tied
     assert ours.config.extra["source_model_type"] == "llama"
 
@@ -254,8 +255,8 @@ def test_gated_conversion_is_the_same_function_at_step_0(tmp_path, n):
     assert torch.count_nonzero(gated.layers[0].self_attn.g_proj.weight) == 0
     ids = ids_batch()
     with torch.no_grad():
-        torch.testing.assert_close(gated(ids).logits, plain(ids).logits, **TOL)
-        torch.testing.assert_close(gated(ids, causal=True).logits, plain(ids, causal=True).logits, **TOL)
+        assert_model_close(gated(ids).logits, plain(ids).logits, plain.config)  # (0.5 x) and (2 x) add a product
+        assert_model_close(gated(ids, causal=True).logits, plain(ids, causal=True).logits, plain.config)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -270,7 +271,7 @@ def test_multiple_sinks_have_distinct_embeddings(tmp_path, n):
     assert 0.3 < s.norm(dim=-1).mean() / e.norm(dim=-1).mean() < 3
     # Same seed -> same sinks; the seed is what makes them reproducible.
     again = convert(tmp_path / "hf", tmp_path / "again", num_sink_tokens=n, seed=3)
-    torch.testing.assert_close(again.sink_embeddings, ours.sink_embeddings, atol=0, rtol=0)
+    torch.testing.assert_close(again.sink_embeddings, ours.sink_embeddings, atol=0, rtol=0)  # the same draw
 
 
 # ----------------------------------------------------------------------------- converter errors

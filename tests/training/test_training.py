@@ -20,6 +20,7 @@ from sinkdlm.training.checkpointing import latest_checkpoint, list_checkpoints
 from sinkdlm.training.trainer import lr_at
 
 from helpers import SMALL, cfg_for, read_metrics, torchrun, write_corpus
+from numerics import fp_tolerance
 
 REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_exact_resume_is_bitwise(tmp_path, corpus):
         assert a.get("val_loss") == b.get("val_loss")
     wa = DiffusionLM.from_pretrained(latest_checkpoint(full.out)).state_dict()
     wb = DiffusionLM.from_pretrained(latest_checkpoint(resumed.out)).state_dict()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # bitwise resume: the same kernels on the same inputs
 
 
 KILL_SCRIPT = r"""
@@ -154,8 +155,11 @@ def test_two_process_gloo_matches_one_process(tmp_path, corpus):
     assert [s for s, _ in list_checkpoints(tmp_path / "two")] == [4]
     wa = DiffusionLM.from_pretrained(latest_checkpoint(single.out)).state_dict()
     wb = DiffusionLM.from_pretrained(latest_checkpoint(tmp_path / "two")).state_dict()
+    # the all-reduce sums the two halves' gradients in another order: rule 2 over 4 x 32 tokens, chained
+    # through forward and backward (2 (L + 1)) at each of the 4 steps
+    tol = fp_tolerance(torch.float32, n=4 * 32, depth=4 * 2 * (SMALL["num_hidden_layers"] + 1))
     for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(wa[k], wb[k], rtol=tol["rtol"], atol=tol["rtol"] * float(wa[k].abs().max()))
 
 
 DESTROY_PROBE = """

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 from pathlib import Path
 
@@ -79,9 +81,21 @@ def _load_tokenizer(source: ModelSource):
         return load_tokenizer_for(source)
     if not any((source.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
-    from transformers import AutoTokenizer
+    import transformers
 
-    return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+    # transformers 4.46 reads config.json, where a DLM directory (Dream, LLaDA) names its custom code (auto_map),
+    # and refuses without trust_remote_code; sinkdlm never runs a checkpoint's code: the tokenizer class the
+    # directory names, looked up in transformers itself (its fast variant first, as AutoTokenizer does)
+    config = source.path / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    names = (name if name.endswith("Fast") else f"{name}Fast", name) if isinstance(name, str) else ()
+    cls = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), transformers.PreTrainedTokenizerFast)
+    return cls.from_pretrained(str(source.path), local_files_only=True)
 
 
 def tokenizer_with_mask(src: str | Path | ModelSource):
