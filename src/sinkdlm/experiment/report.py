@@ -16,6 +16,7 @@ from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.experiment.endpoints import declared_decision, declared_test_name
+from sinkdlm.experiment.escape_report import escape_section, escape_verdict_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
@@ -429,7 +430,7 @@ def time_line(results: dict[str, Any]) -> str | None:
 
 
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
-                 "time": time_line}
+                 "time": time_line, "escape": escape_verdict_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
@@ -543,6 +544,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         per_seed = primary_seed_table(results)
         if per_seed:
             doc.table(*per_seed)
+    escape_section(doc, results, out)  # the escape endpoint, where the preset declared one
     doc.heading("Results (mean [95 % CI])")
     doc.table(*results_table(results))
     baseline = (results.get("primary") or {}).get("pair", [None, next(iter(variants))])[1]
@@ -734,6 +736,10 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
     results["regenerated"] = {"analysis_records_refreshed": refreshed,
                               "note": "statistics recomputed from the stored per-seed records; no model was re-run"}
     summarise(results, pairs or [tuple(p) for p in results.get("comparison_pairs", [])] or None)
+    if (results.get("declared") or {}).get("escape"):  # from the per-run escape records (experiment/escape_summary.py)
+        from sinkdlm.experiment.escape_summary import escape_summary
+
+        results["escape"] = escape_summary(results)
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     return results
