@@ -77,12 +77,13 @@ def plot_escape_run(record: dict[str, Any], probes: dict[str, Any], metrics: lis
     ax.axhline(record["plateau"]["probe_cross_entropy"], color="tab:grey", linestyle=":",
                label=f"unigram plateau {record['plateau']['probe_cross_entropy']:.2f}")
     ax.axhline(record["threshold"], color="tab:red", linestyle="--", label=f"threshold {record['threshold']:.2f}")
-    marks = [(esc, "-", "escape"), (onset, "-.", "sink onset")]  # black: apart from the layers' colours
-    for e, style, what in marks:
+    # colours apart from the layers' (C0-C3); dotted: censored at the last probe
+    marks = [(esc, "black", "-", "escape"), (onset, "tab:brown", "-.", "sink onset")]
+    for e, colour, style, what in marks:
         style = style if not e["censored"] else ":"
         for a in axes:
-            a.axvline(e["step"], color="black", linestyle=style, linewidth=1.0, alpha=0.7)
-        ax.plot([], [], color="black", linestyle=style,
+            a.axvline(e["step"], color=colour, linestyle=style, linewidth=1.1, alpha=0.8)
+        ax.plot([], [], color=colour, linestyle=style,
                 label=f"{what} step {e['step']:,}" if not e["censored"] else f"{what} censored (> {e['step']:,})")
     ax.set_ylabel("probe loss (nats / token)")
     ax.legend(fontsize=7, loc="upper right")
@@ -115,7 +116,8 @@ def plot_escape_run(record: dict[str, Any], probes: dict[str, Any], metrics: lis
         if peak:
             ax.plot([peak["step"]], [peak["value"]], "v", color="tab:purple", label=f"peak {peak['value']:.3g} at step {peak['step']:,}")
         ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="upper right")
+        ax.margins(y=0.15)  # the peak's marker inside the axes
+        ax.legend(fontsize=7, loc="best")  # off the peak's marker
     else:
         ax.text(0.5, 0.5, "no gradient norm in train/metrics.jsonl", transform=ax.transAxes, ha="center")
     ax.set_ylabel("gradient norm")
@@ -123,5 +125,5 @@ def plot_escape_run(record: dict[str, Any], probes: dict[str, Any], metrics: lis
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     for a in axes:
         a.grid(alpha=0.3)
-    fig.suptitle(f"{label}: the probe loss, the sinks and the gradient norm as the run leaves the plateau", fontsize=10)
+    fig.suptitle(f"{label}: probe loss, attention on sinks and gradient norm against the training step", fontsize=10)
     return save_figure(fig, path)
