@@ -296,6 +296,28 @@ def test_hodges_lehmann_interval_uses_the_tabled_critical_values():
     assert five["low"] is None and five["min_p"] == pytest.approx(1 / 16) and five["p"] == pytest.approx(1 / 16)
 
 
+def test_rank_intervals_state_their_exact_coverage():
+    """A discrete test's interval covers with more than its nominal level: 6 differences, Wilcoxon, the 95 %
+    interval is [W_(1), W_(21)] = the range of the differences, whose exact coverage is 1 - 2 P(T+ = 0) = 1 - 2/64;
+    the sign test's [x_(k), x_(n+1-k)] covers 1 - 2 P(B <= k - 1), counted here by enumerating sign patterns."""
+    import itertools
+
+    from sinkdlm.stats import rank_test, sign_interval_rank
+
+    d = [-0.075, -0.114, -0.069, -0.073, -0.074, -0.106]
+    r = rank_test(d, "wilcoxon")
+    assert (r["low"], r["high"]) == (pytest.approx(min(d)), pytest.approx(max(d)))
+    assert r["exact_confidence"] == pytest.approx(1 - 2 / 64)
+    for n in (6, 9, 12, 20):
+        k, exact = sign_interval_rank(n)
+        # P(at most k - 1 of n fair signs are +), by enumeration
+        tail = sum(sum(s) <= k - 1 for s in itertools.product([0, 1], repeat=n)) / 2**n if n <= 12 else None
+        if tail is not None:
+            assert exact == pytest.approx(1 - 2 * tail)
+        assert exact >= 0.95 and rank_test(np.arange(1, n + 1) - 0.5 * n - 0.25, "sign")["exact_confidence"] == pytest.approx(exact)
+    assert sign_interval_rank(5) == (0, 0.0) and rank_test([0.1] * 5, "sign")["exact_confidence"] is None
+
+
 def test_tost_matches_the_formula_and_holds_its_level_at_the_margin():
     from scipy import stats as st
 

@@ -62,8 +62,15 @@ def test_primary_separates_the_head_start_from_the_training_effect():
     assert [pt["step"] for pt in traj["points"]] == list(STEPS)
     assert traj["points"][0]["mean"] == pytest.approx(d0.mean()) and traj["points"][-1]["mean"] == pytest.approx(d.mean())
     assert traj["points"][-1]["per_seed"] == {s: pytest.approx(d[i]) for i, s in enumerate(SEEDS)}  # each seed's own gap
-    slopes = [np.polyfit(np.log10([300, 600]), [(d0[i] + d[i]) / 2, d[i]], 1)[0] for i in range(6)]
-    assert traj["slope_per_decade"]["mean"] == pytest.approx(np.mean(slopes))
+    # two scored steps after step 0: no trend per 10x tokens (a line through two points), the changes instead
+    assert traj["slope_per_decade"] is None and traj["scored_steps"] == 2
+    mid = (np.array(d0) + d) / 2  # _variant puts the middle step halfway
+    steps = [(c["from_step"], c["to_step"]) for c in traj["step_changes"]]
+    assert steps == [(0, 300), (300, 600)] and (traj["scored_change"]["from_step"], traj["scored_change"]["to_step"]) == (300, 600)
+    assert traj["step_changes"][0]["mean"] == pytest.approx(np.mean(mid - d0))
+    ch = d - mid
+    half = sps.t.ppf(0.975, 5) * ch.std(ddof=1) / np.sqrt(6)
+    assert (traj["scored_change"]["mean"], traj["scored_change"]["low"]) == (pytest.approx(ch.mean()), pytest.approx(ch.mean() - half))
     assert traj["points"][-1]["tokens"] == 600 * 4 * 128
 
 
@@ -87,7 +94,7 @@ def test_a_primary_declared_as_t_is_decided_by_the_t_test_with_the_wilcoxon_besi
     assert p["rank"] == rank_test(d, "wilcoxon") and p["rank"]["p"] == pytest.approx(0.125)
     assert p["rejects"] and p["t_rejects"] and not p["rank_rejects"] and not p["agree"]
     text = "\n".join(primary_lines(res))
-    assert "paired t test over 4 seeds: **lower** with S than with V" in text
+    assert "paired t test over 4 seeds: the declared test says **lower** with S than with V" in text
     assert "beside it the exact Wilcoxon signed-rank test" in text and "a rank test cannot reject with this few seeds" in text
     with pytest.raises(ValueError, match="Primary.test"):
         Primary(("a", "b"), test="welch")
@@ -152,7 +159,8 @@ def test_the_report_states_the_three_numbers_and_the_equivalence_verdicts():
     assert "**Primary endpoint**" in text and "**lower** with S than with V after 307,200 training tokens" in text
     assert "Before training (step 0, each seed's own conversion) the gap was -0.36" in text
     assert "The paired t test and the exact Wilcoxon signed-rank test agree: both reject at 5 %." in text
-    assert "training changed it by +0.2" in text and "the gap shrinks" in text
+    # three scored steps: the change between them, named as such, and no direction from its raw interval
+    assert "training changed it by +0.2" in text and "shrinks" not in text and "300 → 600: " in text
     assert "| S − V |" in text and "| different |" in text
     assert "includes the 1 declared equivalence tests" in text
     from sinkdlm.experiment.report import summary_part
@@ -202,10 +210,13 @@ def test_the_verdict_line_leads_with_the_three_numbers_and_a_direction_only_wher
     d, d0 = np.array(sink) - np.array(van), np.array(sink0) - np.array(van0)
     dt = d - d0
     hl = np.median([(d[i] + d[j]) / 2 for i in range(6) for j in range(i, 6)])  # Hodges-Lehmann: Walsh averages
-    assert line.startswith(f"**Verdict**: S − V `val_loss` after 307,200 training tokens per run: {signed(hl, 3)} [")
-    assert "exact Wilcoxon signed-rank test over 6 seeds, p = 0.0312): **lower** with S" in line  # 2 / 2^6
+    assert line.startswith(f"**Verdict of the declared test**: S − V `val_loss` after 307,200 training tokens per run: "
+                           f"{signed(hl, 3)} [")
+    # the bold direction is named as the declared test's answer at that checkpoint, with its exact level (1 - 2/64)
+    assert ("exact 96.9 % interval, exact Wilcoxon signed-rank test over 6 seeds, p = 0.0312): the declared test says "
+            "**lower** with S at this checkpoint") in line  # p = 2 / 2^6
     assert f"before training (step 0) the gap was {signed(d0.mean(), 3)} [" in line
-    assert f"training changed it by {signed(dt.mean(), 3)} [" in line and "nats per 10× training tokens" in line
+    assert f"training changed it by {signed(dt.mean(), 3)} [" in line and "the gap's change between the scored steps 300 and 600" in line
     from sinkdlm.experiment.report import summary_part
 
     assert summary_part(res, "verdict") == line + "\n"  # a results page's `<!-- results:NAME#verdict -->` block
@@ -283,3 +294,40 @@ def test_seed_values_read_each_metric_one_way_and_skip_what_a_run_lacks():
     assert seed_values(variant, "step0") == {"0": 8.0, "1": None}
     assert seed_values(variant, "log10_peak_grad_norm") == {"0": pytest.approx(2.0), "1": None}
     assert seed_scalars(variant, "val_loss_change") == {"0": -3.0}
+
+
+def test_a_trend_needs_four_scored_steps_over_a_decade_and_the_words_follow_the_rule():
+    """Four log-spaced scored steps over a decade: the slope per seed by least squares on log10(step), a t interval
+    over seeds. Three, or four inside a decade: no slope; the report names the change between scored steps and
+    states no direction from those raw intervals (they are outside the multiplicity family)."""
+    from sinkdlm.experiment.endpoints import trajectory
+    from sinkdlm.experiment.report import primary_lines, summary_part
+
+    def variants(steps, gaps):
+        a = {"seeds": {s: {"val_curve": [{"step": st, "val_loss": 5 + g[i]} for st, g in zip(steps, gaps)]} for i, s in enumerate(SEEDS)}}
+        b = {"seeds": {s: {"val_curve": [{"step": st, "val_loss": 5.0} for st in steps]} for s in SEEDS}}
+        return a, b
+
+    rng = np.random.default_rng(1)
+    steps = [0, 375, 750, 1500, 3000, 6000]
+    gaps = [-0.4 + 0.05 * np.log10(max(st, 1)) + rng.normal(0, 0.01, 6) for st in steps]
+    traj = trajectory(*variants(steps, gaps), 512)
+    slopes = [np.polyfit(np.log10(steps[1:]), [g[i] for g in gaps[1:]], 1)[0] for i in range(6)]
+    assert traj["slope_per_decade"]["mean"] == pytest.approx(np.mean(slopes)) and traj["decades"] == pytest.approx(np.log10(16))
+    inside = trajectory(*variants([0, 2400, 4800, 7200, 9600], gaps[:5]), 512)  # 4 scored steps, 0.6 decades
+    assert inside["slope_per_decade"] is None and inside["scored_steps"] == 4
+    # the primary's words: 3 scored steps (0, 300, 600) -> the change between them, and no "shrinks"
+    rng = np.random.default_rng(2)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    sink = list(np.array(van) - 0.09 + rng.normal(0, 0.02, 6))
+    res = _results({"sink": _variant("S", list(8.02 + rng.normal(0, 0.01, 6)), sink),
+                    "vanilla": _variant("V", [8.39] * 6, van, start_per_seed=False)},
+                   {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}})
+    summarise(res, [("sink", "vanilla")])
+    text = " ".join(primary_lines(res)) + summary_part(res, "verdict")
+    assert "per 10× training tokens:" not in text and "shrinks" not in text and "grows" not in text
+    assert "the change of the gap between the scored steps" in text and "0 → 300: " in text
+    assert "exact 96.9 % interval" in text  # 6 seeds, Wilcoxon: the range of the differences, 1 - 2/64
+    answer = summary_part(res, "answer")
+    assert "started ahead from the conversion alone, a gap of" in answer and "Training narrowed that head start" in answer
+    assert "Not known:" in answer and "2 scored steps after step 0 give no trend" in answer

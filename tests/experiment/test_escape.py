@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -129,3 +130,121 @@ def test_probe_hook_runs_every_k_steps_and_leaves_training_unchanged(tmp_path):
     assert seen == [2, 4]
     a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r.get("val_loss") for r in a] == [r.get("val_loss") for r in b]
+
+
+# ----------------------------------------------------------------------------- the study-wide summary and report
+def test_kaplan_meier_matches_a_hand_computed_estimate():
+    from sinkdlm.experiment.escape_summary import kaplan_meier
+
+    # escapes at 100, 300, 300, 500; censored (still on the plateau) at 200 and 400. By hand, S(t) = prod (1 - d/n):
+    # 100: 6 at risk, 1 escape -> 5/6; 200: censored; 300: 4 at risk, 2 escapes -> 5/6 * 2/4; 400: censored;
+    # 500: 1 at risk, 1 escape -> 0
+    recs = [esc(100), esc(200, True), esc(300), esc(300), esc(400, True), esc(500)]
+    km = kaplan_meier(recs)
+    assert km["steps"] == [100, 200, 300, 400, 500]
+    assert km["survival"] == pytest.approx([5 / 6, 5 / 6, 5 / 12, 5 / 12, 0.0])
+    assert km["censored"] == [200, 400] and (km["n"], km["escaped"], km["median"]) == (6, 4, 300)
+    # Greenwood's variance, log-log band, by hand at 100: var(log S) = d / (n (n - d)) = 1 / 30
+    s, v = 5 / 6, 1 / 30
+    half = stats.norm.ppf(0.975) * math.sqrt(v) / abs(math.log(s))
+    assert km["low"][0] == pytest.approx(s ** math.exp(half)) and km["high"][0] == pytest.approx(s ** math.exp(-half))
+    assert km["low"][-1] is None  # undefined at S = 0: stored as None
+    never = kaplan_meier([esc(6000, True), esc(6000, True)])
+    assert never["survival"] == [1.0] and never["median"] is None
+
+
+def _record(e, e_cens, o, o_cens):
+    return {"escape": {"step": e, "censored": e_cens, "last_probe": 6000},
+            "onset": {"step": o, "censored": o_cens, "last_probe": 6000},
+            "plateau": {"probe_cross_entropy": 6.35}, "threshold": 5.95, "curve": [[100, 6.4], [6000, 5.0]],
+            "lag": None if e_cens or o_cens else e - o, "grad_norm_peak": {"step": 50, "value": 3.0}}
+
+
+def _escape_study(seeds: list[int], declared: list[int]) -> dict:
+    """Vanilla escapes at 1,000-2,900; + 1 sink at about half that (one censored baseline); gated like vanilla."""
+    from sinkdlm.experiment.presets import get_preset
+
+    rng = np.random.default_rng(3)
+    variants = {n: {"label": n.upper(), "switches": {}, "seeds": {}} for n in ("vanilla", "sink1-front", "gated")}
+    for i, s in enumerate(seeds):
+        base = 1000 + 100 * i
+        onset = base - 300
+        v = _record(6000, True, onset, False) if i == 0 else _record(base, False, onset, False)
+        variants["vanilla"]["seeds"][str(s)] = {"val_loss": 5.0 + rng.normal(0, 0.01), "escape": v}
+        variants["sink1-front"]["seeds"][str(s)] = {"val_loss": 5.0 + rng.normal(0, 0.01),
+                                                    "escape": _record(base // 2, False, base // 2 - 100, False)}
+        g = base + (100 if i % 2 else -100)
+        variants["gated"]["seeds"][str(s)] = {"val_loss": 5.0 + rng.normal(0, 0.01),
+                                              "escape": _record(g, False, g - 300, i == 1)}
+    preset = get_preset("escape")
+    return {"preset": "escape", "description": "hand-built", "seeds": seeds, "variants": variants,
+            "machine": {"cpu_count": 2, "cuda": False, "processor": "x", "torch": "t"},
+            "train": {"max_steps": 6000, "batch_size": 8, "seq_len": 128}, "declared": preset.declared(),
+            "escape": {"seeds_declared": declared}}
+
+
+def test_escape_summary_decides_only_with_every_declared_seed_and_adjusts_the_secondary():
+    from sinkdlm.experiment.escape_summary import escape_summary
+
+    full = escape_summary(_escape_study(list(range(100, 112)), list(range(100, 112))))
+    primary, secondary = full["tests"]
+    assert primary["pair"] == ["sink1-front", "vanilla"] and primary["primary"] and full["complete"]
+    # + 1 sink escapes at half the step on every seed (one baseline censored: still ordered): 12 of 12 earlier
+    assert (primary["plus"], primary["minus"]) == (0, 12) and primary["decided"] and primary["estimate"] == pytest.approx(-1.0)
+    assert primary["p"] == pytest.approx(stats.binomtest(0, 12, 0.5).pvalue) and primary["family"] == 1
+    assert primary["ratio"]["estimate"] == pytest.approx(0.5)
+    # the interval's exact coverage: 12 pairs, k = 3 (P(B <= 2) = 79/4096 <= 0.025 < P(B <= 3))
+    assert primary["exact_confidence"] == pytest.approx(1 - 2 * stats.binom.cdf(2, 12, 0.5))
+    # gated: one secondary, so Bonferroni over 1 leaves p as it is; +/- 100 steps alternate: no difference
+    assert secondary["family"] == 1 and secondary["p_adjusted"] == pytest.approx(secondary["p"])
+    assert not secondary["decided"]
+    # the lag: escape - onset per run with both observed (vanilla's censored seed drops), t interval over seeds
+    lag = full["onset_lag"]["vanilla"]
+    assert lag["per_seed"] == [300] * 11 and lag["escape_censored"] == 1 and lag["onset_first"] == 11
+    gated = full["onset_lag"]["gated"]
+    assert gated["onset_censored"] == 1 and len(gated["per_seed"]) == 11
+    d = next(x for x in full["lag_differences"] if x["pair"] == ["sink1-front", "vanilla"])
+    assert d["per_seed"] == [100 - 300] * 11 and d["mean"] == pytest.approx(-200)
+    # interim: 5 of the 12 declared seeds, no verdict however strong the pairs
+    interim = escape_summary(_escape_study(list(range(100, 105)), list(range(100, 112))))
+    assert not interim["complete"] and interim["seeds_in"] == list(range(100, 105))
+    assert not any(t["decided"] for t in interim["tests"]) and not any(x["decided"] for x in interim["lag_differences"])
+
+
+def test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alone(tmp_path):
+    import json
+
+    from sinkdlm.experiment.report import regenerate, summary_part, write_report
+    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.summary import summarise
+
+    res = _escape_study(list(range(100, 105)), list(range(100, 120)))
+    summarise(res, [("sink1-front", "vanilla"), ("gated", "vanilla")])
+    res["escape"] = escape_summary(res)
+    res["timing"] = {}
+    # one run's probes and metrics on disk: its figure is drawn, the others are named as not drawn
+    run = tmp_path / "runs" / "sink1-front-s100"
+    (run / "escape").mkdir(parents=True)
+    (run / "train").mkdir()
+    probes = {str(s): {"loss": 6.4 - 0.001 * s, "sink_token_mass": [0.1, 0.2, 0.3, 0.4],
+                       "detected_sink_mass": [0.3, 0.1 + s / 2000, 0.2, 0.2]} for s in range(100, 1100, 100)}
+    (run / "escape" / "probes.json").write_text(json.dumps({"probes": probes}))
+    (run / "train" / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 6.0, "grad_norm_max": 1 + s / 100}) + "\n"
+                                                         for s in range(50, 1050, 50)))
+    write_report(res, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "## Escape from the unigram plateau" in text and "interim: 5 of 20 seeds" in text
+    assert "**earlier**" not in text and "no verdict (interim: 5 of 20 seeds)" in text
+    assert (tmp_path / "figures" / "escape_km.png").is_file()
+    assert (tmp_path / "figures" / "escape_runs" / "sink1-front-s100.png").is_file()
+    assert "figures/escape_runs/sink1-front-s100.png" in text and "14 runs with an escape record but no probes.json" in text
+    assert summary_part(res, "escape").startswith("**Escape from the unigram plateau** (interim: 5 of 20 seeds)")
+    # regenerate: from results.json alone (the run directories gone), the same escape summary and section
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "report.md").unlink()
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    again = regenerate(tmp_path)
+    assert again["escape"]["tests"] == json.loads(json.dumps(res["escape"]["tests"]))
+    assert "## Escape from the unigram plateau" in (tmp_path / "report.md").read_text()

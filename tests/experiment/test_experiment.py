@@ -549,3 +549,23 @@ def test_smoke_records_each_runs_escape_and_the_censored_tests(smoke):
     tests = results["escape"]["tests"]
     assert [t["pair"] for t in tests] == [list(escape.pair), *map(list, escape.secondary)] and tests[0]["primary"]
     assert results["declared"]["escape"]["margin"] == escape.margin
+
+
+def test_smoke_report_renders_the_escape_endpoint_and_regenerates_it_from_results_alone(smoke, tmp_path):
+    """The runner's report has the escape section, the Kaplan-Meier figure and one figure per run; the preset's
+    declared seeds are kept in the summary; a copy of results.json alone (no run directories) regenerates the
+    same escape summary, its per-run records untouched."""
+    from sinkdlm.experiment.report import regenerate
+
+    out, results = smoke
+    text = (out / "report.md").read_text()
+    assert "## Escape from the unigram plateau" in text and (out / "figures" / "escape_km.png").is_file()
+    runs = [f"{n}-s{s}" for n, v in results["variants"].items() for s in v["seeds"]]
+    assert all((out / "figures" / "escape_runs" / f"{r}.png").is_file() for r in runs)
+    assert results["escape"]["seeds_declared"] == list(get_preset("smoke").seeds)
+    (tmp_path / "results.json").write_text((out / "results.json").read_text())
+    again = regenerate(tmp_path)
+    assert again["escape"]["tests"] == json.loads(json.dumps(results["escape"]["tests"]))
+    assert [[r["escape"] for r in v["seeds"].values()] for v in again["variants"].values()] == \
+        json.loads(json.dumps([[r["escape"] for r in v["seeds"].values()] for v in results["variants"].values()]))
+    assert "## Escape from the unigram plateau" in (tmp_path / "report.md").read_text()

@@ -1,5 +1,6 @@
 """The experiment's question figures (experiment/figures.py) draw what summarise stored: the forest of paired
-differences, the learning curves with each variant's paired gap beside them, and the primary's gap trajectory."""
+differences, the learning curves with each variant's paired gap beside them, and the primary's gap trajectory;
+and the escape endpoint's (experiment/escape_figures.py): the Kaplan-Meier curves and one run's probes."""
 
 from __future__ import annotations
 
@@ -95,3 +96,61 @@ def test_the_question_figures_write_pngs(tmp_path):
     res = _study()
     for path in (plot_forest(res, tmp_path / "f.png", "vanilla"), plot_val_curves(res, tmp_path / "c.png", "vanilla")):
         assert mpimg.imread(path).shape[2] in (3, 4)
+
+
+def test_the_kaplan_meier_figure_draws_the_stored_estimate_and_marks_censored_runs(tmp_path, monkeypatch):
+    """plot_escape_km draws results.json's `escape.km` as stored (from 1 at step 0), a '+' at every censored run
+    on its arm's curve, and says in its title how many declared seeds are in."""
+    from sinkdlm.experiment import escape_figures
+    from sinkdlm.experiment.escape_summary import kaplan_meier
+
+    def rec(step, censored=False):
+        return {"step": step, "censored": censored, "last_probe": 6000}
+
+    km = {"vanilla": kaplan_meier([rec(1000), rec(6000, True), rec(3000), rec(2000)]),
+          "sink": kaplan_meier([rec(500), rec(800), rec(700), rec(900)])}
+    res = {"train": {"max_steps": 6000}, "variants": {"vanilla": {"label": "DLM"}, "sink": {"label": "DLM + 1 sink"}},
+           "escape": {"km": km, "seeds_in": [0, 1, 2, 3], "seeds_declared": list(range(20)), "complete": False}}
+    seen = []
+    monkeypatch.setattr(escape_figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    escape_figures.plot_escape_km(res, tmp_path / "km.png")
+    ax = seen[0].axes[0]
+    curves = {ln.get_label().split(":")[0]: ln for ln in ax.get_lines() if ln.get_label().startswith("DLM")}
+    van = curves["DLM"]
+    assert list(van.get_xdata()) == [0, 1000, 2000, 3000, 6000, 6000]
+    assert list(van.get_ydata()) == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.25, 0.25])  # by hand: 3/4, 2/4, 1/4
+    assert "3 of 4 runs escaped, median step 2,000" in van.get_label()
+    marks = [ln for ln in ax.get_lines() if ln.get_marker() == "+" and len(ln.get_xdata())]
+    assert [(list(m.get_xdata()), list(m.get_ydata())) for m in marks] == [([6000], [pytest.approx(0.25)])]
+    assert "4 of 20 declared seeds, interim" in seen[0]._suptitle.get_text()
+    assert ax.get_ylabel() == "fraction of runs still on the unigram plateau" and ax.get_xlabel() == "training step"
+
+
+def test_a_runs_escape_figure_draws_its_probes_and_its_gradient_norm(tmp_path, monkeypatch):
+    """plot_escape_run: the probe loss as stored, the plateau and threshold, one line per layer of the detected
+    sink mass, a sink-token row only for a sink arm, and the logged pre-clip gradient norms."""
+    from sinkdlm.experiment import escape_figures
+
+    probes = {"probes": {str(s): {"loss": 6.4 - s / 1000, "sink_token_mass": None,
+                                  "detected_sink_mass": [0.1 * i + s / 1000 for i in range(3)]} for s in (100, 200, 300)}}
+    record = {"plateau": {"probe_cross_entropy": 6.35}, "threshold": 5.95, "grad_norm_peak": {"step": 20, "value": 9.0},
+              "escape": {"step": 300, "censored": True, "last_probe": 300},
+              "onset": {"step": 200, "censored": False, "last_probe": 300}}
+    metrics = [{"step": 10, "loss": 6.0, "grad_norm_max": 2.0}, {"step": 20, "loss": 6.0, "grad_norm_max": 9.0},
+               {"step": 20, "val_loss": 6.1}]
+    seen = []
+    monkeypatch.setattr(escape_figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    escape_figures.plot_escape_run(record, probes, metrics, "V, seed 1", tmp_path / "r.png", onset_mass=0.3, onset_first_layer=1)
+    loss_ax, sink_ax, grad_ax = seen[0].axes  # no sink token: three rows
+    loss = next(ln for ln in loss_ax.get_lines() if ln.get_label() == "probe loss")
+    assert list(loss.get_xdata()) == [100, 200, 300] and list(loss.get_ydata()) == pytest.approx([6.3, 6.2, 6.1])
+    labels = [ln.get_label() for ln in loss_ax.get_lines()]
+    assert "escape censored (> 300)" in labels and "sink onset step 200" in labels and "threshold 5.95" in labels
+    layer2 = next(ln for ln in sink_ax.get_lines() if ln.get_label() == "layer 2")
+    assert list(layer2.get_ydata()) == pytest.approx([0.3, 0.4, 0.5])
+    grad = next(ln for ln in grad_ax.get_lines() if ln.get_label().startswith("largest pre-clip"))
+    assert list(grad.get_xdata()) == [10, 20] and list(grad.get_ydata()) == [2.0, 9.0]
+    for p in probes["probes"].values():
+        p["sink_token_mass"] = [0.5, 0.4, 0.3]
+    escape_figures.plot_escape_run(record, probes, metrics, "S, seed 1", tmp_path / "s.png")
+    assert len(seen[1].axes) == 4 and seen[1].axes[2].get_ylabel() == "attention on\nthe sink token"

@@ -417,3 +417,27 @@ def test_a_masking_curve_of_the_first_seed_only_is_one_seed_not_a_crash():
     summarise(res)
     row = res["variants"]["v0"]["summary"]["masking"]["settings"][0]["k"]["1"]["delta"]
     assert row["n"] == 1 and row["verdict"].startswith("inconclusive with 1 seed")
+
+
+def test_the_seed_table_puts_each_peak_gradient_norm_beside_the_interval_it_fell_in(tmp_path):
+    """The trainer logs each interval's largest pre-clip norm at the interval's last step: the peak's steps are
+    (previous logged step + 1)-(its logged step); a run whose metrics log was not kept says so."""
+    import json
+
+    from sinkdlm.experiment.report import primary_seed_table
+    from sinkdlm.training.rundir import grad_norm_peak_steps
+
+    rows = [{"step": 10, "loss": 9.0, "grad_norm_max": 623.6}, {"step": 20, "loss": 6.6, "grad_norm_max": 2252.3},
+            {"step": 30, "loss": 6.5, "grad_norm_max": 321.9}, {"step": 30, "val_loss": 6.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert grad_norm_peak_steps(tmp_path) == (pytest.approx(2252.3), [11, 20])
+    assert grad_norm_peak_steps(tmp_path / "absent") is None
+    first = [{"step": 10, "loss": 9.0, "grad_norm_max": 900.0}, {"step": 20, "loss": 6.6, "grad_norm_max": 10.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first))
+    assert grad_norm_peak_steps(tmp_path) == (pytest.approx(900.0), [1, 10])
+    res = {"primary": {"pair": ["a", "b"]}, "variants": {
+        "a": {"label": "A", "seeds": {"0": {"val_loss": 5.0, "train_grad_norm_peak": 2252.3, "train_grad_norm_peak_steps": [11, 20]}}},
+        "b": {"label": "B", "seeds": {"0": {"val_loss": 5.1, "train_grad_norm_peak": 650.0}}}}}
+    header, table = primary_seed_table(res)
+    assert header[-2:] == ["A peak grad norm (at steps)", "B peak grad norm (at steps)"]
+    assert table[0][-2:] == ["2252 (11-20)", "650 (step not recorded)"]

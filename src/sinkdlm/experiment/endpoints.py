@@ -9,7 +9,8 @@ runner copies the declaration into results.json's `declared`, and `summarise` fi
   `rejects` is what the declared test says, `agree` whether the two agree. From an AR initialisation it carries the two numbers a head start cannot hide behind:
   the step-0 gap (the converted models before training, paired per seed) and the training effect
   Δ_train = (a(T) - a(0)) - (b(T) - b(0)), the `val_loss_change` comparison; and the gap's trajectory over
-  the runs' `val_curve` steps with its slope against log10 training tokens (per seed, then a t interval).
+  the runs' `val_curve` steps: its change between consecutive scored steps and, from `TREND_MIN_STEPS` scored
+  steps on, its slope against log10 training tokens (per seed, then a t interval).
   One declared primary is tested at the report's level without adjustment (docs/method.md §7).
 * `equivalence` on each declared pair's val_loss comparison: TOST (`stats.equivalence_test`) at the declared
   margin, inside the report's multiplicity family: "equivalent within ±m", "different" or "inconclusive".
@@ -38,11 +39,21 @@ def paired_seed_differences(a: dict[str, Any], b: dict[str, Any], key: str) -> d
     return {s: sa[s] - sb[s] for s in sa if s in sb}
 
 
+# A trend per decade of training tokens is fitted only on this many scored steps after step 0, spanning at
+# least this many decades (log-spaced steps, e.g. 375 ... 6,000): through 2 or 3 points, or over a fraction of a
+# decade, a slope "per 10x tokens" is a line through the points or an extrapolation, not a trend.
+TREND_MIN_STEPS = 4
+TREND_MIN_DECADES = 1.0
+
+
 def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None,
                confidence: float = 0.95) -> dict[str, Any] | None:
-    """The paired gap a - b at every step both runs of a seed scored (`val_curve`), with its t interval, and
-    the gap's slope per decade of training tokens (least squares per seed over the steps > 0, then a t
-    interval over seeds): does the lead vanish, hold or grow with training?"""
+    """The paired gap a - b at every step both runs of a seed scored (`val_curve`), with its t interval; the
+    change of the gap between consecutive scored steps and from the first scored step after 0 to the last (per
+    seed, then a t interval: `step_changes`, `scored_change`); and, from `TREND_MIN_STEPS` scored steps after
+    step 0 spanning `TREND_MIN_DECADES` on, the gap's slope per decade of training tokens (least squares per seed
+    over those steps, then a t interval over seeds; `slope_per_decade`, None otherwise). Raw intervals, none in
+    the report's multiplicity family: described, not tested."""
     curves: dict[int, dict[str, float]] = {}
     for seed, rec in a["seeds"].items():
         other = b["seeds"].get(seed) or {}
@@ -58,15 +69,29 @@ def trajectory(a: dict[str, Any], b: dict[str, Any], tokens_per_step: int | None
         points.append({"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
                        "seeds": len(d), **{k: v for k, v in _iv(d, confidence).items() if k in ("mean", "low", "high", "p")},
                        "per_seed": dict(curves[step])})  # each seed's gap: which seed lags is visible, not only the spread
-    slopes = []
-    for seed in a["seeds"]:
-        xs = [(math.log10(s), curves[s][seed]) for s in sorted(curves) if s > 0 and seed in curves[s]]
-        if len(xs) >= 2:
-            x, y = np.array(xs).T
-            slopes.append(float(np.polyfit(x, y, 1)[0]))  # nats per 10x tokens (tokens = steps x a constant)
-    slope = _iv(slopes, confidence) if len(slopes) >= 2 else None
-    return {"points": points, "slope_per_decade": slope and {k: slope[k] for k in ("mean", "low", "high", "p", "n")},
-            "tokens_per_step": tokens_per_step}
+    def change(s0: int, s1: int) -> dict[str, Any]:  # the gap at s1 - the gap at s0, per seed
+        d = [curves[s1][seed] - curves[s0][seed] for seed in curves[s1] if seed in curves[s0]]
+        iv = _iv(d, confidence) if len(d) >= 2 else {"mean": d[0] if d else None}
+        return {"from_step": s0, "to_step": s1, "seeds": len(d), **{k: iv.get(k) for k in ("mean", "low", "high", "p")}}
+
+    steps = sorted(curves)
+    scored = [s for s in steps if s > 0]
+    decades = math.log10(scored[-1] / scored[0]) if len(scored) >= 2 else None
+    slope = None
+    if len(scored) >= TREND_MIN_STEPS and decades >= TREND_MIN_DECADES:
+        slopes = []
+        for seed in a["seeds"]:
+            xs = [(math.log10(s), curves[s][seed]) for s in scored if seed in curves[s]]
+            if len(xs) >= TREND_MIN_STEPS:
+                x, y = np.array(xs).T
+                slopes.append(float(np.polyfit(x, y, 1)[0]))  # nats per 10x tokens (tokens = steps x a constant)
+        slope = _iv(slopes, confidence) if len(slopes) >= 2 else None
+    return {"points": points, "step_changes": [change(s0, s1) for s0, s1 in zip(steps, steps[1:])],
+            # from the first scored step after 0 to the last (the step-0 gap's change is Δ_train)
+            "scored_change": change(scored[0], scored[-1]) if len(scored) >= 2 else None,
+            "slope_per_decade": slope and {k: slope[k] for k in ("mean", "low", "high", "p", "n")},
+            "decades": decades, "scored_steps": len(scored), "trend_min_steps": TREND_MIN_STEPS,
+            "trend_min_decades": TREND_MIN_DECADES, "tokens_per_step": tokens_per_step}
 
 
 def declared_test_name(test: str) -> str:

@@ -13,7 +13,8 @@ that step, not the variant, carried the spread of every contrast of the committe
 * `escape_step`: the first probe from which the loss stays below the threshold, right-censored at the last;
 * `censored_sign_test`: the paired log2 ratio of escape steps over seeds, with an exact sign test whose
   censored pairs are ordered conservatively, and an order-statistic interval widened by the censoring;
-* `sign_test_mde`: the smallest shift the exact sign test detects with the declared power, at a spread.
+* `sign_test_mde`: the smallest shift the exact sign test detects with the declared power, at a spread;
+* `escape_record`: a run's results.json record. The study-wide summary is `experiment/escape_summary.py`.
 """
 
 from __future__ import annotations
@@ -238,34 +239,7 @@ def sign_test_mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) ->
     return hi
 
 
-# ----------------------------------------------------------------------------- a study's summary
-def escape_summary(results: dict[str, Any], confidence: float = 0.95) -> dict[str, Any] | None:
-    """results.json's `escape`: every declared pair's censored sign test (`primary` first) and the lag from sink
-    onset to escape per arm, from the per-seed `escape` records the runner stored."""
-    declared = (results.get("declared") or {}).get("escape")
-    if not declared:
-        return None
-    variants = results["variants"]
-
-    def runs(name: str, key: str) -> dict[str, dict[str, Any]]:
-        return {s: r["escape"][key] for s, r in variants.get(name, {}).get("seeds", {}).items() if r.get("escape")}
-
-    pairs = [declared["pair"], *declared.get("secondary", [])]
-    tests = [{"pair": list(p), "primary": i == 0, **censored_sign_test(runs(p[0], "escape"), runs(p[1], "escape"),
-                                                                       confidence)}
-             for i, p in enumerate(pairs) if p[0] in variants and p[1] in variants]
-    lags = {}
-    for name in variants:
-        esc, onset = runs(name, "escape"), runs(name, "onset")
-        d = [esc[s]["step"] - onset[s]["step"] for s in esc if s in onset
-             and not esc[s]["censored"] and not onset[s]["censored"]]
-        if d:
-            from sinkdlm.stats import mean_interval
-
-            lags[name] = {"per_seed": d, **(mean_interval(d, confidence).to_dict() if len(d) >= 2 else {"mean": d[0]})}
-    return {"tests": tests, "onset_lag": lags}
-
-
+# ----------------------------------------------------------------------------- a run's record
 def escape_record(probes_path: Path, metrics: list[dict[str, Any]], escape) -> dict[str, Any]:
     """A run's results.json `escape` record: its plateau and threshold, the escape step (`escape_step`), the sink
     onset (`sink_onset`) and their lag, the probe-loss curve, and its largest pre-clip gradient norm with when

@@ -131,14 +131,15 @@ def plot_val_curves(results: dict[str, Any], path, baseline: str | None = None, 
 
 def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = None) -> Path | None:
     """The primary pair's paired gap (a − b) against training tokens, mean and 95 % CI over seeds, with the
-    slope per decade of tokens in the legend: does the lead vanish, hold or grow?"""
+    slope per decade of tokens in the legend where the trajectory has one (else the change between the first and
+    last scored steps after step 0): does the lead vanish, hold or grow?"""
     p = results.get("primary") or {}
     traj = p.get("trajectory")
     if not traj:
         return None
     pts = [q for q in traj["points"] if q.get("mean") is not None]
     x = [q["tokens"] if q.get("tokens") is not None else q["step"] for q in pts]
-    fig = Figure(figsize=(7.0, 4.2), layout="constrained")
+    fig = Figure(figsize=(7.5, 5.8), layout="constrained")
     ax = fig.subplots()
     a, b = (results["variants"][n]["label"] for n in p["pair"])
     seeds = sorted({s for q in pts for s in q.get("per_seed") or {}}, key=lambda s: int(s) if str(s).isdigit() else s)
@@ -150,14 +151,17 @@ def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = No
     hi = [q["high"] if q.get("high") is not None else q["mean"] for q in pts]
     ax.fill_between(x, lo, hi, color="black", alpha=0.12, label="95 % CI (t over seeds)")
     ax.axhline(0.0, color="grey", linewidth=0.8)
-    slope = traj.get("slope_per_decade")
+    slope, change = traj.get("slope_per_decade"), traj.get("scored_change")
     if slope and slope.get("low") is not None:
         ax.plot([], [], " ", label=f"slope {slope['mean']:+.3f} [{slope['low']:+.3f}, {slope['high']:+.3f}] nats per 10× tokens")
+    elif change and change.get("low") is not None:  # too few scored steps for a trend: the change between them
+        ax.plot([], [], " ", label=f"change step {change['from_step']:,} → {change['to_step']:,}: {change['mean']:+.3f} "
+                                   f"[{change['low']:+.3f}, {change['high']:+.3f}] (no trend: "
+                                   f"{traj.get('scored_steps')} scored steps over {traj.get('decades') or 0:.1f} decades)")
     ax.set_xlabel("training tokens per run" if traj.get("tokens_per_step") else "training step")
     ax.set_ylabel("paired gap in fixed val_loss (nats / token)")
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # 307,200 tokens, not 300000 in sci. notation
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=11)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: never on the curves
+    fig.suptitle(title or f"The paired gap {a} − {b} on the fixed validation over training", fontsize=11)
     return save_figure(fig, path)

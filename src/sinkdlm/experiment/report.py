@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
-from sinkdlm.experiment.endpoints import declared_decision, declared_test_name
+from sinkdlm.experiment.endpoints import declared_test_name
+from sinkdlm.experiment.escape_report import escape_section, escape_verdict_line
+from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_lines, primary_seed_table, verdict_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
@@ -25,6 +27,7 @@ from sinkdlm.experiment.summary import (
     analysis_record, experiment_timing, paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
 )
 from sinkdlm.reporting import Document
+from sinkdlm.training.rundir import grad_norm_peak_steps
 from sinkdlm.stats import signed
 
 
@@ -236,136 +239,6 @@ def sizing_note(results: dict[str, Any]) -> str | None:
             f"power (two-sided 5 %) at the observed spread: " + "; ".join(parts) + "." + run)
 
 
-def _ci(d: dict[str, Any] | None, digits: int = 3) -> str:
-    """"+0.170 [+0.018, +0.318]" of a stored interval (no bounds: the mean alone, and why)."""
-    if not d or d.get("mean") is None:
-        return "–"
-    text = signed(d["mean"], digits)
-    if d.get("degenerate"):
-        return text + " (no spread: no interval)"
-    if d.get("low") is not None and d.get("high") is not None:
-        text += f" [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
-    return text
-
-
-def _p(p: float | None) -> str:
-    return "– (one seed: no test)" if p is None else f"{p:.3g}"
-
-
-def primary_lines(results: dict[str, Any]) -> list[str]:
-    """The declared primary comparison in words: the gap at the end with its declared test and the t interval,
-    where they disagree, and (from an AR initialisation) the step-0 gap and the training effect beside it."""
-    p = results.get("primary")
-    if not p or p.get("missing"):
-        return []
-    variants = results["variants"]
-    a, b = (variants[n]["label"] for n in p["pair"])
-    rank, t = p.get("rank") or {}, p.get("t") or {}
-    by_t = p["test"] == "t"
-    n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
-    rank_test_name = declared_test_name("wilcoxon" if by_t else p["test"])  # beside a declared t: the Wilcoxon
-    name, estimate, _, decided = declared_decision(p)
-    est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
-    tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
-    after = f" after {tokens:,} training tokens per run" if tokens else ""
-    conf = f"{100 * rank.get('confidence', 0.95):g} %"
-    if decided and estimate is not None:
-        head = f"**{'lower' if estimate < 0 else 'higher'}** with {a} than with {b}{after}"
-    else:
-        head = f"no difference detected{after} (inconclusive with {n_seeds})"
-    rank_ci = (f"[{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None
-               else f"(no {conf} interval: the smallest p with {rank.get('n')} seeds is {rank.get('min_p', 1):.3g})")
-    rank_part = f"{est} {signed(rank.get('estimate', 0), 3)} {rank_ci}, p = {_p(rank.get('p'))}"
-    t_part = f"paired t {_ci(t)}, p = {_p(t.get('p'))}"
-    detail = (f"{t_part}; beside it the {rank_test_name} test: {rank_part}" if by_t else f"{rank_part}; {t_part}")
-    lines = [f"**Primary endpoint** (declared before the run): {a} − {b} `{p['metric']}` at the end of training, "
-             f"{name} test over {n_seeds}: {head}; {detail}."]
-    if p["agree"] and t.get("p") is not None and rank.get("p") is not None:  # said either way, where both ran
-        lines.append(f"The paired t test and the {rank_test_name} test agree: "
-                     f"{'both reject' if p['t_rejects'] else 'neither rejects'} at 5 %.")
-    elif not p["agree"]:
-        lines.append(f"The t interval and the {rank_test_name} test disagree: the t test "
-                     f"{'rejects' if p['t_rejects'] else 'does not reject'} and the rank test "
-                     f"{'rejects' if p['rank_rejects'] else 'does not'}; the declared test ({name}) decides"
-                     + (", and a rank test cannot reject with this few seeds." if by_t and rank.get("low") is None
-                        else ", and a few seeds' tails (e.g. a gradient-norm spike) can move the t interval on their own."))
-    if p.get("step0_gap"):
-        g0, te = p["step0_gap"], p["training_effect"]
-        controls = ("each seed's own conversion" if g0.get("per_seed_controls")
-                    else "one conversion shared by every seed (nothing in it depends on the seed)")
-        lines.append(f"Before training (step 0, {controls}) the gap was {_ci(g0)}; training changed it by "
-                     f"{_ci(te)} (Δ_train = ({a}(T) − {a}(0)) − ({b}(T) − {b}(0)), paired per seed, p = "
-                     f"{_p(te.get('p'))}). A head start is not a training effect: only Δ_train says what "
-                     "training with the change did.")
-    traj = p.get("trajectory") or {}
-    slope = traj.get("slope_per_decade")
-    if slope:
-        excludes = slope["low"] is not None and (slope["low"] > 0 or slope["high"] < 0)
-        first = traj["points"][0]["mean"] or 0.0  # the gap at the first scored step: toward 0 is "shrinks"
-        word = "no trend detected" if not excludes else ("the gap shrinks" if slope["mean"] * first < 0 else "the gap grows")
-        lines.append(f"The gap's trend over training: {_ci(slope)} nats per 10× training tokens (a slope per seed over the "
-                     f"scored steps, t over seeds): {word}.")
-    return lines
-
-
-def verdict_line(results: dict[str, Any]) -> str | None:
-    """The primary comparison in one sentence that a reader cannot take for more than it is: the gap at the
-    end by the declared test (a direction only where that test rejects), and, from an AR initialisation, the
-    step-0 gap and the training effect beside it, each with its interval, then the gap's trend."""
-    p = results.get("primary")
-    if not p or p.get("missing"):
-        return None
-    a, b = (results["variants"][n]["label"] for n in p["pair"])
-    rank, t = p.get("rank") or {}, p.get("t") or {}
-    tokens = (p.get("trajectory") or {}).get("points", [{}])[-1].get("tokens")
-    after = f" after {tokens:,} training tokens per run" if tokens else " at the end of training"
-    n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
-    name, estimate, p_value, decided = declared_decision(p)
-    if p["test"] == "t":
-        gap, how = _ci(t), f"{name} over {n_seeds}, p = {_p(p_value)}"
-    else:
-        est = "median" if p["test"] == "sign" else "Hodges-Lehmann"
-        ci = (f" [{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None else "")
-        gap = signed(estimate, 3) + ci if estimate is not None else "–"
-        how = f"{est}, {name} test over {n_seeds}, p = {_p(p_value)}"
-    word = (f"**{'lower' if estimate < 0 else 'higher'}** with {a}" if decided and estimate is not None
-            else "no difference detected")
-    text = f"**Verdict**: {a} − {b} `{p['metric']}`{after}: {gap} ({how}): {word}"
-    if p.get("step0_gap"):
-        text += (f"; before training (step 0) the gap was {_ci(p['step0_gap'])}; training changed it by "
-                 f"{_ci(p['training_effect'])} (Δ_train, p = {_p(p['training_effect'].get('p'))})")
-    slope = (p.get("trajectory") or {}).get("slope_per_decade")
-    if slope:
-        text += f"; its trend {_ci(slope)} nats per 10× training tokens"
-    return text + "."
-
-
-def primary_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    """The primary pair seed by seed: each run's fixed val_loss, its step-0 control where there is one, the
-    paired difference, and each run's largest pre-clip gradient norm beside it (a spike shows in its seed's row)."""
-    p = results.get("primary")
-    if not p or p.get("missing"):
-        return None
-    a, b = (results["variants"][n] for n in p["pair"])
-    step0 = any((rec.get("step0") or {}) for rec in a["seeds"].values())
-    header = ["seed", f"{a['label']} val_loss", f"{b['label']} val_loss", "difference"]
-    header += [f"{a['label']} step 0", f"{b['label']} step 0", "Δ_train"] if step0 else []
-    header += [f"{a['label']} peak grad norm", f"{b['label']} peak grad norm"]
-    rows = []
-    for seed in sorted(a["seeds"], key=int):
-        ra, rb = a["seeds"][seed], b["seeds"].get(seed) or {}
-        num = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
-        row = [seed, num(ra.get("val_loss")), num(rb.get("val_loss")),
-               "–" if rb.get("val_loss") is None else signed(ra["val_loss"] - rb["val_loss"], 3)]
-        if step0:
-            ca, cb = ra.get("val_loss_change"), rb.get("val_loss_change")
-            row += [num((ra.get("step0") or {}).get("val_loss")), num((rb.get("step0") or {}).get("val_loss")),
-                    "–" if ca is None or cb is None else signed(ca - cb, 3)]
-        row += [num(ra.get("train_grad_norm_peak"), 0), num(rb.get("train_grad_norm_peak"), 0)]
-        rows.append(row)
-    return header, rows
-
-
 def equivalence_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
     """The declared equivalence claims: Δ [CI], the TOST p (raw and BH-adjusted) and the verdict."""
     rows = []
@@ -429,7 +302,7 @@ def time_line(results: dict[str, Any]) -> str | None:
 
 
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
-                 "time": time_line}
+                 "time": time_line, "escape": escape_verdict_line, "answer": answer_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
@@ -543,6 +416,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         per_seed = primary_seed_table(results)
         if per_seed:
             doc.table(*per_seed)
+    escape_section(doc, results, out)  # the escape endpoint, where the preset declared one
     doc.heading("Results (mean [95 % CI])")
     doc.table(*results_table(results))
     baseline = (results.get("primary") or {}).get("pair", [None, next(iter(variants))])[1]
@@ -718,6 +592,9 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
             if stored.is_file():
                 rec["analysis"] = analysis_record(json.loads(stored.read_text()))
                 refreshed += 1
+            peak = grad_norm_peak_steps(out / "runs" / f"{name}-s{seed}" / "train")
+            if peak:  # where the run's largest pre-clip gradient norm fell (the metrics log keeps it)
+                rec["train_grad_norm_peak"], rec["train_grad_norm_peak_steps"] = peak
     results["timing"] = experiment_timing(results)
     val = results.get("validation") or {}
     if val.get("draws") and results.get("comparison_pairs"):  # runs whose val.json keeps its values: the split
@@ -734,6 +611,10 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
     results["regenerated"] = {"analysis_records_refreshed": refreshed,
                               "note": "statistics recomputed from the stored per-seed records; no model was re-run"}
     summarise(results, pairs or [tuple(p) for p in results.get("comparison_pairs", [])] or None)
+    if (results.get("declared") or {}).get("escape"):  # from the per-run escape records (experiment/escape_summary.py)
+        from sinkdlm.experiment.escape_summary import escape_summary
+
+        results["escape"] = escape_summary(results)
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     return results

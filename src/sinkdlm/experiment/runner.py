@@ -662,9 +662,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     results["timing"] = run_timing_summary(results, time.time() - json.loads(started.read_text())["time"])
     summarise(results, pairs)  # after the timing: the report's sizing prices seeds at the measured compute per run
     if preset.escape is not None:
-        from sinkdlm.experiment.escape import escape_summary
+        from sinkdlm.experiment.escape_summary import escape_summary
 
-        results["escape"] = escape_summary(results)
+        results["escape"] = escape_summary(results, seeds_declared=list(study.seeds))
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     _log(f"done in {results['elapsed_s'] / 60:.1f} min: report at {out / 'report.md'} and {out / 'report.html'}")

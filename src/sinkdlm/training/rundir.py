@@ -76,6 +76,17 @@ def grad_norm_peaks(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
     trainer logs that maximum as `grad_norm_max` (older runs logged only the logged step's `grad_norm`)."""
     peaks = [(r["step"], r.get("grad_norm_max", r.get("grad_norm"))) for r in rows if "loss" in r]
     return [(step, float(g)) for step, g in peaks if g is not None]
+
+
+def grad_norm_peak_steps(run_dir: Path) -> tuple[float, list[int]] | None:
+    """(the largest pre-clip gradient norm of a run, [first, last] step of the logged interval it fell in) from
+    `run_dir/metrics.jsonl`; None when the log is not there. The trainer logs each interval's maximum at the
+    interval's last step, so the peak's step is known to that interval."""
+    peaks = grad_norm_peaks(read_metrics(run_dir))
+    if not peaks:
+        return None
+    i = max(range(len(peaks)), key=lambda j: peaks[j][1])
+    return peaks[i][1], [peaks[i - 1][0] + 1 if i else 1, peaks[i][0]]
 TMP_DIR = re.compile(r"^\.tmp-step-(\d+)$")
 CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)(\.\d+)?$")
 # Settings that define the batches and the model of a run: changing one on resume would silently
