@@ -6,7 +6,7 @@ writes to `config.out`:
   analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
   analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
   the PNG figures        stable names in `report.FIGURES`, listed under the `figures` key;
-  report.md, report.html what was measured, on what, and the numbers (HTML: figures inlined).
+  report.md, report.html what was measured, on what, and the numbers (both link the PNGs).
 This module computes; `sinkdlm.analysis.report` draws the figures and writes the document.
 `prompts_from_documents` is the one prompt extractor: `analyze --data` and the experiment runner
 both draw their prompts with it (seeded token windows, docs/method.md §6).
