@@ -297,7 +297,7 @@ def test_ar_generation_recorder_sees_growing_causal_maps(tmp_path, tok):
 
     model, _ = load_model_and_tokenizer(save_hf(hf_causal("llama"), tmp_path / "ar", tok), device="cpu")
     seen = []
-    rec = SinkRecorder(model.config, epsilon=0.5)
+    rec = SinkRecorder(model.config, AnalyzeConfig(epsilon=0.5))
 
     def hook_fn(step, input_ids, mask):
         record = rec.step_hook(step, input_ids, mask)

@@ -163,16 +163,23 @@ class AnalyzeConfig(ModelOptions):
 
         if self.sample is None:
             raise ValueError("--gen-length is required (AnalyzeConfig.sample)")
-        figure_steps = parse_int_list(_as_text(self.figure_steps), "--figure-steps")
-        if figure_steps is not None and len(figure_steps) != 2:
-            raise ValueError(f"--figure-steps takes two steps like 0,31, got {self.figure_steps!r}")
+        figure_steps = self.figure_step_pair()
         gen_length, steps = self.sample.gen_length, self.sample.steps
         return dict(
             gen_length=gen_length, steps=gen_length if steps is None else steps,
             block_length=self.sample.block_length, epsilon=self.epsilon, scale=self.scale,
             ablation_k=parse_int_list(_as_text(self.ablation_k), "--ablation-k"), include_extra_sink=self.include_extra_sink,
-            figure_steps=tuple(figure_steps) if figure_steps else None, batch_size=self.batch_size, mc_num=self.mc_num,
+            figure_steps=figure_steps, batch_size=self.batch_size, mc_num=self.mc_num,
         )
+
+    def figure_step_pair(self) -> tuple[int, int] | None:
+        """--figure-steps as two steps (a, b); None: the recorder's default, the first and the last step."""
+        from sinkdlm.config.checks import parse_int_list
+
+        figure_steps = parse_int_list(_as_text(self.figure_steps), "--figure-steps")
+        if figure_steps is not None and len(figure_steps) != 2:
+            raise ValueError(f"--figure-steps takes two steps like 0,31, got {self.figure_steps!r}")
+        return tuple(figure_steps) if figure_steps else None
 
 
 def _as_text(values) -> str | None:
