@@ -404,7 +404,7 @@ def test_eval_and_lm_eval_model_open_them(tmp_path, tok, dream, which):
     lm_eval_model = pytest.importorskip("sinkdlm.evaluation.lm_eval_model")
     from lm_eval.api.instance import Instance
 
-    lm = lm_eval_model.SinkDLMEvalModel(pretrained=str(path), mc_num=2, device="cpu")
+    lm = lm_eval_model.SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(path), mc_num=2, device="cpu"))
     assert lm.model.config.shift_logits  # read from the checkpoint, not from a model_arg
     req = Instance(request_type="loglikelihood", doc={}, arguments=("the quick brown", " fox"), idx=0)
     (logprob, _), = lm.loglikelihood([req], disable_tqdm=True)
