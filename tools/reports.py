@@ -25,10 +25,14 @@ def main(argv: list[str]) -> int:
     from sinkdlm.analysis.comparison import redraw
 
     roots = [Path(a) for a in argv] or [ROOT / "docs" / "results"]
-    todo = missing_reports(roots)
+    todo, drawn = missing_reports(roots), 0
     for i, path in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {redraw(path)}", flush=True)
-    print(f"drew {len(todo)} report(s); the others were there")
+        try:
+            print(f"[{i}/{len(todo)}] {redraw(path)}", flush=True)
+            drawn += 1
+        except ValueError as e:  # an analysis committed without its arrays (an older study's extra seeds)
+            print(f"[{i}/{len(todo)}] skipped: {e}", flush=True)
+    print(f"drew {drawn} of {len(todo)} missing report(s)")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The configs of the commands that use a model: sample, analyse, evaluate, convert, experiment.
+"""The configs of the commands that use a model: sample, analyse, evaluate (and the lm-eval model), convert, experiment.
 
 Each field is declared once with its default and a docstring; the command line generates one
 option per field from them (`sinkdlm.cli.options`), and the experiment presets build the same
