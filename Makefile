@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-numerics test-slow test-floors demo bench clean readme-results example-model
+.PHONY: install test test-numerics test-slow test-floors demo bench clean readme-results reports example-model
 
 install: $(STAMP)
 
@@ -62,3 +62,8 @@ clean:
 # Regenerate the README's result tables from the committed results files (a test checks they match).
 readme-results: install
 	$(PY) tools/readme_results.py
+
+# Draw the per-run analysis reports a study does not commit (figures, report.md/.html) from the committed
+# analysis.json and arrays, into docs/results/ (git ignores them; CONTRIBUTING.md, "What a study commits").
+reports: install
+	$(PY) tools/reports.py

@@ -41,6 +41,7 @@ import torch
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.diffusion.sampling import StepProbe
 from sinkdlm.analysis import SinkRecorder
+from sinkdlm.config import AnalyzeConfig
 
 RESULTS = Path(__file__).parent / "results" / "bench_analysis.json"
 
@@ -67,7 +68,7 @@ def run_variant(model, ids, args, variant: str, steps: int) -> tuple[float, Sink
     if variant == "maps":
         kw = dict(probe=StepProbe(attentions=True, values=True), callback=lambda state: None)
     elif variant == "recorded":
-        recorder = SinkRecorder(model.config, epsilon=3.0)
+        recorder = SinkRecorder(model.config, AnalyzeConfig(epsilon=3.0))
         kw = dict(probe=StepProbe(attentions=True, values=True), callback=recorder)
     t0 = time.perf_counter()
     generate(model, ids, gen_length=args.gen_length, steps=steps, **kw)

@@ -1,12 +1,12 @@
-"""A tiny report document: headings, paragraphs, tables and images -> Markdown and self-contained HTML.
+"""A tiny report document: headings, paragraphs, tables and images -> Markdown and HTML.
 
-Reports are read by people, so the HTML inlines every figure (base64 PNG) and can be mailed or
-opened anywhere; the Markdown links the PNGs by relative path.
+Both renderings link each figure by its path relative to the page (`figures/forest.png`), so a page
+is as small as its text and a figure is stored once, as its PNG: a committed report adds no copy of
+its figures to the repository's history (the HTML opens beside its PNGs, as the Markdown does).
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import os
 import re
@@ -59,7 +59,7 @@ class Document:
                 out += [f"![{caption}]({rel})", f"*{caption}*" if caption else "", ""]
         return "\n".join(out).rstrip() + "\n"
 
-    def to_html(self) -> str:
+    def to_html(self, base: Path) -> str:
         esc = html.escape
         body = [f"<h1>{esc(self.title)}</h1>"]
         for kind, value in self.blocks:
@@ -77,12 +77,10 @@ class Document:
                 body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows_html}</tbody></table>")
             elif kind == "image":
                 path, caption = value
-                if Path(path).is_file():
-                    data = base64.b64encode(Path(path).read_bytes()).decode()
-                    body.append(
-                        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(caption)}">'
-                        f"<figcaption>{esc(caption)}</figcaption></figure>"
-                    )
+                if Path(path).is_file():  # a figure not drawn (no data for it) is left out, not linked broken
+                    rel = Path(os.path.relpath(path, base)).as_posix()
+                    body.append(f'<figure><img src="{esc(rel)}" alt="{esc(caption)}">'
+                                f"<figcaption>{esc(caption)}</figcaption></figure>")
         style = (
             "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
@@ -95,12 +93,17 @@ class Document:
         )
 
     def write(self, out_dir: str | Path, stem: str = "report") -> tuple[Path, Path]:
+        """`out_dir/<stem>.md` and `out_dir/<stem>.html`, both linking the figures by relative path."""
+        out_dir = Path(out_dir)
+        md, page = self.write_markdown(out_dir, stem), out_dir / f"{stem}.html"
+        atomic_write_bytes(page, self.to_html(out_dir).encode())
+        return md, page
+
+    def write_markdown(self, out_dir: str | Path, stem: str) -> Path:
+        """Only `out_dir/<stem>.md` (a progress page, rewritten often and committed: no HTML copy)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        md, page = out_dir / f"{stem}.md", out_dir / f"{stem}.html"
-        atomic_write_bytes(md, self.to_markdown(out_dir).encode())
-        atomic_write_bytes(page, self.to_html().encode())
-        return md, page
+        return atomic_write_bytes(out_dir / f"{stem}.md", self.to_markdown(out_dir).encode())
 
 
 def _inline(text: str) -> str:

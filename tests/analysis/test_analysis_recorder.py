@@ -25,6 +25,7 @@ from sinkdlm.analysis import (
     value_norms,
 )
 from sinkdlm.analysis.recorder import Reservoir
+from sinkdlm.config import AnalyzeConfig
 from sinkdlm.model.sink import sink_indices
 
 VARIANTS = {
@@ -65,7 +66,7 @@ def test_recorder_equals_statistics_of_the_full_maps(variant, scale):
     model = tiny_model(**VARIANTS[variant])
     cfg = model.config
     eps = EPS[scale]
-    rec = SinkRecorder(cfg, epsilon=eps, scale=scale, decode=decode, figure_layer=1)
+    rec = SinkRecorder(cfg, AnalyzeConfig(epsilon=eps, scale=scale, figure_layer=1), decode=decode)
     prompt = torch.randint(0, cfg.mask_token_id, (2, 5), generator=torch.Generator().manual_seed(1))
     stored = run(model, prompt, rec)
     s = rec.summary()
@@ -166,7 +167,7 @@ def test_padded_batch_is_analysed_on_each_rows_real_positions(variant):
     """Left-padded rows: the statistics equal those of every row's own (unpadded) sub-map."""
     model = tiny_model(**VARIANTS[variant])
     cfg = model.config
-    rec = SinkRecorder(cfg, epsilon=1.0, decode=decode)
+    rec = SinkRecorder(cfg, AnalyzeConfig(epsilon=1.0), decode=decode)
     stored = run(model, [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13]], rec)
     s = rec.summary()
     am = stored[0][3]  # [B, L] attention mask of the generation
@@ -198,7 +199,7 @@ def test_memory_does_not_grow_with_the_steps_beyond_the_largest_sink_positions()
     cfg = model.config
     sizes = {}
     for steps in (8, 24):
-        rec = SinkRecorder(cfg, epsilon=1.0, keep_sink_positions=False, max_norm_samples=8)
+        rec = SinkRecorder(cfg, AnalyzeConfig(epsilon=1.0), keep_sink_positions=False, max_norm_samples=8)
         run(model, [[1, 2, 3, 4]], rec, gen_length=24, steps=steps)
         assert len(rec.sink_norms.values) == len(rec.normal_norms.values) == 8
         sizes[steps] = rec.nbytes()
@@ -208,10 +209,10 @@ def test_memory_does_not_grow_with_the_steps_beyond_the_largest_sink_positions()
 
 def test_one_recorder_over_several_generations_and_reset_at_step_zero():
     model = tiny_model()
-    both = SinkRecorder(model.config, epsilon=1.0)
+    both = SinkRecorder(model.config, AnalyzeConfig(epsilon=1.0))
     run(model, [[1, 2, 3]], both)
     run(model, [[4, 5, 6]], both)
-    one, two = SinkRecorder(model.config, epsilon=1.0), SinkRecorder(model.config, epsilon=1.0)
+    one, two = SinkRecorder(model.config, AnalyzeConfig(epsilon=1.0)), SinkRecorder(model.config, AnalyzeConfig(epsilon=1.0))
     run(model, [[1, 2, 3]], one)
     run(model, [[4, 5, 6]], two)
     s, s1, s2 = both.summary(), one.summary(), two.summary()
@@ -238,11 +239,11 @@ def test_reservoir_keeps_a_seeded_uniform_sample_of_the_stream():
 def test_recorder_input_errors():
     cfg = tiny_model().config
     with pytest.raises(ValueError, match="epsilon"):
-        SinkRecorder(cfg, epsilon=-1)
+        SinkRecorder(cfg, AnalyzeConfig(epsilon=-1))
     with pytest.raises(ValueError, match="scale"):
-        SinkRecorder(cfg, scale="max")
+        SinkRecorder(cfg, AnalyzeConfig(scale="max"))
     with pytest.raises(ValueError, match="figure_layer"):
-        SinkRecorder(cfg, figure_layer=5)
+        SinkRecorder(cfg, AnalyzeConfig(figure_layer=5))
     rec = SinkRecorder(cfg)
     with pytest.raises(ValueError, match="no step"):
         rec.summary()

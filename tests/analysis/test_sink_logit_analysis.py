@@ -42,7 +42,7 @@ def test_recorder_reports_the_virtual_sink_per_layer(variant):
     torch.manual_seed(0)
     model = with_logits(tiny_model(**variant))
     cfg = model.config
-    rec = SinkRecorder(cfg, epsilon=EPS)
+    rec = SinkRecorder(cfg, AnalyzeConfig(epsilon=EPS))
     stored = []
 
     def callback(state):
@@ -99,7 +99,7 @@ def test_recorder_refuses_states_without_the_column():
 
 def test_vanilla_model_has_no_virtual_sink_entry():
     model = tiny_model()
-    rec = SinkRecorder(model.config, epsilon=EPS)
+    rec = SinkRecorder(model.config, AnalyzeConfig(epsilon=EPS))
     generate(model, [1, 2, 3], gen_length=4, steps=2, callback=rec, probe=StepProbe(attentions=True, values=True))
     assert rec.summary()["virtual_sink"] is None
 

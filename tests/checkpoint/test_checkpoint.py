@@ -134,6 +134,7 @@ def test_automodel_for_masked_lm(tmp_path):
     model, ckpt = saved(tmp_path, num_sink_tokens=1, gated_attention=True, tie_word_embeddings=False)
     auto = AutoModelForMaskedLM.from_pretrained(str(ckpt))
     assert isinstance(auto, DiffusionLM)
+    assert not hasattr(DiffusionLM, "config_class")  # registered through the public API, nothing set on the class
     torch.testing.assert_close(logits(auto), logits(model), atol=0, rtol=0)
     hf_cfg = AutoConfig.from_pretrained(str(ckpt))
     assert hf_cfg.model_type == "sinkdlm"

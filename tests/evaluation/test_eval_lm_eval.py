@@ -167,11 +167,35 @@ def test_generate_until_with_cache_and_threshold_is_the_cached_sampler(setup):
 
 
 def test_generate_until_uses_the_remasking_model_args(setup):
+    from sinkdlm.config.commands import RemaskingOptions
     from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
 
-    lm = SinkDLMEvalModel(pretrained=str(setup["ckpt"]), schedule="dream", remasking="topk_margin", top_k="5",
-                          alg_temp="0")
-    assert lm.predictor.remasking == dict(schedule="dream", remasking="topk_margin", top_k=5, alg_temp=0.0)
+    lm = SinkDLMEvalModel.create_from_arg_string(f"pretrained={setup['ckpt']},schedule=dream,remasking=topk_margin,"
+                                                 "top_k=5,alg_temp=0")
+    given = dict(schedule="dream", remasking="topk_margin", top_k=5, alg_temp=0.0)
+    assert lm.predictor.remasking == {**RemaskingOptions().remasking_options(), **given}  # the rest: the defaults
+    assert lm.settings.mc_num == 128 and lm.settings.batch_size == 32  # lm-eval's defaults, not `sinkdlm eval`'s
+
+
+def test_the_model_takes_its_typed_settings_as_model_args_give_them(setup):
+    """From Python the model takes an `LMEvalConfig`; the model_args string is parsed into the same settings,
+    so both score a request alike (same draws: the same seed)."""
+    from lm_eval.api.instance import Instance
+
+    from sinkdlm.config.commands import LMEvalConfig
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    typed = SinkDLMEvalModel(LMEvalConfig(model=setup["ckpt"], mc_num=4, batch_size=8, method="mc", seed=3,
+                                          check_greedy=False, device="cpu"))
+    parsed = SinkDLMEvalModel.create_from_arg_string(f"pretrained={setup['ckpt']},mc_num=4,method=mc,seed=3,"
+                                                     "check_greedy=false", {"batch_size": 8, "device": "cpu"})
+    assert parsed.settings == LMEvalConfig(model=setup["ckpt"], mc_num=4, batch_size=8, method="mc", seed=3,
+                                           check_greedy=False, device="cpu")
+    req = [Instance(request_type="loglikelihood", doc={}, arguments=("the king", " is dead"), idx=0)]
+    assert typed.loglikelihood(req, disable_tqdm=True) == parsed.loglikelihood(req, disable_tqdm=True)
+    assert typed.loglikelihood(req, disable_tqdm=True)[0][1] is False  # check_greedy=False: never claimed
+    with pytest.raises(TypeError, match="takes an LMEvalConfig"):  # model_args go through create_from_arg_obj
+        SinkDLMEvalModel({"pretrained": str(setup["ckpt"])})
 
 
 def test_every_remasking_option_is_a_model_arg(tmp_path):
@@ -187,10 +211,10 @@ def test_every_remasking_option_is_a_model_arg(tmp_path):
     assert _remasking_args(given) == {"eps": 0.01, "top_p": 0.9, "top_k": 3, "remasking": "entropy"}
     assert given == {"mc_num": "2"}  # the remasking ones are taken out, the rest left for the signature
     with pytest.raises(ValueError, match="unknown model_args.*bogus") as err:
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), bogus=1)
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), bogus=1))
     assert all(n in str(err.value).split("known: ")[1].split(", ") for n in names)
     with pytest.raises(ValueError, match="eps='tiny' must be a number"):
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), eps="tiny")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), eps="tiny"))
 
 
 @torch.no_grad()
@@ -219,25 +243,25 @@ def test_bad_model_args_are_clear(setup, tmp_path):
     from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
 
     with pytest.raises(ValueError, match="unknown model_args.*mc_nums"):
-        SinkDLMEvalModel(pretrained=str(setup["ckpt"]), mc_nums=4)
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(setup["ckpt"]), mc_nums=4))
     with pytest.raises(ValueError, match="needs model_args pretrained"):
-        SinkDLMEvalModel()
+        SinkDLMEvalModel.create_from_arg_obj({})
     with pytest.raises(CheckpointError, match="does not exist"):
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"))
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope")))
     with pytest.raises(ValueError, match="mc_num='many' must be an integer"):  # before the missing directory
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), mc_num="many")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), mc_num="many"))
     with pytest.raises(ValueError, match="method='elbo' must be one of mc, mc_count, chain"):
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), method="elbo")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), method="elbo"))
     with pytest.raises(ValueError, match="cache must be one of prefix, dual"):
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), cache="full")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), cache="full"))
     with pytest.raises(ValueError, match="threshold='high' must be a number"):
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), threshold="high")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), threshold="high"))
     with pytest.raises(ValueError, match="top_k='all' must be an integer"):
-        SinkDLMEvalModel(pretrained=str(tmp_path / "nope"), top_k="all")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(tmp_path / "nope"), top_k="all"))
     with pytest.raises(ValueError, match=r"must lie in \(0, 1\]"):  # the range, once the model is read
-        SinkDLMEvalModel(pretrained=str(setup["ckpt"]), top_p="1.5")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(setup["ckpt"]), top_p="1.5"))
     with pytest.raises(ValueError, match="schedule must be one of llada, dream"):
-        SinkDLMEvalModel(pretrained=str(setup["ckpt"]), schedule="cosine")
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(setup["ckpt"]), schedule="cosine"))
 
 
 def test_sinkdlm_lm_eval_command_forwards_to_lm_eval_with_the_model_registered(monkeypatch):

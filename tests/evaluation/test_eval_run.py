@@ -160,8 +160,9 @@ def test_generation_tasks_use_the_remasking_settings(tiny):
     """EvalConfig's remasking settings reach the sampler of the generation tasks (the greedy check keeps
     LLaDA's one commit per step), and a bad one is refused before any item is scored."""
     model, tok, _ = tiny
-    rule = EvalConfig(tasks="arithmetic", schedule="dream", remasking="topk_margin", top_k=7).remasking_options()
-    pred = DLMPredictor(model, tok, remasking=rule)
+    config = EvalConfig(tasks="arithmetic", schedule="dream", remasking="topk_margin", top_k=7, progress=False)
+    rule = config.remasking_options()
+    pred = DLMPredictor(model, tok, config)
     prompt = tok("1 + 2 =")["input_ids"]
     got = pred.generate_ids([prompt], 8, steps=4)
     want = generate(model, [prompt], gen_length=8, steps=4, seed=0, **rule)[0, len(prompt):].tolist()

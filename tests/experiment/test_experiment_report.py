@@ -14,6 +14,7 @@ import pytest
 from scipy import stats as sps
 
 from sinkdlm.analysis.recorder import SinkRecorder
+from sinkdlm.config import AnalyzeConfig
 from sinkdlm.experiment.report import markdown_summary
 from sinkdlm.experiment.summary import (
     analysis_record, compare_variants, extra_sink_layers, summarise, value_norm_layers,
@@ -106,7 +107,7 @@ def _planted_layers(norms: tuple[float, float, float, float]) -> dict:
     v1[:5] = s1
     import torch
 
-    rec = SinkRecorder(cfg, figure_layer=0)
+    rec = SinkRecorder(cfg, AnalyzeConfig(figure_layer=0))
     state = SimpleNamespace(step=0, input_ids=torch.zeros(1, size, dtype=torch.long), attention_mask=None,
                             attentions=tuple(torch.tensor(a, dtype=torch.float32)[None, None] for a in (a0, a1)),
                             values=tuple(torch.tensor(v, dtype=torch.float32)[None, None, :, None] for v in (v0, v1)))

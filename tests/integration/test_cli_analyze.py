@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -88,7 +89,9 @@ def test_analyze_command_writes_json_figures_and_reports(checkpoints, tmp_path, 
         check_png(out / file)
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "ϵ = 1" in md and "column-**sum**" in md and "Sink-masking ablation" in md
-    assert page.count('src="data:image/png;base64,') == len(FIGURES) and "<table>" in page
+    # the page links each figure beside it (a committed report adds no second copy of its figures)
+    assert sorted(re.findall(r'<img src="([^"]+)"', page)) == sorted(FIGURES.values()) and "<table>" in page
+    assert "data:image" not in page
     with open(out / "analysis_arrays.npz", "rb") as f:
         assert f.read(2) == b"PK"
 
@@ -112,6 +115,28 @@ def test_analyze_library_figures_match_the_recorded_numbers(checkpoints, tmp_pat
     assert 0.0 <= non_sink_fraction(maps, 1.0)[1.0] <= 1.0
 
 
+def test_redraw_draws_a_stored_analysis_again_from_its_json_and_arrays(checkpoints, tmp_path):
+    """What a study commits of a run's analysis (analysis.json and its arrays) is enough: `redraw` writes the
+    same report.md and every figure again, and leaves analysis.json as it was."""
+    from sinkdlm.analysis.comparison import redraw
+    from sinkdlm.data import load_tokenizer
+
+    dirs, _, _ = checkpoints
+    model, tok = DiffusionLM.from_pretrained(dirs["sink"]), load_tokenizer(dirs["sink"])
+    analyze(model, tok, TEXTS[:2], AnalyzeConfig(sample=SampleConfig(gen_length=8, steps=4), epsilon=1.0, out=tmp_path,
+                                                 quiet=True, label="tiny+sink"))
+    written, stored = (tmp_path / "report.md").read_text(), (tmp_path / "analysis.json").read_bytes()
+    for path in [*tmp_path.glob("*.png"), *tmp_path.glob("report.*")]:
+        path.unlink()
+    assert redraw(tmp_path) == tmp_path / "report.md"
+    assert (tmp_path / "report.md").read_text() == written and (tmp_path / "analysis.json").read_bytes() == stored
+    for file in FIGURES.values():
+        check_png(tmp_path / file)
+    (tmp_path / "analysis_arrays.npz").unlink()
+    with pytest.raises(ValueError, match="analysis_arrays.npz is missing"):
+        redraw(tmp_path)
+
+
 def test_analyze_from_data_and_compare(checkpoints, tmp_path):
     dirs, _, _ = checkpoints
     for name in dirs:
@@ -129,7 +154,8 @@ def test_analyze_from_data_and_compare(checkpoints, tmp_path):
     for file in info["figures"].values():
         check_png(tmp_path / "cmp" / file)
     page = (tmp_path / "cmp" / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == len(info["figures"])
+    assert sorted(re.findall(r'<img src="([^"]+)"', page)) == sorted(info["figures"].values())
+    assert "data:image" not in page
     again = compare({"A": tmp_path / "vanilla", "B": tmp_path / "sink"}, tmp_path / "cmp2")
     assert again["models"] == ["A", "B"]
 

@@ -303,7 +303,7 @@ def test_ar_generation_recorder_sees_growing_causal_maps(tmp_path, tok):
 
     model, _ = load_model_and_tokenizer(save_hf(hf_causal("llama"), tmp_path / "ar", tok), device="cpu")
     seen = []
-    rec = SinkRecorder(model.config, epsilon=0.5)
+    rec = SinkRecorder(model.config, AnalyzeConfig(epsilon=0.5))
 
     def hook_fn(step, input_ids, mask):
         record = rec.step_hook(step, input_ids, mask)
@@ -410,7 +410,7 @@ def test_eval_and_lm_eval_model_open_them(tmp_path, tok, dream, which):
     lm_eval_model = pytest.importorskip("sinkdlm.evaluation.lm_eval_model")
     from lm_eval.api.instance import Instance
 
-    lm = lm_eval_model.SinkDLMEvalModel(pretrained=str(path), mc_num=2, device="cpu")
+    lm = lm_eval_model.SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(path), mc_num=2, device="cpu"))
     assert lm.model.config.shift_logits  # read from the checkpoint, not from a model_arg
     req = Instance(request_type="loglikelihood", doc={}, arguments=("the quick brown", " fox"), idx=0)
     (logprob, _), = lm.loglikelihood([req], disable_tqdm=True)

@@ -6,7 +6,7 @@ writes to `config.out`:
   analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
   analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
   the PNG figures        stable names in `report.FIGURES`, listed under the `figures` key;
-  report.md, report.html what was measured, on what, and the numbers (HTML: figures inlined).
+  report.md, report.html what was measured, on what, and the numbers (both link the PNGs).
 This module computes; `sinkdlm.analysis.report` draws the figures and writes the document.
 `prompts_from_documents` is the one prompt extractor: `analyze --data` and the experiment runner
 both draw their prompts with it (seeded token windows, docs/method.md §6).
@@ -123,8 +123,7 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
         raise ValueError("AnalyzeConfig.out (the output directory) is required")
     settings = check_options(config)
     ks, gen_length, steps, block_length = (settings[k] for k in ("ablation_k", "gen_length", "steps", "block_length"))
-    epsilon, scale, batch_size, mc_num = (settings[k] for k in ("epsilon", "scale", "batch_size", "mc_num"))
-    figure_steps = settings["figure_steps"]
+    batch_size, mc_num = settings["batch_size"], settings["mc_num"]
     seed, progress = config.seed, not config.quiet
     sample = dataclasses.replace(config.sample, steps=steps)
     # the sampler's settings beyond length, steps and blocks (temperature, remasking, ...), as recorded
@@ -159,8 +158,7 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
             decoded[i] = tokenizer.decode([i])
         return decoded[i]
 
-    recorder = SinkRecorder(cfg, epsilon=epsilon, scale=scale, decode=decode, figure_layer=config.figure_layer,
-                            figure_steps=figure_steps or (0, -1), seed=seed)
+    recorder = SinkRecorder(cfg, config, decode=decode)  # ϵ, scale, the figure's layer and steps, the seed
     chunks = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
     was_training = model.training
     model.eval()

@@ -6,6 +6,8 @@ report.html, compare.json) with combined figures: the non-sink fraction vs ϵ, d
 layer, value norms, largest-sink positions (moving sinks), attention maps and, when the runs have
 the sink-masking ablation, the masking curve (Δ score vs K, docs/method.md §10). This module reads
 and checks the runs; `sinkdlm.analysis.report` draws the figures and writes the document.
+`redraw` draws one stored analysis again (its figures and report) from the same two files: a study
+commits a run's analysis.json and arrays, and `make reports` draws the rest (CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sinkdlm.analysis.analyzer import ANALYSIS_KEYS, ARRAYS_NAME, mean_over_layers
-from sinkdlm.analysis.report import write_comparison_figures, write_comparison_report
+from sinkdlm.analysis.report import write_analysis_report, write_comparison_figures, write_comparison_report, write_figures
 from sinkdlm.io.atomic import atomic_write_json
 
 
@@ -40,6 +42,17 @@ def _read_run(path: Path) -> tuple[dict, dict | None]:
         with np.load(npz, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     return a, arrays
+
+
+def redraw(path: str | Path) -> Path:
+    """Draw a stored `analyze` output again: its figures and report.md / report.html, from its analysis.json
+    and analysis_arrays.npz (nothing is run; analysis.json is left as it is). Returns report.md's path."""
+    path = Path(path)
+    analysis, arrays = _read_run(path)
+    if arrays is None:
+        raise ValueError(f"{path / analysis.get('arrays', ARRAYS_NAME)} is missing; the figures are drawn from it")
+    analysis["figures"] = write_figures(path, analysis, arrays)
+    return write_analysis_report(analysis, path, sinks_per_head=mean_over_layers(analysis["sinks_per_head"]))[0]
 
 
 def compare(dirs: Mapping[str, Path] | Sequence[Path], out_dir) -> dict:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,13 +163,15 @@ class SinkRecorder:
     """Callback for `generate` that keeps running sink statistics (see the module docstring).
 
     config         the model's `ModelConfig` (layers, heads, sinks, mask id).
-    epsilon        the sink threshold ϵ (eq. 3); `scale` "sum" (default) or "mean" (docs/method.md §6).
-    epsilons       the ϵ grid of the non-sink-fraction curve (ϵ itself is always added).
+    analyze        the analysis's `AnalyzeConfig` (default: its defaults); the recorder reads its `epsilon`,
+                   the sink threshold ϵ (eq. 3), and `scale`, "sum" or "mean" (docs/method.md §6); its
+                   `figure_layer`, the layer whose maps are kept for the attention-map figure (None: the
+                   middle one), and `figure_steps`, the two steps of that figure (None: the first and the
+                   last); and its `seed`, which seeds the value-norm samples. The non-sink-fraction curve is
+                   read on the grid `DEFAULT_EPSILONS` (ϵ itself added); the figure shows the first prompt.
     decode         `id -> str` (e.g. `lambda i: tok.decode([i])`) to classify the tokens under
                    sinks; without it every non-mask token counts as "other".
-    figure_layer   layer whose maps are kept for the attention-map figure (default: the middle).
-    figure_steps   (a, b): the two steps of that figure; b = -1 means the last step.
-    figure_row     the batch row (over all generations, in order) of that figure.
+    max_norm_samples     value norms kept (a uniform reservoir sample) per kind, sinks and normal tokens.
     keep_sink_positions  keep the sparse (step, row, layer, head, position) list of every sink.
     One recorder may watch several `generate` calls (prompt chunks): a call starts at step 0.
     """
@@ -177,22 +179,19 @@ class SinkRecorder:
     def __init__(
         self,
         config,
+        analyze: AnalyzeConfig | None = None,
         *,
-        epsilon: float = AnalyzeConfig.epsilon,
-        scale: str = AnalyzeConfig.scale,
-        epsilons: Sequence[float] = DEFAULT_EPSILONS,
         decode: Callable[[int], str] | None = None,
-        figure_layer: int | None = None,
-        figure_steps: tuple[int, int] = (0, -1),
-        figure_row: int = 0,
         max_norm_samples: int = 10_000,
         keep_sink_positions: bool = True,
-        seed: int = 0,
     ):
+        analyze = AnalyzeConfig() if analyze is None else analyze
+        epsilon, scale, figure_layer, seed = analyze.epsilon, analyze.scale, analyze.figure_layer, analyze.seed
+        figure_steps = analyze.figure_step_pair() or (0, -1)
         self.epsilon = check_epsilon(epsilon)
         check_scale(scale)
         self.scale = scale
-        self.epsilons = sorted(set(check_epsilons(epsilons)) | {self.epsilon})
+        self.epsilons = sorted(set(check_epsilons(DEFAULT_EPSILONS)) | {self.epsilon})
         num_layers = config.num_hidden_layers
         self.num_layers, self.num_heads = num_layers, config.num_attention_heads
         self.num_sink_tokens, self.sink_position = config.num_sink_tokens, config.sink_position
@@ -204,7 +203,7 @@ class SinkRecorder:
         a, b = figure_steps
         if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and (b == -1 or b > a)):
             raise ValueError(f"figure_steps must be (a, b) with 0 <= a < b, or b = -1 for the last step; got {figure_steps!r}")
-        self.figure_steps, self.figure_row = (a, b), figure_row
+        self.figure_steps, self.figure_row = (a, b), 0  # the figure's batch row: the first prompt
         self.keep_sink_positions = keep_sink_positions
 
         layers, eps = num_layers, len(self.epsilons)

@@ -3,7 +3,8 @@
 * `model.py`  — `ModelConfig` (architecture, the model switches, presets of shapes).
 * `train.py`  — `TrainConfig` (a training or SFT run).
 * `commands.py` — `SampleConfig`/`GenerateConfig`, `AnalyzeConfig`, `EvalConfig`, `ConvertConfig`,
-  `ExperimentConfig`: the commands that use a model.
+  `ExperimentConfig`: the commands that use a model; `LMEvalConfig`, the lm-eval model's settings (its
+  `ScoringOptions` are `EvalConfig`'s).
 * `fields.py` — attribute docstrings as help text, field metadata, the shared `--device`.
 
 Each field is declared once with its default and a docstring; the command line

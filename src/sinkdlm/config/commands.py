@@ -1,4 +1,4 @@
-"""The configs of the commands that use a model: sample, analyse, evaluate, convert, experiment.
+"""The configs of the commands that use a model: sample, analyse, evaluate (and the lm-eval model), convert, experiment.
 
 Each field is declared once with its default and a docstring; the command line generates one
 option per field from them (`sinkdlm.cli.options`), and the experiment presets build the same
@@ -17,6 +17,7 @@ from sinkdlm.config.fields import DeviceOption, option
 from sinkdlm.config.model import switch_fields, switch_values
 
 ELBO_SAMPLES = 16  # Monte-Carlo samples of an ELBO, the default of `analyze` and `eval` (`--mc-num`)
+GEN_BLOCK_LENGTH = 32  # semi-autoregressive blocks for generated answers (LLaDA's GSM8K setting)
 
 
 @dataclass(kw_only=True)
@@ -163,16 +164,23 @@ class AnalyzeConfig(ModelOptions):
 
         if self.sample is None:
             raise ValueError("--gen-length is required (AnalyzeConfig.sample)")
-        figure_steps = parse_int_list(_as_text(self.figure_steps), "--figure-steps")
-        if figure_steps is not None and len(figure_steps) != 2:
-            raise ValueError(f"--figure-steps takes two steps like 0,31, got {self.figure_steps!r}")
+        figure_steps = self.figure_step_pair()
         gen_length, steps = self.sample.gen_length, self.sample.steps
         return dict(
             gen_length=gen_length, steps=gen_length if steps is None else steps,
             block_length=self.sample.block_length, epsilon=self.epsilon, scale=self.scale,
             ablation_k=parse_int_list(_as_text(self.ablation_k), "--ablation-k"), include_extra_sink=self.include_extra_sink,
-            figure_steps=tuple(figure_steps) if figure_steps else None, batch_size=self.batch_size, mc_num=self.mc_num,
+            figure_steps=figure_steps, batch_size=self.batch_size, mc_num=self.mc_num,
         )
+
+    def figure_step_pair(self) -> tuple[int, int] | None:
+        """--figure-steps as two steps (a, b); None: the recorder's default, the first and the last step."""
+        from sinkdlm.config.checks import parse_int_list
+
+        figure_steps = parse_int_list(_as_text(self.figure_steps), "--figure-steps")
+        if figure_steps is not None and len(figure_steps) != 2:
+            raise ValueError(f"--figure-steps takes two steps like 0,31, got {self.figure_steps!r}")
+        return tuple(figure_steps) if figure_steps else None
 
 
 def _as_text(values) -> str | None:
@@ -183,17 +191,12 @@ def _as_text(values) -> str | None:
 
 
 @dataclass(kw_only=True)
-class EvalConfig(ModelOptions, RemaskingOptions):
-    """`sinkdlm eval`: offline tasks scored with the ELBO or by generation (docs/method.md §7)."""
+class ScoringOptions(RemaskingOptions):
+    """How a model answers scored requests (`sinkdlm.evaluation.DLMPredictor`, docs/method.md §1-2, §7): part of
+    `EvalConfig`, and of `LMEvalConfig`, the lm-eval model's settings."""
 
-    tasks: str
-    """Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."""
-    out: Path | None = option(None, required=True)
-    """Write the scores here as JSON."""
-    limit: int | None = None
-    """Items per task (default: all)."""
     seed: int = 0
-    """Chooses the items and seeds the Monte-Carlo ELBO."""
+    """Seeds the Monte-Carlo ELBO (and chooses the items of `sinkdlm eval`)."""
     mc_num: int = ELBO_SAMPLES
     """ELBO samples per candidate (cloze words: at most 4)."""
     gen_steps: int | None = None
@@ -206,6 +209,37 @@ class EvalConfig(ModelOptions, RemaskingOptions):
     """Confidence-threshold decoding for generation tasks (e.g. 0.9)."""
     progress: bool = True
     """Show progress bars."""
+    method: str = option("mc_count", cli=False)
+    """The ELBO estimator: mc_count (LLaDA's lower-variance form) | mc (docs/method.md §1 as written) | chain."""
+    max_length: int | None = option(None, cli=False)
+    """Content tokens per row, at least 2 (default: the model's positions minus its sink tokens)."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig(ModelOptions, ScoringOptions):
+    """`sinkdlm eval`: offline tasks scored with the ELBO or by generation (docs/method.md §7)."""
+
+    tasks: str
+    """Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."""
+    out: Path | None = option(None, required=True)
+    """Write the scores here as JSON."""
+    limit: int | None = None
+    """Items per task (default: all)."""
+
+
+@dataclass(kw_only=True)
+class LMEvalConfig(ModelOptions, ScoringOptions):
+    """The lm-eval model `sinkdlm` (`sinkdlm.evaluation.lm_eval_model`): lm-eval's `model_args` string
+    (`pretrained=DIR,mc_num=128`) is parsed into these fields, `pretrained` naming `model`."""
+
+    tokenizer: Path | None = None
+    """Tokenizer directory (default: the checkpoint's)."""
+    block_length: int | None = GEN_BLOCK_LENGTH
+    """Semi-autoregressive block of `generate_until`; None = one block."""
+    check_greedy: bool = True
+    """Compute `is_greedy` of each continuation (|y| extra forwards); False reports False."""
+    shift_logits: bool | None = None
+    """Read the head as next-token (Dream) or same-position logits (default: the model's config)."""
 
 
 # Every model switch at its `ModelConfig` default (generated: a new switch needs no edit here).

@@ -7,12 +7,14 @@ standard error of each accuracy (`scoring.score`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from pathlib import Path
 
-from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
+from sinkdlm.evaluation.predictor import DLMPredictor, check_scoring_options
 from sinkdlm.evaluation.tasks import resolve_tasks
-from sinkdlm.config.checks import check_int, check_optional_int, check_seed
+from sinkdlm.config.checks import check_optional_int, check_seed
 from sinkdlm.config.commands import EvalConfig
 
 def task_names(tasks: str) -> list[str]:
@@ -32,9 +34,7 @@ def _check_options(config: EvalConfig) -> list:
         raise TypeError(f"evaluate() takes an EvalConfig as config, got {type(config).__name__}")
     check_optional_int("limit", config.limit, 1, none_means="all items")
     check_seed(config.seed)
-    check_int("mc_num", config.mc_num, 1)
-    check_optional_int("gen_steps", config.gen_steps, 1, none_means="one token per step")
-    check_decoding_options(config.cache, config.threshold)
+    check_scoring_options(config)  # mc_num, batch_size, gen_steps, cache, threshold, method, max_length
     return resolve_tasks(task_names(config.tasks))  # every name checked before any work
 
 
@@ -60,7 +60,7 @@ def evaluate(model, tokenizer, config: EvalConfig) -> dict[str, dict[str, dict]]
     remasking, schedule, eps, alg_temp, top_p, top_k: the generation tasks' sampler (`RemaskingOptions`,
                docs/method.md §2); None = the model family's.
     progress   progress bars.
-    The likelihood estimator is "mc_count" (LLaDA's lower-variance form of the ELBO).
+    method     the likelihood estimator (not a flag): "mc_count" (LLaDA's lower-variance form of the ELBO).
 
     Cost of the defaults: `limit=100` on both shakespeare tasks is ~1,800 rows of ~70 tokens for the
     cloze ELBO (most words are one or two tokens), ~6,400 rows for next-line (4 candidates x 16
@@ -70,11 +70,7 @@ def evaluate(model, tokenizer, config: EvalConfig) -> dict[str, dict[str, dict]]
     results: dict[str, dict[str, dict]] = {}
     for task in resolved:
         samples = min(config.mc_num, task.max_mc_num) if task.max_mc_num else config.mc_num
-        predictor = DLMPredictor(
-            model, tokenizer, mc_num=samples, batch_size=config.batch_size, gen_steps=config.gen_steps,
-            seed=config.seed, progress=config.progress, cache=config.cache, threshold=config.threshold,
-            remasking=config.remasking_options(),
-        )
+        predictor = DLMPredictor(model, tokenizer, dataclasses.replace(config, mc_num=samples))
         results[task.name] = task.evaluate(predictor, limit=config.limit, seed=config.seed)
     return results
 

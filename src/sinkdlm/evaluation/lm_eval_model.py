@@ -29,6 +29,9 @@ The three request types (docs/method.md §1-2, §7):
     disjoint rolling windows (`get_rolling_token_windows` with one token of context), each
     window's tokens scored by the ELBO given the token before it (EOS before the first), summed.
 
+The model's settings are an `LMEvalConfig` (`sinkdlm.config.commands`, the one home of their help):
+`SinkDLMEvalModel(LMEvalConfig(model=DIR, mc_num=128))` from Python; lm-eval builds it from model_args
+(`create_from_arg_string`, `create_from_arg_obj`), parsed and checked by `lm_eval_config`.
 model_args: pretrained (checkpoint directory, required), mc_num (128), method (mc_count | mc | chain),
 batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" mean 32; cap it with
 max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
@@ -42,7 +45,6 @@ The likelihood runs the LM head only on the masked continuation tokens (`loglike
 
 from __future__ import annotations
 
-import inspect
 import logging
 import typing
 from pathlib import Path
@@ -50,14 +52,13 @@ from pathlib import Path
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm.auto import tqdm
 
-from sinkdlm.config.commands import RemaskingOptions
+from sinkdlm.config.commands import LMEvalConfig, RemaskingOptions
 from sinkdlm.config.fields import field_types
 from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
-from sinkdlm.evaluation.predictor import DLMPredictor, check_decoding_options
-from sinkdlm.evaluation.tasks import GEN_BLOCK_LENGTH
+from sinkdlm.evaluation.predictor import DLMPredictor, check_scoring_options
 from sinkdlm.model.loader import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -110,80 +111,96 @@ def _bool_arg(name: str, value) -> bool:
     raise ValueError(f"model_args {name}={value!r} must be true or false")
 
 
-class SinkDLMEvalModel(LM):
-    """A sinkdlm checkpoint as an lm-eval `LM` (see the module docstring for the semantics)."""
+def lm_eval_config(model_args: dict) -> LMEvalConfig:
+    """lm-eval's model_args (values parsed from its `key=value` string, or given from Python) as an
+    `LMEvalConfig`, every one checked before any checkpoint is read. `pretrained` names the model; lm-eval's
+    own defaults apply where an argument is absent: mc_num 128, batch_size 32 (lm-eval's command line always
+    passes its own default of 1, which would run every Monte-Carlo sample alone: 1 and "auto" mean 32 too;
+    `max_batch_size` caps the rows), and progress bars on."""
+    given = dict(model_args)
+    remasking = _remasking_args(given)
+    fields = [n for n in field_types(LMEvalConfig) if n not in field_types(RemaskingOptions) and n != "model"]
+    known = ["pretrained", "max_batch_size", *fields]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"unknown model_args for --model {NAME}: {', '.join(unknown)}; known: "
+                         f"{', '.join(known + list(field_types(RemaskingOptions)))}")
+    pretrained, dtype, tokenizer = given.get("pretrained"), given.get("dtype"), given.get("tokenizer")
+    if pretrained is None:
+        raise ValueError(f"--model {NAME} needs model_args pretrained=PATH (a model directory or a .gguf file)")
+    if dtype is not None and str(dtype) not in DTYPES:
+        raise ValueError(f"model_args dtype={dtype!r} must be one of {sorted(DTYPES)}")
+    batch_size = given.get("batch_size")
+    if batch_size is None or str(batch_size).startswith("auto") or str(batch_size) == "1":
+        batch_size = DEFAULT_ROWS
+    batch_size = _int_arg("batch_size", batch_size)
+    if given.get("max_batch_size") is not None:
+        batch_size = min(batch_size, _int_arg("max_batch_size", given["max_batch_size"]))
+    block_length = given.get("block_length", LMEvalConfig.block_length)
+    method = str(given.get("method", LMEvalConfig.method))
+    if method not in METHODS:
+        raise ValueError(f"model_args method={given['method']!r} must be one of {', '.join(METHODS)}")
+    shift_logits, cache, threshold = given.get("shift_logits"), given.get("cache"), given.get("threshold")
+    gen_steps, max_length = given.get("gen_steps"), given.get("max_length")
+    config = LMEvalConfig(
+        model=Path(str(pretrained)), dtype=None if dtype is None else str(dtype),
+        device="auto" if given.get("device") is None else str(given["device"]),
+        tokenizer=Path(str(tokenizer)) if tokenizer else None,
+        mc_num=_int_arg("mc_num", given.get("mc_num", MC_NUM)), method=method, batch_size=batch_size,
+        gen_steps=None if gen_steps is None else _int_arg("gen_steps", gen_steps),
+        seed=_int_arg("seed", given.get("seed", LMEvalConfig.seed), minimum=0),
+        max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
+        cache=None if cache in (None, "", "none", "None") else str(cache),
+        threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
+        block_length=None if block_length is None else _int_arg("block_length", block_length),
+        check_greedy=_bool_arg("check_greedy", given.get("check_greedy", LMEvalConfig.check_greedy)),
+        shift_logits=None if shift_logits is None else _bool_arg("shift_logits", shift_logits),
+        progress=True, **remasking,
+    )
+    check_scoring_options(config)
+    return config
 
-    def __init__(
-        self,
-        pretrained: str | None = None,
-        mc_num: int = MC_NUM,
-        method: str = "mc_count",
-        batch_size: int | str | None = 32,
-        max_batch_size: int | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        gen_steps: int | None = None,
-        block_length: int | None = GEN_BLOCK_LENGTH,
-        max_length: int | None = None,
-        check_greedy: bool = True,
-        seed: int = 0,
-        shift_logits: bool | None = None,
-        tokenizer: str | None = None,
-        cache: str | None = None,
-        threshold: float | str | None = None,
-        **unknown,  # and RemaskingOptions' fields (`_remasking_args`)
-    ):
+
+class SinkDLMEvalModel(LM):
+    """A sinkdlm checkpoint as an lm-eval `LM` (see the module docstring for the semantics), built from its
+    `LMEvalConfig`; lm-eval builds it from model_args through `create_from_arg_string` / `create_from_arg_obj`."""
+
+    def __init__(self, config: LMEvalConfig):
         super().__init__()
         from sinkdlm.data import load_tokenizer
         from sinkdlm.checkpoint.manager import load_checkpoint, load_tokenizer_for
 
-        remasking = _remasking_args(unknown)
-        if unknown:
-            known = [n for n, p in inspect.signature(SinkDLMEvalModel.__init__).parameters.items()
-                     if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD] + list(field_types(RemaskingOptions))
-            raise ValueError(
-                f"unknown model_args for --model {NAME}: {', '.join(sorted(unknown))}; known: {', '.join(known)}"
-            )
-        if pretrained is None:
+        if not isinstance(config, LMEvalConfig):
+            raise TypeError(f"SinkDLMEvalModel takes an LMEvalConfig (or model_args through create_from_arg_string), "
+                            f"got {type(config).__name__}")
+        if config.model is None:
             raise ValueError(f"--model {NAME} needs model_args pretrained=PATH (a model directory or a .gguf file)")
-        if dtype is not None and str(dtype) not in DTYPES:
-            raise ValueError(f"model_args dtype={dtype!r} must be one of {sorted(DTYPES)}")
-        # batch_size counts model rows per forward (Monte-Carlo samples of many requests share one).
-        # lm-eval's command line always passes its own default of 1, which would run every sample
-        # alone: 1 and "auto" mean DEFAULT_ROWS; max_batch_size caps the rows (max_batch_size=1 for 1).
-        if batch_size is None or str(batch_size).startswith("auto") or str(batch_size) == "1":
-            batch_size = DEFAULT_ROWS
-        batch_size = _int_arg("batch_size", batch_size)
-        if max_batch_size is not None:
-            batch_size = min(batch_size, _int_arg("max_batch_size", max_batch_size))
-        block_length = None if block_length is None else _int_arg("block_length", block_length)
-        if str(method) not in METHODS:
-            raise ValueError(f"model_args method={method!r} must be one of {', '.join(METHODS)}")
-        shift_logits = None if shift_logits is None else _bool_arg("shift_logits", shift_logits)
-        options = dict(  # every argument parsed before the checkpoint is read
-            mc_num=_int_arg("mc_num", mc_num), method=str(method), batch_size=batch_size,
-            gen_steps=None if gen_steps is None else _int_arg("gen_steps", gen_steps),
-            seed=_int_arg("seed", seed, minimum=0),
-            max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
-            cache=None if cache in (None, "", "none", "None") else str(cache),
-            threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
-            remasking=remasking,
-        )
-        check_decoding_options(options["cache"], options["threshold"])
-        self.check_greedy = _bool_arg("check_greedy", check_greedy)
-        if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        check_scoring_options(config)
+        device = config.device
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)
             device = "cpu"  # lm-eval's command line asks for cuda:0 by default
         self._device = resolve_device(device)
         self.model = load_checkpoint(
-            Path(str(pretrained)), device=self._device, dtype=DTYPES.get(str(dtype)) if dtype else None
+            Path(config.model), device=self._device, dtype=DTYPES[config.dtype] if config.dtype else None
         ).eval()
-        if shift_logits is not None:  # this loaded model's head is read the other way (every estimator reads the config)
-            self.model.config.shift_logits = shift_logits
-        self.tokenizer = load_tokenizer(Path(str(tokenizer))) if tokenizer else load_tokenizer_for(Path(str(pretrained)))
-        self.predictor = DLMPredictor(self.model, self.tokenizer, progress=True, **options)
-        self.block_length = block_length
-        self.pretrained = str(pretrained)
+        if config.shift_logits is not None:  # this loaded model's head is read the other way (every estimator reads the config)
+            self.model.config.shift_logits = config.shift_logits
+        self.tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else load_tokenizer_for(Path(config.model))
+        self.predictor = DLMPredictor(self.model, self.tokenizer, config)
+        self.settings = config
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> SinkDLMEvalModel:
+        """From lm-eval's `model_args` string (`pretrained=DIR,mc_num=128`) and its command line's settings
+        (`additional_config`: batch_size, max_batch_size, device; None values left out, as lm-eval does)."""
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> SinkDLMEvalModel:
+        """From model_args given as a dict (`simple_evaluate(model_args={...})`); see `lm_eval_config`."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(lm_eval_config({**arg_dict, **extra}))
 
     # ------------------------------------------------------------------ lm-eval properties
     @property
@@ -213,7 +230,7 @@ class SinkDLMEvalModel(LM):
             raise ValueError(f"continuation {empty[0][1]!r} encodes to no tokens; nothing to score")
         self.predictor.progress = not disable_tqdm
         lls = self.predictor.loglikelihood_ids([p for p, _ in pairs], [c for _, c in pairs], desc="ELBO")
-        if self.check_greedy:
+        if self.settings.check_greedy:
             greedy = self.predictor.greedy_matches([p for p, _ in pairs], [c for _, c in pairs])
         else:
             greedy = [False] * len(pairs)  # not computed (check_greedy=False): never claimed
@@ -264,7 +281,7 @@ class SinkDLMEvalModel(LM):
         for (max_toks, temperature), idx in groups.items():
             prompts = [self.predictor.encode(settings[i][0]) for i in idx]
             ids = self.predictor.generate_ids(
-                prompts, max_toks, block_length=self.block_length, temperature=temperature
+                prompts, max_toks, block_length=self.settings.block_length, temperature=temperature
             )
             for i, toks in zip(idx, ids):
                 out[i] = self.predictor.decode(toks, settings[i][1])

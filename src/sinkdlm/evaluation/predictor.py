@@ -37,7 +37,7 @@ from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.config.checks import CACHE_CHOICES as CACHES
 from sinkdlm.diffusion.sampling import generate as sample
 from sinkdlm.config.checks import check_int, check_optional_int
-from sinkdlm.config.commands import EvalConfig, RemaskingOptions  # the one home of the defaults (field docstrings)
+from sinkdlm.config.commands import ScoringOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
 
@@ -92,9 +92,24 @@ def check_decoding_options(cache, threshold) -> None:
         raise ValueError(f"threshold must be a probability in [0, 1] (e.g. 0.9), got {threshold!r}")
 
 
+def check_scoring_options(o: ScoringOptions) -> None:
+    """Every option `DLMPredictor` reads that needs no model, checked up front (the remasking rule, which
+    depends on the model's family, is checked when the predictor is built)."""
+    check_decoding_options(o.cache, o.threshold)
+    if o.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {o.method!r}")
+    check_int("mc_num", o.mc_num, 1)
+    check_int("batch_size", o.batch_size, 1)
+    check_optional_int("gen_steps", o.gen_steps, 1, none_means="one token per step")
+    if o.max_length is not None:
+        check_int("max_length", o.max_length, 2)
+
+
 class DLMPredictor:
     """A `DiffusionLM` + its tokenizer behind the predictor interface (see the module docstring).
 
+    `options` (`ScoringOptions`, or the `EvalConfig` / `LMEvalConfig` that holds them; default: their
+    defaults, without progress bars) are read once, here:
     mc_num       Monte-Carlo samples per multi-token continuation.
     method       likelihood estimator: "mc_count" (default), "mc" (docs/method.md §1 as written) or "chain".
     batch_size   model rows per forward (likelihood samples, or prompts being sampled).
@@ -108,50 +123,28 @@ class DLMPredictor:
                  decoding and uses neither the cache nor the threshold.
     threshold    Fast-dLLM confidence-threshold decoding for generation (e.g. 0.9); the step count
                  then adapts and `gen_steps` is a no-op.
-    remasking    the sampler's remasking settings for generation (`RemaskingOptions.remasking_options()`:
-                 remasking, schedule, eps, alg_temp, top_p, top_k); None = `generate`'s defaults, those
-                 of the model's family. The greedy check keeps its one-commit-per-step LLaDA rule.
+    remasking, schedule, eps, alg_temp, top_p, top_k: the sampler's remasking settings for generation
+                 (`RemaskingOptions`); None = those of the model's family. The greedy check keeps its
+                 one-commit-per-step LLaDA rule.
+    progress     progress bars (`self.progress`, which a caller may switch per call).
     """
 
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        *,
-        mc_num: int = EvalConfig.mc_num,
-        method: str = "mc_count",
-        batch_size: int = EvalConfig.batch_size,
-        gen_steps: int | None = None,
-        seed: int = 0,
-        progress: bool = False,
-        max_length: int | None = None,
-        cache: str | None = None,
-        threshold: float | None = None,
-        remasking: dict | None = None,
-    ):
-        cfg = model.config
-        check_decoding_options(cache, threshold)
-        self.remasking = dict(remasking or {})
-        if self.remasking and not cfg.causal:  # its errors before any work (`generate` checks them so)
-            full = {**RemaskingOptions().remasking_options(), **self.remasking}
+    def __init__(self, model, tokenizer, options: ScoringOptions | None = None):
+        o = ScoringOptions(progress=False) if options is None else options
+        check_scoring_options(o)
+        cfg, threshold = model.config, o.threshold
+        self.remasking = o.remasking_options()  # RemaskingOptions' fields only
+        if not cfg.causal:  # its errors before any work (`generate` checks them so)
+            full = self.remasking
             check_rule(*resolve_rule(cfg.family, full["schedule"], full["remasking"], threshold), threshold=threshold,
                        temperature=0.0, alg_temp=full["alg_temp"], top_p=full["top_p"], top_k=full["top_k"],
                        eps=full["eps"])
         check_tokenizer_matches(tokenizer, cfg.vocab_size, cfg.mask_token_id)
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        check_int("mc_num", mc_num, 1)
-        check_int("batch_size", batch_size, 1)
-        check_optional_int("gen_steps", gen_steps, 1, none_means="one token per step")
-        limit = cfg.max_content_length
-        if max_length is not None:
-            check_int("max_length", max_length, 2)
-            limit = min(limit, max_length)
         self.model, self.tokenizer = model, tokenizer
-        self.mc_num, self.method, self.batch_size = mc_num, method, batch_size
-        self.gen_steps, self.seed, self.progress = gen_steps, seed, progress
-        self.max_length = limit
-        self.cache, self.threshold = cache, threshold
+        self.mc_num, self.method, self.batch_size = o.mc_num, o.method, o.batch_size
+        self.gen_steps, self.seed, self.progress = o.gen_steps, o.seed, o.progress
+        self.max_length = cfg.max_content_length if o.max_length is None else min(cfg.max_content_length, o.max_length)
+        self.cache, self.threshold = o.cache, threshold
         self.eos_id = tokenizer.eos_token_id
         self._warned_truncation = False
 

@@ -49,6 +49,7 @@ from sinkdlm.data import arithmetic_dataset, load_documents, load_gsm8k_jsonl
 from sinkdlm.evaluation.predictor import GenRequest, Predictor
 from sinkdlm.evaluation.scoring import answer_matches, choice_outcomes, items_digest, score
 from sinkdlm.config.checks import check_optional_int
+from sinkdlm.config.commands import GEN_BLOCK_LENGTH  # semi-autoregressive blocks for generated answers
 
 CLOZE_MIN_WORDS = 50
 CLOZE_DISTRACTORS = 4
@@ -63,7 +64,6 @@ FAR_LINES = 50  # a distractor line lies at least this many lines away from the 
 ARITHMETIC_DEFAULT_N = 500  # items when no limit is given
 ARITHMETIC_GEN_TOKENS = 128
 GSM8K_GEN_TOKENS = 256
-GEN_BLOCK_LENGTH = 32  # semi-autoregressive blocks for answers (LLaDA's GSM8K setting)
 GSM8K_PREFIX = "gsm8k:"
 
 WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")

@@ -1,4 +1,4 @@
-"""What an unfinished experiment has measured so far: `DIR/progress.md` and its figures.
+"""What an unfinished experiment has measured so far: `DIR/progress.md` and its one figure.
 
 A study on a CPU runs for many hours and is interrupted (docs/method.md §7, "One model at a time");
 `sinkdlm experiment` rewrites this page after every training run and every saved chunk of the fixed
@@ -6,6 +6,8 @@ validation, so what is finished can be read, and committed, while the rest runs.
 (`runs/*/train/metrics.jsonl`, `val.json` / `val.partial.json`, `interim.json`) and states no verdict:
 the interim intervals are raw, over the seeds trained so far; the final report adjusts them. From an AR
 initialisation it also shows each pair's step-0 gap and training effect so far (`interim.json`'s `head_start`).
+The page is committed while a study runs, so it stays light: Markdown and one PNG (the gradient-norm
+peaks; the trainer's validation loss is a column), no HTML copy (CONTRIBUTING.md, "What a study commits").
 """
 
 from __future__ import annotations
@@ -20,18 +22,18 @@ from sinkdlm.experiment.variance import validation_seconds, validation_values
 from sinkdlm.reporting import Document
 from sinkdlm.training.rundir import grad_norm_peaks, local_checkpoint, read_metrics
 
-PROGRESS = "progress"  # the page's stem: progress.md and progress.html
+PROGRESS = "progress"  # the page's stem: progress.md
 
 
 def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[int], max_steps: int,
                    validation_sequences: int | None = None) -> Path:
-    """Write `out/progress.md` (and `out/figures/progress_*.png`): per run, the training steps done, the
+    """Write `out/progress.md` (and its one figure, `out/figures/progress_grad_norm.png`): per run, the training steps done, the
     trainer's last losses and its largest pre-clip gradient norm, the fixed-validation sequences scored,
     and each pair's interim comparison (`interim.json`). `labels`: variant name -> label."""
     from sinkdlm.analysis.figures import plot_training_curves
 
     out = Path(out)
-    rows, grad_curves, val_curves = [], {}, {}
+    rows, grad_curves = [], {}
     steps_left, step_rates, val_rates, seqs_left = 0, [], [], 0
     # the step-0 controls (from an AR checkpoint): one fixed validation each, per variant or per seed
     converted = sorted(p.name for p in (out / "converted").glob("*") if p.is_dir()) if (out / "converted").is_dir() else []
@@ -51,8 +53,6 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             peaks = grad_norm_peaks(m)
             if peaks:
                 grad_curves.setdefault(label, {})[str(seed)] = tuple(map(list, zip(*peaks)))
-            if vals:
-                val_curves.setdefault(label, {})[str(seed)] = tuple(map(list, zip(*vals)))
             step = train_rows[-1]["step"] if train_rows else 0
             done = (run / "train" / "DONE.json").is_file()
             scored = len(validation_values(run))
@@ -87,10 +87,6 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                                     ylabel="largest pre-clip grad norm per log interval", log_y=True)
         doc.image(path, "Largest pre-clip gradient norm between logged steps (log scale): one thin line per seed, "
                         "the mean over seeds thick; every update is clipped to the preset's grad_clip")
-    if val_curves:
-        path = plot_training_curves(val_curves, figures / "progress_val_loss.png",
-                                    ylabel="trainer's validation loss (its own noise)")
-        doc.image(path, "The training loop's validation loss vs step (its own per-run noise, not the fixed validation)")
     interim_path = out / "interim.json"
     if interim_path.is_file():
         interim = json.loads(interim_path.read_text())
@@ -118,7 +114,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                       [[" − ".join(labels.get(n, n) for n in h["pair"]), f"{h['seeds']}", f"{h['sequences']}",
                         fmt_interval(h["step0_gap"]), fmt_interval(h["training_effect"])] for h in heads])
             doc.paragraph("Δ_train = (a(T) − a(0)) − (b(T) − b(0)): positive when training narrowed a lead a had at step 0.")
-    return doc.write(out, PROGRESS)[0]
+    return doc.write_markdown(out, PROGRESS)
 
 
 def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: list[float]) -> str:

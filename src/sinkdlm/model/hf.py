@@ -37,10 +37,18 @@ class SinkDLMConfig(PretrainedConfig):
         return ModelConfig.from_dict(self.to_dict())
 
 
+class AutoDiffusionLM(DiffusionLM):
+    """`DiffusionLM` as `transformers`' Auto classes open it: the same model, declaring the `config_class`
+    they read (`AutoModelForMaskedLM.register` checks it), so `DiffusionLM` itself stays free of transformers
+    and no attribute is set on it at import."""
+
+    config_class = SinkDLMConfig
+
+
 def register() -> None:
+    """Route `AutoConfig` / `AutoModelForMaskedLM` to sinkdlm checkpoints, through their public `register`."""
     AutoConfig.register(MODEL_TYPE, SinkDLMConfig, exist_ok=True)
-    DiffusionLM.config_class = SinkDLMConfig
-    AutoModelForMaskedLM.register(SinkDLMConfig, DiffusionLM, exist_ok=True)
+    AutoModelForMaskedLM.register(SinkDLMConfig, AutoDiffusionLM, exist_ok=True)
 
 
 # ----------------------------------------------------------------------------- conversion

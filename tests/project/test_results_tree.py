@@ -1,0 +1,66 @@
+"""The committed results stay light (CONTRIBUTING.md, "What a study commits"): docs/results/ fits a declared
+budget, no page embeds its figures, every committed figure is one a committed page shows, and no sentinel or
+temp file is tracked. Read from `git ls-files`, so only what a clone gets is counted."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = "docs/results"
+BUDGET_BYTES = 45_000_000  # the whole tracked docs/results/ tree (it was 88 MB when pages inlined their figures)
+KINDS = (".json", ".jsonl", ".md", ".png", ".npz", ".html")  # the results files a study writes and commits
+
+
+@pytest.fixture(scope="module")
+def tracked() -> list[str]:
+    """The paths under docs/results/ that git tracks (present in this checkout)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: what is committed cannot be read")
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", RESULTS], capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p and (ROOT / p).is_file()]
+
+
+def _links(page: Path) -> list[str]:
+    """The relative targets a Markdown or HTML page links: `](target)` and `<img src="target">`."""
+    text = page.read_text()
+    found = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r'<img src="([^"]+)"', text)
+    return [t.split("#")[0] for t in found if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def test_the_committed_results_fit_their_budget(tracked):
+    sizes = {p: (ROOT / p).stat().st_size for p in tracked}
+    total = sum(sizes.values())
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:5]
+    assert total <= BUDGET_BYTES, (f"the tracked {RESULTS}/ is {total / 1e6:.1f} MB, over its {BUDGET_BYTES / 1e6:.0f} MB "
+                                   f"budget; largest: {[(p, sizes[p]) for p in largest]}")
+
+
+def test_no_committed_page_embeds_a_figure(tracked):
+    embedded = [p for p in tracked if p.endswith((".md", ".html")) and "data:image" in (ROOT / p).read_text()]
+    assert not embedded, f"pages that inline an image instead of linking its PNG: {embedded}"
+
+
+def test_every_committed_figure_is_shown_by_a_committed_page_and_every_link_resolves(tracked):
+    files = set(tracked)
+    shown, broken = set(), []
+    for page in (p for p in tracked if p.endswith((".md", ".html"))):
+        for target in _links(ROOT / page):
+            path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+            shown.add(path)
+            committed = path in files if path.startswith(RESULTS + "/") else (ROOT / path).exists()
+            if not committed:  # a figure drawn here but not committed is missing from a clone
+                broken.append(f"{page} -> {target}")
+    unshown = sorted(p for p in files if p.endswith(".png") and p not in shown)
+    assert not broken, f"committed pages link files that are not committed: {broken}"
+    assert not unshown, f"committed figures that no committed page shows (draw them on demand instead): {unshown}"
+
+
+def test_no_sentinel_or_temp_file_is_committed(tracked):
+    odd = [p for p in tracked if p != f"{RESULTS}/README.md" and (not p.endswith(KINDS) or any(
+        part.startswith(".") for part in Path(p).parts))]
+    assert not odd, f"not results files (sentinels such as ALL_DONE, or the temp file of an atomic write): {odd}"
