@@ -11,17 +11,6 @@ import typer
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import EvalConfig
-from sinkdlm.config.checks import check_writable_ancestor
-
-
-def check_output_path(out: Path) -> Path:
-    """Fail before any work when `out` cannot be written: a directory, or under a non-directory or an
-    unwritable directory. Missing parent directories are created at write time."""
-    out = Path(out).expanduser()
-    if out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a directory; give a file path such as {str(out / 'scores.json')!r}")
-    check_writable_ancestor(out.parent, repr(str(out)))
-    return out
 
 
 @app.command("eval")
@@ -31,8 +20,10 @@ def eval_command(cfg: EvalConfig) -> None:
     from sinkdlm.evaluation import evaluate_dir, format_table
     from sinkdlm.evaluation.evaluator import task_names
     from sinkdlm.io.atomic import atomic_write_json
+    from sinkdlm.io.out_dir import check_out
 
-    out = check_output_path(cfg.out)
+    out = Path(cfg.out).expanduser()
+    check_out(out, "eval", overwrite=cfg.overwrite, is_file=True)  # an existing file is replaced only when asked
     names = task_names(cfg.tasks)
     scores = evaluate_dir(cfg)  # --model: required by the command line
     typer.echo(format_table(scores))

@@ -20,7 +20,7 @@ def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
 
     new_out = not Path(cfg.out).exists()
     try:  # re-running the command resumes
-        run_experiment(cfg, resume_command=typed_command(ctx))
+        run_experiment(cfg, resume_command=typed_command(ctx, drop=("overwrite",)))
     except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
         raise typer.Exit(stopped.exit_code) from None
     except ValueError:

@@ -108,31 +108,6 @@ def read_text_file(path, flag: str) -> str:
         raise ValueError(f"{flag} file {str(path)!r} cannot be read ({exc.strerror or exc})") from exc
 
 
-def check_writable_ancestor(path: Path, what: str) -> None:
-    """The nearest existing ancestor of `path` must be a writable directory (so the missing part of the
-    path can be created when the output is written). `what` names the output in the message."""
-    import os
-
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"cannot write {what}: {str(parent)!r} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot write {what}: directory {str(parent)!r} is not writable")
-
-
-def check_output_dir(path, flag: str = "--out") -> Path:
-    """Fail before any work when directory `path` cannot be made or written: it is a file, lies
-    under a file, or under an unwritable directory. Creates nothing, so that a refused run leaves
-    no empty `--out` behind (the command creates it when it writes)."""
-    path = Path(path).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a file; give a directory")
-    check_writable_ancestor(path, f"{flag} {str(path)!r}")
-    return path
-
-
 def check_prompt_size(text: str, tokenizer, config, flag: str) -> None:
     """Refuse a prompt far too long for the model before encoding it (10 MB take a BPE ~20 s): no
     token covers more characters than the vocabulary's longest, so `text` needs at least

@@ -147,6 +147,8 @@ class AnalyzeConfig(ModelOptions):
     """Two analysis directories (of `analyze --out`) to put side by side."""
     out: Path | None = option(None, required=True)
     """Output directory."""
+    overwrite: bool = False
+    """Replace what --out holds (the new output is written beside it and swapped in at the end: a failed run leaves it as it was)."""
     per_prompt: bool = False
     """Analyse each prompt on its own and give every number a 95 % interval over prompts (intervals.json)."""
     quiet: bool = False
@@ -190,6 +192,8 @@ class EvalConfig(ModelOptions, RemaskingOptions):
     """Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."""
     out: Path | None = option(None, required=True)
     """Write the scores here as JSON."""
+    overwrite: bool = False
+    """Replace the file --out names, when it exists (written atomically: a failed run leaves it as it was)."""
     limit: int | None = None
     """Items per task (default: all)."""
     seed: int = 0
@@ -220,6 +224,8 @@ class ConvertConfig(_ConvertSwitchFields):
     """Local causal LM to convert: a Qwen2/LLaMA directory (safetensors) or a llama/qwen2 .gguf file."""
     out: Path
     """Output checkpoint directory."""
+    overwrite: bool = False
+    """Replace what --out holds (the new output is written beside it and swapped in at the end: a failed run leaves it as it was)."""
     seed: int = 0
     """Seed for the new sink embeddings and sink logits."""
     shift_logits: bool = False
@@ -238,6 +244,8 @@ class ExperimentConfig(DeviceOption, RemaskingOptions):
     """smoke | demo | study | study-pilot | study-pilot-long | study-gpu | real | real-bf16 | real-gpu | ablation | paper-0.5b"""
     out: str = "runs/demo"
     """Experiment directory (re-run the same command to resume)."""
+    overwrite: bool = False
+    """Replace what --out holds (the new output is written beside it and swapped in at the end: a failed run leaves it as it was)."""
     init_from: str | None = None
     """Local AR checkpoint, a directory or a .gguf (paper-0.5b; real: default the example model)."""
     data: str | None = None

@@ -40,7 +40,7 @@ from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, head_start_splits, sa
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
-from sinkdlm.training.rundir import METRICS_NAME, grad_norm_peaks, local_checkpoint, read_metrics
+from sinkdlm.training.rundir import METRICS_NAME, TrainingStopped, grad_norm_peaks, local_checkpoint, read_metrics
 
 DONE = "DONE.json"
 DONE_PREVIOUS = "DONE.previous.json"  # a retrained run's first summary, until it is reproduced
@@ -338,6 +338,22 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         preset = dataclasses.replace(preset, analysis=dataclasses.replace(preset.analysis, sample=sample),
                                      evaluation=dataclasses.replace(preset.evaluation, **rule))
     out = Path(out)
+    from sinkdlm.io.out_dir import check_out, writing_out
+
+    # what --out holds, before any work: the same preset's experiment is resumed, anything else refused
+    mode = check_out(out, "experiment", overwrite=config.overwrite, resumable=True, preset=preset.name,
+                     inputs=(init_from, data, gsm8k))
+    if mode == "replace":  # the old one set aside while the new one runs, put back if it fails
+        stopped = None
+        with writing_out(out, mode, "experiment", lock=False, in_place=True):
+            try:
+                result = run_experiment(dataclasses.replace(config, overwrite=False), skip_analysis=skip_analysis,
+                                        resume_command=resume_command)
+            except TrainingStopped as e:  # resumable where it is: kept
+                stopped = e
+        if stopped is not None:
+            raise stopped
+        return result
     if init_from is None and preset.default_init_from == "example":
         from sinkdlm.checkpoint.example_model import fetch_example_model
 
@@ -359,7 +375,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     # start is kept on disk (docs/method.md §7: a report states what the experiment cost).
     started = out / "STARTED.json"
     if not started.is_file():
-        atomic_write_json(started, {"time": time.time()})
+        atomic_write_json(started, {"time": time.time(), "preset": preset.name})  # another preset is refused
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
     from sinkdlm.analysis import compare
