@@ -15,7 +15,7 @@ import typer
 from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import AnalyzeConfig
-from sinkdlm.config.checks import check_prompt_size, check_seed
+from sinkdlm.config.checks import check_dtype, check_prompt_size, check_sampler_values, check_seed
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -69,6 +69,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
     if (cfg.prompts is None) == (cfg.data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")
     check_options(cfg)
+    check_dtype(cfg.dtype)
+    check_sampler_values(cfg.sample)
     from sinkdlm.checkpoint.kind import model_kind
     from sinkdlm.config.checks import check_sample_settings
 

@@ -22,6 +22,10 @@ def eval_command(cfg: EvalConfig) -> None:
     from sinkdlm.io.atomic import atomic_write_json
     from sinkdlm.io.out_dir import check_out
 
+    from sinkdlm.config.checks import check_dtype, check_sampler_values
+
+    check_dtype(cfg.dtype)
+    check_sampler_values(cfg)  # before the model is read
     out = Path(cfg.out).expanduser()
     check_out(out, "eval", overwrite=cfg.overwrite, is_file=True)  # an existing file is replaced only when asked
     names = task_names(cfg.tasks)

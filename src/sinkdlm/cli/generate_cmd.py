@@ -33,11 +33,13 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 def generate(cfg: GenerateConfig) -> None:
     """Continue a prompt with a diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.checkpoint.kind import model_kind
-    from sinkdlm.config.checks import check_sample_settings, check_seed
+    from sinkdlm.config.checks import check_dtype, check_sample_settings, check_sampler_values, check_seed
 
     if (cfg.prompt is None) == (cfg.prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     check_seed(cfg.seed, "--seed")
+    check_dtype(cfg.dtype)
+    check_sampler_values(cfg)  # temperature, top-p, top-k, ...: each value on its own, before the model's header
     prompt = cfg.prompt
     if cfg.prompt_file is not None:
         from sinkdlm.config.checks import read_text_file

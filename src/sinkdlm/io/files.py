@@ -155,11 +155,7 @@ def ensure_writable_dir(path: str | Path, flag: str = "--out") -> Path:
 
 def resolve_dtype(dtype) -> torch.dtype | None:
     """None / "auto" (the `transformers` idiom) = as stored; a `torch.dtype` or its name otherwise."""
-    if dtype is None or dtype == "auto":
-        return None
-    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-        raise ValueError(
-            f"dtype {dtype!r} is not a floating-point torch dtype; use e.g. torch.bfloat16, 'float32' or 'auto'"
-        )
-    return resolved
+    from sinkdlm.config.checks import check_dtype
+
+    name = check_dtype(dtype)  # one of the names --dtype takes, listed as it takes them
+    return None if name is None else getattr(torch, name)
