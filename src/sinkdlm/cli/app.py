@@ -9,6 +9,7 @@ usage errors (unknown option, not an integer, ...) get the same one line.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import threading
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         group = typer.main.get_command(app)
         _check_empty_values(args)
+        _check_value_counts(args)
         # Not standalone: click's usage errors come here, to be printed as one line like ours.
         code = group.main(args=args, prog_name="sinkdlm", standalone_mode=False)
     except ValueError as e:
@@ -165,6 +167,24 @@ def _check_empty_values(argv: list[str]) -> None:
         value = value if eq else argv[i + 1]
         if not (value.strip() if name in paths else value):
             raise ValueError(f"{name} is empty; give a {'path' if name in paths else 'value'}")
+
+
+def _check_value_counts(argv: list[str]) -> None:
+    """An option of several values given fewer (`analyze --compare A --out B`): said in its own words, not as
+    the next option swallowed as a value (click then reports "Missing option '--out'")."""
+    params = [p for p in getattr(_command(argv), "params", []) if getattr(p, "nargs", 1) > 1]
+    for param in params:
+        for i, word in enumerate(argv):
+            if word not in param.opts:
+                continue
+            values = list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1:i + 1 + param.nargs]))
+            if len(values) < param.nargs:
+                noun = "directories" if "director" in (param.help or "") else "values"
+                words = {0: "none", 1: "one", 2: "two", 3: "three"}
+                got = words.get(len(values), str(len(values))) + (f" ({' '.join(values)})" if values else "")
+                what = (param.help or "").rstrip(".")
+                raise ValueError(f"{word} needs {words.get(param.nargs, param.nargs)} {noun}, got {got}"
+                                 + (f": {what[:1].lower()}{what[1:]}" if what else ""))
 
 
 def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:

@@ -20,6 +20,9 @@ def convert(cfg: ConvertConfig) -> None:
 
     check_seed(cfg.seed, "--seed")
     check_model_switches(cfg.switches(), where="--")  # before reading --from-hf, in the flags' own names
+    from sinkdlm.io.files import check_model_path
+
+    check_model_path(cfg.from_hf, "--from-hf")  # nothing there (a Hub id given as a path): one line, in the flag's name
     mode = check_out(cfg.out, "convert", overwrite=cfg.overwrite, inputs=(cfg.from_hf,))
     with said_when_slow(f"converting {cfg.from_hf}: reading its weights, then writing {cfg.out} ..."), \
             writing_out(cfg.out, mode, "convert") as where:

@@ -65,7 +65,7 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
     if init_from:
         from sinkdlm.checkpoint.manager import open_source
 
-        source = open_source(init_from, flag="--init-from")  # a missing or unreadable model: one line, now
+        source = open_source(init_from, flag="init_from")  # a missing or unreadable model: one line, now
         if not source.is_autoregressive and source.fmt != "sinkdlm":
             raise ValueError(f"--init-from {init_from} is a {source.fmt!r} diffusion model; expected an "
                              "autoregressive Qwen2/LLaMA checkpoint (a directory or a .gguf)")
