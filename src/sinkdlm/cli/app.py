@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import sys
 import threading
+import time
 
 import typer
 import typer.core
@@ -49,8 +50,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sinkdlm import __version__
+
+        typer.echo(f"sinkdlm {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print sinkdlm's version and exit.")) -> None:
     """Masked diffusion language models with a stable attention sink."""
 
 
@@ -210,6 +220,28 @@ def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) 
         else:
             words += [param.opts[0], str(value)]
     return shlex.join([*words, *extra])
+
+
+@contextlib.contextmanager
+def progress_when_slow(describe, after_s: float = 3.0, every_s: float = 5.0):
+    """Print `describe(elapsed_s)` to stderr every `every_s` seconds once the block has run `after_s`
+    seconds (a long `generate`): a quick block prints nothing, and the block's own output is untouched."""
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def tick() -> None:
+        wait = after_s
+        while not done.wait(wait):
+            typer.echo(describe(time.perf_counter() - start), err=True)
+            wait = every_s
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextlib.contextmanager

@@ -87,6 +87,8 @@ class TextOptions:
     """Wrap the prompt in the model's chat template (GGUF: tokenizer.chat_template; a directory: its tokenizer config) and end the text at the end of the assistant's turn."""
     stop_at_eos: bool = True
     """End the text at the end-of-text token (an autoregressive model stops there; a diffusion LM pads after it with that token, as LLaDA does)."""
+    system: str | None = None
+    """A system message before the prompt, in the chat template's system turn (needs --chat)."""
 
 
 @dataclass(kw_only=True)
@@ -101,6 +103,16 @@ class GenerateConfig(ModelOptions, SampleConfig, TextOptions):
     """Print one JSON object: text, tokens, steps_taken, seconds."""
     show_steps: bool = False
     """Print the partially unmasked text after every step."""
+
+
+@dataclass(kw_only=True)
+class ChatConfig(ModelOptions, SampleConfig):
+    """`sinkdlm chat MODEL`: a conversation through the model's chat template, one line from you, one reply."""
+
+    gen_length: int = 128
+    """Tokens per reply at most (a reply ends at the end of the assistant's turn)."""
+    system: str | None = None
+    """A system message that opens the conversation."""
 
 
 @dataclass(kw_only=True)
