@@ -493,7 +493,17 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     def analysed_seed(seed: int) -> bool:  # the first seed always; every seed where the preset asks
         return (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
 
-    for unit in [u for us in zip(*runs.values()) for u in us]:  # seed-major: pairs complete early
+    from sinkdlm.experiment.plan import pace_line, plan_line, reference_seconds_per_step, run_seconds
+
+    ordered = [u for us in zip(*runs.values()) for u in us]  # seed-major: pairs complete early
+
+    def measured() -> list[float]:  # each run's seconds, as its timing.json holds them (resumes included)
+        return [t for u in ordered if (t := run_seconds(u.timing)) is not None]
+
+    _log(plan_line(variants=len(preset.variants), seeds=len(seeds), steps=max_steps or preset.train.max_steps,
+                   controls=len(step0_units), measured=measured(), per_step=reference_seconds_per_step(preset.name),
+                   progress=out / "progress.md"))
+    for done, unit in enumerate(ordered, 1):
         variant, seed, run = variant_of[id(unit)], unit.seed, unit.dir
         analysed = analysed_seed(seed)
         run_steps = run_steps_of(unit)
@@ -575,6 +585,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             unit.timing["analysis"] = time.perf_counter() - t0
             unit.save_timing()
         validate(unit)
+        _log(pace_line(done, len(ordered), measured(), out / "progress.md"))
 
     for variant in preset.variants:  # the step-0 controls: the first seed's analysed, every one validated
         for i, name in enumerate(dict.fromkeys(step0_name(variant, s) for s in seeds) if init_from else ()):
