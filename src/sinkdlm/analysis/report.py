@@ -20,7 +20,7 @@ from sinkdlm.reporting import Document
 # One file per figure of an `analyze` run; analysis.json lists the ones written under "figures".
 FIGURES = {
     "attention_maps": "attention_maps.png",
-    "value_norm_scatter": "value_norm_scatter.png",
+    "value_norm_scatter": "value_norm_histogram.png",  # a histogram of the norms (the key kept for old runs)
     "layer_bars": "layer_bars.png",
     "non_sink_fraction": "non_sink_fraction.png",
     "largest_sink_positions": "largest_sink_positions.png",
@@ -175,8 +175,9 @@ FIGURE_CAPTIONS = {
                   "on the sink (One-Token Fig. 3; detected sinks when the model has no extra sink token).",
     "non_sink_fraction": "Share of (step, layer, head, key) that are not sinks, as a function of ϵ "
                          "(Rulli et al. Fig. 10).",
-    "largest_sink_positions": "Position of the largest sink at every {step}: share of (row, layer, "
-                              "head) whose largest sink sits at that position (-1 = no sink at ϵ).",
+    "largest_sink_positions": "Position of the largest sink at every {step}: the colour is the share of (row, "
+                              "layer, head) whose largest sink sits at that position (white: none); the red line "
+                              "(right axis) is the share with no sink at ϵ.",
 }
 
 
