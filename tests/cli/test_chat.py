@@ -11,9 +11,7 @@ import pytest
 
 import fuzz_world
 
-# ChatML, written here as the reference: what the prompt of a conversation must look like.
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = fuzz_world.CHATML  # ChatML: what the prompt of a conversation must look like
 
 
 def chatml(messages: list[dict]) -> str:

@@ -55,6 +55,7 @@ BASELINES: dict[str, list[str]] = {
             "--seq-len", "32", "--out", "out"],
     "tokenizer train": ["tokenizer", "train", "--data", "{corpus.txt}", "--vocab-size", "280", "--out", "out"],
     "convert": ["convert", "--from-hf", "{hf_qwen2}", "--out", "out"],
+    "chat": ["chat", "{chat_ok}", "--gen-length", "4", "--device", "cpu"],  # stdin: STDIN, two messages
     # A full experiment takes minutes even on `smoke`: fuzz it on top of a refused baseline (an
     # unknown preset, never changed: PINNED), so no generated case starts one. That covers the
     # command's own parsing; the corpus holds `smoke` cases refused by the library's checks.
@@ -63,7 +64,8 @@ BASELINES: dict[str, list[str]] = {
 }
 PINNED = {"experiment": {"--preset"}}
 EXAMPLES = {"generate": 40, "analyze": 20, "eval": 20, "train": 20, "sft": 15, "tokenizer train": 15,
-            "convert": 20, "experiment": 15}
+            "convert": 20, "experiment": 15, "chat": 15}
+STDIN = "to be or not\nthe slings and arrows\n"  # what every case reads from stdin (`sinkdlm chat`'s transcript)
 # A deeper local hunt: SINKDLM_FUZZ_SCALE=20 runs 20x the cases; SINKDLM_FUZZ_RANDOM=1 draws new ones
 # (then add what fails to the corpus). CI runs the fixed, derandomized set.
 SCALE = float(os.environ.get("SINKDLM_FUZZ_SCALE", "1"))
@@ -147,8 +149,10 @@ def run_main(argv: list[str], cwd: Path, seconds: float = CASE_SECONDS) -> Resul
 
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    old_stdin = sys.stdin
     try:
         os.chdir(cwd)
+        sys.stdin = io.StringIO(STDIN)
         with redirect_stdout(out), redirect_stderr(err):
             main(list(argv))
     except SystemExit as e:
@@ -161,6 +165,7 @@ def run_main(argv: list[str], cwd: Path, seconds: float = CASE_SECONDS) -> Resul
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         os.chdir(old_cwd)
+        sys.stdin = old_stdin
     return Result(code, out.getvalue(), err.getvalue(), error)
 
 
