@@ -174,3 +174,20 @@ def test_experiment_resumes_its_own_preset_and_refuses_another(tmp_path):
     assert check_out(study, "experiment", resumable=True, preset="study") == "resume"
     with pytest.raises(ValueError, match=r"holds the `study` experiment, not `escape`.*--overwrite"):
         check_out(study, "experiment", resumable=True, preset="escape")
+
+
+def test_train_overwrite_replaces_and_a_failed_start_puts_the_old_back(world, tmp_path):
+    """train --overwrite over unrelated files: the new run takes --out whole (its train_config.json names
+    --out, not a temporary); a start that fails (missing --data) leaves the old directory as it was."""
+    out = make(tmp_path / "out", UNRELATED)
+    before = snapshot(out)
+    bad = argv_for("train", world, out) + ["--overwrite"]
+    bad[bad.index("--data") + 1] = str(tmp_path / "missing.txt")
+    code, err = run(bad)
+    assert code == 2 and "missing.txt" in err and snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    code, err = run(argv_for("train", world, out) + ["--overwrite"])
+    assert code == 0, err
+    assert owner(out) == "train" and not (out / "notes.txt").exists()
+    assert json.loads((out / "train_config.json").read_text())["out"] == str(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
