@@ -66,7 +66,7 @@ def owner(path: str | Path) -> str | None:
         return "eval" if {"scores", "tasks", "model"} <= data.keys() else None
     if not path.is_dir():
         return None
-    names = {p.name for p in path.iterdir()}
+    names = {name.rstrip("/") for name in _contents(path)}
     if names & {"STARTED.json", "progress.md", "interim.json"} or {"results.json", "runs"} <= names:
         return "experiment"
     if "train_config.json" in names:
@@ -83,7 +83,11 @@ def owner(path: str | Path) -> str | None:
 
 
 def _contents(path: Path) -> list[str]:
-    return sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir() if p.name not in IGNORED)
+    try:
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir() if p.name not in IGNORED)
+    except OSError as e:  # unreadable: say so, not a traceback
+        raise ValueError(f"--out {str(path)!r} cannot be read ({e.strerror or e}); fix its permissions or choose "
+                         "another --out") from e
 
 
 def describe(path: str | Path) -> str:
