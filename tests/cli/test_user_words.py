@@ -57,3 +57,16 @@ def test_sampler_values_name_the_argument(field, value, words):
         check_sampler_values(settings)
     assert str(err.value).startswith(words)  # the argument, not `--top-p`
     assert cli_message(str(err.value), [f"--{field.replace('_', '-')}"]).startswith(f"--{field.replace('_', '-')}")
+
+
+def test_lm_eval_model_args_device_wins_over_lm_evals_own_flag(tmp_path):
+    """`--model_args pretrained=DIR,device=cpu` beside lm-eval's always-passed `--device` (cuda:0 by default)
+    raised "got multiple values for keyword argument 'device'"; the model's own argument wins."""
+    pytest.importorskip("lm_eval")
+    import fuzz_world
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    world = fuzz_world.build(tmp_path / "w")
+    lm = SinkDLMEvalModel.create_from_arg_obj({"pretrained": world["ok"], "device": "cpu"},
+                                              {"device": "cuda:7", "batch_size": 4})
+    assert str(lm._device) == "cpu"
