@@ -47,12 +47,13 @@ def read_prompts(path: Path) -> list[str]:
 @config_options(AnalyzeConfig)
 def analyze(cfg: AnalyzeConfig) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
-    from sinkdlm.analysis import check_options
     from sinkdlm.io.out_dir import check_out, writing_out
 
     out = cfg.out
     inputs = (cfg.model, cfg.prompts, *(cfg.compare_dirs or ()))
-    mode = check_out(out, "analyze", overwrite=cfg.overwrite, inputs=inputs)  # what --out holds, before any work
+    mode = check_out(out, "analyze", overwrite=cfg.overwrite, inputs=inputs)  # what --out holds, before any import
+    from sinkdlm.analysis import check_options
+
     check_seed(cfg.seed, "--seed")
     if cfg.compare_dirs is not None:
         if cfg.model is not None:

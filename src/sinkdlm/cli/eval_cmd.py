@@ -17,17 +17,17 @@ from sinkdlm.config.commands import EvalConfig
 @config_options(EvalConfig, required=("model",))
 def eval_command(cfg: EvalConfig) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""
-    from sinkdlm.evaluation import evaluate_dir, format_table
-    from sinkdlm.evaluation.evaluator import task_names
-    from sinkdlm.io.atomic import atomic_write_json
-    from sinkdlm.io.out_dir import check_out
-
     from sinkdlm.config.checks import check_dtype, check_sampler_values
+    from sinkdlm.io.out_dir import check_out
 
     check_dtype(cfg.dtype)
     check_sampler_values(cfg)  # before the model is read
     out = Path(cfg.out).expanduser()
     check_out(out, "eval", overwrite=cfg.overwrite, is_file=True)  # an existing file is replaced only when asked
+    from sinkdlm.evaluation import evaluate_dir, format_table
+    from sinkdlm.evaluation.evaluator import task_names
+    from sinkdlm.io.atomic import atomic_write_json
+
     names = task_names(cfg.tasks)
     scores = evaluate_dir(cfg)  # --model: required by the command line
     typer.echo(format_table(scores))

@@ -43,13 +43,13 @@ def _run(ctx: typer.Context, cfg) -> None:
     import dataclasses
 
     from sinkdlm.io.out_dir import check_out, writing_out
-    from sinkdlm.training import train
-    from sinkdlm.training.rundir import TrainingStopped
 
-    cfg.validate()  # the options first, then what --out holds
+    cfg.validate()  # the options first, then what --out holds, then the imports of training
     command = "sft" if cfg.sft else "train"
     mode = check_out(cfg.out, command, overwrite=cfg.overwrite, resumable=True,
                      inputs=(cfg.init_from, cfg.tokenizer, cfg.data))
+    from sinkdlm.training import train
+    from sinkdlm.training.rundir import TrainingStopped
     stopped = None
     # the trainer holds its own lock; the new run is written at --out (the old one set aside, put back on failure)
     with writing_out(cfg.out, mode, command, lock=False, in_place=True):
@@ -86,12 +86,13 @@ def tokenizer_train(
                                    "swapped in: a failed run leaves it as it was)."),
 ) -> None:
     """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
-    from sinkdlm.data import iter_documents, train_bpe_tokenizer
     from sinkdlm.config.checks import check_int
     from sinkdlm.io.out_dir import check_out, writing_out
 
     check_int("--vocab-size", vocab_size, 1, 2**31 - 1)  # the tokenizers library overflows past its int
     mode = check_out(out, "tokenizer train", overwrite=overwrite, inputs=(data,))
+    from sinkdlm.data import iter_documents, train_bpe_tokenizer
+
     with writing_out(out, mode, "tokenizer train") as where:
         tok = train_bpe_tokenizer(iter_documents(data, "train", text_field), vocab_size, out_dir=where)
     typer.echo(f"wrote {out}: {len(tok)} tokens, mask_token_id {tok.mask_token_id}")
