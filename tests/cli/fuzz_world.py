@@ -18,6 +18,10 @@ TEXTS = [
 ]
 
 
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 def _tiny_config(tok, **kw):
     from sinkdlm import ModelConfig
 
@@ -47,6 +51,12 @@ def build(root: Path) -> dict[str, str]:
     # ---- models that load
     model_dir("ok")
     model_dir("ok_sink", num_sink_tokens=1)
+    chat_tok = train_bpe_tokenizer(TEXTS * 4, 300)  # `sinkdlm chat`: ChatML's turn tokens and template
+    chat_tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    chat_tok.chat_template = CHATML
+    torch.manual_seed(0)
+    DiffusionLM(_tiny_config(chat_tok)).save_pretrained(root / "chat_ok", tokenizer=chat_tok)
+    paths["chat_ok"] = root / "chat_ok"
     hf = root / "hf_qwen2"  # an autoregressive HF directory: `convert --from-hf`, AR `analyze`
     torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,

@@ -55,6 +55,7 @@ BASELINES: dict[str, list[str]] = {
             "--seq-len", "32", "--out", "out"],
     "tokenizer train": ["tokenizer", "train", "--data", "{corpus.txt}", "--vocab-size", "280", "--out", "out"],
     "convert": ["convert", "--from-hf", "{hf_qwen2}", "--out", "out"],
+    "chat": ["chat", "{chat_ok}", "--gen-length", "4", "--device", "cpu"],  # stdin: STDIN, two messages
     # A full experiment takes minutes even on `smoke`: fuzz it on top of a refused baseline (an
     # unknown preset, never changed: PINNED), so no generated case starts one. That covers the
     # command's own parsing; the corpus holds `smoke` cases refused by the library's checks.
@@ -63,7 +64,8 @@ BASELINES: dict[str, list[str]] = {
 }
 PINNED = {"experiment": {"--preset"}}
 EXAMPLES = {"generate": 40, "analyze": 20, "eval": 20, "train": 20, "sft": 15, "tokenizer train": 15,
-            "convert": 20, "experiment": 15}
+            "convert": 20, "experiment": 15, "chat": 15}
+STDIN = "to be or not\nthe slings and arrows\n"  # what every case reads from stdin (`sinkdlm chat`'s transcript)
 # A deeper local hunt: SINKDLM_FUZZ_SCALE=20 runs 20x the cases; SINKDLM_FUZZ_RANDOM=1 draws new ones
 # (then add what fails to the corpus). CI runs the fixed, derandomized set.
 SCALE = float(os.environ.get("SINKDLM_FUZZ_SCALE", "1"))
@@ -147,8 +149,10 @@ def run_main(argv: list[str], cwd: Path, seconds: float = CASE_SECONDS) -> Resul
 
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    old_stdin = sys.stdin
     try:
         os.chdir(cwd)
+        sys.stdin = io.StringIO(STDIN)
         with redirect_stdout(out), redirect_stderr(err):
             main(list(argv))
     except SystemExit as e:
@@ -161,6 +165,7 @@ def run_main(argv: list[str], cwd: Path, seconds: float = CASE_SECONDS) -> Resul
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         os.chdir(old_cwd)
+        sys.stdin = old_stdin
     return Result(code, out.getvalue(), err.getvalue(), error)
 
 
@@ -440,18 +445,20 @@ def test_two_analyze_on_one_out_the_second_is_refused(world, tmp_path):
     assert analysis["model"]["label"] == label and label in (tmp_path / "D" / "report.md").read_text()
     assert all((tmp_path / "D" / Path(f).name).is_file() for f in analysis["figures"].values())
     assert not [p for p in (tmp_path / "D").iterdir() if p.name.startswith(".")]  # no temp file left
-    # released at exit: a third run on D is not refused (in process: no second torch import)
-    again = run_main([*base, "--label", "gamma"], tmp_path)
+    # released at exit: a third run on D is not refused (in process: no second torch import); D holds an
+    # analysis now, which only --overwrite replaces (sinkdlm.io.out_dir)
+    again = run_main([*base, "--label", "gamma", "--overwrite"], tmp_path)
     assert again.code == 0 and again.error is None, again
     assert json.loads((tmp_path / "D" / "analysis.json").read_text())["model"]["label"] == "gamma"
 
 
 @pytest.mark.slow  # several processes, each importing torch: 42-49 s in a loaded full run (2 cores)
 def test_two_eval_on_one_out_both_run_and_the_file_stays_whole(world, tmp_path):
-    """eval writes one JSON file, atomically (temp file + rename): both runs finish, and the file
+    """eval writes one JSON file, atomically (temp file + rename): both runs finish (--overwrite), and the file
     holds one of the two results whole (the later one), never a mix or a torn write."""
     base = ["eval", "--model", world["ok"], "--tasks", "shakespeare_cloze,shakespeare_next_line", "--limit", "3",
-            "--mc-num", "2", "--device", "cpu", "--no-progress", "--out", "D/scores.json"]
+            "--mc-num", "2", "--device", "cpu", "--no-progress", "--out", "D/scores.json",
+            "--overwrite"]  # whichever finishes second replaces the first's file
     runs = _start_together([[*base, "--seed", "1"], [*base, "--seed", "2"]], tmp_path)
     assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
     saved = json.loads((tmp_path / "D" / "scores.json").read_text())
@@ -460,3 +467,28 @@ def test_two_eval_on_one_out_both_run_and_the_file_stays_whole(world, tmp_path):
     mine = next(r for r in runs if r.args[-1] == str(saved["seed"]))
     assert mine.stdout.startswith(format_table(saved["scores"]))  # exactly that run's scores
     assert sorted(p.name for p in (tmp_path / "D").iterdir()) == ["scores.json"]  # no temp file left
+
+
+# ----------------------------------------------------------------------------- no network
+@pytest.mark.slow  # lm-eval indexes its thousands of task YAMLs first: 20-40 s on 2 busy cores
+def test_lm_eval_without_network_is_one_line_naming_the_dataset(world, env, tmp_path, monkeypatch):
+    """Offline mode switched off by the user and the network down (every connect refused): the dataset
+    lm-eval cannot reach is named in one error line, exit 2, no traceback (issue 53)."""
+    import socket
+    import sys as _sys
+
+    def unreachable(self, *args, **kwargs):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket.socket, "connect", unreachable)
+    for name, module in (("HF_DATASETS_OFFLINE", "datasets.config"), ("HF_HUB_OFFLINE", "huggingface_hub.constants")):
+        monkeypatch.setenv(name, "0")
+        if module in _sys.modules:
+            monkeypatch.setattr(_sys.modules[module], name, False)
+    argv = ["lm-eval", "--model_args", f"pretrained={world['ok']}", "--tasks", "arc_easy", "--limit", "1",
+            "--device", "cpu"]
+    world_before = tree(Path(world["ok"]).parent, content=False)
+    result = check_case(argv, world, tmp_path, world_before, one_line=False)
+    assert result.code == 2, result
+    line = [w for w in result.err.splitlines() if w.startswith("error:")]
+    assert len(line) == 1 and "'allenai/ai2_arc'" in line[0] and "use a local copy" in line[0], result

@@ -198,7 +198,38 @@ def test_blank_output_gets_a_one_line_note(tmp_path, capsys, monkeypatch):
                           "--json"], capsys)
     assert code == 0 and json.loads(out)["text"] == ""
     notes = [line for line in err.splitlines() if line.startswith("note:")]
-    assert len(notes) == 1 and "only whitespace or special tokens" in notes[0]
+    assert len(notes) == 1 and "has no letter or digit" in notes[0]
+
+
+@pytest.mark.parametrize("decoded,blank", [("," + "\n" * 15, True), (" . ! \n", True), ("", True), ("a,", False),
+                                           ("7", False), ("é", False)])
+def test_blank_means_no_letter_or_digit(decoded, blank, monkeypatch):
+    """Issue 53: `,` and 15 blank lines is no text either; the reference is the definition itself."""
+    import sinkdlm.diffusion.text as text
+    from sinkdlm.diffusion.sampling import GenerationOutput
+
+    monkeypatch.setattr(text, "generate", lambda model, ids, settings, callback=None, return_dict=True: GenerationOutput(
+        sequences=torch.tensor([ids + [7, 45, 45, 45]]), attention_mask=None, prompt_length=len(ids), steps_taken=4))
+    tok = chat_tokenizer()
+    monkeypatch.setattr(tok, "decode", lambda ids, **kw: decoded)
+    out = text.generate_text(DiffusionLM(ModelConfig(**SHAPE, mask_token_id=46)), tok, "w1", gen_length=4, steps=4)
+    assert out.blank is blank and not out.truncated
+
+
+@pytest.mark.parametrize("made,truncated", [([7, 8, 9, 10], True), ([7, 8, 45, 45], False)])
+def test_text_cut_at_gen_length_gets_a_one_line_note(made, truncated, tmp_path, capsys, monkeypatch):
+    import sinkdlm.diffusion.text as text
+    from sinkdlm.diffusion.sampling import GenerationOutput
+
+    monkeypatch.setattr(text, "generate", lambda model, ids, settings, callback=None, return_dict=True: GenerationOutput(
+        sequences=torch.tensor([ids + made]), attention_mask=None, prompt_length=len(ids), steps_taken=4))
+    model = save_model(tmp_path, causal=False)
+    code, out, err = run(["generate", "--model", str(model), "--prompt", "w1", "--gen-length", "4", "--steps", "4"],
+                         capsys)
+    assert code == 0 and out.split() == (["w5", "w6", "w7", "w8"] if truncated else ["w5", "w6"])
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert notes == (["note: the text was cut at --gen-length 4 tokens, before the model ended it; raise --gen-length "
+                      "for the whole answer"] if truncated else [])
 
 
 # ----------------------------------------------------------------------------- the example GGUF

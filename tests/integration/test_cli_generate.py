@@ -114,7 +114,7 @@ def test_show_steps_prints_the_text_filling_in(checkpoint):
         (["--gen-length", "8", "--steps", "1", "--block-length", "4"], "fewer than the number of blocks"),
         (["--gen-length", "8"], "--steps is required"),
         (["--gen-length", "80", "--steps", "80"], "--gen-length (80)"),
-        (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "not a floating-point torch dtype"),
+        (["--gen-length", "8", "--steps", "8", "--dtype", "int8"], "is not one of float32, bfloat16, float16"),
         (["--gen-length", "8", "--steps", "8", "--cache", "full"], "--cache must be prefix or dual, got 'full'"),
         (["--gen-length", "8", "--steps", "8", "--cache", "dual"], "pass a --block-length"),
         (["--gen-length", "8", "--steps", "8", "--remasking", "conf"], "low_confidence, random, maskgit_plus, topk_margin"),

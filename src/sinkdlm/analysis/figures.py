@@ -18,11 +18,12 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator, PercentFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, PercentFormatter
 
 from sinkdlm.io.atomic import atomic_write
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
@@ -140,7 +141,7 @@ def plot_attention_maps(
             ax.set_ylabel("query i" if row_labels is None else f"{row_labels[r]}\nquery i")
             size = row[c].shape[0]
             for j in sinks_per_row[r]:  # the extra sink's key column (eq. 6: every query may attend to it)
-                ax.axvspan(j - 0.5, j + 0.5, fill=False, edgecolor="cyan", linewidth=1.2)
+                ax.axvspan(j - 0.5, j + 0.5, fill=False, edgecolor="cyan", linewidth=2.5)
             if ends[r] is not None and 0 < ends[r] < size:
                 for line in (ax.axvline, ax.axhline):
                     line(ends[r] - 0.5, color="white", linestyle="--", linewidth=0.9)
@@ -149,7 +150,7 @@ def plot_attention_maps(
     fig.colorbar(image, ax=axes.ravel().tolist(), label=f"attention probability (power {MAP_GAMMA})")
     legend = []
     if any(sinks_per_row):
-        legend.append("cyan box: extra sink token")
+        legend.append("cyan frame: the extra sink token's key column")
     if any(e is not None for e in ends):
         legend.append("dashed: prompt | generated boundary")
     _title(fig, title)
@@ -279,8 +280,9 @@ def plot_largest_sink_positions(
     panel per model. The colour of (step, position) is the share of the trailing
     entries (layers x heads) whose largest sink sits there, so a stable sink is a
     horizontal line and a moving sink jumps. The colour scale spans the shares of real
-    positions only: the "no sink" share (often the largest) is drawn as a white line on its
-    own right-hand axis instead of as a heatmap row that would wash out the rest.
+    positions only: the "no sink" share (often the largest) is drawn as a line on its
+    own right-hand axis (a red line) instead of as a heatmap row that would wash out the rest; a cell
+    that no (layer, head) points at stays white.
     ``extra_sink_positions`` are marked; a panel without any sink says so.
     """
     models = _models(positions, "positions")
@@ -308,18 +310,20 @@ def plot_largest_sink_positions(
     image = None
     for ax, (label, a) in zip(axes, arrays.items()):
         steps = a.shape[0]
-        image = ax.imshow(shares[label], origin="lower", aspect="auto", cmap="magma", vmin=0.0, vmax=vmax,
-                          interpolation="nearest", extent=(-0.5, steps - 0.5, -0.5, size - 0.5))
+        # a cell no (layer, head) points at stays white: the sinks stand out instead of a black field
+        cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="white")
+        image = ax.imshow(np.ma.masked_equal(shares[label], 0.0), origin="lower", aspect="auto", cmap=cmap,
+                          vmin=0.0, vmax=vmax, interpolation="nearest", extent=(-0.5, steps - 0.5, -0.5, size - 0.5))
         for p in extra_sink_positions:
             ax.axhline(p, color="tab:cyan", linestyle="--", linewidth=0.8)
         if not shares[label].any():
             say_empty(ax)
         if none_share[label].any():
             twin = ax.twinx()
-            twin.plot(np.arange(steps), none_share[label], color="white", linewidth=1.2, marker=".", markersize=3)
+            twin.plot(np.arange(steps), none_share[label], color="tab:red", linewidth=1.2, marker=".", markersize=3)
             twin.set_ylim(0, 1.02)
             twin.yaxis.set_major_formatter(PercentFormatter(1.0))
-            twin.set_ylabel("no sink (white line)", fontsize=9)
+            twin.set_ylabel("(layer, head)s with no sink (red line)", fontsize=9, color="tab:red")
         integer_ticks(ax, "x")
         integer_ticks(ax, "y")
         ax.set_xlabel(step_label.get(label, "step") if isinstance(step_label, Mapping) else step_label)
@@ -356,8 +360,11 @@ def plot_training_curves(
                     linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seed{'s' if len(series) != 1 else ''}; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
-    if log_y:  # gradient norms span decades
+    if log_y:  # gradient norms span decades: 1-2-3-5 ticks labelled as plain numbers (not only the powers of ten)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     integer_ticks(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

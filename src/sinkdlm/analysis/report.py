@@ -20,7 +20,7 @@ from sinkdlm.reporting import Document
 # One file per figure of an `analyze` run; analysis.json lists the ones written under "figures".
 FIGURES = {
     "attention_maps": "attention_maps.png",
-    "value_norm_scatter": "value_norm_scatter.png",
+    "value_norm_scatter": "value_norm_histogram.png",  # a histogram of the norms (the key kept for old runs)
     "layer_bars": "layer_bars.png",
     "non_sink_fraction": "non_sink_fraction.png",
     "largest_sink_positions": "largest_sink_positions.png",
@@ -175,8 +175,9 @@ FIGURE_CAPTIONS = {
                   "on the sink (One-Token Fig. 3; detected sinks when the model has no extra sink token).",
     "non_sink_fraction": "Share of (step, layer, head, key) that are not sinks, as a function of ϵ "
                          "(Rulli et al. Fig. 10).",
-    "largest_sink_positions": "Position of the largest sink at every {step}: share of (row, layer, "
-                              "head) whose largest sink sits at that position (-1 = no sink at ϵ).",
+    "largest_sink_positions": "Position of the largest sink at every {step}: the colour is the share of (row, "
+                              "layer, head) whose largest sink sits at that position (white: none); the red line "
+                              "(right axis) is the share with no sink at ϵ.",
 }
 
 
@@ -334,6 +335,16 @@ def plot_ablation_curve(ablations: Mapping[str, dict], path, *, title: str | Non
     return save_figure(fig, path)
 
 
+def _without_extra_sink(analyses: Mapping[str, dict], extra: Mapping[str, dict]) -> str:
+    """Why a comparison's extra-sink panel leaves models out: they have no extra sink token (their detected
+    sinks are side by side in sink_mass_layers.png); "" when every model has one."""
+    others = [k for k in analyses if k not in extra]
+    if not others:
+        return ""
+    return (f"\n({', '.join(others)} {'has' if len(others) == 1 else 'have'} no extra sink token: "
+            "the detected sinks of every model are side by side in sink_mass_layers.png)")
+
+
 def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_dir: Path, scale: str) -> dict[str, str]:
     """The combined figures of `compare` into `out_dir`: `runs` is {label: (analysis, arrays or None)};
     the figures that need arrays are drawn only when every run has them. Returns {name: file}."""
@@ -355,7 +366,7 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
                           {k: _floats(e["others_value_norm"]) for k, e in extra.items()},
                           {k: _floats(e["attention_mass"]) for k, e in extra.items()}, out_dir / FIGURES["layer_bars"],
                           title=f"{', '.join(extra)} (with an extra sink token): its value norm and share of "
-                                "attention per layer")
+                                "attention per layer" + _without_extra_sink(analyses, extra))
         figs["layer_bars"] = FIGURES["layer_bars"]
     arrays = {k: arr for k, (_, arr) in runs.items() if arr is not None}
     if len(arrays) == len(runs):

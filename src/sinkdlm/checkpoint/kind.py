@@ -24,7 +24,7 @@ class ModelKind:
     chat_template: bool  # the tokenizer carries a chat template
 
 
-def model_kind(path: str | Path, flag: str = "--model") -> ModelKind | None:
+def model_kind(path: str | Path, flag: str = "model") -> ModelKind | None:
     """The `ModelKind` of the model at `path`; None when a GGUF header cannot tell (loading then says why).
     Nothing there, or a file that is no .gguf: the loader's one-line error, naming `flag`."""
     path = Path(path).expanduser()

@@ -15,8 +15,7 @@ import typer
 from sinkdlm.cli.app import app, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import AnalyzeConfig
-from sinkdlm.cli.out_lock import exclusive_out
-from sinkdlm.config.checks import check_prompt_size, check_seed
+from sinkdlm.config.checks import check_dtype, check_prompt_size, check_sampler_values, check_seed
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -48,19 +47,21 @@ def read_prompts(path: Path) -> list[str]:
 @config_options(AnalyzeConfig)
 def analyze(cfg: AnalyzeConfig) -> None:
     """Attention sinks of a masked diffusion LM (or an autoregressive one): analysis.json, figures, report.md/html."""
-    from sinkdlm.analysis import check_options
-    from sinkdlm.config.checks import check_output_dir
+    from sinkdlm.io.out_dir import check_out, writing_out
 
     out = cfg.out
-    check_output_dir(out)
+    inputs = (cfg.model, cfg.prompts, *(cfg.compare_dirs or ()))
+    mode = check_out(out, "analyze", overwrite=cfg.overwrite, inputs=inputs)  # what --out holds, before any import
+    from sinkdlm.analysis import check_options
+
     check_seed(cfg.seed, "--seed")
     if cfg.compare_dirs is not None:
         if cfg.model is not None:
             raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
         from sinkdlm.analysis.comparison import compare
 
-        with exclusive_out(out, "analyze"):  # a second analyze on this --out at once is refused
-            result = compare(list(cfg.compare_dirs), out)
+        with writing_out(out, mode, "analyze") as where:  # a second analyze on this --out at once is refused
+            result = compare(list(cfg.compare_dirs), where)
         typer.echo(f"wrote {out / 'report.html'} comparing {', '.join(result['models'])}")
         return
     if cfg.model is None:
@@ -69,6 +70,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
     if (cfg.prompts is None) == (cfg.data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")
     check_options(cfg)
+    check_dtype(cfg.dtype)
+    check_sampler_values(cfg.sample)
     from sinkdlm.checkpoint.kind import model_kind
     from sinkdlm.config.checks import check_sample_settings
 
@@ -85,7 +88,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
     from sinkdlm.training.checkpointing import run_label
 
     cfg = dataclasses.replace(cfg, label=cfg.label or run_label(cfg.model))
-    with exclusive_out(out, "analyze"):  # one analyze per --out at a time: no mixed files
+    with writing_out(out, mode, "analyze") as where:  # one analyze per --out at a time: no mixed files
+        cfg = dataclasses.replace(cfg, out=where)
         with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
             net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
         for text in texts or ():

@@ -9,8 +9,10 @@ usage errors (unknown option, not an integer, ...) get the same one line.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import threading
+import time
 
 import typer
 import typer.core
@@ -48,8 +50,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sinkdlm import __version__
+
+        typer.echo(f"sinkdlm {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print sinkdlm's version and exit.")) -> None:
     """Masked diffusion language models with a stable attention sink."""
 
 
@@ -79,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         group = typer.main.get_command(app)
         _check_empty_values(args)
+        _check_value_counts(args)
         # Not standalone: click's usage errors come here, to be printed as one line like ours.
         code = group.main(args=args, prog_name="sinkdlm", standalone_mode=False)
     except ValueError as e:
@@ -167,6 +179,24 @@ def _check_empty_values(argv: list[str]) -> None:
             raise ValueError(f"{name} is empty; give a {'path' if name in paths else 'value'}")
 
 
+def _check_value_counts(argv: list[str]) -> None:
+    """An option of several values given fewer (`analyze --compare A --out B`): said in its own words, not as
+    the next option swallowed as a value (click then reports "Missing option '--out'")."""
+    params = [p for p in getattr(_command(argv), "params", []) if getattr(p, "nargs", 1) > 1]
+    for param in params:
+        for i, word in enumerate(argv):
+            if word not in param.opts:
+                continue
+            values = list(itertools.takewhile(lambda w: not w.startswith("--"), argv[i + 1:i + 1 + param.nargs]))
+            if len(values) < param.nargs:
+                noun = "directories" if "director" in (param.help or "") else "values"
+                words = {0: "none", 1: "one", 2: "two", 3: "three"}
+                got = words.get(len(values), str(len(values))) + (f" ({' '.join(values)})" if values else "")
+                what = (param.help or "").rstrip(".")
+                raise ValueError(f"{word} needs {words.get(param.nargs, param.nargs)} {noun}, got {got}"
+                                 + (f": {what[:1].lower()}{what[1:]}" if what else ""))
+
+
 def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:
     """The running command as the user typed it (`sinkdlm train --out r ...`), for "resume with:" hints.
 
@@ -190,6 +220,28 @@ def typed_command(ctx, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) 
         else:
             words += [param.opts[0], str(value)]
     return shlex.join([*words, *extra])
+
+
+@contextlib.contextmanager
+def progress_when_slow(describe, after_s: float = 3.0, every_s: float = 5.0):
+    """Print `describe(elapsed_s)` to stderr every `every_s` seconds once the block has run `after_s`
+    seconds (a long `generate`): a quick block prints nothing, and the block's own output is untouched."""
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def tick() -> None:
+        wait = after_s
+        while not done.wait(wait):
+            typer.echo(describe(time.perf_counter() - start), err=True)
+            wait = every_s
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextlib.contextmanager

@@ -14,14 +14,19 @@ from sinkdlm.config.commands import ConvertConfig
 def convert(cfg: ConvertConfig) -> None:
     """Copy an autoregressive checkpoint's weights into a bidirectional DLM (+[MASK], + sinks)."""
     from sinkdlm.config import check_model_switches
-    from sinkdlm.model.hf import convert_hf_checkpoint
-    from sinkdlm.config.checks import check_output_dir, check_seed
+    from sinkdlm.config.checks import check_seed
+    from sinkdlm.io.out_dir import check_out, writing_out
 
     check_seed(cfg.seed, "--seed")
     check_model_switches(cfg.switches(), where="--")  # before reading --from-hf, in the flags' own names
-    check_output_dir(cfg.out)
-    with said_when_slow(f"converting {cfg.from_hf}: reading its weights, then writing {cfg.out} ..."):
-        model = convert_hf_checkpoint(cfg.from_hf, cfg.out, seed=cfg.seed, shift_logits=cfg.shift_logits,
+    mode = check_out(cfg.out, "convert", overwrite=cfg.overwrite, inputs=(cfg.from_hf,))  # before the imports
+    from sinkdlm.io.files import check_model_path
+    from sinkdlm.model.hf import convert_hf_checkpoint
+
+    check_model_path(cfg.from_hf, "--from-hf")  # nothing there (a Hub id given as a path): one line, in the flag's name
+    with said_when_slow(f"converting {cfg.from_hf}: reading its weights, then writing {cfg.out} ..."), \
+            writing_out(cfg.out, mode, "convert") as where:
+        model = convert_hf_checkpoint(cfg.from_hf, where, seed=cfg.seed, shift_logits=cfg.shift_logits,
                                       **cfg.switches())
     c = model.config
     typer.echo(

@@ -11,28 +11,23 @@ import typer
 from sinkdlm.cli.app import app
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import EvalConfig
-from sinkdlm.config.checks import check_writable_ancestor
-
-
-def check_output_path(out: Path) -> Path:
-    """Fail before any work when `out` cannot be written: a directory, or under a non-directory or an
-    unwritable directory. Missing parent directories are created at write time."""
-    out = Path(out).expanduser()
-    if out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a directory; give a file path such as {str(out / 'scores.json')!r}")
-    check_writable_ancestor(out.parent, repr(str(out)))
-    return out
 
 
 @app.command("eval")
 @config_options(EvalConfig, required=("model",))
 def eval_command(cfg: EvalConfig) -> None:
     """Evaluate a checkpoint on offline tasks; print task, metric, value ± stderr, n."""
+    from sinkdlm.config.checks import check_dtype, check_sampler_values
+    from sinkdlm.io.out_dir import check_out
+
+    check_dtype(cfg.dtype)
+    check_sampler_values(cfg)  # before the model is read
+    out = Path(cfg.out).expanduser()
+    check_out(out, "eval", overwrite=cfg.overwrite, is_file=True)  # an existing file is replaced only when asked
     from sinkdlm.evaluation import evaluate_dir, format_table
     from sinkdlm.evaluation.evaluator import task_names
     from sinkdlm.io.atomic import atomic_write_json
 
-    out = check_output_path(cfg.out)
     names = task_names(cfg.tasks)
     scores = evaluate_dir(cfg)  # --model: required by the command line
     typer.echo(format_table(scores))

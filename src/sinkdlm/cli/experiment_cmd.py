@@ -15,12 +15,18 @@ from sinkdlm.config.commands import ExperimentConfig
 @config_options(ExperimentConfig)
 def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
+    from sinkdlm.io.out_dir import check_out
+
+    # what --out holds (another preset's experiment, unrelated files), said before the seconds of imports
+    # the experiment needs; run_experiment checks it again for callers from Python
+    check_out(cfg.out, "experiment", overwrite=cfg.overwrite, resumable=True, preset=cfg.preset,
+              inputs=(cfg.init_from, cfg.data, cfg.gsm8k))
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
 
     new_out = not Path(cfg.out).exists()
     try:  # re-running the command resumes
-        run_experiment(cfg, resume_command=typed_command(ctx))
+        run_experiment(cfg, resume_command=typed_command(ctx, drop=("overwrite",)))
     except TrainingStopped as stopped:  # Ctrl-C/SIGTERM in a training stage: saved, command printed
         raise typer.Exit(stopped.exit_code) from None
     except ValueError:

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from sinkdlm.cli.app import app, said_when_slow
+from sinkdlm.cli.app import app, progress_when_slow, said_when_slow
 from sinkdlm.cli.options import config_options
 from sinkdlm.config.commands import GenerateConfig
 
@@ -33,11 +33,15 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 def generate(cfg: GenerateConfig) -> None:
     """Continue a prompt with a diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.checkpoint.kind import model_kind
-    from sinkdlm.config.checks import check_sample_settings, check_seed
+    from sinkdlm.config.checks import check_dtype, check_sample_settings, check_sampler_values, check_seed
 
     if (cfg.prompt is None) == (cfg.prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
     check_seed(cfg.seed, "--seed")
+    if cfg.system is not None and not cfg.chat:
+        raise ValueError("--system is a message of the model's chat template: add --chat")
+    check_dtype(cfg.dtype)
+    check_sampler_values(cfg)  # temperature, top-p, top-k, ...: each value on its own, before the model's header
     prompt = cfg.prompt
     if cfg.prompt_file is not None:
         from sinkdlm.config.checks import read_text_file
@@ -72,16 +76,23 @@ def generate(cfg: GenerateConfig) -> None:
             text = render_partial(tokenizer, gen, still)
             print(f"[step {state.step:>4} block {state.block}] {text!r}", file=out_stream, flush=True)
 
-    out = generate_text(net, tokenizer, prompt, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos, callback=callback)
+    steps = cfg.gen_length if net.config.causal or cfg.steps is None else min(cfg.steps, cfg.gen_length)
+    with progress_when_slow(lambda s: f"generating {cfg.gen_length} tokens ({steps} steps): {s:.0f} s so far ..."):
+        out = generate_text(net, tokenizer, prompt, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos, system=cfg.system,
+                            callback=callback)
     if cfg.steps is not None and cfg.threshold is None and cfg.steps > cfg.gen_length:
         # The schedule commits at least one token per step; the surplus steps would commit nothing. Said
         # after the run, so that no note comes before an error.
         typer.echo(f"note: --steps {cfg.steps} > --gen-length {cfg.gen_length}: at most one token is committed per "
                    f"step, so {cfg.gen_length} steps ran", err=True)
     if out.blank:
-        typer.echo("note: the output is only whitespace or special tokens (end-of-text, <|im_end|>): the model writes "
-                   "no text at these settings; a diffusion LM adapted on a small budget often cannot yet (see "
-                   "README, Quick start), and `sinkdlm analyze` shows what its attention does", err=True)
+        typer.echo("note: the output has no letter or digit (only whitespace, punctuation or special tokens such as "
+                   "<|im_end|>): the model writes no text at these settings; a diffusion LM adapted on a small budget "
+                   "often cannot yet (see README, Quick start), and `sinkdlm analyze` shows what its attention does",
+                   err=True)
+    elif out.truncated:
+        typer.echo(f"note: the text was cut at --gen-length {cfg.gen_length} tokens, before the model ended it; raise "
+                   "--gen-length for the whole answer", err=True)
     if cfg.as_json:
         typer.echo(json.dumps({"text": out.text, "tokens": out.tokens, "steps_taken": out.steps_taken,
                                "seconds": out.seconds}))

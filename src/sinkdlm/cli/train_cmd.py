@@ -37,20 +37,31 @@ def train(ctx: typer.Context, config: Optional[Path] = ConfigFile, options: dict
 
 def _run(ctx: typer.Context, cfg) -> None:
     """train(cfg) and print its summary; after Ctrl-C/SIGTERM (checkpoint saved, resume command
-    printed by the trainer) exit with the shell's 128 + signal code."""
+    printed by the trainer) exit with the shell's 128 + signal code. `--out` follows the rule of every
+    command's output (`sinkdlm.io.out_dir`): a run of this command is resumed (--resume) or refused by the
+    trainer, anything else refused here; --overwrite sets it aside for the new run (put back if that fails)."""
+    import dataclasses
+
+    from sinkdlm.io.out_dir import check_out, writing_out
+
+    cfg.validate()  # the options first, then what --out holds, then the imports of training
+    command = "sft" if cfg.sft else "train"
+    mode = check_out(cfg.out, command, overwrite=cfg.overwrite, resumable=True,
+                     inputs=(cfg.init_from, cfg.tokenizer, cfg.data))
     from sinkdlm.training import train
     from sinkdlm.training.rundir import TrainingStopped
-    from sinkdlm.config.checks import check_output_dir
-
-    if isinstance(cfg.out, (str, Path)):  # a file there: say so before any work (else train() says)
-        check_output_dir(cfg.out)
-    try:
-        # the tokenizer, the --init-from weights and the packed data come before step 1 (half a minute for
-        # the example GGUF on a CPU); the trainer prints progress from step 1
-        with said_when_slow("preparing the run: tokenizer, model and data ...") as note:
-            summary = train(cfg, on_step=lambda row: note.cancel(),
-                            resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
-    except TrainingStopped as stopped:
+    stopped = None
+    # the trainer holds its own lock; the new run is written at --out (the old one set aside, put back on failure)
+    with writing_out(cfg.out, mode, command, lock=False, in_place=True):
+        try:
+            # the tokenizer, the --init-from weights and the packed data come before step 1 (half a minute for
+            # the example GGUF on a CPU); the trainer prints progress from step 1
+            with said_when_slow("preparing the run: tokenizer, model and data ...") as note:
+                summary = train(dataclasses.replace(cfg, overwrite=False), on_step=lambda row: note.cancel(),
+                                resume_command=typed_command(ctx, drop=("resume", "overwrite"), extra=("--resume",)))
+        except TrainingStopped as e:  # a resumable run: kept like a finished one
+            stopped = e
+    if stopped is not None:
         raise typer.Exit(stopped.exit_code) from None
     typer.echo(json.dumps(summary))
 
@@ -71,12 +82,17 @@ def tokenizer_train(
     vocab_size: int = typer.Option(..., "--vocab-size"),
     out: Path = typer.Option(..., "--out"),
     text_field: str = typer.Option(TrainConfig.text_field, "--text-field"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace what --out holds (written beside it, then "
+                                   "swapped in: a failed run leaves it as it was)."),
 ) -> None:
     """Train a byte-level BPE (with [MASK]) on a corpus's training split."""
-    from sinkdlm.data import iter_documents, train_bpe_tokenizer
-    from sinkdlm.config.checks import check_int, check_output_dir
+    from sinkdlm.config.checks import check_int
+    from sinkdlm.io.out_dir import check_out, writing_out
 
     check_int("--vocab-size", vocab_size, 1, 2**31 - 1)  # the tokenizers library overflows past its int
-    check_output_dir(out)
-    tok = train_bpe_tokenizer(iter_documents(data, "train", text_field), vocab_size, out_dir=out)
+    mode = check_out(out, "tokenizer train", overwrite=overwrite, inputs=(data,))
+    from sinkdlm.data import iter_documents, train_bpe_tokenizer
+
+    with writing_out(out, mode, "tokenizer train") as where:
+        tok = train_bpe_tokenizer(iter_documents(data, "train", text_field), vocab_size, out_dir=where)
     typer.echo(f"wrote {out}: {len(tok)} tokens, mask_token_id {tok.mask_token_id}")

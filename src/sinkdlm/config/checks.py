@@ -108,31 +108,6 @@ def read_text_file(path, flag: str) -> str:
         raise ValueError(f"{flag} file {str(path)!r} cannot be read ({exc.strerror or exc})") from exc
 
 
-def check_writable_ancestor(path: Path, what: str) -> None:
-    """The nearest existing ancestor of `path` must be a writable directory (so the missing part of the
-    path can be created when the output is written). `what` names the output in the message."""
-    import os
-
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"cannot write {what}: {str(parent)!r} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot write {what}: directory {str(parent)!r} is not writable")
-
-
-def check_output_dir(path, flag: str = "--out") -> Path:
-    """Fail before any work when directory `path` cannot be made or written: it is a file, lies
-    under a file, or under an unwritable directory. Creates nothing, so that a refused run leaves
-    no empty `--out` behind (the command creates it when it writes)."""
-    path = Path(path).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a file; give a directory")
-    check_writable_ancestor(path, f"{flag} {str(path)!r}")
-    return path
-
-
 def check_prompt_size(text: str, tokenizer, config, flag: str) -> None:
     """Refuse a prompt far too long for the model before encoding it (10 MB take a BPE ~20 s): no
     token covers more characters than the vocabulary's longest, so `text` needs at least
@@ -177,12 +152,52 @@ def cli_message(message: str, flags: Iterable[str]) -> str:
     return out.replace("got None", "got nothing")
 
 
+# ----------------------------------------------------------------------------- model dtype
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # what --dtype takes (nothing or "auto": as stored)
+
+
+def check_dtype(dtype) -> str | None:
+    """The name of the dtype to load a model in: None for None or "auto" (as stored), else one of DTYPES,
+    given by name or as a torch dtype (`torch.bfloat16`). Torch-free, so a command refuses a bad --dtype
+    before it reads any weight."""
+    if dtype is None or dtype == "auto":
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"dtype {str(dtype)!r} is not one of {', '.join(DTYPES)}; give one of them, or leave it out "
+                         "(auto: as stored)")
+    return name
+
+
 # ----------------------------------------------------------------------------- decoding settings
 # The `SampleConfig` fields only diffusion decoding reads: an autoregressive model decodes one token per
 # step, left to right, and uses only gen_length, temperature, top_p, top_k and seed.
 DIFFUSION_ONLY = ("steps", "block_length", "threshold", "cache", "compile", "compile_backend", "remasking",
                   "schedule", "eps", "alg_temp")
 CACHE_CHOICES = ("prefix", "dual")
+
+
+def _number(value, integer: bool = False) -> bool:
+    kinds = (int,) if integer else (int, float)
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def check_sampler_values(settings) -> None:
+    """Each sampler value on its own, for any model (the ones `diffusion.remasking.check_rule` checks
+    again beside the rule's names): temperature, top_p, top_k, alg_temp, eps. `settings`: a `SampleConfig`,
+    or `RemaskingOptions` (an `EvalConfig`: no temperature, which is then greedy's 0)."""
+    temperature, top_p, top_k = getattr(settings, "temperature", 0.0), settings.top_p, settings.top_k
+    if not _number(temperature) or not temperature >= 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_p is not None and (not _number(top_p) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must lie in (0, 1] (1 keeps every token), got {top_p!r}")
+    if top_k is not None and (not _number(top_k, integer=True) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+    alg_temp, eps = settings.alg_temp, settings.eps
+    if not _number(alg_temp) or not alg_temp >= 0 or not math.isfinite(alg_temp):
+        raise ValueError(f"alg_temp must be a number >= 0 (0 = commit the top-k confidences), got {alg_temp!r}")
+    if not _number(eps) or not 0 < eps < 1:
+        raise ValueError(f"eps must lie in (0, 1) (Dream's last timestep), got {eps!r}")
 
 
 def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
@@ -195,6 +210,7 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
     from sinkdlm.config.fields import field_default
 
     check_int("gen_length", settings.gen_length, 1)
+    check_sampler_values(settings)
     if autoregressive:
         defaults = {f.name: field_default(f) for f in dataclasses.fields(settings) if f.name in DIFFUSION_ONLY}
         # one step per token in one block is what left-to-right decoding does: steps=gen_length is no conflict

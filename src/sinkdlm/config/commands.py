@@ -88,6 +88,8 @@ class TextOptions:
     """Wrap the prompt in the model's chat template (GGUF: tokenizer.chat_template; a directory: its tokenizer config) and end the text at the end of the assistant's turn."""
     stop_at_eos: bool = True
     """End the text at the end-of-text token (an autoregressive model stops there; a diffusion LM pads after it with that token, as LLaDA does)."""
+    system: str | None = None
+    """A system message before the prompt, in the chat template's system turn (needs --chat)."""
 
 
 @dataclass(kw_only=True)
@@ -102,6 +104,16 @@ class GenerateConfig(ModelOptions, SampleConfig, TextOptions):
     """Print one JSON object: text, tokens, steps_taken, seconds."""
     show_steps: bool = False
     """Print the partially unmasked text after every step."""
+
+
+@dataclass(kw_only=True)
+class ChatConfig(ModelOptions, SampleConfig):
+    """`sinkdlm chat MODEL`: a conversation through the model's chat template, one line from you, one reply."""
+
+    gen_length: int = 128
+    """Tokens per reply at most (a reply ends at the end of the assistant's turn)."""
+    system: str | None = None
+    """A system message that opens the conversation."""
 
 
 @dataclass(kw_only=True)
@@ -148,6 +160,8 @@ class AnalyzeConfig(ModelOptions):
     """Two analysis directories (of `analyze --out`) to put side by side."""
     out: Path | None = option(None, required=True)
     """Output directory."""
+    overwrite: bool = False
+    """Replace what --out holds (the new output is written beside it and swapped in at the end: a failed run leaves it as it was)."""
     per_prompt: bool = False
     """Analyse each prompt on its own and give every number a 95 % interval over prompts (intervals.json)."""
     quiet: bool = False
@@ -223,6 +237,8 @@ class EvalConfig(ModelOptions, ScoringOptions):
     """Comma-separated: shakespeare_cloze, shakespeare_next_line, shakespeare_word_order, arithmetic, gsm8k:PATH."""
     out: Path | None = option(None, required=True)
     """Write the scores here as JSON."""
+    overwrite: bool = False
+    """Replace the file --out names, when it exists (written atomically: a failed run leaves it as it was)."""
     limit: int | None = None
     """Items per task (default: all)."""
 
@@ -254,6 +270,8 @@ class ConvertConfig(_ConvertSwitchFields):
     """Local causal LM to convert: a Qwen2/LLaMA directory (safetensors) or a llama/qwen2 .gguf file."""
     out: Path
     """Output checkpoint directory."""
+    overwrite: bool = False
+    """Replace what --out holds (the new output is written beside it and swapped in at the end: a failed run leaves it as it was)."""
     seed: int = 0
     """Seed for the new sink embeddings and sink logits."""
     shift_logits: bool = False
@@ -272,6 +290,8 @@ class ExperimentConfig(DeviceOption, RemaskingOptions):
     """smoke | demo | study | escape | study-pilot | study-pilot-long | study-gpu | real | real-bf16 | real-gpu | ablation | paper-0.5b"""
     out: str = "runs/demo"
     """Experiment directory (re-run the same command to resume)."""
+    overwrite: bool = False
+    """Replace what --out holds (the new output is written beside it and swapped in at the end: a failed run leaves it as it was)."""
     init_from: str | None = None
     """Local AR checkpoint, a directory or a .gguf (paper-0.5b; real: default the example model)."""
     data: str | None = None

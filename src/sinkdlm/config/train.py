@@ -103,7 +103,7 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
     resume: bool = False
     """Continue from the newest checkpoint in --out."""
     overwrite: bool = False
-    """Delete the run already in --out (only the files training writes) and start anew."""
+    """Replace what --out holds: the new run is written beside it and swapped in when it ends or stops (a failed start leaves it as it was); train() called from Python deletes only the files training writes."""
     bf16: bool = False
     """bf16 autocast."""
     max_tokens: int | None = None

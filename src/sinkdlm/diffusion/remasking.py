@@ -53,16 +53,11 @@ def check_rule(schedule, remasking, *, threshold, temperature, alg_temp, top_p, 
                          f"got {remasking!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if isinstance(alg_temp, bool) or not isinstance(alg_temp, (int, float)) or not alg_temp >= 0:
-        raise ValueError(f"alg_temp must be a number >= 0 (0 = commit the top-k confidences), got {alg_temp!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must lie in (0, 1] (1 keeps every token), got {top_p!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise ValueError(f"eps must lie in (0, 1) (Dream's last timestep), got {eps!r}")
+    from types import SimpleNamespace
+
+    from sinkdlm.config.checks import check_sampler_values
+
+    check_sampler_values(SimpleNamespace(temperature=temperature, alg_temp=alg_temp, top_p=top_p, top_k=top_k, eps=eps))
     if remasking == "origin" and schedule != "dream":
         raise ValueError("remasking='origin' reveals each mask with probability 1 - s/t, which only "
                          "schedule='dream' defines; use schedule='dream'")

@@ -27,20 +27,26 @@ class GeneratedText:
     tokens: list[int]  # the gen_length generated ids (after the end: the end-of-text id)
     steps_taken: int
     seconds: float
-    blank: bool  # the text is empty or whitespace: only special tokens or newlines came out
+    blank: bool  # no letter or digit came out: only whitespace, punctuation or special tokens
+    truncated: bool  # the text ran to gen_length with no end-of-text (or end-of-turn) token: cut off
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """The prompt's ids: as is, or as a user turn of the tokenizer's chat template followed by the
-    assistant's turn opening (`add_generation_prompt`)."""
+def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool, system: str | None = None) -> list[int]:
+    """The prompt's ids: as is, or as a user turn of the tokenizer's chat template (after the `system`
+    message, when given) followed by the assistant's turn opening (`add_generation_prompt`). With `chat`,
+    `prompt` may be the conversation so far: a list of {"role", "content"} messages ending with the user's."""
+    if system is not None and not chat:
+        raise ValueError("system is a message of the chat template: it needs chat=True")
     if not chat:
         ids = tokenizer(prompt)["input_ids"]
     else:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat=True needs the model's chat template, and its tokenizer has none; "
                              "leave chat out and give the plain prompt")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=False)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if system is not None:
+            messages = [{"role": "system", "content": system}, *messages]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give a non-empty prompt")
@@ -62,22 +68,23 @@ def stop_token_ids(tokenizer, chat: bool) -> tuple[int, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def generate_text(model, tokenizer, prompt: str, config: SampleConfig | None = None, *,
+def generate_text(model, tokenizer, prompt: str | list[dict], config: SampleConfig | None = None, *,
                   chat: bool = TextOptions.chat, stop_at_eos: bool = TextOptions.stop_at_eos,
-                  callback=None, **overrides) -> GeneratedText:
+                  system: str | None = TextOptions.system, callback=None, **overrides) -> GeneratedText:
     """Sample a continuation of `prompt` (a string) and decode it.
 
     `config`/`overrides`: the decoding settings (`SampleConfig`, as for `sinkdlm.generate`), checked against
     the model's kind first (an autoregressive model refuses the diffusion-only ones, named). `chat`: wrap
     the prompt in the model's chat template and end the text at the end of the assistant's turn.
     `stop_at_eos`: end the text at the end-of-text token (an autoregressive model stops decoding there,
-    a diffusion LM's later positions become that token); False keeps all `gen_length` tokens.
+    a diffusion LM's later positions become that token); False keeps all `gen_length` tokens. `system`:
+    a system message before the prompt (with `chat`); `prompt` may then be the conversation so far.
     `callback` as for `sinkdlm.generate`."""
     settings = with_overrides(SampleConfig, config, overrides, "generate_text")
     # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
     settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
     check_sample_settings(settings, autoregressive=model.config.causal)
-    ids = encode_prompt(tokenizer, prompt, chat)
+    ids = encode_prompt(tokenizer, prompt, chat, system)
     stops = stop_token_ids(tokenizer, chat) if stop_at_eos else ()
     if stops and model.config.causal:
         settings = dataclasses.replace(settings, stop_token_ids=stops)
@@ -90,4 +97,25 @@ def generate_text(model, tokenizer, prompt: str, config: SampleConfig | None = N
         tokens = tokens[:end] + [stops[0]] * (len(tokens) - end)
     text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
     return GeneratedText(text=text, tokens=tokens, steps_taken=out.steps_taken, seconds=seconds,
-                         blank=not text.strip())
+                         blank=not any(c.isalnum() for c in text), truncated=bool(stops) and end == len(tokens))
+
+
+class Conversation:
+    """A conversation with a model through its chat template: `reply(text)` adds the user's message, samples
+    the assistant's answer to the whole history (after the `system` message, when given) and adds it too.
+    `config`/`overrides`: the decoding settings of every reply, as for `generate_text`."""
+
+    def __init__(self, model, tokenizer, config: SampleConfig | None = None, *, system: str | None = None,
+                 **overrides):
+        self.model, self.tokenizer, self.system = model, tokenizer, system
+        self.settings = with_overrides(SampleConfig, config, overrides, "Conversation")
+        self.messages: list[dict] = []  # the history: {"role": "user" | "assistant", "content": ...}
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("a conversation needs the model's chat template, and its tokenizer has none; "
+                             "use `sinkdlm generate` with a plain prompt")
+
+    def reply(self, text: str) -> GeneratedText:
+        messages = [*self.messages, {"role": "user", "content": text}]
+        out = generate_text(self.model, self.tokenizer, messages, self.settings, chat=True, system=self.system)
+        self.messages = [*messages, {"role": "assistant", "content": out.text}]
+        return out

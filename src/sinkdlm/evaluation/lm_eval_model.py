@@ -198,9 +198,10 @@ class SinkDLMEvalModel(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> SinkDLMEvalModel:
-        """From model_args given as a dict (`simple_evaluate(model_args={...})`); see `lm_eval_config`."""
+        """From model_args given as a dict (`simple_evaluate(model_args={...})`); see `lm_eval_config`. lm-eval's own
+        flags (`--device`, `--batch_size`, always passed) give way to the same setting in model_args."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
-        return cls(lm_eval_config({**arg_dict, **extra}))
+        return cls(lm_eval_config({**extra, **arg_dict}))
 
     # ------------------------------------------------------------------ lm-eval properties
     @property
@@ -314,8 +315,63 @@ def main(argv: list[str] | None = None) -> None:
     import sinkdlm.evaluation.lm_eval_model  # noqa: F401  (registers the model under its importable name)
     from lm_eval.__main__ import cli_evaluate
 
-    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
+    import os
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = {w.split("=", 1)[0] for w in argv}
+    if not given & {"-h", "--help"} and argv and argv[0] not in ("ls", "validate"):
+        if "--model" not in given:  # the model this command registers (after lm-eval's `run`, when given)
+            at = 1 if argv[0] == "run" else 0
+            argv = [*argv[:at], "--model", "sinkdlm", *argv[at:]]
+        model = _value(argv, "--model")
+        if model == "sinkdlm" and "--tasks" in given and "pretrained=" not in (_value(argv, "--model_args") or ""):
+            raise ValueError("--tasks needs a model to score: give --model_args pretrained=PATH (a sinkdlm model "
+                             "directory or a .gguf file)")
+    # sinkdlm runs offline: a dataset not in the local cache is one clear error, not a network wait
+    for name, module, constant in (("HF_DATASETS_OFFLINE", "datasets.config", "HF_DATASETS_OFFLINE"),
+                                   ("HF_HUB_OFFLINE", "huggingface_hub.constants", "HF_HUB_OFFLINE")):
+        os.environ.setdefault(name, "1")
+        if os.environ[name] == "1" and module in sys.modules:  # read at import: already imported in this process
+            setattr(sys.modules[module], constant, True)
+    sys.argv = ["lm_eval", *argv]
+    try:
+        cli_evaluate()
+    except Exception as e:
+        dataset = _unreachable_dataset(e)
+        if dataset is None:
+            raise
+        tasks = next((argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--tasks"), "the task")
+        raise ValueError(
+            f"lm-eval task {tasks} needs the dataset {dataset!r}, which is not in the local Hugging Face cache, and "
+            f"sinkdlm runs offline (HF_DATASETS_OFFLINE=1); use a local copy: download it once on a machine online "
+            f"(`HF_DATASETS_OFFLINE=0 sinkdlm lm-eval ...`, or `datasets.load_dataset({dataset!r})`) and copy "
+            f"~/.cache/huggingface over, or give --include_path a task YAML that reads local files") from None
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    """The value given to `flag` in `argv` (`--flag V` or `--flag=V`), the last one; None when absent."""
+    found = None
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif word.startswith(flag + "="):
+            found = word[len(flag) + 1:]
+    return found
+
+
+def _unreachable_dataset(error: BaseException) -> str | None:
+    """The dataset named by a "could not reach the Hub" error (offline, or no network) anywhere in the
+    chain of `error`; None when it is another error."""
+    import re
+
+    seen = error
+    while seen is not None:
+        kind, text = type(seen).__name__, str(seen)
+        if "ConnectionError" in kind or "Offline" in kind or "LocalEntryNotFound" in kind or "Couldn't reach" in text:
+            named = re.search(r"'([\w.-]+/[\w.-]+|[\w.-]+)'", text)
+            return named.group(1) if named else "of the task"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 if __name__ == "__main__":

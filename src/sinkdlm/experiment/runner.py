@@ -40,7 +40,7 @@ from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, head_start_splits, sa
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
-from sinkdlm.training.rundir import METRICS_NAME, grad_norm_peaks, local_checkpoint, read_metrics
+from sinkdlm.training.rundir import METRICS_NAME, TrainingStopped, grad_norm_peaks, local_checkpoint, read_metrics
 
 DONE = "DONE.json"
 DONE_PREVIOUS = "DONE.previous.json"  # a retrained run's first summary, until it is reproduced
@@ -65,7 +65,7 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
     if init_from:
         from sinkdlm.checkpoint.manager import open_source
 
-        source = open_source(init_from, flag="--init-from")  # a missing or unreadable model: one line, now
+        source = open_source(init_from, flag="init_from")  # a missing or unreadable model: one line, now
         if not source.is_autoregressive and source.fmt != "sinkdlm":
             raise ValueError(f"--init-from {init_from} is a {source.fmt!r} diffusion model; expected an "
                              "autoregressive Qwen2/LLaMA checkpoint (a directory or a .gguf)")
@@ -340,6 +340,22 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         preset = dataclasses.replace(preset, analysis=dataclasses.replace(preset.analysis, sample=sample),
                                      evaluation=dataclasses.replace(preset.evaluation, **rule))
     out = Path(out)
+    from sinkdlm.io.out_dir import check_out, writing_out
+
+    # what --out holds, before any work: the same preset's experiment is resumed, anything else refused
+    mode = check_out(out, "experiment", overwrite=config.overwrite, resumable=True, preset=preset.name,
+                     inputs=(init_from, data, gsm8k))
+    if mode == "replace":  # the old one set aside while the new one runs, put back if it fails
+        stopped = None
+        with writing_out(out, mode, "experiment", lock=False, in_place=True):
+            try:
+                result = run_experiment(dataclasses.replace(config, overwrite=False), skip_analysis=skip_analysis,
+                                        resume_command=resume_command)
+            except TrainingStopped as e:  # resumable where it is: kept
+                stopped = e
+        if stopped is not None:
+            raise stopped
+        return result
     if init_from is None and preset.default_init_from == "example":
         from sinkdlm.checkpoint.example_model import fetch_example_model
 
@@ -361,7 +377,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     # start is kept on disk (docs/method.md §7: a report states what the experiment cost).
     started = out / "STARTED.json"
     if not started.is_file():
-        atomic_write_json(started, {"time": time.time()})
+        atomic_write_json(started, {"time": time.time(), "preset": preset.name})  # another preset is refused
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()  # progress bars on a terminal, plain log lines otherwise
     from sinkdlm.analysis import compare
@@ -479,7 +495,17 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     def analysed_seed(seed: int) -> bool:  # the first seed always; every seed where the preset asks
         return (seed == seeds[0] or preset.analyse_every_seed) and not skip_analysis
 
-    for unit in [u for us in zip(*runs.values()) for u in us]:  # seed-major: pairs complete early
+    from sinkdlm.experiment.plan import pace_line, plan_line, reference_seconds_per_step, run_seconds
+
+    ordered = [u for us in zip(*runs.values()) for u in us]  # seed-major: pairs complete early
+
+    def measured() -> list[float]:  # each run's seconds, as its timing.json holds them (resumes included)
+        return [t for u in ordered if (t := run_seconds(u.timing)) is not None]
+
+    _log(plan_line(variants=len(preset.variants), seeds=len(seeds), steps=max_steps or preset.train.max_steps,
+                   controls=len(step0_units), measured=measured(), per_step=reference_seconds_per_step(preset.name),
+                   progress=out / "progress.md"))
+    for done, unit in enumerate(ordered, 1):
         variant, seed, run = variant_of[id(unit)], unit.seed, unit.dir
         analysed = analysed_seed(seed)
         run_steps = run_steps_of(unit)
@@ -568,6 +594,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             unit.timing["analysis"] = time.perf_counter() - t0
             unit.save_timing()
         validate(unit)
+        _log(pace_line(done, len(ordered), measured(), out / "progress.md"))
 
     for variant in preset.variants:  # the step-0 controls: the first seed's analysed, every one validated
         for i, name in enumerate(dict.fromkeys(step0_name(variant, s) for s in seeds) if init_from else ()):

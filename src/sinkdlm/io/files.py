@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import safetensors.torch
@@ -50,8 +51,11 @@ def read_json(path: str | Path, what: str = "config") -> dict:
     return raw
 
 
-def check_model_path(path: str | Path, flag: str = "--model") -> Path:
-    """`path` as a Path when it can name a model (a directory or a .gguf file), else one clear line."""
+def check_model_path(path: str | Path, flag: str = "model") -> Path:
+    """`path` as a Path when it can name a model (a directory or a .gguf file), else one clear line naming
+    `flag` (the argument's name; the command line re-spells it as its flag): a Hugging Face Hub id given as
+    a path is told to download it first, a missing model of sinkdlm's cache how to fetch it."""
+    given = str(path)
     path = Path(path).expanduser()
     if path.is_dir():
         return path
@@ -61,6 +65,18 @@ def check_model_path(path: str | Path, flag: str = "--model") -> Path:
         raise CheckpointError(
             f"{flag} {str(path)!r} is a file, not a model: pass a model directory ({CONFIG_NAME} + "
             f"safetensors weights) or a {GGUF_SUFFIX} file"
+        )
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", given) and not Path(given.split("/")[0]).exists():
+        raise CheckpointError(
+            f"{flag} {given!r} is not a local file or directory (it looks like a Hugging Face Hub id): sinkdlm reads "
+            f"local files; download it first (`huggingface-cli download {given} --local-dir models/{path.name}`), "
+            f"then pass models/{path.name}"
+        )
+    if path.parent == Path(default_cache_dir()).expanduser() / "models":
+        raise CheckpointError(
+            f"{flag} {str(path)!r} does not exist: fetch the example model with `make example-model` (or "
+            f"`python -m sinkdlm.checkpoint.example_model`; from Python, "
+            f"`sinkdlm.checkpoint.example_model.fetch_example_model()`, which returns its path)"
         )
     raise CheckpointError(
         f"{flag} {str(path)!r} does not exist: pass a model directory ({CONFIG_NAME} + safetensors "
@@ -153,13 +169,6 @@ def ensure_writable_dir(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
-def resolve_dtype(dtype) -> torch.dtype | None:
-    """None / "auto" (the `transformers` idiom) = as stored; a `torch.dtype` or its name otherwise."""
-    if dtype is None or dtype == "auto":
-        return None
-    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-        raise ValueError(
-            f"dtype {dtype!r} is not a floating-point torch dtype; use e.g. torch.bfloat16, 'float32' or 'auto'"
-        )
-    return resolved
+def resolve_dtype(name: str | None) -> torch.dtype | None:
+    """A dtype name checked by `config.checks.check_dtype` (None: as stored) -> the torch dtype."""
+    return None if name is None else getattr(torch, name)

@@ -55,7 +55,7 @@ def register() -> None:
 def _open_causal_source(src: str | Path) -> ModelSource:
     """Open and check a Qwen2/LLaMA causal LM (directory or .gguf): anything we cannot represent
     exactly was refused by the format mapping, before any weight is read."""
-    source = open_source(src, flag="--from-hf")
+    source = open_source(src, flag="src")
     if source.fmt not in ("qwen2", "llama", "gguf"):
         raise CheckpointError(
             f"{source.config_file}: model_type {source.raw.get('model_type', source.fmt)!r} is not supported; "
@@ -110,7 +110,7 @@ def tokenizer_with_mask(src: str | Path | ModelSource):
     """(the HF model's tokenizer with a `[MASK]` token added when it has none, whether it was added);
     (None, True) for a directory without tokenizer files. Deterministic: the converter and
     `train --init-from` get the same ids."""
-    tokenizer = _load_tokenizer(open_source(src, flag="--from-hf"))
+    tokenizer = _load_tokenizer(open_source(src, flag="src"))
     mask_is_new = tokenizer is None or tokenizer.mask_token is None
     if tokenizer is not None and mask_is_new:
         tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})

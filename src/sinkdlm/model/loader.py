@@ -58,7 +58,7 @@ class ModelSource:
         return self.path if self.gguf is not None else self.path / CONFIG_NAME
 
 
-def open_source(path: str | Path, flag: str = "--model") -> ModelSource:
+def open_source(path: str | Path, flag: str = "model") -> ModelSource:
     """Detect what `path` holds and parse its config — no weight is read yet.
 
     Refused with one line naming the path: nothing there, a file that is neither a directory nor a
@@ -105,7 +105,9 @@ def build_model(model_class: type, path: str | Path | ModelSource, device=None, 
     dtype: None or "auto" keeps the stored dtype (float32 for a quantised GGUF); a `torch.dtype`
     or its name casts floats.
     """
-    dtype = resolve_dtype(dtype)  # a bad argument fails before any file is read
+    from sinkdlm.config.checks import check_dtype
+
+    dtype = resolve_dtype(check_dtype(dtype))  # a bad argument fails before any file is read
     source = open_source(path)
     config = source.config
     tensors = read_tensors(source, dtype)

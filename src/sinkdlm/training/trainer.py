@@ -133,7 +133,7 @@ def _take_chars(texts, limit: int):
 
 def _init_source(cfg: TrainConfig, init: ModelSource | None) -> ModelSource:
     """The `--init-from` model, opened here unless the caller already did (a GGUF header takes seconds)."""
-    return init if init is not None else open_source(cfg.init_from, flag="--init-from")
+    return init if init is not None else open_source(cfg.init_from, flag="init_from")
 
 
 def build_model(cfg: TrainConfig, tokenizer, init: ModelSource | None = None) -> DiffusionLM:
@@ -354,7 +354,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         check_resume_matches(cfg, state.get("config"), model.config)
     else:  # rank 0 trains/caches the BPE first; the others then read the cache
         # --init-from is opened once here and handed to both: a GGUF's header takes seconds to parse.
-        init = open_source(cfg.init_from, flag="--init-from") if cfg.init_from is not None else None
+        init = open_source(cfg.init_from, flag="init_from") if cfg.init_from is not None else None
         if env.is_main:
             tokenizer = prepare_tokenizer(cfg, preset_vocab, init)
         dist_utils.barrier(env)

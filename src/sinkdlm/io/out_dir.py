@@ -1,0 +1,236 @@
+"""One rule for every command that writes an output directory (`--out`), in one place.
+
+`train`, `sft`, `convert`, `analyze`, `experiment`, `tokenizer train` (a directory) and `eval` (a
+file) all go through `check_out` before any work, then write inside `writing_out`:
+
+* a new path, or an empty directory, is written;
+* the command's own resumable output is resumed: `experiment` over the same preset's directory (a
+  study in docs/results/<name> resumes there), `train`/`sft` over their run (the trainer then resumes
+  it with `--resume` or refuses, as it always did);
+* anything else (another command's output, this command's finished output, unrelated files) is
+  refused in one line that names what is there and offers `--overwrite`;
+* `--overwrite` writes a new directory beside the old one (`.NAME.new-PID`) and swaps it in when the
+  run ends, so a failed run leaves the old directory whole (and no half of each). The swap is two
+  renames; a crash between them leaves the old one as `.NAME.old-PID` beside the new.
+
+`exclusive_out` keeps one writer per directory (an exclusive `flock` on the directory itself: the OS
+drops it when the process dies, so a crashed run never leaves a stale lock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: commands run unlocked
+    fcntl = None
+
+IGNORED = {".DS_Store", ".train.lock"}  # what an empty directory may still hold
+
+
+def _json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def experiment_preset(path: Path) -> str | None:
+    """The preset an experiment directory was started with (STARTED.json, else results.json, else the
+    title of progress.md); None when it does not say."""
+    path = Path(path)
+    for name in ("STARTED.json", "results.json"):
+        preset = _json(path / name).get("preset")
+        if isinstance(preset, str):
+            return preset
+    try:
+        first = (path / "progress.md").read_text(encoding="utf-8").split("\n", 1)[0]
+    except OSError:
+        return None
+    return first.split("`")[1] if first.count("`") >= 2 else None
+
+
+def owner(path: str | Path) -> str | None:
+    """The sinkdlm command whose output `path` holds ("train", "sft", "analyze", "convert", "experiment",
+    "tokenizer train", "eval"), or None (nothing, or something else)."""
+    path = Path(path)
+    if path.is_file():
+        data = _json(path) if path.suffix == ".json" else {}
+        return "eval" if {"scores", "tasks", "model"} <= data.keys() else None
+    if not path.is_dir():
+        return None
+    names = {name.rstrip("/") for name in _contents(path)}
+    if names & {"STARTED.json", "progress.md", "interim.json"} or {"results.json", "runs"} <= names:
+        return "experiment"
+    if "train_config.json" in names:
+        return "sft" if _json(path / "train_config.json").get("sft") else "train"
+    if names & {"metrics.jsonl", "checkpoints"}:
+        return "train"
+    if names & {"analysis.json", "intervals.json", "compare.json"}:
+        return "analyze"
+    if {"config.json", "model.safetensors"} <= names:
+        return "convert"
+    if "tokenizer.json" in names:
+        return "tokenizer train"
+    return None
+
+
+def _contents(path: Path) -> list[str]:
+    try:
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir() if p.name not in IGNORED)
+    except OSError as e:  # unreadable: say so, not a traceback
+        raise ValueError(f"--out {str(path)!r} cannot be read ({e.strerror or e}); fix its permissions or choose "
+                         "another --out") from e
+
+
+def describe(path: str | Path) -> str:
+    """What `path` holds, in a few words: "the output of `sinkdlm analyze` (analysis.json, ...)"."""
+    path = Path(path)
+    who = owner(path)
+    if path.is_file():
+        return "scores of an earlier `sinkdlm eval`" if who == "eval" else "a file"
+    names = _contents(path)
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    if who == "experiment":
+        preset = experiment_preset(path)
+        return f"the `{preset}` experiment ({shown})" if preset else f"an experiment ({shown})"
+    if who is not None:
+        return f"the output of `sinkdlm {who}` ({shown})"
+    return f"{len(names)} other entr{'y' if len(names) == 1 else 'ies'} ({shown})"
+
+
+def check_out(path: str | Path, command: str, *, overwrite: bool = False, resumable: bool = False,
+              preset: str | None = None, inputs: Sequence[str | Path | None] = (), flag: str = "--out",
+              is_file: bool = False) -> str:
+    """Decide, before any work, how `command` may write `path`: "new" (write it), "resume" (its own
+    resumable output) or "replace" (`overwrite`: write beside, then swap). Anything else raises
+    ValueError naming what is there. `preset`: an experiment's (another preset's directory is refused);
+    `inputs`: paths the command reads, which `--overwrite` must not delete; `is_file`: `path` is a file
+    (eval's scores), not a directory."""
+    path = Path(path).expanduser()
+    if not is_file and path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a file; give a directory")
+    if is_file and path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file path such as {str(path / 'scores.json')!r}")
+    _check_writable_ancestor(path.parent if is_file else path, f"{flag} {str(path)!r}")
+    if not path.exists() or (not is_file and not _contents(path)):
+        return "new"
+    who = owner(path)
+    if overwrite:
+        _check_replaceable(path, inputs, flag)
+        return "replace"
+    if who == command and resumable:
+        found = experiment_preset(path) if command == "experiment" else None
+        if preset is None or found is None or found == preset:
+            return "resume"
+        raise ValueError(f"{flag} {path} holds the `{found}` experiment, not `{preset}`: the two would mix; "
+                         f"choose another {flag} (or --preset {found} to resume it, or --overwrite to replace it)")
+    there = f"already exists ({describe(path)})" if is_file else f"already holds {describe(path)}"
+    raise ValueError(f"{flag} {path} {there}; choose another {flag}, "
+                     f"or pass --overwrite to replace it")
+
+
+def _check_writable_ancestor(path: Path, what: str) -> None:
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"cannot write {what}: {str(parent)!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {what}: directory {str(parent)!r} is not writable")
+
+
+def _check_replaceable(path: Path, inputs: Sequence[str | Path | None], flag: str) -> None:
+    """--overwrite deletes `path`: never the working directory or one above it, nor an input of the run."""
+    real = path.resolve()
+    if real == Path.cwd().resolve() or real in Path.cwd().resolve().parents or real == Path.home().resolve():
+        raise ValueError(f"--overwrite would delete {flag} {str(path)!r}, the working or home directory (or one "
+                         f"above it); give a directory of its own")
+    for item in inputs:
+        if item is not None and str(item) and (real == Path(item).resolve() or real in Path(item).resolve().parents):
+            raise ValueError(f"--overwrite would delete {flag} {path}, which holds {item}, an input of this run; "
+                             f"choose another {flag}")
+
+
+@contextmanager
+def writing_out(path: str | Path, mode: str, command: str, *, lock: bool = True, in_place: bool = False,
+                flag: str = "--out") -> Iterator[Path]:
+    """The directory to write for a `check_out` decision `mode`: `path` itself ("new", "resume"), or, for
+    "replace", a new directory beside it, swapped in when the body ends. `in_place` (a run that records
+    its own paths: train, experiment): the old directory is set aside beside instead and the new run
+    written at `path`. A body that raises leaves `path` as it was found, either way; a stop that leaves a
+    resumable run is caught by the caller inside the body, so that run is kept. `lock`: hold the directory
+    (`exclusive_out`) for the body (train and experiment keep their own locks)."""
+    path = Path(path).expanduser()
+    if mode != "replace":
+        with exclusive_out(path, command, flag) if lock else _as_is(path) as held:
+            yield held
+        return
+    new = path.with_name(f".{path.name}.new-{os.getpid()}")
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    if in_place:
+        os.replace(path, old)
+    target = path if in_place else new
+    try:
+        with exclusive_out(target, command, flag) if lock else _as_is(target) as held:
+            held.mkdir(parents=True, exist_ok=True)
+            yield held
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        if in_place:
+            os.replace(old, path)
+        raise
+    if not in_place:
+        os.replace(path, old)
+        os.replace(new, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _as_is(path: Path) -> Iterator[Path]:
+    yield path
+
+
+@contextmanager
+def exclusive_out(path: str | Path, command: str, flag: str = "--out") -> Iterator[Path]:
+    """Create directory `path` if needed and hold it for the body; refuse (ValueError) when another
+    process holds it. A body that refuses its input (ValueError) leaves no directory this call made."""
+    path = Path(path)
+    made, missing = [], path
+    while not missing.exists() and missing != missing.parent:
+        made.append(missing)
+        missing = missing.parent
+    path.mkdir(parents=True, exist_ok=True)
+    fd = None
+    if fcntl is not None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"{flag} {path} is in use by another `sinkdlm {command}`; wait for it to finish, "
+                             f"or choose another {flag}") from None
+        except OSError:  # e.g. a network file system without flock: run unlocked
+            os.close(fd)
+            fd = None
+    try:
+        yield path
+    except ValueError:
+        for folder in made:  # deepest first; stop at the first that is not empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    finally:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

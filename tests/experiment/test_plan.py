@@ -1,0 +1,44 @@
+"""The experiment's plan and pace lines (issue 53): runs x steps, an estimate from measured seconds, "run k
+of N" with the time left; the reference is the arithmetic written out here."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sinkdlm.experiment.plan import pace_line, plan_line, reference_seconds_per_step, run_seconds
+
+PROGRESS = Path("runs/demo/progress.md")
+
+
+def test_plan_names_runs_steps_estimate_and_progress(tmp_path):
+    line = plan_line(variants=2, seeds=3, steps=600, controls=0, measured=[], per_step=0.3, progress=PROGRESS)
+    # 6 runs x 600 steps x 0.3 s = 1080 s = 18 min
+    assert line == ("plan: 6 runs (2 variants x 3 seeds) x 600 training steps; about 18 min on a 2-core CPU (the "
+                    "preset's reference run; a faster machine takes less); progress: runs/demo/progress.md "
+                    "(rewritten after every stage)")
+    measured = plan_line(variants=2, seeds=3, steps=600, controls=2, measured=[100.0, 140.0, 120.0], per_step=0.3,
+                         progress=PROGRESS)
+    assert "then 2 step-0 controls" in measured and "about 12 min in all (measured: 3 runs here)" in measured
+    unknown = plan_line(variants=1, seeds=1, steps=5, controls=0, measured=[], per_step=None, progress=PROGRESS)
+    assert "1 run (1 variant x 1 seed) x 5 training steps; the time is estimated after the first run" in unknown
+
+
+def test_pace_after_each_run():
+    now = time.time()
+    line = pace_line(2, 6, [300.0, 360.0], PROGRESS, now=now)
+    end = time.strftime("%H:%M", time.localtime(now + 4 * 330))
+    assert line == f"run 2 of 6 done; about 22 min left (ends about {end}); progress: runs/demo/progress.md"
+    assert pace_line(6, 6, [300.0], PROGRESS) == "run 6 of 6 done; progress: runs/demo/progress.md"
+
+
+def test_seconds_from_timing_and_reference(tmp_path):
+    assert run_seconds({"train": 10, "validation": 2.5, "eval": 1}) == 13.5
+    assert run_seconds({"validation": 2.5}) is None  # not yet trained here
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "results.json").write_text(json.dumps(
+        {"seeds": [0, 1, 2], "variants": {"a": {}, "b": {}}, "elapsed_s": 1080.0, "train": {"max_steps": 600}}))
+    assert reference_seconds_per_step("demo", tmp_path) == 1080.0 / (6 * 600)
+    assert reference_seconds_per_step("none", tmp_path) is None
+    assert reference_seconds_per_step("demo") is not None  # the committed demo run, in a source checkout
