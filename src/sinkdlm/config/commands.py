@@ -231,6 +231,18 @@ class ConvertConfig(_ConvertSwitchFields):
 
 
 @dataclass(kw_only=True)
+class MergeConfig:
+    """`sinkdlm merge`: a `--trainable lora` checkpoint's adapters and sink parameters folded into a plain checkpoint."""
+
+    adapter: Path
+    """A checkpoint of a --trainable lora run (OUT/checkpoints/step-N: adapter_config.json, adapter_model.safetensors)."""
+    base: Path | None = None
+    """The model the adapters were trained on (default: rebuilt from the checkpoint's training config, as the run built it)."""
+    out: Path
+    """Output checkpoint directory."""
+
+
+@dataclass(kw_only=True)
 class ExperimentConfig(DeviceOption, RemaskingOptions):
     """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change (the
     remasking settings, when given, replace the preset's in its analysis and generation tasks)."""
