@@ -22,7 +22,7 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint
 from sinkdlm.training.merge import merge_adapter
 
-from helpers import cfg_for, read_metrics, write_corpus
+from helpers import SMALL, cfg_for, read_metrics, torchrun, write_corpus
 
 peft = pytest.importorskip("peft")
 
@@ -164,3 +164,33 @@ def test_adapters_over_a_base_of_other_shapes_are_refused_before_its_weights(tmp
     assert not (tmp_path / "merged").exists()
     with pytest.raises(ValueError, match="holds no adapter_config.json"):
         merge_adapter(start, tmp_path / "merged")
+
+
+def ddp_args(tmp_path, corpus, out, *extra):
+    (tmp_path / "small.json").write_text(json.dumps({"model_overrides": SMALL, "eval_batches": 1, "tensorboard": False}))
+    return ["-m", "sinkdlm", "train", "--data", str(corpus), "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+            "--max-steps", "4", "--batch-size", "4", "--seq-len", "32", "--log-every", "1", "--eval-every", "4",
+            "--save-every", "4", "--seed", "3", "--num-sink-tokens", "1", "--config", str(tmp_path / "small.json"),
+            "--device", "cpu", *extra]
+
+
+@pytest.mark.slow  # two torchrun launches, about 40 s
+def test_ddp_trains_the_sink_alone_as_one_process_and_refuses_lora_in_one_line(tmp_path, corpus):
+    """`sink` under DDP (gloo, 2 processes) matches one process; `lora` under torchrun is refused in one line."""
+    single = cfg_for(tmp_path / "one", corpus, max_steps=4, eval_every=4, save_every=4, trainable="sink",
+                     cache_dir=str(tmp_path / "cache"))
+    train(single)
+    res = torchrun(2, *ddp_args(tmp_path, corpus, tmp_path / "two", "--trainable", "sink"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for a, b in zip(read_metrics(single.out), read_metrics(tmp_path / "two")):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-5)
+    wa = DiffusionLM.from_pretrained(latest_checkpoint(single.out)).state_dict()
+    wb = DiffusionLM.from_pretrained(latest_checkpoint(tmp_path / "two")).state_dict()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6)
+    res = torchrun(2, *ddp_args(tmp_path, corpus, tmp_path / "lora", "--trainable", "lora"), cwd=tmp_path)
+    assert res.returncode != 0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all(e == "error: --trainable lora runs in one process (its checkpoints hold peft adapters, "
+                                "written and resumed by one rank); launch it without torchrun" for e in errors)
+    assert not (tmp_path / "lora" / "checkpoints").exists()

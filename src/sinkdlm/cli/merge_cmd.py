@@ -13,10 +13,8 @@ from sinkdlm.config.commands import MergeConfig
 @config_options(MergeConfig)
 def merge(cfg: MergeConfig) -> None:
     """Fold a --trainable lora checkpoint's LoRA adapters and sink parameters into a plain sinkdlm checkpoint."""
-    from sinkdlm.config.checks import check_output_dir
     from sinkdlm.training.merge import merge_adapter
 
-    check_output_dir(cfg.out)
     with said_when_slow(f"merging {cfg.adapter}: building its base, then writing {cfg.out} ..."):
         model = merge_adapter(cfg.adapter, cfg.out, base=cfg.base)
     typer.echo(f"wrote {cfg.out}: {model.num_parameters() / 1e6:.1f}M parameters, "

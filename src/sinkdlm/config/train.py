@@ -169,6 +169,10 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):  # nan passes `v < 0`; torch then says "Invalid learning rate"
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+        for name in ("beta1", "beta2"):  # nan passes a range check written with `<`; torch's own message names no flag
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
+                raise ValueError(f"--{name} must lie in [0, 1), got {v}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
