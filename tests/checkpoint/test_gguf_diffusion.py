@@ -197,10 +197,17 @@ def test_shift_logits_is_read_from_the_metadata(tok, tmp_path):
     assert not model.config.shift_logits and model.config.family == "dream"
 
 
-def test_convert_refuses_a_diffusion_gguf(pair, tmp_path):
+def test_convert_adds_a_sink_to_a_diffusion_gguf(pair, tmp_path):
+    """`sinkdlm convert` takes a dream/llada GGUF as a DLM: the same (dequantised) weights plus a sink;
+    with no switch to add it refuses before reading any weight."""
     from sinkdlm.model.hf import convert_hf_checkpoint
 
     arch, _, path = pair
-    with pytest.raises(CheckpointError, match=f"a {arch} GGUF is already a diffusion LM"):
-        convert_hf_checkpoint(path, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="has these switches already"):
+        convert_hf_checkpoint(path, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+    convert_hf_checkpoint(path, tmp_path / "out", num_sink_tokens=1)
+    before, after = DiffusionLM.from_pretrained(path), DiffusionLM.from_pretrained(tmp_path / "out")
+    old, new = before.state_dict(), after.state_dict()
+    assert set(new) - set(old) == {"sink_embeddings"} and all(torch.equal(old[k], new[k]) for k in old)
+    assert after.config.family == arch and after.config.shift_logits == before.config.shift_logits

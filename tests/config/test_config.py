@@ -20,6 +20,7 @@ from sinkdlm.config import (
     EvalConfig,
     ExperimentConfig,
     GenerateConfig,
+    MergeConfig,
     ModelConfig,
     TrainConfig,
     field_docs,
@@ -28,7 +29,8 @@ from sinkdlm.cli.options import config_parameters
 from sinkdlm.cli.train_cmd import SFT_OPTIONS
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-CONFIGS = (ModelConfig, TrainConfig, GenerateConfig, AnalyzeConfig, EvalConfig, ConvertConfig, ExperimentConfig)
+CONFIGS = (ModelConfig, TrainConfig, GenerateConfig, AnalyzeConfig, EvalConfig, ConvertConfig, MergeConfig,
+           ExperimentConfig)
 # command -> (its config, how the command generates its options)
 COMMANDS = {
     "train": (TrainConfig, {"layered": True}),
@@ -37,6 +39,7 @@ COMMANDS = {
     "analyze": (AnalyzeConfig, {}),
     "eval": (EvalConfig, {"required": ("model",)}),
     "convert": (ConvertConfig, {}),
+    "merge": (MergeConfig, {}),
     "experiment": (ExperimentConfig, {}),
 }
 

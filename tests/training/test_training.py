@@ -309,7 +309,7 @@ def test_anneal_and_shift_run_from_an_init_checkpoint(tmp_path, corpus):
     rows = read_metrics(cfg.out)
     assert len(rows) == 6 and all(math.isfinite(r["loss"]) for r in rows)
     assert cfg.peak_lr == 1e-4  # Appendix A.1 default for AR init
-    with pytest.raises(ValueError, match="convert the checkpoint"):
+    with pytest.raises(ValueError, match="add them with `sinkdlm convert --from-hf"):
         train(cfg_for(tmp_path / "bad", corpus, init_from=ckpt, num_sink_tokens=2))
     assert summary["checkpoint"]
 

@@ -1,4 +1,4 @@
-"""`sinkdlm convert`: a local Hugging Face Qwen2/LLaMA causal LM -> a sinkdlm checkpoint."""
+"""`sinkdlm convert`: a local Qwen2/LLaMA causal LM -> a sinkdlm DLM, or a DLM -> the same DLM plus sinks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sinkdlm.config.commands import ConvertConfig
 @app.command()
 @config_options(ConvertConfig)  # every model switch too, at its ModelConfig default
 def convert(cfg: ConvertConfig) -> None:
-    """Copy an autoregressive checkpoint's weights into a bidirectional DLM (+[MASK], + sinks)."""
+    """Copy an autoregressive checkpoint's weights into a bidirectional DLM (+[MASK], + sinks), or add sinks to a DLM."""
     from sinkdlm.config import check_model_switches
     from sinkdlm.config.checks import check_seed
     from sinkdlm.io.out_dir import check_out, writing_out

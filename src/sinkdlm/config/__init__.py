@@ -2,7 +2,7 @@
 
 * `model.py`  — `ModelConfig` (architecture, the model switches, presets of shapes).
 * `train.py`  — `TrainConfig` (a training or SFT run).
-* `commands.py` — `SampleConfig`/`GenerateConfig`, `AnalyzeConfig`, `EvalConfig`, `ConvertConfig`,
+* `commands.py` — `SampleConfig`/`GenerateConfig`, `AnalyzeConfig`, `EvalConfig`, `ConvertConfig`, `MergeConfig`,
   `ExperimentConfig`: the commands that use a model; `LMEvalConfig`, the lm-eval model's settings (its
   `ScoringOptions` are `EvalConfig`'s).
 * `fields.py` — attribute docstrings as help text, field metadata, the shared `--device`.
@@ -29,6 +29,7 @@ from sinkdlm.config.commands import (
     EvalConfig,
     ExperimentConfig,
     GenerateConfig,
+    MergeConfig,
     ModelOptions,
     SampleConfig,
 )
@@ -36,7 +37,7 @@ from sinkdlm.config.train import TrainConfig
 
 __all__ = [
     "AnalyzeConfig", "ConvertConfig", "DeviceOption", "EvalConfig", "ExperimentConfig", "GenerateConfig",
-    "MODEL_SWITCHES", "MODEL_SWITCH_DEFAULTS", "MODEL_TYPE", "ModelConfig", "ModelOptions", "ModelSwitch",
+    "MergeConfig", "MODEL_SWITCHES", "MODEL_SWITCH_DEFAULTS", "MODEL_TYPE", "ModelConfig", "ModelOptions", "ModelSwitch",
     "PRESETS", "SINK_POSITIONS", "SWITCHES_BY_NAME", "SampleConfig", "TrainConfig", "check_model_switches",
     "field_docs", "field_types",
 ]

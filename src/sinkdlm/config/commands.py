@@ -264,10 +264,11 @@ _ConvertSwitchFields = dataclasses.make_dataclass("_ConvertSwitchFields", switch
 
 @dataclass(kw_only=True)
 class ConvertConfig(_ConvertSwitchFields):
-    """`sinkdlm convert`: an autoregressive checkpoint -> a bidirectional DLM (+[MASK], + sinks)."""
+    """`sinkdlm convert`: an autoregressive checkpoint -> a bidirectional DLM (+[MASK], + sinks), or a DLM -> the
+    same DLM with the switches asked for added (e.g. --num-sink-tokens 1)."""
 
     from_hf: Path
-    """Local causal LM to convert: a Qwen2/LLaMA directory (safetensors) or a llama/qwen2 .gguf file."""
+    """Model to convert: a Qwen2/LLaMA causal LM (directory or llama/qwen2 .gguf) becomes a DLM; a DLM (sinkdlm, LLaDA or Dream directory, dream/llada .gguf) gains the switches given, every other weight kept."""
     out: Path
     """Output checkpoint directory."""
     overwrite: bool = False
@@ -275,10 +276,22 @@ class ConvertConfig(_ConvertSwitchFields):
     seed: int = 0
     """Seed for the new sink embeddings and sink logits."""
     shift_logits: bool = False
-    """Keep the AR head's shift: position i-1 predicts token i (Dream's recipe, docs/method.md §5); off, each masked position predicts itself (LLaDA's). Stored in the checkpoint; train and generate follow it."""
+    """Keep the AR head's shift: position i-1 predicts token i (Dream's recipe, docs/method.md §5); off, each masked position predicts itself (LLaDA's). Stored in the checkpoint; train and generate follow it. A DLM keeps its own."""
 
     def switches(self) -> dict:
         return switch_values(self)
+
+
+@dataclass(kw_only=True)
+class MergeConfig:
+    """`sinkdlm merge`: a `--trainable lora` checkpoint's adapters and sink parameters folded into a plain checkpoint."""
+
+    adapter: Path
+    """A checkpoint of a --trainable lora run (OUT/checkpoints/step-N: adapter_config.json, adapter_model.safetensors)."""
+    base: Path | None = None
+    """The model the adapters were trained on (default: rebuilt from the checkpoint's training config, as the run built it)."""
+    out: Path
+    """Output checkpoint directory."""
 
 
 @dataclass(kw_only=True)

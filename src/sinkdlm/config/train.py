@@ -23,6 +23,9 @@ from sinkdlm.config.fields import check_device
 
 SCRATCH_LR = (2e-4, 2e-5)
 AR_INIT_LR = (1e-4, 1e-5)
+TRAINABLE = ("all", "sink", "lora")  # --trainable
+LORA_GROUPS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+LORA_TARGETS = (*LORA_GROUPS, *LORA_GROUPS["attn"], "g_proj", *LORA_GROUPS["mlp"])  # --lora-targets: every block's nn.Linear
 
 
 # One optional field per model switch (declared in `ModelConfig`); None = the preset's /
@@ -87,6 +90,15 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
     # ---- SFT (set by `sinkdlm sft`)
     sft: bool = option(False, cli=False)
     """Supervised fine-tuning: prompt never masked, loss normalised by the response length."""
+    # ---- what trains (issue 52)
+    trainable: str = "all"
+    """all | sink (only the sink embeddings and sink logits train; the rest frozen, no optimizer state for it) | lora (peft LoRA adapters on --lora-targets plus the sink parameters; checkpoints hold the adapters, `sinkdlm merge` folds them in)."""
+    lora_rank: int = 8
+    """LoRA rank r (--trainable lora)."""
+    lora_alpha: float = 16.0
+    """LoRA alpha: the update is (alpha / r) B A (--trainable lora)."""
+    lora_targets: str = "attn,mlp"
+    """Projections of every block that get LoRA adapters (--trainable lora), comma-separated: attn (q/k/v/o_proj), mlp (gate/up/down_proj) or single ones, e.g. q_proj,v_proj."""
     # ---- bookkeeping
     seed: int = 0
     """Random seed (initialisation, data order, masking)."""
@@ -157,6 +169,10 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):  # nan passes `v < 0`; torch then says "Invalid learning rate"
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+        for name in ("beta1", "beta2"):  # nan passes a range check written with `<`; torch's own message names no flag
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
+                raise ValueError(f"--{name} must lie in [0, 1), got {v}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
@@ -166,6 +182,37 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             raise ValueError(f"--compile-backend must name a torch.compile backend, got {self.compile_backend!r}")
         check_device(self.device)
+        self.check_trainable()
+
+    def check_trainable(self) -> None:
+        """--trainable and its LoRA settings (the model's sinks are checked once it is opened: `training.trainable`)."""
+        if self.trainable not in TRAINABLE:
+            raise ValueError(f"--trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
+        if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) or self.lora_rank < 1:
+            raise ValueError(f"--lora-rank must be a positive integer, got {self.lora_rank!r}")
+        if not (isinstance(self.lora_alpha, (int, float)) and math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
+            raise ValueError(f"--lora-alpha must be a finite number > 0, got {self.lora_alpha!r}")
+        targets = self.lora_target_modules()
+        unknown = sorted(set(targets) - set(LORA_TARGETS))
+        if not targets or unknown:
+            raise ValueError(f"--lora-targets must name some of {', '.join(LORA_TARGETS)}, got {self.lora_targets!r}")
+        if self.trainable == "all":
+            return
+        if self.fsdp:
+            raise ValueError(f"--trainable {self.trainable} is not supported with --fsdp (sharding frozen weights saves "
+                             "nothing worth the sharded checkpoints); train it without --fsdp")
+        if self.trainable != "lora":
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise ValueError("--trainable lora needs peft, which is not installed: pip install 'sinkdlm[lora]' "
+                             "(or pip install peft)")
+
+    def lora_target_modules(self) -> list[str]:
+        """--lora-targets as a list of projection names (attn and mlp spelled out), in the order given."""
+        names = [t.strip() for t in str(self.lora_targets).split(",") if t.strip()]
+        return list(dict.fromkeys(p for n in names for p in LORA_GROUPS.get(n, (n,))))
 
     @property
     def peak_lr(self) -> float:

@@ -1,4 +1,4 @@
-"""Hugging Face integration: `AutoModelForMaskedLM` registration and Qwen2/LLaMA conversion.
+"""Hugging Face integration: `AutoModelForMaskedLM` registration, Qwen2/LLaMA conversion, sinks for a DLM.
 
 * `register()` (run by `import sinkdlm`) lets `transformers.AutoConfig` / `AutoModelForMaskedLM`
   open a sinkdlm checkpoint directory; loading goes through `DiffusionLM.from_pretrained`, so it
@@ -7,6 +7,9 @@
   too, or a llama/qwen2 `.gguf` file) into a sinkdlm checkpoint: same weights, bidirectional
   attention, a `[MASK]` token and the sink embeddings (docs/method.md §5). The weights are read by
   the loader (`sinkdlm.checkpoint.manager`) with the format's state-dict adapter, as `load_checkpoint` reads them.
+* A diffusion LM (a sinkdlm, LLaDA or Dream directory, a dream/llada `.gguf`) goes through the same
+  `convert_hf_checkpoint`: `convert_dlm_model` adds the switches asked for (sink tokens, a sink logit, ...)
+  with their new parameters drawn as the AR conversion draws them; every other tensor is the input's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
 from sinkdlm.config import MODEL_SWITCH_DEFAULTS, MODEL_TYPE, ModelConfig, check_model_switches
+from sinkdlm.config.model import switch_values
 from sinkdlm.io.files import CheckpointError
 from sinkdlm.checkpoint.manager import ModelSource, load_tokenizer_for, open_source, read_tensors
 from sinkdlm.model.transformer import DiffusionLM
@@ -125,10 +129,15 @@ def convert_hf_checkpoint(
     shift_logits: bool = False,
     **switches: Any,
 ) -> DiffusionLM:
-    """Convert a local HF Qwen2/LLaMA causal LM into a sinkdlm checkpoint at `out` (`convert_hf_model`,
-    then `save_pretrained`). `shift_logits`: keep the AR head's shift (Dream's recipe, docs/method.md §5)."""
-    model, tokenizer = convert_hf_model(src, seed=seed, **switches)
-    model.config.shift_logits = bool(shift_logits)  # stored in config.json; train/generate read it there
+    """Convert a local model into a sinkdlm checkpoint at `out`, then `save_pretrained`: a HF Qwen2/LLaMA
+    causal LM becomes a bidirectional DLM (`convert_hf_model`; `shift_logits`: keep the AR head's shift,
+    Dream's recipe, docs/method.md §5); a diffusion LM gains the switches asked for (`convert_dlm_model`)."""
+    source = open_source(src, flag="--from-hf")
+    if source.config.causal:
+        model, tokenizer = convert_hf_model(source, seed=seed, **switches)
+        model.config.shift_logits = bool(shift_logits)  # stored in config.json; train/generate read it there
+    else:
+        model, tokenizer = convert_dlm_model(source, seed=seed, shift_logits=shift_logits, **switches)
     model.save_pretrained(Path(out), tokenizer=tokenizer)
     return model
 
@@ -147,17 +156,11 @@ def convert_hf_model(src: str | Path | ModelSource, *, seed: int = 0, **switches
         the missing rows. New rows — and the [MASK] row even when it is a spare padded row, as in
         Qwen2.5 — are the mean of the trained rows (the new token starts
         "average" instead of random, so its logit neither dominates nor vanishes — Hewitt 2021).
-      * sink embeddings are drawn per dimension from N(mean, std) of the trained embedding rows,
-        so they sit at the scale of real tokens; distinct draws keep 2 or 4 sinks distinguishable.
-      * gated attention: W_g = 0 gives σ(0) = 1/2 everywhere; o_proj is doubled so the layer
-        computes exactly the original function at step 0 (eq. 8-10 then learns the gate).
-      * sink logits (`sink_logit`): N(0, initializer_range) per head, as gpt-oss initialises its
-        `sinks` (transformers `GptOssPreTrainedModel._init_weights`); softmax_one has no parameter.
+      * the switches' parameters as `_draw_switch_parameters` draws them.
     """
     source = _open_causal_source(src)
     check_model_switches(switches)  # unknown names and bad values, before any weight is read
     switches = {**MODEL_SWITCH_DEFAULTS, **switches}
-    num_sink_tokens, gated_attention = switches["num_sink_tokens"], switches["gated_attention"]
     causal = source.config
     # The causal LM's shapes as a bidirectional DLM with the run's switches: validated (bad switch
     # values included) before any weight is read.
@@ -175,36 +178,99 @@ def convert_hf_model(src: str | Path | ModelSource, *, seed: int = 0, **switches
     new_vocab = max(vocab, mask_id + 1)
 
     config = dlm.replace(vocab_size=new_vocab, mask_token_id=mask_id)
-    source_type = source.raw.get("model_type") if source.gguf is None else f"gguf:{source.gguf.architecture}"
+    source_type = _source_type(source)
     config.extra = {"converted_from": str(source.path), "source_model_type": source_type}
     config.validate()
 
-    gen = torch.Generator().manual_seed(seed)
     emb = tensors["embed_tokens.weight"]
     for name in ("embed_tokens.weight", "lm_head.weight"):
         if name in tensors:
             tensors[name] = _init_new_rows(tensors[name], new_vocab, mask_id if mask_is_new else None)
-    if num_sink_tokens > 0:
+    _draw_switch_parameters(tensors, config, emb, seed, switches)
+    return _assemble(config, tensors, source), tokenizer
+
+
+# Switches that shape the sinks a model already has: fixed once it has one.
+_SINK_SHAPE = ("sink_position", "sink_zero_value")
+
+
+def convert_dlm_model(src: str | Path | ModelSource, *, seed: int = 0, shift_logits: bool = False, **switches: Any):
+    """A diffusion LM (sinkdlm, LLaDA or Dream directory, dream/llada .gguf) with model switches added:
+    (model, its tokenizer). The switches a model has are kept; a switch at its default keeps the model's
+    value, any other value adds it (`--num-sink-tokens 1` adds a sink). The new parameters start as in
+    `convert_hf_model` (`_draw_switch_parameters`, by `seed`); every other tensor is the input's, bit for
+    bit. Refused before any weight is read: a switch the model has set to another value, sink settings of
+    sinks it has, nothing to add, `shift_logits` on a model without it (a DLM keeps its own head)."""
+    from sinkdlm.checkpoint.manager import load_tokenizer_for
+
+    source = open_source(src, flag="--from-hf")
+    assert not source.config.causal, "causal LMs go through convert_hf_model"
+    check_model_switches(switches)
+    have = switch_values(source.config)
+    wanted = dict(have)
+    for name, value in {**MODEL_SWITCH_DEFAULTS, **switches}.items():
+        if value == MODEL_SWITCH_DEFAULTS[name] or value == have[name]:
+            continue  # at its default: the model's own value stands
+        fixed = have[name] != MODEL_SWITCH_DEFAULTS[name] or (name in _SINK_SHAPE and have["num_sink_tokens"] > 0)
+        if fixed:
+            raise ValueError(f"--from-hf {source.path} already has {name}={have[name]!r}; conversion adds "
+                             f"switches to a diffusion LM and changes none it has (asked for {value!r})")
+        wanted[name] = value
+    added = {k: v for k, v in wanted.items() if v != have[k]}
+    if not added:
+        raise ValueError(f"--from-hf {source.path} is a diffusion LM that has these switches already; give the "
+                         f"ones to add, e.g. --num-sink-tokens 1")
+    if shift_logits and not source.config.shift_logits:
+        raise ValueError(f"--shift-logits: {source.path} is a diffusion LM trained without the shift; it keeps its "
+                         "own head (leave --shift-logits off)")
+    config = source.config.replace(**wanted)
+    config.extra = {**config.extra, "switches_added_from": str(source.path), "source_model_type": _source_type(source)}
+    config.validate()  # before any weight is read
+    tokenizer = load_tokenizer_for(source)
+    tensors = read_tensors(source)
+    _draw_switch_parameters(tensors, config, tensors["embed_tokens.weight"], seed, added)
+    return _assemble(config, tensors, source), tokenizer
+
+
+def _source_type(source: ModelSource) -> str:
+    return source.raw.get("model_type", source.fmt) if source.gguf is None else f"gguf:{source.gguf.architecture}"
+
+
+def _draw_switch_parameters(tensors: dict, config: ModelConfig, emb: torch.Tensor, seed: int, new: dict) -> None:
+    """Add to `tensors` the parameters that the switches in `new` bring to `config` (in place):
+      * sink embeddings are drawn per dimension from N(mean, std) of the trained embedding rows `emb`,
+        so they sit at the scale of real tokens; distinct draws keep 2 or 4 sinks distinguishable.
+      * gated attention: W_g = 0 gives σ(0) = 1/2 everywhere; o_proj is doubled so the layer
+        computes exactly the original function at step 0 (eq. 8-10 then learns the gate).
+      * sink logits (`sink_logit`): N(0, initializer_range) per head, as gpt-oss initialises its
+        `sinks` (transformers `GptOssPreTrainedModel._init_weights`); softmax_one has no parameter.
+    One generator seeded by `seed` draws the sinks, then the sink logits."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype = emb.dtype
+    if new.get("num_sink_tokens", 0) > 0:
         e = emb.float()
-        sinks = e.mean(0) + e.std(0) * torch.randn(num_sink_tokens, e.shape[1], generator=gen)
-        tensors["sink_embeddings"] = sinks.to(emb.dtype)
-    model_dtype = emb.dtype
-    with torch.device("meta"):
-        model = DiffusionLM(config)
-    if gated_attention:
+        sinks = e.mean(0) + e.std(0) * torch.randn(config.num_sink_tokens, e.shape[1], generator=gen)
+        tensors["sink_embeddings"] = sinks.to(dtype)
+    if new.get("gated_attention"):
         for i in range(config.num_hidden_layers):
             o = tensors.get(f"layers.{i}.self_attn.o_proj.weight")
-            if o is None:  # reported with the other missing tensors below
+            if o is None:  # reported with the other missing tensors by `_assemble`
                 continue
             tensors[f"layers.{i}.self_attn.o_proj.weight"] = o * 2
             tensors[f"layers.{i}.self_attn.g_proj.weight"] = torch.zeros(
-                config.num_attention_heads * config.head_dim, config.hidden_size, dtype=model_dtype
+                config.num_attention_heads * config.head_dim, config.hidden_size, dtype=dtype
             )
-    if config.sink_logit:
+    if new.get("sink_logit"):
         for i in range(config.num_hidden_layers):
             tensors[f"layers.{i}.self_attn.sink_logit"] = (
                 config.initializer_range * torch.randn(config.num_attention_heads, generator=gen)
-            ).to(model_dtype)
+            ).to(dtype)
+
+
+def _assemble(config: ModelConfig, tensors: dict, source: ModelSource) -> DiffusionLM:
+    """A `DiffusionLM(config)` holding `tensors` (assigned, not copied), checked name by name and shape by shape."""
+    with torch.device("meta"):
+        model = DiffusionLM(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -214,11 +280,11 @@ def convert_hf_model(src: str | Path | ModelSource, *, seed: int = 0, **switches
     if missing or unexpected or wrong:
         shapes = [f"{k}: file {tuple(tensors[k].shape)} vs config {expected[k]}" for k in wrong[:5]]
         raise CheckpointError(
-            f"{source.path}: weights do not fit its config ({source_type} layout): "
+            f"{source.path}: weights do not fit its config ({_source_type(source)} layout): "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatch {shapes}"
         )
     model.load_state_dict(tensors, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.eval()
-    return model, tokenizer
+    return model

@@ -74,6 +74,9 @@ def open_source(path: str | Path, flag: str = "model") -> ModelSource:
         config = formats.gguf_config(gguf.metadata, gguf.tensor_names, path)
         return ModelSource(path, "gguf", config, gguf=gguf)
     config_path = path / CONFIG_NAME
+    if not config_path.is_file() and (path / "adapter_config.json").is_file():  # a `--trainable lora` checkpoint
+        raise CheckpointError(f"{path} holds LoRA adapters, not a whole model; fold them into one with "
+                              f"`sinkdlm merge --adapter {path} --out DIR`, then use DIR")
     if not config_path.is_file():
         raise CheckpointError(
             f"{config_path} is missing: a model directory needs {CONFIG_NAME} and {WEIGHTS_NAME} "

@@ -4,6 +4,8 @@
     step-N/optimizer.safetensors                              <- AdamW moments (tensors)
     step-N/trainer_state.json                                 <- step, param groups, run config
 
+A `--trainable lora` run writes its adapters in place of the model (`write_model`, see `training.trainable`).
+
 The directory is written as `.tmp-step-N` and renamed into place (`os.replace` of a directory is
 atomic on POSIX), so a process killed at any moment leaves either no `step-N` or a complete one:
 the previous checkpoint is always loadable. Only the last `keep_last` are kept. No pickle.
@@ -16,7 +18,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file
@@ -90,13 +92,21 @@ def save_training_checkpoint(
     state: dict[str, Any],
     tokenizer=None,
     keep_last: int = 3,
+    write_model: Callable[[Path], None] | None = None,
 ) -> Path:
+    """`write_model(directory)`: writes what stands for the model (LoRA adapters); default the whole model."""
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(model, tmp, tokenizer=tokenizer)
+    if write_model is None:
+        save_checkpoint(model, tmp, tokenizer=tokenizer)
+    else:
+        tmp.mkdir()
+        write_model(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
     tensors, groups = optimizer_to_tensors(optimizer)
     save_state_dict(tensors, tmp / OPTIMIZER_NAME)
     atomic_write_json(tmp / STATE_NAME, {**state, "step": step, "param_groups": groups})

@@ -91,7 +91,8 @@ TMP_DIR = re.compile(r"^\.tmp-step-(\d+)$")
 CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)(\.\d+)?$")
 # Settings that define the batches and the model of a run: changing one on resume would silently
 # splice two different runs together (the batch of step s is a function of these, see trainer).
-RESUME_MUST_MATCH = ("data", "text_field", "max_tokens", "seq_len", "batch_size", "seed", "sft", "tokenizer", "init_from")
+RESUME_MUST_MATCH = ("data", "text_field", "max_tokens", "seq_len", "batch_size", "seed", "sft", "tokenizer", "init_from",
+                     "trainable", "lora_rank", "lora_alpha", "lora_targets")
 
 T = TypeVar("T")
 

@@ -52,6 +52,7 @@ from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_t
 from sinkdlm.config.train import TrainConfig
 from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
+from sinkdlm.training.trainable import apply_trainable, check_adapter_fits, check_trainable, is_adapter_checkpoint, save_adapter
 from sinkdlm.model.loader import resolve_device
 
 
@@ -154,7 +155,8 @@ def build_model(cfg: TrainConfig, tokenizer, init: ModelSource | None = None) ->
         if differ:
             raise ValueError(
                 f"--init-from {cfg.init_from} has {({k: getattr(model.config, k) for k in differ})}, but the run asks "
-                f"for {differ}; convert the checkpoint with those switches first (`sinkdlm convert`)"
+                f"for {differ}; add them with `sinkdlm convert --from-hf {cfg.init_from} --out DIR` and those switches "
+                "first, then --init-from DIR"
             )
     else:
         base = ModelConfig.from_preset(cfg.preset)
@@ -338,6 +340,9 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     out = Path(cfg.out)
     if env.is_main:
         ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
+    if cfg.trainable == "lora" and env.world_size > 1:
+        raise ValueError("--trainable lora runs in one process (its checkpoints hold peft adapters, written and "
+                         "resumed by one rank); launch it without torchrun")
     resumed = run.resume_point(lambda path: _load_resume_point(path, cfg))
     ckpt = None if resumed is None else resumed[0]
     if ckpt is not None and cfg.fsdp and not is_sharded(ckpt):
@@ -355,6 +360,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
     else:  # rank 0 trains/caches the BPE first; the others then read the cache
         # --init-from is opened once here and handed to both: a GGUF's header takes seconds to parse.
         init = open_source(cfg.init_from, flag="init_from") if cfg.init_from is not None else None
+        check_trainable(cfg, init.config if init is not None else ModelConfig.from_preset(cfg.preset))  # no weight read yet
         if env.is_main:
             tokenizer = prepare_tokenizer(cfg, preset_vocab, init)
         dist_utils.barrier(env)
@@ -386,6 +392,8 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         )
     micro = per_rank // cfg.grad_accum
 
+    # what trains (training/trainable.py); a resumed lora run loads its adapters onto the rebuilt base
+    peft_model = apply_trainable(model, cfg, adapter=ckpt if ckpt is not None and cfg.trainable == "lora" else None)
     model.to(device).train()
     dist_utils.prepare_blocks(model, cfg.activation_checkpointing, cfg.compile_backend if cfg.compile else None)
     if cfg.fsdp:  # before the optimizer, which must hold the sharded parameters
@@ -487,7 +495,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             elif env.is_main:
                 save_training_checkpoint(
                     out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
-                    keep_last=cfg.keep_last,
+                    keep_last=cfg.keep_last, write_model=None if peft_model is None else (lambda d: save_adapter(peft_model, d)),
                 )
             dist_utils.barrier(env)
         if signum and done < cfg.max_steps:
@@ -520,6 +528,10 @@ def _load_resume_point(ckpt: Path, cfg: TrainConfig):
     checkpoint holds the consolidated weights too; its optimizer shards are loaded after wrapping
     (`load_sharded_checkpoint`), so its optimizer state here is None."""
     tokenizer = load_tokenizer(ckpt)
+    if is_adapter_checkpoint(ckpt):  # --trainable lora: the base as the run built it; adapters loaded by apply_trainable
+        model = build_model(cfg, tokenizer)
+        check_adapter_fits(model, ckpt)
+        return tokenizer, model, load_training_state(ckpt)
     model = _with_run_settings(load_checkpoint(ckpt), cfg, tokenizer)
     if is_sharded(ckpt):
         return tokenizer, model, (json.loads((Path(ckpt) / STATE_NAME).read_text()), None)
