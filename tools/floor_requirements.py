@@ -1,5 +1,5 @@
-"""Print every dependency of pyproject.toml pinned at its declared floor (`name>=X` -> `name==X`),
-one per line, for `make test-floors`: the environment in which the floors are tested.
+"""Print every dependency of pyproject.toml (and of the extras in EXTRAS) pinned at its declared floor
+(`name>=X` -> `name==X`), one per line, for `make test-floors`: the environment in which the floors are tested.
 
 A dependency declared without a `>=` floor is an error here: every one must state what it needs.
 """
@@ -14,8 +14,12 @@ from pathlib import Path
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
+EXTRAS = ("lora",)  # optional extras whose floors are tested too (peft: `train --trainable lora`, `merge`)
+
+
 def floor_pins(pyproject: Path = PYPROJECT) -> list[str]:
-    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    project = tomllib.loads(pyproject.read_text())["project"]
+    deps = [*project["dependencies"], *(d for extra in EXTRAS for d in project["optional-dependencies"][extra])]
     pins = []
     for dep in deps:
         m = re.fullmatch(r"\s*([A-Za-z0-9_.\-\[\]]+)\s*>=\s*([0-9][0-9A-Za-z.]*)\s*", dep)

@@ -388,7 +388,7 @@ def test_cli_generate_and_analyze_an_ar_directory(tmp_path, tok, monkeypatch):
     out = CliRunner().invoke(app, ["generate", "--model", str(path), "--prompt", "the quick brown fox",
                                    "--gen-length", "3", "--device", "cpu", "--json"])
     assert out.exit_code == 0, out.output
-    assert len(json.loads(out.output)["tokens"]) == 3
+    assert len(json.loads(out.stdout)["tokens"]) == 3
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the quick brown fox jumps over\nto be or not to be, that is\n")
     out = CliRunner().invoke(app, ["analyze", "--model", str(path), "--prompts", str(prompts), "--gen-length", "3",

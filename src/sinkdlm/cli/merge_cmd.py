@@ -13,9 +13,13 @@ from sinkdlm.config.commands import MergeConfig
 @config_options(MergeConfig)
 def merge(cfg: MergeConfig) -> None:
     """Fold a --trainable lora checkpoint's LoRA adapters and sink parameters into a plain sinkdlm checkpoint."""
+    from sinkdlm.io.out_dir import check_out, writing_out
+
+    mode = check_out(cfg.out, "merge", overwrite=cfg.overwrite, inputs=(cfg.adapter, cfg.base))  # before any work
     from sinkdlm.training.merge import merge_adapter
 
-    with said_when_slow(f"merging {cfg.adapter}: building its base, then writing {cfg.out} ..."):
-        model = merge_adapter(cfg.adapter, cfg.out, base=cfg.base)
+    with said_when_slow(f"merging {cfg.adapter}: building its base, then writing {cfg.out} ..."), \
+            writing_out(cfg.out, mode, "merge") as where:
+        model = merge_adapter(cfg.adapter, where, base=cfg.base)
     typer.echo(f"wrote {cfg.out}: {model.num_parameters() / 1e6:.1f}M parameters, "
                f"{model.config.num_sink_tokens} sink token(s), LoRA merged")

@@ -292,6 +292,8 @@ class MergeConfig:
     """The model the adapters were trained on (default: rebuilt from the checkpoint's training config, as the run built it)."""
     out: Path
     """Output checkpoint directory."""
+    overwrite: bool = False
+    """Replace what --out holds (written beside and swapped in at the end: a failed run leaves it as it was)."""
 
 
 @dataclass(kw_only=True)

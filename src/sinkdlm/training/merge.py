@@ -28,10 +28,10 @@ def merge_adapter(checkpoint: str | Path, out: str | Path, base: str | Path | No
     """Write `checkpoint`'s base with its LoRA adapters and sink parameters merged to `out`; returns the model."""
     import importlib.util
 
-    from sinkdlm.config.checks import check_output_dir
+    from sinkdlm.io.out_dir import check_out
 
     checkpoint = check_model_path(checkpoint, "--adapter")
-    check_output_dir(out)
+    check_out(out, "merge")  # the one output rule (io/out_dir.py): a new or empty directory
     if not is_adapter_checkpoint(checkpoint):
         raise ValueError(f"--adapter {checkpoint} holds no {ADAPTER_CONFIG}: give a checkpoint of a --trainable lora "
                          "run (OUT/checkpoints/step-N)")
