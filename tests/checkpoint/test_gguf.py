@@ -78,6 +78,7 @@ def write_gguf(path, hf, tok, arch: str, qtype=Q.F32, *, tokenizer=True, arch_na
     """The HF model as llama.cpp would store it, linear weights in `qtype` (1-D tensors stay F32)."""
     cfg = hf.config
     w = GGUFWriter(str(path), arch_name or arch)
+    w.add_name("tiny")  # llama.cpp always writes it; transformers 4.46's GGUF loader (the reference) requires it
     a = arch_name or arch
     w.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
     w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
@@ -151,7 +152,7 @@ def test_quantised_gguf_equals_transformers_gguf_loader(tmp_path, tok, qtype):
     path = write_gguf(tmp_path / "m.gguf", hf, tok, "llama", qtype)
     ours = load_checkpoint(path)
     pytest.importorskip("accelerate", reason="transformers' GGUF model loader (the reference) needs accelerate")
-    ref = LlamaForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval()
+    ref = LlamaForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf").eval()
     x = torch.randint(3, 290, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         # the same dequantised weights; transformers' kernels (the quantisation is on both sides alike)

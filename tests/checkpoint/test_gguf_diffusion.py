@@ -91,6 +91,10 @@ def llada_permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.
 
 def write_gguf(src, out, arch: str, tok, *, mask=True, shift=None):
     """The checkpoint directory `src` as convert_hf_to_gguf.py writes it for `arch` ("dream" | "llada")."""
+    if not hasattr(gguf.MODEL_ARCH, arch.upper()) or not hasattr(gguf.GGUFWriter, "add_diffusion_shift_logits"):
+        # the writer below uses gguf's own dream/llada names; sinkdlm's reader does not need them (io/gguf_file.py)
+        pytest.skip(f"writing a {arch} GGUF in this test needs a gguf package that knows the arch "
+                    f"(installed: {getattr(gguf, '__version__', 'older')}); the reader is tested by test_gguf.py")
     cfg = json.loads((src / "config.json").read_text())
     tensors = load_file(str(src / "model.safetensors"))
     if arch == "dream":
