@@ -1,6 +1,6 @@
 """Developer tooling: regenerate the README's result blocks from the committed results files.
 
-Each block sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and is generated from
+Each block (on the pages of `PAGES`) sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` and is generated from
 `docs/results/NAME/`: an experiment's `results.json` (`sinkdlm.experiment.report.markdown_summary`; a block
 `NAME#PART` holds one part of it, `report.summary_part`, e.g. the one-line verdict under a figure)
 or an analysis over prompts' `intervals.json` (`sinkdlm.analysis.over_prompts_report.markdown_headline`);
@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MARKER = re.compile(r"<!-- results:([\w./#-]+) -->")
+# The pages with generated blocks (docs/guide.md: the demo's measured time under its preset table).
+PAGES = (README, ROOT / "docs" / "results" / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "guide.md")
 
 
 def block_names(readme: Path = README) -> list[str]:
@@ -328,13 +330,27 @@ def _bench_shift_logits(results_root: Path) -> str | None:
             f"difference {len(rows)} seeds detect is {r['mde']:.2f} (`benchmarks/bench_shift_logits.py`).\n")
 
 
+def _bench_env_sizes(results_root: Path) -> str | None:
+    """The disk the two environments take, `make demo`'s and `make install`'s (`du -sb` of each venv)."""
+    r = _bench_result("env_sizes.json")
+    if r is None:
+        return None
+    runtime, dev = r["environments"]["runtime"], r["environments"]["dev"]
+    torch = runtime["largest_site_packages"].get("torch")
+    return (f"On disk, `make demo`'s environment (the runtime) takes {_size(runtime['bytes'])}"
+            + (f", torch {_size(torch)} of it" if torch else "") + f"; `make install`'s, with the dev extras, "
+            f"{_size(dev['bytes'] - runtime['bytes'])} more ({_size(dev['bytes'])}; `du -sb` of each venv, "
+            "`benchmarks/bench_env_sizes.py`).\n")
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
             "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
             "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode,
             "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python,
-            "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits}
+            "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits,
+            "bench/env-sizes": _bench_env_sizes}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:
@@ -389,6 +405,6 @@ def update(readme: Path = README) -> list[str]:
 
 
 if __name__ == "__main__":
-    for page in (README, ROOT / "docs" / "results" / "README.md", ROOT / "docs" / "benchmarks.md"):
+    for page in PAGES:
         if page.is_file():
             print(f"{page.relative_to(ROOT)}: updated", ", ".join(update(page)) or "nothing")

@@ -273,12 +273,22 @@ def test_the_declared_primary_is_tested_once_outside_the_family_and_its_row_says
 
 
 def test_the_time_part_says_how_long_the_experiment_took_from_its_timing():
-    """`<!-- results:demo#time -->` under the README's set-up: the runner's elapsed time and machine, no more."""
+    """`<!-- results:demo#time -->` under the README's set-up and docs/guide.md's preset table: the runner's
+    elapsed time (the one figure), what the runs' measured stages add up to, the spread of one run's training
+    and the machine's load where recorded."""
     from sinkdlm.experiment.report import summary_part
 
-    res = {"preset": "demo", "timing": {"elapsed_s": 1114.3, "runs": 6}, "machine": {"cpu_count": 2, "cuda": False}}
-    assert summary_part(res, "time") == ("The `demo` experiment took 19 min here from its first start to its report, "
-                                         "on 2 CPU cores (6 runs).\n")  # 1,114 s = 18.6 min
+    timing = {"elapsed_s": 1114.3, "compute_s": 1109.1, "compute_parts": ["train", "validation", "eval", "analysis"],
+              "runs": 6, "run_train_s": {"min": 102.5, "median": 110.0, "max": 177.1}}
+    res = {"preset": "demo", "timing": timing, "machine": {"cpu_count": 2, "cuda": False}, "train": {"max_steps": 600}}
+    # 1,114.3 s = 18.57 min -> 19; 1,109.1 s = 18.49 min -> 18.5
+    assert summary_part(res, "time") == (
+        "The `demo` experiment took 19 min here from its first start to its report, on 2 CPU cores (6 runs); its "
+        "runs' measured stages (training, validation, evaluation, analysis) add up to 18.5 min, and training the same "
+        "600 steps took 102-177 s per run. The machine's other load was not recorded: a busy CPU makes every stage "
+        "slower.\n")
+    res["machine"]["load_average_at_start"] = 1.04
+    assert summary_part(res, "time").endswith("per run. Load average (1 min) 1.0 when it started.\n")
     assert summary_part({"preset": "demo", "timing": {}}, "time") is None  # not recorded: no sentence
 
 

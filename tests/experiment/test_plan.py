@@ -42,3 +42,67 @@ def test_seconds_from_timing_and_reference(tmp_path):
     assert reference_seconds_per_step("demo", tmp_path) == 1080.0 / (6 * 600)
     assert reference_seconds_per_step("none", tmp_path) is None
     assert reference_seconds_per_step("demo") is not None  # the committed demo run, in a source checkout
+
+
+def _wait_for(lines: list[str], stage: str, timeout: float = 20.0) -> None:
+    """Block until `stage`'s "still running" line was logged (the slow stage: it ends only after its heartbeat)."""
+    deadline = time.monotonic() + timeout
+    while not any(stage in ln and "still running" in ln for ln in lines):
+        assert time.monotonic() < deadline, f"no {stage!r} still-running line within {timeout} s: {lines}"
+        time.sleep(0.01)
+
+
+def test_heartbeat_logs_while_the_body_runs_and_stops_with_it():
+    from sinkdlm.experiment.plan import HEARTBEAT_S, heartbeat
+
+    assert HEARTBEAT_S < 60  # a stage is never silent for a minute
+    lines: list[str] = []
+    with heartbeat("run 1: evaluation", lines.append, every=0.01):
+        _wait_for(lines, "run 1: evaluation")
+        while len(lines) < 2:
+            time.sleep(0.01)
+    after = len(lines)
+    time.sleep(0.1)
+    assert len(lines) == after  # the thread stopped with the body
+    assert lines[0] == "run 1: evaluation: still running (1 s so far)"  # _duration: at least "1 s"
+    fast: list[str] = []
+    with heartbeat("quick", fast.append, every=10.0):
+        pass
+    assert fast == []  # a stage shorter than the period prints nothing extra
+
+
+def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, monkeypatch, capsys):
+    """Validation, evaluation and analysis print no line of their own without a terminal: each one, made slow
+    here (it returns only once its heartbeat line was printed), says it is still running, through the
+    runner's log (stdout, `[experiment]`)."""
+    import dataclasses
+
+    import sinkdlm.analysis
+    import sinkdlm.evaluation
+    from sinkdlm.config import ExperimentConfig
+    from sinkdlm.experiment import get_preset, plan, run_experiment, runner
+    from sinkdlm.experiment.presets import VANILLA
+
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(plan, "HEARTBEAT_S", 0.02)  # the default is read at each call: seconds become 20 ms
+    logged: list[str] = []
+    real_log = runner._log
+    monkeypatch.setattr(runner, "_log", lambda msg: (logged.append(msg), real_log(msg)))
+
+    def slow(module, name: str, stage: str) -> None:
+        fn = getattr(module, name)
+
+        def wrapped(*a, **k):
+            _wait_for(logged, stage)
+            return fn(*a, **k)
+        monkeypatch.setattr(module, name, wrapped)
+
+    slow(runner, "fixed_validation", "fixed validation")
+    slow(sinkdlm.evaluation, "evaluate", "evaluation")
+    slow(sinkdlm.analysis, "analyze", "attention-sink analysis")
+    smoke = get_preset("smoke")
+    preset = dataclasses.replace(smoke, variants=(VANILLA,), seeds=(0,), comparisons=())
+    run_experiment(ExperimentConfig(preset=preset, out=str(tmp_path / "exp")))
+    out = capsys.readouterr().out
+    for stage in ("fixed validation", "evaluation", "attention-sink analysis"):
+        assert f"[experiment] (1/1) DLM, seed 0: {stage}: still running (" in out

@@ -1,4 +1,4 @@
-"""Every result table in the README (and in docs/results/README.md) is generated from a committed
+"""Every result table in the README (and in docs/results/README.md, docs/benchmarks.md, docs/guide.md) is generated from a committed
 results file by the committed code (`tools/readme_results.py`, `make readme-results`)."""
 
 import importlib.util
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("readme_results", ROOT / "tools" / "readme_results.py")
 tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tool)
-PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "README.md", ROOT / "docs" / "benchmarks.md"]
+PAGES = tool.PAGES
 BLOCKS = [(page, name) for page in PAGES if page.is_file() for name in tool.block_names(page)]
 
 

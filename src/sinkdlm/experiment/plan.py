@@ -1,5 +1,7 @@
 """The length of an experiment, said on its console: the plan at the start (runs x steps, the estimated
-time) and, after each run, "run k of N" with the time left and the expected end.
+time), after each run, "run k of N" with the time left and the expected end, and, while a stage with no log
+line of its own runs (the fixed validation, evaluation, analysis: their progress bars show on a terminal only),
+"still running" every `HEARTBEAT_S` seconds (`heartbeat`), so the console is never silent for a minute.
 
 Every estimate comes from measured seconds: the runs' own `timing.json` (this directory's, kept across
 resumed invocations), else the preset's committed reference run (`docs/results/<preset>/results.json`,
@@ -10,9 +12,13 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+HEARTBEAT_S = 30.0  # seconds between "still running" lines: well inside the minute a console may stay silent
 REFERENCE_RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"  # a source checkout's measured runs
 
 
@@ -66,3 +72,23 @@ def pace_line(done: int, total: int, measured: list[float], progress: Path, now:
         end = time.strftime("%H:%M", time.localtime((time.time() if now is None else now) + left))
         line += f"; about {_duration(left)} left (ends about {end})"
     return f"{line}; progress: {progress}"
+
+
+@contextmanager
+def heartbeat(what: str, log: Callable[[str], None], every: float | None = None) -> Iterator[None]:
+    """While the body runs, `log("WHAT: still running (N s so far)")` every `every` seconds (default `HEARTBEAT_S`,
+    read at the call) from a daemon thread; the thread stops, and says nothing more, when the body ends."""
+    every = HEARTBEAT_S if every is None else every
+    stop, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            log(f"{what}: still running ({_duration(time.monotonic() - start)} so far)")
+
+    thread = threading.Thread(target=beat, name="sinkdlm-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

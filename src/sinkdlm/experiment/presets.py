@@ -6,7 +6,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
 `PRESETS` maps the names `sinkdlm experiment --preset` takes to these functions:
   * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
-                   7-17 minutes on a 2-core CPU, as fast as the machine (`make demo`; results.json records the time).
+                   `make demo`, as fast as the machine: docs/results/demo/results.json records the committed run's
+                   time (the README's set-up section and docs/guide.md show it, generated from that file).
   * `study`      — the paper's from-scratch claims (front/end, 1/2/4 sinks, zero-value sink, gated
                    attention) on the pilot's protocol: 7 variants x 5 seeds x 12,000 steps, the "≈" claims
                    tested for equivalence; about 6 hours on a 2-core CPU.
@@ -252,10 +253,11 @@ def smoke() -> ExperimentPreset:
 
 
 def demo() -> ExperimentPreset:
-    """Vanilla DLM vs + 1 front sink on the tiny preset, 3 seeds: 7-17 minutes on 2 CPU cores (measured)."""
+    """Vanilla DLM vs + 1 front sink on the tiny preset, 3 seeds (`make demo`; its committed run's measured time:
+    docs/results/demo/results.json, shown in the README's set-up section)."""
     # Tiny masked-diffusion models sit on a unigram plateau before they learn to use context; the
     # budget buys steps, not batch (at 400 steps of batch 16 the masked-token loss did not depend
-    # on t at all). 600 steps of batch 8 fit 15 minutes: the study's vanilla model already picks
+    # on t at all). 600 steps of batch 8 keep the demo short: the study's vanilla model already picks
     # the true word order 75 % of the time at step 500 (chance 50 %), cloze and next line not yet.
     return ExperimentPreset(
         name="demo",

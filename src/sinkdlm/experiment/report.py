@@ -291,14 +291,25 @@ def mde_line(results: dict[str, Any]) -> str | None:
 # e.g. a one-line verdict under its figure.
 def time_line(results: dict[str, Any]) -> str | None:
     """How long the experiment took from its first start to its report, and on what (a page's "how long will
-    this take" answer, from the runner's `timing` and `machine`)."""
+    this take" answer, from the runner's `timing` and `machine`): the wall time, what the runs' own measured
+    stages add up to (wall time beyond them is waiting or work outside the runs), the spread of one run's
+    training (the same work each run: a wide spread is the machine's other load) and that load where recorded."""
     t, machine = results.get("timing") or {}, results.get("machine") or {}
     if t.get("elapsed_s") is None:
         return None
     where = ("a CUDA GPU" if machine.get("cuda") else f"{machine['cpu_count']} CPU cores" if machine.get("cpu_count")
              else "this machine")
-    return (f"The `{results.get('preset', 'experiment')}` experiment took {t['elapsed_s'] / 60:.0f} min here from its "
-            f"first start to its report, on {where} ({t['runs']} runs).")
+    stages = {"train": "training", "sft": "SFT", "validation": "validation", "eval": "evaluation", "analysis": "analysis"}
+    parts = ", ".join(stages.get(k, k) for k in t.get("compute_parts", []))
+    text = (f"The `{results.get('preset', 'experiment')}` experiment took {t['elapsed_s'] / 60:.0f} min here from its "
+            f"first start to its report, on {where} ({t['runs']} runs); its runs' measured stages "
+            f"({parts}) add up to {t['compute_s'] / 60:.1f} min")
+    rs = t.get("run_train_s") or {}
+    if rs.get("min") is not None and rs["max"] > rs["min"]:
+        text += f", and training the same {train_setting(results, 'max_steps'):,} steps took {rs['min']:.0f}-{rs['max']:.0f} s per run"
+    load = machine.get("load_average_at_start")
+    return text + (f". Load average (1 min) {load:.1f} when it started." if load is not None
+                   else ". The machine's other load was not recorded: a busy CPU makes every stage slower.")
 
 
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,

@@ -40,6 +40,7 @@ from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, head_start_splits, sa
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+from sinkdlm.experiment.plan import heartbeat
 from sinkdlm.training.rundir import METRICS_NAME, TrainingStopped, grad_norm_peaks, local_checkpoint, read_metrics
 
 DONE = "DONE.json"
@@ -50,7 +51,10 @@ TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should
 
 
 def _log(msg: str) -> None:
-    print(f"[experiment] {msg}", flush=True)
+    from tqdm import tqdm
+
+    tqdm.write(f"[experiment] {msg}")  # above a stage's progress bar on a terminal, never through it
+    sys.stdout.flush()
 
 
 def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, data: str | None,
@@ -482,7 +486,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         _log(f"{u.label}: fixed validation, {set_sequences} sequences x {preset.validation.draws} draws "
              f"(saved every {VAL_CHUNK} sequences)")
         t0 = time.perf_counter()
-        fixed_validation(u.dir, u.ckpt, u.kwargs, preset.validation, device, on_chunk=progress)
+        with heartbeat(f"{u.label}: fixed validation", _log):
+            fixed_validation(u.dir, u.ckpt, u.kwargs, preset.validation, device, on_chunk=progress)
         dt = time.perf_counter() - t0
         stage_seconds["eval"] += dt
         u.timing["validation"] = (u.timing.get("validation") or 0.0) + dt
@@ -537,7 +542,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             def score(ckpt: str) -> None:  # the fixed validation at a declared step (`Validation.checkpoints`)
                 _log(f"{u.label}: fixed validation at step {step} ({set_sequences} sequences x {preset.validation.draws} draws)")
                 t1 = time.perf_counter()
-                fixed_validation(d, ckpt, u.kwargs, preset.validation, device, on_chunk=progress)
+                with heartbeat(f"{u.label}: fixed validation at step {step}", _log):
+                    fixed_validation(d, ckpt, u.kwargs, preset.validation, device, on_chunk=progress)
                 u.timing["validation"] = (u.timing.get("validation") or 0.0) + time.perf_counter() - t1
             return score
 
@@ -566,22 +572,23 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         if not eval_path.is_file():
             _log(f"{unit.label}: evaluating {', '.join(preset.eval_tasks)}")
             t0 = time.perf_counter()
-            scores = {}
-            sft_tasks = {"arithmetic", "gsm8k"}  # scored on the fine-tuned model
-            lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
-            if lm_tasks:
-                model, tok = load_model_and_tokenizer(unit.ckpt, device=device)
-                scores.update(evaluate(model, tok, eval_config(lm_tasks)))
-            if preset.lm_eval_tasks:
-                from sinkdlm.evaluation.harness import evaluate_harness
+            with heartbeat(f"{unit.label}: evaluation", _log):
+                scores = {}
+                sft_tasks = {"arithmetic", "gsm8k"}  # scored on the fine-tuned model
+                lm_tasks = [t for t in preset.eval_tasks if t not in sft_tasks]
+                if lm_tasks:
+                    model, tok = load_model_and_tokenizer(unit.ckpt, device=device)
+                    scores.update(evaluate(model, tok, eval_config(lm_tasks)))
+                if preset.lm_eval_tasks:
+                    from sinkdlm.evaluation.harness import evaluate_harness
 
-                scores.update(evaluate_harness(unit.ckpt, preset.lm_eval_tasks, limit=preset.evaluation.limit,
-                                               mc_num=preset.evaluation.mc_num, seed=0, device=device))
-            sft_eval = [t if t != "gsm8k" else f"gsm8k:{Path(gsm8k) / 'test.jsonl'}"
-                        for t in preset.eval_tasks if t in sft_tasks]
-            if sft_eval and preset.sft is not None:
-                sft_model, sft_tok = load_model_and_tokenizer(unit.sft["checkpoint"], device=device)
-                scores.update(evaluate(sft_model, sft_tok, eval_config(sft_eval)))
+                    scores.update(evaluate_harness(unit.ckpt, preset.lm_eval_tasks, limit=preset.evaluation.limit,
+                                                   mc_num=preset.evaluation.mc_num, seed=0, device=device))
+                sft_eval = [t if t != "gsm8k" else f"gsm8k:{Path(gsm8k) / 'test.jsonl'}"
+                            for t in preset.eval_tasks if t in sft_tasks]
+                if sft_eval and preset.sft is not None:
+                    sft_model, sft_tok = load_model_and_tokenizer(unit.sft["checkpoint"], device=device)
+                    scores.update(evaluate(sft_model, sft_tok, eval_config(sft_eval)))
             atomic_write_json(eval_path, scores)
             stage_seconds["eval"] += time.perf_counter() - t0
             unit.timing["eval"] = time.perf_counter() - t0
@@ -589,7 +596,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
         if analysed and not (run / "analysis" / "analysis.json").is_file():
             _log(f"{unit.label}: attention-sink analysis -> {run / 'analysis'}")
             t0 = time.perf_counter()
-            _analyse(unit.ckpt, run / "analysis", variant.label, preset, device, tty)
+            with heartbeat(f"{unit.label}: attention-sink analysis", _log):
+                _analyse(unit.ckpt, run / "analysis", variant.label, preset, device, tty)
             stage_seconds["analysis"] += time.perf_counter() - t0
             unit.timing["analysis"] = time.perf_counter() - t0
             unit.save_timing()
@@ -601,8 +609,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             u0 = step0_units[name]
             if i == 0 and not skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
                 t0 = time.perf_counter()
-                _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
-                         shift_logits=preset.train.shift_logits)
+                with heartbeat(f"{u0.label}: attention-sink analysis", _log):
+                    _analyse(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", preset, device, tty,
+                             shift_logits=preset.train.shift_logits)
                 stage_seconds["analysis"] += time.perf_counter() - t0
             validate(u0)
 
@@ -724,4 +733,6 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "cuda": torch.cuda.is_available(), "python": platform.python_version(),
+        # other work on the machine as this invocation starts (a busy CPU slows every stage; the report says so)
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
