@@ -18,7 +18,7 @@ Token parity between two computations of different shapes (a cached pass and the
 in a batch) is checked exactly, but on float64 models: an argmax gap below float64 rounding does not occur
 in these tests' models, whereas a float32 tie can flip with the vendor's rounding.
 
-The rerun guard (Makefile `test-numerics`) runs the numerics tests again with two threads and
+The rerun guard (Makefile `test-numerics`, its files in `NUMERICS_TESTS`) runs them again with two threads and
 `ATEN_CPU_CAPABILITY=default`, the settings `tools/kernel_sensitivity.py` measured to change float32 results
 on the CPUs here, so a tolerance that holds only for one machine's rounding fails where it is written.
 """
