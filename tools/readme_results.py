@@ -275,7 +275,7 @@ def _bench_quickstart(results_root: Path) -> str | None:
         return None
     busy = r["busy_cores_at_start"]
     lines = [f"What each line does, with its wall time and peak memory, measured by running the block above as "
-             f"written on {r['cpu_count']} CPU cores ("
+             f"written on {r['cpu_count']} CPU cores" + (f" of an {r['cpu']}" if r.get("cpu") else "") + " ("
              + ("otherwise idle" if busy < 0.1 else f"{busy:.1f} of them busy with other work") + " at the start; "
              "`benchmarks/bench_quickstart.py`):", "",
              "| line | prints / writes | time | peak memory |", "|---|---|---:|---:|"]
