@@ -130,11 +130,11 @@ def test_exact_resume_is_bitwise_with_frozen_weights_and_adapters(tmp_path, corp
 
 @pytest.mark.parametrize("change,match", [
     (dict(trainable="sink", num_sink_tokens=0), "this model has none and the run adds none"),
-    (dict(trainable="lora", lora_rank=0), "--lora-rank must be a positive integer"),
-    (dict(trainable="lora", lora_alpha=-1.0), "--lora-alpha must be a finite number > 0"),
-    (dict(trainable="lora", lora_targets="q_proj,attention"), "--lora-targets must name some of"),
+    (dict(trainable="lora", lora_rank=0), "lora_rank must be a positive integer"),
+    (dict(trainable="lora", lora_alpha=-1.0), "lora_alpha must be a finite number > 0"),
+    (dict(trainable="lora", lora_targets="q_proj,attention"), "lora_targets must name some of"),
     (dict(trainable="lora", fsdp=True), "not supported with --fsdp"),
-    (dict(trainable="some"), "--trainable must be one of all, sink, lora"),
+    (dict(trainable="some"), "trainable must be one of all, sink, lora"),
 ])
 def test_bad_input_is_one_line_before_any_work(tmp_path, corpus, change, match):
     with pytest.raises(ValueError, match=match) as e:

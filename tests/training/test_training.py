@@ -217,7 +217,7 @@ def test_sft_run_on_arithmetic_masks_only_responses(tmp_path, corpus, data):
         (dict(seq_len=4096), "seq_len|max"),
         (dict(text_field="body"), "body"),
         (dict(preset="huge"), "unknown model preset"),
-        (dict(sink_position="middle"), "sink-position"),
+        (dict(sink_position="middle"), "sink_position"),
         (dict(batch_size=6, grad_accum=4), "divisible"),
     ],
 )

@@ -218,7 +218,7 @@ class ModelSwitch:
 
     def check(self, value: Any, where: str = "ModelConfig") -> None:
         """Raise ValueError saying what is wrong with `value` and what would be accepted."""
-        label = f"{where}.{self.name}" if where != "--" else self.flag
+        label = self.flag if where == "--" else f"{where}.{self.name}" if where else self.name  # "": the bare name
         if self.type is bool:
             if not isinstance(value, bool):
                 raise ValueError(f"{label} must be true or false, got {value!r}")

@@ -153,49 +153,49 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
 
         if self.preset not in PRESETS and self.init_from is None:
             raise ValueError(f"unknown model preset {self.preset!r}; choose one of {sorted(PRESETS)}")
-        check_seed(self.seed, "--seed")
+        check_seed(self.seed, "seed")
         for name in ("max_steps", "batch_size", "grad_accum", "seq_len", "log_every", "eval_every", "save_every", "keep_last"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"--batch-size {self.batch_size} must be divisible by --grad-accum {self.grad_accum}")
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by grad_accum {self.grad_accum}")
         for switch in MODEL_SWITCHES:
             if getattr(self, switch.name) is not None:
-                switch.check(getattr(self, switch.name), where="--")
+                switch.check(getattr(self, switch.name), where="")
         switches = {k: v for k, v in self.model_switches().items() if k in SWITCHES_BY_NAME}
         check_model_switches(switches, where="ModelConfig")
         for name in ("lr", "min_lr"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):  # nan passes `v < 0`; torch then says "Invalid learning rate"
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         for name in ("beta1", "beta2"):  # nan passes a range check written with `<`; torch's own message names no flag
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
-                raise ValueError(f"--{name} must lie in [0, 1), got {v}")
+                raise ValueError(f"{name} must lie in [0, 1), got {v}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
-            raise ValueError("--attention-anneal-steps must be >= 0")
+            raise ValueError(f"attention_anneal_steps must be >= 0, got {self.attention_anneal_steps}")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --out and --overwrite deletes it: give only one of them")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
-            raise ValueError(f"--compile-backend must name a torch.compile backend, got {self.compile_backend!r}")
+            raise ValueError(f"compile_backend must name a torch.compile backend, got {self.compile_backend!r}")
         check_device(self.device)
         self.check_trainable()
 
     def check_trainable(self) -> None:
         """--trainable and its LoRA settings (the model's sinks are checked once it is opened: `training.trainable`)."""
         if self.trainable not in TRAINABLE:
-            raise ValueError(f"--trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
+            raise ValueError(f"trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
         if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) or self.lora_rank < 1:
-            raise ValueError(f"--lora-rank must be a positive integer, got {self.lora_rank!r}")
+            raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank!r}")
         if not (isinstance(self.lora_alpha, (int, float)) and math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
-            raise ValueError(f"--lora-alpha must be a finite number > 0, got {self.lora_alpha!r}")
+            raise ValueError(f"lora_alpha must be a finite number > 0, got {self.lora_alpha!r}")
         targets = self.lora_target_modules()
         unknown = sorted(set(targets) - set(LORA_TARGETS))
         if not targets or unknown:
-            raise ValueError(f"--lora-targets must name some of {', '.join(LORA_TARGETS)}, got {self.lora_targets!r}")
+            raise ValueError(f"lora_targets must name some of {', '.join(LORA_TARGETS)}, got {self.lora_targets!r}")
         if self.trainable == "all":
             return
         if self.fsdp:
