@@ -153,6 +153,32 @@ def cfg_for(tmp_path: Path, corpus: Path, **kw):
     return TrainConfig.resolve(**base)
 
 
+def interrupted_and_resumed(tmp_path: Path, corpus: Path, **kw):
+    """The exact-resume pair: (`a`, trained straight through; `b`, stopped at step 10 as by a crash, after its
+    step-8 checkpoint and before step 12's, then resumed), both `cfg_for(..., **kw)` runs."""
+    import pytest
+
+    from sinkdlm.training import train
+    from sinkdlm.training.checkpointing import latest_checkpoint
+
+    class Interrupt(Exception):
+        pass
+
+    def stop(info):
+        if info["step"] == 10:
+            raise Interrupt
+
+    full = cfg_for(tmp_path / "a", corpus, **kw)
+    train(full)
+    part = cfg_for(tmp_path / "b", corpus, **kw)
+    with pytest.raises(Interrupt):
+        train(part, on_step=stop)
+    assert latest_checkpoint(part.out).name == "step-8"
+    resumed = cfg_for(tmp_path / "b", corpus, resume=True, **kw)
+    train(resumed)
+    return full, resumed
+
+
 def read_metrics(out) -> list[dict]:
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line]
 

@@ -22,7 +22,7 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint
 from sinkdlm.training.merge import merge_adapter
 
-from helpers import SMALL, cfg_for, read_metrics, torchrun, write_corpus
+from helpers import SMALL, cfg_for, interrupted_and_resumed, read_metrics, torchrun, write_corpus
 
 peft = pytest.importorskip("peft")
 
@@ -98,26 +98,10 @@ def test_lora_checkpoint_is_peft_format_and_merges_into_a_plain_checkpoint(tmp_p
     assert all(torch.equal(again[k], plain_sd[k]) for k in plain_sd)
 
 
-class Interrupt(Exception):
-    pass
-
-
 @pytest.mark.parametrize("trainable", ["sink", "lora"])
 def test_exact_resume_is_bitwise_with_frozen_weights_and_adapters(tmp_path, corpus, trainable):
     """As `test_training.test_exact_resume_is_bitwise`, with only the sinks or LoRA adapters + sinks training."""
-    kw = dict(trainable=trainable, lora_rank=2)
-    full = cfg_for(tmp_path / "a", corpus, **kw)
-    train(full)
-    part = cfg_for(tmp_path / "b", corpus, **kw)
-
-    def stop(info):
-        if info["step"] == 10:  # after the step-8 checkpoint, before step 12's
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        train(part, on_step=stop)
-    assert latest_checkpoint(part.out).name == "step-8"
-    train(cfg_for(tmp_path / "b", corpus, resume=True, **kw))
+    full, part = interrupted_and_resumed(tmp_path, corpus, trainable=trainable, lora_rank=2)
     want, got = read_metrics(full.out), read_metrics(part.out)
     assert [r["step"] for r in got] == list(range(1, 13))
     for a, b in zip(want, got):

@@ -19,7 +19,7 @@ from sinkdlm.training import TrainConfig, train
 from sinkdlm.training.checkpointing import latest_checkpoint, list_checkpoints
 from sinkdlm.training.trainer import lr_at
 
-from helpers import SMALL, cfg_for, read_metrics, torchrun, write_corpus
+from helpers import SMALL, cfg_for, interrupted_and_resumed, read_metrics, torchrun, write_corpus
 from numerics import fp_tolerance
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,27 +55,9 @@ def test_lr_schedule_warmup_cosine_min():
     assert TrainConfig.resolve().peak_lr == 2e-4 and TrainConfig.resolve(init_from="x").peak_lr == 1e-4
 
 
-class Interrupt(Exception):
-    pass
-
-
 def test_exact_resume_is_bitwise(tmp_path, corpus):
-    full = cfg_for(tmp_path / "a", corpus)
-    train(full)
-    want = read_metrics(full.out)
-
-    part = cfg_for(tmp_path / "b", corpus)
-
-    def stop(info):
-        if info["step"] == 10:  # after the step-8 checkpoint, before step 12's
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        train(part, on_step=stop)
-    assert latest_checkpoint(part.out).name == "step-8"
-    resumed = cfg_for(tmp_path / "b", corpus, resume=True)
-    train(resumed)
-    got = read_metrics(resumed.out)
+    full, resumed = interrupted_and_resumed(tmp_path, corpus)
+    want, got = read_metrics(full.out), read_metrics(resumed.out)
     assert [r["step"] for r in got] == list(range(1, 13))
     for a, b in zip(want, got):
         assert a["loss"] == b["loss"], f"step {a['step']}: {a['loss']!r} != {b['loss']!r}"
