@@ -212,3 +212,28 @@ def test_refusal_comes_before_the_heavy_imports(command, world, tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "--overwrite" in done.stderr
     assert seconds < 2.0, f"{command}: refused after {seconds:.2f} s"
+
+
+def test_overwrite_killed_outright_keeps_the_old_directory_and_names_it(tmp_path, capsys):
+    """A run killed with SIGKILL cannot put the old directory back: it stays whole beside --out, and the next
+    command on that --out says where it is (nothing a user made disappears silently)."""
+    import signal
+    import subprocess
+    import sys
+
+    out = make(tmp_path / "out", OUTPUTS["analyze"])
+    before = snapshot(out)
+    code = ("import sys, time\nfrom sinkdlm.io.out_dir import check_out, writing_out\n"
+            f"out = {str(out)!r}\nmode = check_out(out, 'train', overwrite=True)\n"
+            "with writing_out(out, mode, 'train', in_place=True) as where:\n"
+            "    (where / 'half.txt').write_text('half'); print('inside', flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "inside"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    aside = tmp_path / f".out.old-{child.pid}"
+    assert snapshot(aside) == before  # the user's directory, whole
+    capsys.readouterr()
+    check_out(out, "train", overwrite=True)
+    err = capsys.readouterr().err
+    assert f"note: {aside} holds what an interrupted --overwrite set aside from --out {out}" in err

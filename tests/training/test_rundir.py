@@ -65,7 +65,7 @@ def test_existing_run_is_refused_and_left_unchanged(tmp_path, corpus, capsys):
     before = snapshot(out)
     code, _, err = run_cli(cli_args(tmp_path, corpus, out, "--max-steps", "2", "--batch-size", "8"), capsys)
     assert code == 2
-    assert err.startswith(f"error: --out {out} already holds a training run (train_config.json, metrics.jsonl, "
+    assert err.startswith(f"error: --out={out} already holds a training run (train_config.json, metrics.jsonl, "
                           "checkpoints/step-4); pass --resume to continue it, or --overwrite to delete it")
     assert snapshot(out) == before
     with pytest.raises(ValueError, match="already holds a training run"):  # the library refuses too
@@ -106,11 +106,11 @@ def test_resume_with_other_settings_is_refused(tmp_path, corpus):
         train(cfg_for(tmp_path, corpus, max_steps=8, resume=True, batch_size=8, seq_len=16, num_sink_tokens=2,
                       data=str(write_corpus(tmp_path / "other.jsonl", 41))))
     msg = str(err.value)
-    assert msg.startswith("--resume: this run was started with other settings: ")
-    for part in ("--batch-size 4 in the checkpoint, 8 now", "--seq-len 32 in the checkpoint, 16 now",
-                 "--num-sink-tokens 1 in the checkpoint, 2 now", "--data "):
+    assert msg.startswith("resume=True: this run was started with other settings: ")  # the library's names
+    for part in ("batch_size=4 in the checkpoint, 8 now", "seq_len=32 in the checkpoint, 16 now",
+                 "num_sink_tokens=1 in the checkpoint, 2 now", "data="):
         assert part in msg, part
-    assert "--seed" not in msg and "pass --overwrite" in msg
+    assert "seed=" not in msg and "pass overwrite=True" in msg
     assert snapshot(out) == before
     # unchanged settings (a longer run, another device spelling) resume
     summary = train(cfg_for(tmp_path, corpus, max_steps=5, save_every=4, resume=True, device="cpu"))
@@ -143,7 +143,7 @@ def test_no_loadable_checkpoint_and_unreadable_folder_are_errors(tmp_path, corpu
     train(cfg_for(tmp_path, corpus, max_steps=4, save_every=2, keep_last=2))
     for step in (2, 4):
         (out / "checkpoints" / f"step-{step}" / "trainer_state.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"no checkpoint under .* can be loaded \(step-4: .*; step-2: .*\); pass --overwrite"):
+    with pytest.raises(ValueError, match=r"no checkpoint under .* can be loaded \(step-4: .*; step-2: .*\); pass overwrite=True"):
         train(cfg_for(tmp_path, corpus, max_steps=4, resume=True))
     assert (out / "checkpoints" / "step-4").is_dir()  # nothing moved when there is nothing to fall back to
 
@@ -248,8 +248,8 @@ def test_second_run_on_the_same_out_is_refused_while_the_first_finishes(tmp_path
         second = subprocess.run([sys.executable, "-m", "sinkdlm", *args, *extra], env=env, capture_output=True,
                                 text=True, timeout=300)
         assert second.returncode == 2, second.stderr[-2000:]
-        assert second.stderr.strip() == (f"error: --out {out} is in use by another training (PID {first.pid}); "
-                                         "wait for it to finish, stop it, or choose another --out")
+        assert second.stderr.strip() == (f"error: --out={out} is in use by another training (PID {first.pid}); "
+                                         "wait for it to finish, stop it, or choose another output directory")
     go.write_text("")
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr[-3000:]

@@ -178,7 +178,8 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         if self.attention_anneal_steps < 0:
             raise ValueError(f"attention_anneal_steps must be >= 0, got {self.attention_anneal_steps}")
         if self.resume and self.overwrite:
-            raise ValueError("--resume continues the run in --out and --overwrite deletes it: give only one of them")
+            raise ValueError("resume=True continues the run in the output directory and overwrite=True deletes it: "
+                             "give only one of them")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             raise ValueError(f"compile_backend must name a torch.compile backend, got {self.compile_backend!r}")
         check_device(self.device)

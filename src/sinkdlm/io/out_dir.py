@@ -11,7 +11,10 @@ file) all go through `check_out` before any work, then write inside `writing_out
   refused in one line that names what is there and offers `--overwrite`;
 * `--overwrite` writes a new directory beside the old one (`.NAME.new-PID`) and swaps it in when the
   run ends, so a failed run leaves the old directory whole (and no half of each). The swap is two
-  renames; a crash between them leaves the old one as `.NAME.old-PID` beside the new.
+  renames; a crash between them leaves the old one as `.NAME.old-PID` beside the new. `train` and
+  `experiment` record their own paths, so they set the old directory aside first and write in place;
+  a run killed outright (no cleanup) leaves it there, and the next command on that `--out` names it
+  (`set_aside`) so it is never forgotten.
 
 `exclusive_out` keeps one writer per directory (an exclusive `flock` on the directory itself: the OS
 drops it when the process dies, so a crashed run never leaves a stale lock).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,6 +119,9 @@ def check_out(path: str | Path, command: str, *, overwrite: bool = False, resuma
     `inputs`: paths the command reads, which `--overwrite` must not delete; `is_file`: `path` is a file
     (eval's scores), not a directory."""
     path = Path(path).expanduser()
+    for aside in set_aside(path):  # an earlier --overwrite killed before it could clean up or put it back
+        print(f"[sinkdlm] note: {aside} holds what an interrupted --overwrite set aside from {flag} {path}; "
+              f"move it back or delete it", file=sys.stderr, flush=True)
     if not is_file and path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {str(path)!r} is a file; give a directory")
     if is_file and path.is_dir():
@@ -135,6 +142,29 @@ def check_out(path: str | Path, command: str, *, overwrite: bool = False, resuma
     there = f"already exists ({describe(path)})" if is_file else f"already holds {describe(path)}"
     raise ValueError(f"{flag} {path} {there}; choose another {flag}, "
                      f"or pass --overwrite to replace it")
+
+
+def set_aside(path: str | Path) -> list[Path]:
+    """The directories an `--overwrite` of `path` set aside or half-wrote (`.NAME.old-PID`, `.NAME.new-PID`)
+    whose process is gone: what a run killed outright left beside `path`."""
+    path = Path(path).expanduser()
+    found = []
+    for prefix in (f".{path.name}.old-", f".{path.name}.new-"):
+        for p in sorted(path.parent.glob(prefix + "*")) if path.parent.is_dir() else ():
+            pid = p.name[len(prefix):]
+            if pid.isdigit() and not _alive(int(pid)):
+                found.append(p)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _check_writable_ancestor(path: Path, what: str) -> None:

@@ -110,10 +110,6 @@ class TrainingStopped(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 # ----------------------------------------------------------------------------- rank agreement
 def _agree(env, value: Any) -> Any:
     """Rank 0's `value` on every rank (identity in one process)."""
@@ -153,8 +149,8 @@ class RunLock:
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            return (f"--out {self.path.parent} is in use by another training (PID {holder}); wait for it to "
-                    f"finish, stop it, or choose another --out")
+            return (f"out={self.path.parent} is in use by another training (PID {holder}); wait for it to "
+                    f"finish, stop it, or choose another output directory")
         except OSError as e:  # e.g. a network file system without flock support
             os.close(fd)
             print(f"[sinkdlm] note: cannot lock {self.path} ({e.strerror}); nothing stops a second training "
@@ -241,12 +237,12 @@ class RunDir:
         if not os.path.lexists(self.ckpt_root):
             return []
         if not self.ckpt_root.is_dir():
-            raise ValueError(f"{self.ckpt_root} is not a directory; move it away (or pass --overwrite to start a new run)")
+            raise ValueError(f"{self.ckpt_root} is not a directory; move it away (or pass overwrite=True to start a new run)")
         try:
             return sorted(self.ckpt_root.iterdir())
         except OSError as e:
             raise ValueError(
-                f"{self.ckpt_root} cannot be read ({e.strerror}); fix its permissions to resume, or choose another --out"
+                f"{self.ckpt_root} cannot be read ({e.strerror}); fix its permissions to resume, or choose another output directory"
             ) from e
 
     def step_dirs(self) -> list[Path]:
@@ -273,8 +269,9 @@ class RunDir:
         found = self.existing_run()
         if not found:
             return None
-        return (f"--out {self.out} already holds a training run ({', '.join(found)}); pass --resume to continue it, "
-                f"or --overwrite to delete it and start a new one (or choose another --out)")
+        # the library's parameter names; the command line reads its flags (`config.checks.cli_message`)
+        return (f"out={self.out} already holds a training run ({', '.join(found)}); pass resume=True to continue it, "
+                f"or overwrite=True to delete it and start a new one (or choose another output directory)")
 
     # -------------------------------------------------------------- cleaning
     def _remove_stale_temporaries(self) -> None:
@@ -360,8 +357,8 @@ class RunDir:
             return path, result
         if bad:
             listed = "; ".join(f"{p.name}: {why}" for p, why in bad)
-            raise ValueError(f"--resume: no checkpoint under {self.ckpt_root} can be loaded ({listed}); "
-                             f"pass --overwrite to start the run again")
+            raise ValueError(f"resume=True: no checkpoint under {self.ckpt_root} can be loaded ({listed}); "
+                             f"pass overwrite=True to start the run again")
         return None, None
 
     # -------------------------------------------------------------- stop
@@ -402,18 +399,18 @@ def check_resume_matches(cfg, saved_config: dict[str, Any] | None, model_config)
     if saved_config:
         for name in RESUME_MUST_MATCH:
             if name in saved_config and saved_config[name] != getattr(cfg, name):
-                differ.append(f"{_flag(name)} {saved_config[name]!r} in the checkpoint, {getattr(cfg, name)!r} now")
+                differ.append(f"{name}={saved_config[name]!r} in the checkpoint, {getattr(cfg, name)!r} now")
         if cfg.init_from is None and saved_config.get("preset", cfg.preset) != cfg.preset:
-            differ.append(f"--preset {saved_config['preset']!r} in the checkpoint, {cfg.preset!r} now")
+            differ.append(f"preset={saved_config['preset']!r} in the checkpoint, {cfg.preset!r} now")
     switch_names = {s.name for s in MODEL_SWITCHES}
     for name, value in cfg.model_switches().items():
         if getattr(model_config, name, value) != value:
-            label = _flag(name) if name in switch_names else f"model_overrides[{name!r}]"
-            differ.append(f"{label} {getattr(model_config, name)!r} in the checkpoint, {value!r} now")
+            label = f"{name}=" if name in switch_names else f"model_overrides[{name!r}] "
+            differ.append(f"{label}{getattr(model_config, name)!r} in the checkpoint, {value!r} now")
     if differ:
-        raise ValueError("--resume: this run was started with other settings: " + "; ".join(differ)
-                         + ". Resume with the original settings, or pass --overwrite to start a new run "
-                         "(or choose another --out)")
+        raise ValueError("resume=True: this run was started with other settings: " + "; ".join(differ)
+                         + ". Resume with the original settings, or pass overwrite=True to start a new run "
+                         "(or choose another output directory)")
 
 
 # ----------------------------------------------------------------------------- signals
