@@ -113,3 +113,29 @@ def test_progress_is_printed_only_for_a_slow_block():
     lines = err.getvalue().splitlines()
     assert 2 <= len(lines) <= 4 and all(line.startswith("working: ") for line in lines)
     assert [float(line.split()[1]) for line in lines] == sorted(float(line.split()[1]) for line in lines)
+
+
+def test_chat_on_a_terminal_prompts_replies_and_ends_on_ctrl_d(chat_model):
+    """The interactive path: stdin a pseudo-terminal, so the loop says how to end and prompts `you> `; two
+    messages get two replies, and Ctrl-D (the terminal's end of file) ends it with exit 0."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-m", "sinkdlm", "chat", str(chat_model), "--gen-length", "4",
+                              "--device", "cpu"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    os.close(slave)
+    try:
+        # canonical mode: each line reaches the model when its newline is typed; ^D at a line's start is EOF
+        os.write(master, b"to be or not\nthe slings and arrows\n\x04")
+        out, err = child.communicate(timeout=300)
+    finally:
+        os.close(master)
+    assert child.returncode == 0, err[-2000:]
+    assert "(one line per message; Ctrl-D ends the conversation)" in err
+    assert err.count("you> ") == 3  # before each message and before the Ctrl-D
+    assert len(out.split("\n")[:-1]) == 2
