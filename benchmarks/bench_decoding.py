@@ -61,7 +61,7 @@ MODES = {  # name -> generate() options
 def trained_model(steps: int, seed: int = 0):
     """The benchmark's model: `tiny` + 1 sink, SFT from scratch on `arithmetic` (cached). Rows of 320
     tokens (prompt + answer + EOS padding, as LLaDA's SFT) cover a prompt and 256 generated tokens."""
-    from sinkdlm.experiment.runner import train_stage
+    from sinkdlm.experiment.units import train_stage
     from sinkdlm.training import TrainConfig
     from sinkdlm.training.trainer import prepare_tokenizer
 

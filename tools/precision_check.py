@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from sinkdlm.experiment import runner
+from sinkdlm.experiment import units
 from sinkdlm.experiment.presets import ExperimentPreset, get_preset
 from sinkdlm.experiment.variance import VAL
 from sinkdlm.io.atomic import atomic_write_json
@@ -41,8 +41,8 @@ def check(study: Path, preset: ExperimentPreset, sequences: int, work: Path) -> 
     kwargs = {"data": preset.train.data, "seq_len": preset.train.seq_len, "shift_logits": preset.train.shift_logits}
     fp32 = dataclasses.replace(preset.validation, tokens=sequences * preset.train.seq_len, bf16=False)
     # fp32 first (kept in `work`, so a call cut off resumes), the study's bf16 values then
-    fp32_values = {v.name: runner.fixed_validation(work / v.name, str(study / "converted" / v.name), kwargs,
-                                                   fp32)["values"] for v in preset.variants}
+    fp32_values = {v.name: units.fixed_validation(work / v.name, str(study / "converted" / v.name), kwargs,
+                                                  fp32)["values"] for v in preset.variants}
     models: dict[str, dict] = {}
     for v in preset.variants:
         stored = study / "step0" / v.name / VAL

@@ -129,17 +129,17 @@ def tiny_checkpoint(tmp_path, monkeypatch):
 
 
 def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monkeypatch):
-    """runner.fixed_validation keeps each chunk of sequences; killed after the first, a second call scores
+    """units.fixed_validation keeps each chunk of sequences; killed after the first, a second call scores
     only the rest and ends with the numbers of an uninterrupted call."""
     import sinkdlm.diffusion.likelihood as likelihood
-    from sinkdlm.experiment import runner
+    from sinkdlm.experiment import units
     from sinkdlm.experiment.presets import Validation
 
     ckpt = tiny_checkpoint(tmp_path, monkeypatch)
-    monkeypatch.setattr(runner, "VAL_CHUNK", 2)
+    monkeypatch.setattr(units, "VAL_CHUNK", 2)
     kwargs = {"data": "shakespeare", "seq_len": 16, "max_tokens": 4000}
     val = Validation(tokens=96, draws=4, noise_seed=1)  # 6 sequences, 3 chunks
-    want = runner.fixed_validation(tmp_path / "whole", str(ckpt), kwargs, val)
+    want = units.fixed_validation(tmp_path / "whole", str(ckpt), kwargs, val)
 
     real, calls = likelihood.validation_elbo, []
 
@@ -151,16 +151,16 @@ def test_an_interrupted_fixed_validation_resumes_where_it_stopped(tmp_path, monk
 
     monkeypatch.setattr(likelihood, "validation_elbo", dies_after_one_chunk)
     with pytest.raises(KeyboardInterrupt):
-        runner.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
-    assert (tmp_path / "run" / runner.VAL_PARTIAL).is_file() and not (tmp_path / "run" / runner.VAL).exists()
-    spent = json.loads((tmp_path / "run" / runner.VAL_PARTIAL).read_text())["seconds"]
+        units.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
+    assert (tmp_path / "run" / units.VAL_PARTIAL).is_file() and not (tmp_path / "run" / units.VAL).exists()
+    spent = json.loads((tmp_path / "run" / units.VAL_PARTIAL).read_text())["seconds"]
     calls.clear()
     monkeypatch.setattr(likelihood, "validation_elbo", lambda *a, **k: (calls.append(k["first_sequence"]), real(*a, **k))[1])
-    got = runner.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
+    got = units.fixed_validation(tmp_path / "run", str(ckpt), kwargs, val)
     assert calls == [2, 4]  # the first chunk was not scored again
     assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-12)
     assert got["val_loss_se"] == pytest.approx(want["val_loss_se"], rel=1e-12)
-    assert not (tmp_path / "run" / runner.VAL_PARTIAL).exists()
+    assert not (tmp_path / "run" / units.VAL_PARTIAL).exists()
     assert spent > 0 and got["seconds"] > spent  # the first call's scoring time is counted too
 
 
@@ -170,7 +170,7 @@ def test_a_bf16_study_scores_its_validation_under_autocast_and_never_pairs_it_wi
     so, and a study of the other precision refuses the stored record (a record without the key is fp32)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from sinkdlm.experiment import runner
+    from sinkdlm.experiment import units
     from sinkdlm.experiment.presets import Validation, get_preset
     from sinkdlm.experiment.variance import same_validation
 
@@ -193,14 +193,14 @@ def test_a_bf16_study_scores_its_validation_under_autocast_and_never_pairs_it_wi
     spies = {}
     for name, val in (("fp32", fp32), ("bf16", bf16)):
         with MatmulDtypes() as spy:
-            rec = runner.fixed_validation(tmp_path / name, str(ckpt), kwargs, val)
+            rec = units.fixed_validation(tmp_path / name, str(ckpt), kwargs, val)
         spies[name] = (spy.seen, rec)
     assert spies["fp32"][0] == {torch.float32} and spies["bf16"][0] == {torch.bfloat16}
     a, b = (torch.tensor(spies[k][1]["values"]) for k in ("fp32", "bf16"))
     assert spies["bf16"][1]["bf16"] is True and spies["fp32"][1]["bf16"] is False
     assert not torch.equal(a, b) and torch.allclose(a, b, rtol=0.03, atol=0.03)  # bf16: 8 mantissa bits
     with pytest.raises(ValueError, match="bf16"):  # the other precision's record is not this study's
-        runner.fixed_validation(tmp_path / "bf16", str(ckpt), kwargs, fp32)
+        units.fixed_validation(tmp_path / "bf16", str(ckpt), kwargs, fp32)
     assert same_validation({"draws": 4, "noise_seed": 1}, fp32) and not same_validation({"draws": 4, "noise_seed": 1}, bf16)
     real, real_bf16 = get_preset("real"), get_preset("real-bf16")  # `real`'s recipe in bf16, 3x the tokens (issue 40)
     assert real_bf16.train == dataclasses.replace(real.train, bf16=True, max_steps=3 * real.train.max_steps,

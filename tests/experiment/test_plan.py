@@ -80,14 +80,14 @@ def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, mo
     import sinkdlm.analysis
     import sinkdlm.evaluation
     from sinkdlm.config import ExperimentConfig
-    from sinkdlm.experiment import get_preset, plan, run_experiment, runner
+    from sinkdlm.experiment import get_preset, plan, run_experiment, stages
     from sinkdlm.experiment.presets import VANILLA
 
     monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(plan, "HEARTBEAT_S", 0.02)  # the default is read at each call: seconds become 20 ms
     logged: list[str] = []
-    real_log = runner._log
-    monkeypatch.setattr(runner, "_log", lambda msg: (logged.append(msg), real_log(msg)))
+    real_log = stages.log  # the stages' console, which their heartbeats write to
+    monkeypatch.setattr(stages, "log", lambda msg: (logged.append(msg), real_log(msg)))
 
     def slow(module, name: str, stage: str) -> None:
         fn = getattr(module, name)
@@ -97,7 +97,7 @@ def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, mo
             return fn(*a, **k)
         monkeypatch.setattr(module, name, wrapped)
 
-    slow(runner, "fixed_validation", "fixed validation")
+    slow(stages, "fixed_validation", "fixed validation")
     slow(sinkdlm.evaluation, "evaluate", "evaluation")
     slow(sinkdlm.analysis, "analyze", "attention-sink analysis")
     smoke = get_preset("smoke")
@@ -106,3 +106,36 @@ def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, mo
     out = capsys.readouterr().out
     for stage in ("fixed validation", "evaluation", "attention-sink analysis"):
         assert f"[experiment] (1/1) DLM, seed 0: {stage}: still running (" in out
+
+
+def test_the_plan_of_a_shard_says_what_runs_and_checks_its_inputs_before_any_file(tmp_path):
+    """`make_plan`: one typed plan from the config and preset, printable (`describe`): variants x seeds x steps,
+    this call's shard, the sampler rule, the validation, the declared endpoints and the cost; a bad --variants
+    is refused before --out exists."""
+    import pytest
+
+    from sinkdlm.config import ExperimentConfig
+    from sinkdlm.experiment.plan import make_plan
+
+    out = tmp_path / "exp"
+    plan = make_plan(ExperimentConfig(preset="smoke", out=str(out), variants="vanilla,gated", seeds="1",
+                                      max_steps=5, remasking="random"))
+    assert [v.name for v in plan.preset.variants] == ["vanilla", "gated"] and len(plan.study.variants) == 3
+    assert plan.preset.comparisons == (("gated", "vanilla"),)  # only the pairs within the shard
+    assert plan.seeds == (1,) and plan.study_seeds == [0, 1] and plan.steps == 5
+    assert plan.rule == {"remasking": "random"} and plan.preset.evaluation.remasking == "random"
+    assert plan.preset.analysis.sample.remasking == "random"
+    assert plan.compared == [("gated", "vanilla")] and len(plan.study_compared) == 3
+    assert plan.step0_names() == [] and len(plan.study_dirs()) == 3 * 2  # no AR checkpoint: no controls
+    lines = plan.describe().splitlines()
+    assert lines[1] == "runs: vanilla, gated x seeds 1 x 5 steps"
+    assert lines[2] == "shard: variants vanilla, gated of 3; seeds 1 of the study's 2"
+    assert lines[3] == "sampler rule: remasking=random"
+    assert lines[4] == "fixed validation: 8 sequences x 2 draws, noise seed 0"
+    assert lines[5] == "declared endpoints: escape"
+    assert lines[-1].startswith("plan: 2 runs (2 variants x 1 seed) x 5 training steps")
+    whole = make_plan(ExperimentConfig(preset="smoke", out=str(out)))
+    assert "shard: the whole study" in whole.describe() and "sampler rule: as the preset sets it" in whole.describe()
+    with pytest.raises(ValueError, match="--variants nope: not in preset 'smoke'"):
+        make_plan(ExperimentConfig(preset="smoke", out=str(out), variants="nope"))
+    assert not out.exists()

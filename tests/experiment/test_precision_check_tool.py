@@ -12,7 +12,7 @@ import torch
 from helpers import _load_tool
 from sinkdlm import DiffusionLM, ModelConfig
 from sinkdlm.config import TrainConfig
-from sinkdlm.experiment import runner
+from sinkdlm.experiment import units
 from sinkdlm.experiment.presets import SINK, VANILLA, Validation, get_preset
 
 
@@ -33,15 +33,15 @@ def test_fp32_rescoring_of_a_bf16_study(tmp_path, monkeypatch):
                                 num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
                                 num_sink_tokens=sinks, mask_token_id=tok.mask_token_id)
                     ).save_pretrained(study / "converted" / v.name, tokenizer=tok)
-        runner.fixed_validation(study / "step0" / v.name, str(study / "converted" / v.name), kwargs, preset.validation)
+        units.fixed_validation(study / "step0" / v.name, str(study / "converted" / v.name), kwargs, preset.validation)
 
     tool = _load_tool("precision_check")
     got = tool.check(study, preset, 3, tmp_path / "work")
     # the reference: the same three sequences scored in fp32 directly, and the stored bf16 values
     want = {}
     for v in (VANILLA, SINK):
-        fp32 = runner.fixed_validation(tmp_path / "ref" / v.name, str(study / "converted" / v.name), kwargs,
-                                       Validation(tokens=48, draws=4, noise_seed=3))
+        fp32 = units.fixed_validation(tmp_path / "ref" / v.name, str(study / "converted" / v.name), kwargs,
+                                      Validation(tokens=48, draws=4, noise_seed=3))
         bf16 = json.loads((study / "step0" / v.name / "val.json").read_text())["values"][:3]
         want[v.name] = ([statistics.fmean(r) for r in bf16], [statistics.fmean(r) for r in fp32["values"]])
         assert got["models"][v.name]["fp32"] == want[v.name][1]

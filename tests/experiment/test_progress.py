@@ -39,7 +39,7 @@ def test_progress_prices_fast_steps_with_their_significant_digits():
 
 def test_progress_counts_a_finished_run_whose_weights_are_gone_as_training_left(tmp_path):
     """A study directory committed without its weights: a finished run with its validation unfinished is
-    trained again (runner.train_stage), so the page says so and prices its steps; a fully measured run
+    trained again (units.train_stage), so the page says so and prices its steps; a fully measured run
     without weights needs nothing."""
     import json
 

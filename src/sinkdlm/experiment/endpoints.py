@@ -173,7 +173,7 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
                           ((b["seeds"].get(s) or {}).get("step0") or {}).get("val_loss_se") or 0.0)
                for s, rec in a["seeds"].items()]
         out["step0_gap"]["validation_se"] = float(np.mean(se0)) if se0 else None  # unpaired bound on the MC noise
-        # what the runner recorded (runner.draws_at_conversion), not guessed from the values
+        # what the runner recorded (plan.draws_at_conversion), not guessed from the values
         out["step0_gap"]["per_seed_controls"] = any((v.get("step0") or {}).get("per_seed") for v in (a, b))
         dc = list(paired_seed_differences(a, b, "val_loss_change").values())
         change = _iv(dc, confidence)

@@ -6,17 +6,31 @@ line of its own runs (the fixed validation, evaluation, analysis: their progress
 Every estimate comes from measured seconds: the runs' own `timing.json` (this directory's, kept across
 resumed invocations), else the preset's committed reference run (`docs/results/<preset>/results.json`,
 scaled by runs and steps), else none yet ("after the first run"). Nothing here trains or writes.
+
+`ExperimentPlan` is what one invocation of `sinkdlm experiment` will do, built once from its `ExperimentConfig`
+and preset before any work (`make_plan`, which makes every input check that needs no file): the variants x
+seeds x steps, this call's shard of the study (`--variants`, `--seeds`), the sampler rule, the fixed validation,
+the declared endpoints and the expected cost (`ExperimentPlan.describe`). The stages (`experiment/stages.py`)
+read it and nothing else of the configuration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sinkdlm.config.commands import ExperimentConfig
+    from sinkdlm.experiment.presets import ExperimentPreset, Variant
 
 HEARTBEAT_S = 30.0  # seconds between "still running" lines: well inside the minute a console may stay silent
 REFERENCE_RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"  # a source checkout's measured runs
@@ -92,3 +106,159 @@ def heartbeat(what: str, log: Callable[[str], None], every: float | None = None)
     finally:
         stop.set()
         thread.join()
+
+
+def log(msg: str) -> None:
+    """One line of the experiment's console, `[experiment] ...` on stdout."""
+    from tqdm import tqdm
+
+    tqdm.write(f"[experiment] {msg}")  # above a stage's progress bar on a terminal, never through it
+    sys.stdout.flush()
+
+
+def draws_at_conversion(variant: Variant) -> bool:
+    """Whether converting an AR checkpoint to this variant draws new parameters from the seed (sink
+    embeddings, sink logits; `model.hf.convert_hf_model`): then each seed gets its own conversion and its
+    own step-0 control, so the seeds' spread covers the initialisation too. A gate starts at W_g = 0 and
+    softmax-off-by-one has no parameter: such a conversion is the same for every seed (one shared control)."""
+    return variant.switches.get("num_sink_tokens", 0) > 0 or bool(variant.switches.get("sink_logit"))
+
+
+def step0_name(variant: Variant, seed: int) -> str:
+    """The directory name of a seed's converted checkpoint and step-0 control (shared when deterministic)."""
+    return f"{variant.name}-s{seed}" if draws_at_conversion(variant) else variant.name
+
+
+@dataclass(frozen=True)
+class ExperimentPlan:
+    """What one invocation of `sinkdlm experiment` does, fixed before any work (`make_plan`).
+
+    `preset` is this call's shard of the study (`--variants`: its variants and the comparisons among them; the
+    sampler rule of the command line applied); `study` is the whole preset, which the progress page and
+    interim.json show whichever shard writes them. A resumed or sharded call has the same plan as a fresh one:
+    what is already on disk only makes its stages return early."""
+
+    preset: ExperimentPreset
+    study: ExperimentPreset
+    out: Path
+    seeds: tuple[int, ...]  # this call's seeds: --seeds, else the preset's
+    max_steps: int | None  # --max-steps; None: the preset's budget
+    init_from: str | None  # the AR checkpoint every variant is converted from (None: trained from scratch)
+    data: str | None
+    device: str | None
+    gsm8k: str | None
+    rule: dict[str, Any]  # the sampler settings the command line set (empty: the preset's)
+    skip_analysis: bool = False
+
+    @property
+    def steps(self) -> int:
+        """Each run's training steps: --max-steps, else the preset's."""
+        return self.max_steps or self.preset.train.max_steps
+
+    @property
+    def study_seeds(self) -> list[int]:
+        """The seeds the study's pages show: the preset's and any asked for (a --seeds shard, or seeds added)."""
+        return sorted(set(self.seeds) | set(self.preset.seeds))
+
+    @property
+    def set_sequences(self) -> int:
+        """The fixed validation's sequences (whole sequences of the run's seq_len)."""
+        return -(-self.preset.validation.tokens // self.preset.train.seq_len)
+
+    @property
+    def pairs(self) -> list[tuple[str, str]] | None:
+        """The preset's declared comparisons among this call's variants; None: none declared."""
+        return [(a, b) for a, b in self.preset.comparisons] or None
+
+    @property
+    def compared(self) -> list[tuple[str, str]]:
+        """The pairs compared: the declared ones, else every variant against the first."""
+        return self.pairs or [(v.name, self.preset.variants[0].name) for v in self.preset.variants[1:]]
+
+    @property
+    def study_compared(self) -> list[tuple[str, str]]:
+        """`compared` over the whole study: every shard (--variants) writes the same study-wide pages."""
+        return list(self.study.comparisons) or [(v.name, self.study.variants[0].name) for v in self.study.variants[1:]]
+
+    def step0_names(self, variants: tuple[Variant, ...] | None = None, seeds: list[int] | None = None) -> list[str]:
+        """The step-0 controls (from an AR checkpoint) of these variants and seeds, in order, each once."""
+        if not self.init_from:
+            return []
+        return list(dict.fromkeys(step0_name(v, s) for v in (variants or self.preset.variants)
+                                  for s in (seeds or self.seeds)))
+
+    def study_dirs(self) -> list[Path]:
+        """Every model directory of the whole study: the runs, then the step-0 controls."""
+        return [*(self.out / "runs" / f"{v.name}-s{s}" for v in self.study.variants for s in self.study_seeds),
+                *(self.out / "step0" / n for n in self.step0_names(self.study.variants, self.study_seeds))]
+
+    def analysed(self, seed: int) -> bool:
+        """Whether a run of this seed is analysed: the first seed always, every seed where the preset asks."""
+        return (seed == self.seeds[0] or self.preset.analyse_every_seed) and not self.skip_analysis
+
+    def cost_line(self, measured: list[float]) -> str:
+        """The plan's console line: runs x steps and the expected time (`plan_line`)."""
+        return plan_line(variants=len(self.preset.variants), seeds=len(self.seeds), steps=self.steps,
+                         controls=len(self.step0_names()), measured=measured,
+                         per_step=reference_seconds_per_step(self.preset.name), progress=self.out / "progress.md")
+
+    def describe(self, measured: tuple[float, ...] = ()) -> str:
+        """The plan as text, one line per part: what runs, this call's shard, the sampler rule, the fixed
+        validation, the declared endpoints and the expected cost."""
+        p, v = self.preset, self.preset.validation
+        shard = [f"variants {', '.join(x.name for x in p.variants)} of {len(self.study.variants)}"
+                 if len(p.variants) < len(self.study.variants) else "",
+                 f"seeds {', '.join(map(str, self.seeds))} of the study's {len(self.study_seeds)}"
+                 if len(self.seeds) < len(self.study_seeds) else ""]
+        declared = [k for k, d in p.declared().items() if d is not None]
+        return "\n".join([
+            f"experiment {p.name!r} -> {self.out}",
+            f"runs: {', '.join(x.name for x in p.variants)} x seeds {', '.join(map(str, self.seeds))} x "
+            f"{self.steps:,} steps" + (f", from {self.init_from}" if self.init_from else ""),
+            f"shard: {'; '.join(s for s in shard if s) or 'the whole study'}",
+            f"sampler rule: {', '.join(f'{k}={x}' for k, x in self.rule.items()) or 'as the preset sets it'}",
+            f"fixed validation: {self.set_sequences} sequences x {v.draws} draws, noise seed {v.noise_seed}"
+            + (", bf16" if v.bf16 else ""),
+            f"declared endpoints: {', '.join(declared) or 'none'}",
+            f"compared: {', '.join(f'{a} - {b}' for a, b in self.compared) or 'nothing (one variant)'}",
+            self.cost_line(list(measured)),
+        ])
+
+
+def make_plan(config: ExperimentConfig, *, skip_analysis: bool = False) -> ExperimentPlan:
+    """The plan of `config`, with every input check that reads no file (seeds, --max-steps, --variants, the
+    sampler rule): a user error is one line before --out is touched. `init_from` is the config's; the
+    runner fills in the preset's default model once --out is accepted."""
+    from sinkdlm.config.checks import check_optional_int, check_seed, parse_int_list
+    from sinkdlm.config.commands import RemaskingOptions
+    from sinkdlm.config.fields import non_default_fields
+    from sinkdlm.experiment.presets import get_preset
+
+    seeds = parse_int_list(config.seeds, "--seeds")
+    for s in seeds or ():
+        check_seed(s, "--seeds")
+    check_optional_int("--max-steps", config.max_steps, 1, none_means="the preset's budget")
+    preset = get_preset(config.preset) if isinstance(config.preset, str) else config.preset
+    study = preset  # the whole study, whichever shard this call runs: progress.md and interim.json show it all
+    variants = [v.strip() for v in config.variants.split(",") if v.strip()] if config.variants else None
+    if variants:
+        known = {v.name: v for v in preset.variants}
+        unknown = sorted(set(variants) - set(known))
+        if unknown:
+            raise ValueError(f"--variants {','.join(unknown)}: not in preset {preset.name!r}; choose from {sorted(known)}")
+        preset = dataclasses.replace(preset, variants=tuple(known[n] for n in variants),
+                                     comparisons=tuple(p for p in preset.comparisons if set(p) <= set(variants)))
+    rule = non_default_fields(RemaskingOptions(**config.remasking_options()))  # what the command line set
+    if rule:  # the sampler of the analysis and of the generation tasks (docs/method.md §2)
+        from sinkdlm.diffusion.remasking import check_rule, resolve_rule
+
+        # every model an experiment trains is of the llada family (sinkdlm's own, or converted from an AR LM)
+        check_rule(*resolve_rule("llada", config.schedule, config.remasking, preset.evaluation.threshold),
+                   threshold=preset.evaluation.threshold, temperature=0.0, alg_temp=config.alg_temp,
+                   top_p=config.top_p, top_k=config.top_k, eps=config.eps)
+        sample = preset.analysis.sample and dataclasses.replace(preset.analysis.sample, **rule)
+        preset = dataclasses.replace(preset, analysis=dataclasses.replace(preset.analysis, sample=sample),
+                                     evaluation=dataclasses.replace(preset.evaluation, **rule))
+    return ExperimentPlan(preset=preset, study=study, out=Path(config.out), seeds=tuple(seeds or preset.seeds),
+                          max_steps=config.max_steps, init_from=config.init_from, data=config.data,
+                          device=config.device, gsm8k=config.gsm8k, rule=rule, skip_analysis=skip_analysis)

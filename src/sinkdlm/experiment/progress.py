@@ -56,7 +56,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             step = train_rows[-1]["step"] if train_rows else 0
             done = (run / "train" / "DONE.json").is_file()
             scored = len(validation_values(run))
-            # a finished run whose weights are gone before its validation is done trains again (runner.train_stage)
+            # a finished run whose weights are gone before its validation is done trains again (units.train_stage)
             summary = json.loads((run / "train" / "DONE.json").read_text()) if done else {}
             retrain = ("checkpoint" in summary and not (run / "val.json").is_file()
                        and not local_checkpoint(run / "train", summary).is_dir())

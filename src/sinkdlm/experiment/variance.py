@@ -159,7 +159,7 @@ def head_start_splits(out: Path, pairs: list[tuple[str, str]], seeds: list[int],
     `mean(a0 - b0)` (the converted models before training) and the training effect
     Δ_train = `mean((aT - a0) - (bT - b0))`, per seed and as a raw t interval over seeds (no verdict: the
     report's `primary` decides). Read from `out/runs/<variant>-s<seed>/` and `step0_dirs[(variant, seed)]`
-    (the seed's step-0 control, `runner.step0_name`): on the seeds where all four have scored the most
+    (the seed's step-0 control, `plan.step0_name`): on the seeds where all four have scored the most
     sequences in common (a pair with none is left out), as `val_loss_splits` does for the end values."""
     splits = []
     for a, b in pairs:
