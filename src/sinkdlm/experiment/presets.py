@@ -13,6 +13,9 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
                    tested for equivalence; about 6 hours on a 2-core CPU.
   * `escape`     — when each run leaves the unigram plateau (issue 54): vanilla, + 1 sink, gated attention, 20 fresh
                    seeds x 6,000 steps probed every 100; ~7-8 min per run on a 2-core CPU (docs/method.md §11).
+  * `late-sink`  — a sink added after pretraining (issue 52): one tiny vanilla DLM continued five ways (all
+                   weights, + 1 sink sink-only, LoRA, LoRA + 1 sink, + 1 sink all weights), 10 seeds, paired;
+                   ~4.5 h on one CPU thread (docs/method.md §12).
   * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
                    the plateau and the paired spread that size `study`.
   * `study-pilot-long` — its second phase at 12,000 steps (the first found no plateau at 4,000).
@@ -51,6 +54,7 @@ class Variant:
     name: str  # directory-safe
     label: str  # for tables and figures
     switches: dict[str, Any]  # ModelConfig fields
+    train: dict[str, Any] = field(default_factory=dict)  # this arm's own TrainConfig fields (what trains: `trainable`)
 
 
 VANILLA = Variant("vanilla", "DLM", {"num_sink_tokens": 0, "gated_attention": False})
@@ -64,6 +68,15 @@ SINK_ZERO = Variant("sink1-zero", "DLM + 1 zero-value sink", {"num_sink_tokens":
 # (gpt-oss), and the same column with its logit fixed at 0 (softmax-off-by-one).
 SINK_LOGIT = Variant("sink-logit", "DLM + sink logit", {"sink_logit": True})
 SOFTMAX_ONE = Variant("softmax1", "DLM + softmax₁", {"softmax_one": True})
+# A sink added after pretraining (issue 52): arms continuing one trained DLM, which differ in what they add and
+# what trains. The LoRA arms merge their adapters at the end (`TrainConfig.merge`), so every arm is scored alike.
+_ONE_SINK = {"num_sink_tokens": 1, "sink_position": "front"}
+LATE_ALL = Variant("all", "continued, all weights", {"num_sink_tokens": 0, "gated_attention": False})
+LATE_SINK_ONLY = Variant("sink-only", "+ 1 sink, sink only", _ONE_SINK, {"trainable": "sink"})
+LATE_LORA = Variant("lora", "LoRA", {"num_sink_tokens": 0, "gated_attention": False},
+                    {"trainable": "lora", "merge": True})
+LATE_LORA_SINK = Variant("lora-sink", "LoRA + 1 sink", _ONE_SINK, {"trainable": "lora", "merge": True})
+LATE_SINK_ALL = Variant("sink-all", "+ 1 sink, all weights", _ONE_SINK)
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,17 @@ class Escape:
 
 
 @dataclass(frozen=True)
+class Base:
+    """The DLM every arm of a study continues from (issue 52, a sink added after pretraining): trained once,
+    before any arm, into OUT/base with `train` (its own recipe and seed). Its last checkpoint is every arm's
+    starting point, converted per arm as any DLM is (`model.hf.convert_hf_checkpoint`: the arm's switches
+    added, every other weight bitwise the base's), so the arms differ only in what they add and what trains;
+    each conversion is scored as the arm's step-0 control."""
+
+    train: TrainConfig
+
+
+@dataclass(frozen=True)
 class Primary:
     """A study's primary comparison, declared before its run (docs/method.md §7): the pair, the metric and the
     test that decides it: an exact `wilcoxon` signed-rank or `sign` test, shown beside the paired t interval,
@@ -174,6 +198,7 @@ class ExperimentPreset:
     primary: Primary | None = None
     equivalence: Equivalence | None = None
     escape: Escape | None = None  # probe every run as it trains; the escape endpoint (docs/method.md §11)
+    base: Base | None = None  # the trained DLM every arm continues from (trained first, into OUT/base)
 
     def declared(self) -> dict[str, Any]:
         """What the preset declares before the run (results.json's `declared`)."""
@@ -364,6 +389,49 @@ def escape() -> ExperimentPreset:
     )
 
 
+def late_sink() -> ExperimentPreset:
+    """What a sink added after pretraining buys (issue 52): one tiny vanilla DLM trained here (6,000 steps, seed
+    200), then continued 1,500 steps five ways, 10 fresh seeds: (a) all weights, nothing added; (b) + 1 sink, the
+    sink alone trains; (c) LoRA; (d) LoRA + 1 sink; (e) + 1 sink, all weights. Primary: (e) - (a) fixed
+    validation loss at the last step (exact Wilcoxon); the sink's attention share and the moving-sink rate per
+    layer from every seed's analysis, each arm's step-0 control beside it (docs/method.md §12)."""
+    # Declared before any of its runs (issue 52 part 4).
+    #   * the base: the `escape` study's recipe (tiny, shakespeare, 8 x 128 tokens, lr 5e-3 cosine to 5e-4 over
+    #     6,000 steps), seed 200, which no preset used before. 32 of the 35 committed from-scratch runs had left
+    #     the unigram plateau by 4,450 steps (docs/results/escape-sizing), so the base is a model that learned.
+    #   * the arms continue 1,500 steps (a quarter of the base's) at lr 1e-3, warm-up 5 %, cosine to 1e-4, the
+    #     same for every arm: equal steps and tokens (equal compute per token is not claimed: sink-only and LoRA
+    #     steps are cheaper, measured and reported by each run's timing). LoRA: rank 8, alpha 16, attn + mlp.
+    #   * pairs: (e) - (a) primary (does the sink lower the loss when everything trains?); (d) - (c) and
+    #     (b) - (a) in the BH family beside it. Each sink arm's own seed draws its sink (its own step-0 control).
+    #   * seeds: the closest committed design (SmolLM2 converted once and continued with and without a sink,
+    #     6 seeds) spread its paired end difference by sd 0.0195 nats (tools/late_sink_sizing.py ->
+    #     docs/results/late-sink-sizing, a proxy); the paired t test's MDE at 10 seeds is 0.019 nats (80 %
+    #     power, two-sided 5 %), about 0.02 for the exact Wilcoxon test (ARE 3/pi). The report restates the MDE
+    #     from the study's own spread. Fresh seeds 300-309.
+    #   * cost: the base ~12 min on one quiet thread (the escape runs' speed); a continuation ~3 min of training
+    #     plus ~1 min scoring (fixed validation 32,768 tokens x 8 draws, the three Shakespeare tasks, the
+    #     analysis); 50 runs and 31 step-0 controls: ~4.5 h.
+    pilot = study_pilot()
+    return ExperimentPreset(
+        name="late-sink",
+        description=("a sink added after pretraining: one tiny vanilla DLM (6,000 steps) continued 1,500 steps as "
+                     "all weights, + 1 sink (sink only), LoRA, LoRA + 1 sink, + 1 sink (all weights); 10 seeds, paired"),
+        variants=(LATE_ALL, LATE_SINK_ONLY, LATE_LORA, LATE_LORA_SINK, LATE_SINK_ALL),
+        seeds=tuple(range(300, 310)),
+        train=dataclasses.replace(pilot.train, max_steps=1500, lr=1e-3, min_lr=1e-4, eval_every=500,
+                                  save_every=500),
+        evaluation=pilot.evaluation,
+        analysis=pilot.analysis,
+        analyse_every_seed=True,  # the sink's share and the moving-sink rate need every seed (intervals)
+        comparisons=((LATE_SINK_ALL.name, LATE_ALL.name), (LATE_LORA_SINK.name, LATE_LORA.name),
+                     (LATE_SINK_ONLY.name, LATE_ALL.name)),
+        validation=Validation(tokens=32_768, draws=8),
+        primary=Primary((LATE_SINK_ALL.name, LATE_ALL.name)),
+        base=Base(dataclasses.replace(escape().train, seed=200)),
+    )
+
+
 def study_pilot() -> ExperimentPreset:
     """The pilot that sizes the study (issue 41): vanilla vs + 1 front sink, 3 seeds, 4x the study's steps,
     the fixed validation scored at every fifth of training: the plateau and the spread of the paired differences."""
@@ -549,7 +617,7 @@ def paper_0_5b() -> ExperimentPreset:
 
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
-    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "study-pilot": study_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
+    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "study-pilot": study_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
     "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b,
 }
 
