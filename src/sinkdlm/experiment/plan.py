@@ -125,8 +125,10 @@ def draws_at_conversion(variant: Variant) -> bool:
 
 
 def step0_name(variant: Variant, seed: int) -> str:
-    """The directory name of a seed's converted checkpoint and step-0 control (shared when deterministic)."""
-    return f"{variant.name}-s{seed}" if draws_at_conversion(variant) else variant.name
+    """The directory name of a seed's converted checkpoint and step-0 control (shared when deterministic, and
+    with the arm named by `variant.step0`, whose switches are the same)."""
+    name = variant.step0 or variant.name
+    return f"{name}-s{seed}" if draws_at_conversion(variant) else name
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ class Variant:
     label: str  # for tables and figures
     switches: dict[str, Any]  # ModelConfig fields
     train: dict[str, Any] = field(default_factory=dict)  # this arm's own TrainConfig fields (what trains: `trainable`)
+    # the arm whose conversion and step-0 control this one shares: the same switches, so the same converted
+    # model (arms that differ only in what trains); None: its own
+    step0: str | None = None
 
 
 VANILLA = Variant("vanilla", "DLM", {"num_sink_tokens": 0, "gated_attention": False})
@@ -74,9 +77,10 @@ _ONE_SINK = {"num_sink_tokens": 1, "sink_position": "front"}
 LATE_ALL = Variant("all", "continued, all weights", {"num_sink_tokens": 0, "gated_attention": False})
 LATE_SINK_ONLY = Variant("sink-only", "+ 1 sink, sink only", _ONE_SINK, {"trainable": "sink"})
 LATE_LORA = Variant("lora", "LoRA", {"num_sink_tokens": 0, "gated_attention": False},
-                    {"trainable": "lora", "merge": True})
-LATE_LORA_SINK = Variant("lora-sink", "LoRA + 1 sink", _ONE_SINK, {"trainable": "lora", "merge": True})
-LATE_SINK_ALL = Variant("sink-all", "+ 1 sink, all weights", _ONE_SINK)
+                    {"trainable": "lora", "merge": True}, step0=LATE_ALL.name)
+LATE_LORA_SINK = Variant("lora-sink", "LoRA + 1 sink", _ONE_SINK, {"trainable": "lora", "merge": True},
+                         step0=LATE_SINK_ONLY.name)
+LATE_SINK_ALL = Variant("sink-all", "+ 1 sink, all weights", _ONE_SINK, step0=LATE_SINK_ONLY.name)
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,14 @@ class ExperimentPreset:
     equivalence: Equivalence | None = None
     escape: Escape | None = None  # probe every run as it trains; the escape endpoint (docs/method.md §11)
     base: Base | None = None  # the trained DLM every arm continues from (trained first, into OUT/base)
+
+    def __post_init__(self):
+        by_name = {v.name: v for v in self.variants}
+        for v in self.variants:  # a shared step-0 control is the same converted model, or it is not shared
+            # (the arm it names may be outside a --variants shard: the control's directory is the same)
+            if v.step0 in by_name and by_name[v.step0].switches != v.switches:
+                raise ValueError(f"variant {v.name!r} shares the step-0 control of {v.step0!r}, whose switches "
+                                 f"differ ({by_name[v.step0].switches} vs {v.switches})")
 
     def declared(self) -> dict[str, Any]:
         """What the preset declares before the run (results.json's `declared`)."""

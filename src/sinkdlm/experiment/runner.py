@@ -32,7 +32,7 @@ from sinkdlm.experiment.plan import ExperimentPlan, make_plan
 from sinkdlm.experiment.presets import ExperimentPreset
 from sinkdlm.experiment.records import (collect_records, compare_analyses, mark_started, results_header,
                                         summarise_results, write_results)
-from sinkdlm.experiment.stages import Session, measure_controls, measure_runs, prepare_units
+from sinkdlm.experiment.stages import Session, measure_controls, measure_runs, prepare_units, train_base
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.training.rundir import TrainingStopped
 
@@ -98,6 +98,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             raise stopped
         return result
     plan = checked_inputs(plan)
+    plan = train_base(plan, resume_command)  # stage 0: the base model every arm continues from (presets with one)
     results = results_header(plan)
     session = Session(plan, resume_command, tty=sys.stderr.isatty(), started=mark_started(plan))
     units = prepare_units(plan)  # stage 1: conversion and the step-0 controls

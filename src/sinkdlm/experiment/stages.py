@@ -1,6 +1,8 @@
 """The measuring stages of `sinkdlm experiment`, in the order the runner calls them (docs/method.md §7):
 
-1. `prepare_units`: from an AR checkpoint, each variant's converted checkpoint and step-0 control; the runs.
+0. `train_base` (presets with a `base`, and no --init-from): the DLM every arm continues from, trained once.
+1. `prepare_units`: from an AR checkpoint (or a DLM: a sink added after pretraining), each variant's converted
+   checkpoint and step-0 control; the runs, each with its own training fields (`Variant.train`).
 2. `measure_runs`: one model at a time, each finished before the next starts, seed by seed (every pair
    completes early): `train_run` (the fixed validation at the declared steps and the escape probe on the
    way), `fine_tune_run` (presets with SFT), `evaluate_run`, `analyse_run`, `validate`. A run's checkpoint is
@@ -31,6 +33,7 @@ from sinkdlm.experiment.units import DONE, Unit, analyse_checkpoint, convert_for
 from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, head_start_splits, val_loss_splits,
                                          validation_values)
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.training.rundir import MERGED_DIR
 
 
 class Progress:
@@ -104,6 +107,25 @@ class Units:
         return [t for u in self.ordered if (t := run_seconds(u.timing)) is not None]
 
 
+def train_base(plan: ExperimentPlan, resume_command: str | None) -> ExperimentPlan:
+    """Stage 0, for a preset with a `base` (a sink added after pretraining, issue 52): the DLM every arm continues
+    from, trained once into OUT/base (resumed like any run), whose last checkpoint then stands where --init-from
+    would. A --init-from given on the command line is the user's own DLM: it replaces the base, which is not
+    trained."""
+    base = plan.preset.base
+    if base is None or plan.init_from:
+        return plan
+    kwargs = {**non_default_fields(base.train), **({"data": plan.data} if plan.data else {}),
+              **({"device": plan.device} if plan.device else {})}
+    if not (plan.out / "base" / DONE).is_file():
+        log(f"the base model every arm continues from ({base.train.max_steps} steps, seed {base.train.seed}): "
+            f"training -> {plan.out / 'base'}")
+    summary = train_stage(plan.out / "base", kwargs, resume_command)
+    import dataclasses
+
+    return dataclasses.replace(plan, init_from=summary["checkpoint"])
+
+
 def prepare_units(plan: ExperimentPlan) -> Units:
     """Stage 1: the step-0 controls (the converted model before training, scored with the same protocol: one
     per seed, or one per variant when its conversion is deterministic), then every run's unit."""
@@ -123,7 +145,7 @@ def prepare_units(plan: ExperimentPlan) -> Units:
     for seed in plan.seeds:
         for variant in plan.preset.variants:
             k += 1
-            kwargs = {**shared_train, **variant.switches, "seed": seed}
+            kwargs = {**shared_train, **variant.switches, **variant.train, "seed": seed}
             if plan.max_steps:
                 kwargs["max_steps"] = plan.max_steps
             if plan.data:
@@ -191,7 +213,9 @@ def train_run(s: Session, unit: Unit) -> None:
                           probe=prober)
     s.stage_seconds["train"] += time.perf_counter() - t0
     unit.timing["train"] = summary.get("seconds")
-    unit.ckpt, unit.summary = summary["checkpoint"], summary
+    # a LoRA arm is scored on its adapters folded in (`TrainConfig.merge`: OUT/merged), like any checkpoint
+    unit.ckpt = str(run / "train" / MERGED_DIR) if summary.get("merged") else summary["checkpoint"]
+    unit.summary = summary
     unit.save_timing()
     s.progress.page()
 
