@@ -10,6 +10,8 @@ writes to `config.out`:
 This module computes; `sinkdlm.analysis.report` draws the figures and writes the document.
 `prompts_from_documents` is the one prompt extractor: `analyze --data` and the experiment runner
 both draw their prompts with it (seeded token windows, docs/method.md §6).
+`analyze` is a plan, then the work: `plan_analysis` checks everything and encodes the prompts before any
+forward; `_generate_recorded` and `_ablation` run the model; `_analysis_json` assembles what is written.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +30,7 @@ from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.report import write_analysis_report, write_figures
 from sinkdlm.io.atomic import atomic_write, atomic_write_json
 from sinkdlm.config.checks import check_epsilon, check_int, check_scale
-from sinkdlm.config.commands import AnalyzeConfig  # the one home of the default (its field docstring)
+from sinkdlm.config.commands import AnalyzeConfig, SampleConfig  # the one home of the defaults (field docstrings)
 
 SCHEMA_VERSION = 1
 ANALYSIS_KEYS = (
@@ -109,24 +112,61 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
     same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
     scores the exact continuation log-likelihood per token (docs/method.md §10).
     """
-    import dataclasses
+    if not isinstance(config, AnalyzeConfig):
+        raise TypeError(f"analyze() takes an AnalyzeConfig as config, got {type(config).__name__}")
+    plan = plan_analysis(model, tokenizer, prompts, config, ablation_task)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    # ϵ, scale, the figure's layer and steps, the seed
+    recorder = SinkRecorder(model.config, config, decode=_cached_decode(tokenizer))
+    was_training = model.training
+    model.eval()
+    samples, steps_taken, gen_seconds = _generate_recorded(model, tokenizer, plan, recorder)
+    ablation, abl_seconds = _ablation(model, plan, config, ablation_task)
+    model.train(was_training)
+    summary = recorder.summary()
+    arrays = recorder.arrays()
+    analysis = _analysis_json(model, plan, config, recorder, summary, samples, steps_taken, ablation,
+                              {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds})
+    if plan.progress:  # drawing the figures takes seconds on a CPU
+        print(f"[sinkdlm] sink analysis: writing figures and the report to {plan.out_dir}", file=sys.stderr, flush=True)
+    _save_arrays(plan.out_dir / ARRAYS_NAME, arrays)
+    analysis["figures"] = write_figures(plan.out_dir, analysis, arrays)
+    atomic_write_json(plan.out_dir / "analysis.json", analysis)
+    write_analysis_report(analysis, plan.out_dir, sinks_per_head=mean_over_layers(analysis["sinks_per_head"]))
+    if plan.progress:
+        print(f"[sinkdlm] sink analysis: wrote {plan.out_dir / 'analysis.json'}, {plan.out_dir / 'report.md'} (and "
+              f".html) and {len(analysis['figures'])} figures in {plan.out_dir}", file=sys.stderr, flush=True)
+    return analysis
 
-    from tqdm.auto import tqdm
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """What `analyze` fixes before any forward: the checked settings, the encoded prompts, the sampler's
+    settings and (for the ELBO ablation) the held-out continuations."""
+
+    settings: dict  # `check_options`'s resolved settings (ablation_k, gen_length, steps, block_length, ...)
+    sample: SampleConfig  # the sampler's settings, `steps` resolved
+    generate_kwargs: dict  # its settings beyond length, steps, blocks and seed (temperature, remasking, ...)
+    ids: list  # the prompts' token ids
+    pairs: list | None  # (prefix, held-out continuation) per prompt for the ELBO ablation; else None
+    out_dir: Path
+    num_prompts: int
+    seed: int  # the sampler's seed
+    progress: bool
+
+
+def plan_analysis(model, tokenizer, prompts: list[str], config: AnalyzeConfig, ablation_task=None) -> AnalysisPlan:
+    """Every user error of an `analyze` call as a ValueError, before any work, and its `AnalysisPlan`."""
+    import dataclasses
 
     from sinkdlm.config.fields import non_default_fields
     from sinkdlm.data import encode_texts
-    from sinkdlm.diffusion.sampling import StepProbe, generate
 
-    if not isinstance(config, AnalyzeConfig):
-        raise TypeError(f"analyze() takes an AnalyzeConfig as config, got {type(config).__name__}")
     if config.out is None:
         raise ValueError("AnalyzeConfig.out (the output directory) is required")
     settings = check_options(config)
-    ks, gen_length, steps, block_length = (settings[k] for k in ("ablation_k", "gen_length", "steps", "block_length"))
-    batch_size, mc_num = settings["batch_size"], settings["mc_num"]
-    seed, progress = config.seed, not config.quiet
-    sample = dataclasses.replace(config.sample, steps=steps)
-    # the sampler's settings beyond length, steps and blocks (temperature, remasking, ...), as recorded
+    gen_length = settings["gen_length"]
+    sample = dataclasses.replace(config.sample, steps=settings["steps"])
     generate_kwargs = {k: v for k, v in non_default_fields(sample).items()
                        if k not in ("gen_length", "steps", "block_length", "seed")}
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
@@ -144,30 +184,40 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
         raise ValueError(f"prompt ({longest} tokens) + gen_length ({gen_length}) is longer than the model's "
                          f"{cfg.content_length_note()} positions; shorten the prompts or gen_length")
     pairs = None
-    if ks is not None and ablation_task is None:
+    if settings["ablation_k"] is not None and ablation_task is None:
         pairs = [p for p in (split_continuation(r, gen_length) for r in ids) if p is not None]
         if not pairs:
             raise ValueError("the ELBO ablation needs prompts of at least 2 tokens (prefix + held-out continuation)")
-    out_dir = Path(config.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return AnalysisPlan(settings, sample, generate_kwargs, ids, pairs, Path(config.out), len(prompts),
+                        config.seed, progress=not config.quiet)
 
+
+def _cached_decode(tokenizer):
+    """`decode(token id) -> text`, each id decoded once (the recorder names the sinks' tokens)."""
     decoded: dict[int, str] = {}
 
     def decode(i: int) -> str:
         if i not in decoded:
             decoded[i] = tokenizer.decode([i])
         return decoded[i]
+    return decode
 
-    recorder = SinkRecorder(cfg, config, decode=decode)  # ϵ, scale, the figure's layer and steps, the seed
-    chunks = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
-    was_training = model.training
-    model.eval()
+
+def _generate_recorded(model, tokenizer, plan: AnalysisPlan, recorder: SinkRecorder):
+    """Generate from the prompts, `batch_size` at a time, with the recorder on every step's forward:
+    (decoded samples, the most steps a batch took, seconds)."""
+    from tqdm.auto import tqdm
+
+    from sinkdlm.diffusion.sampling import StepProbe, generate
+
+    cfg, batch_size, gen_length = model.config, plan.settings["batch_size"], plan.settings["gen_length"]
+    chunks = [plan.ids[i:i + batch_size] for i in range(0, len(plan.ids), batch_size)]
     samples, steps_taken = [], 0
     start = time.perf_counter()
-    steps_per_chunk = gen_length if cfg.causal else steps  # an AR model takes one step per token
+    steps_per_chunk = gen_length if cfg.causal else plan.settings["steps"]  # an AR model takes one step per token
     last_layer = cfg.num_hidden_layers - 1
     with tqdm(total=len(chunks) * steps_per_chunk, desc="sink analysis: generation", unit="step",
-              disable=not progress, leave=False) as bar:
+              disable=not plan.progress, leave=False) as bar:
         def step_hook(step, input_ids, attention_mask):
             # The recorder sees one layer's maps at a time inside the forward (docs/method.md §10):
             # an 8B model's analysis never holds every layer's [B, H, S, S] at once.
@@ -180,30 +230,40 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
             return hook
 
         for chunk in chunks:
-            out = generate(model, chunk, sample, seed=seed, probe=StepProbe(hook=step_hook), return_dict=True)
+            out = generate(model, chunk, plan.sample, seed=plan.seed, probe=StepProbe(hook=step_hook),
+                           return_dict=True)
             steps_taken = max(steps_taken, out.steps_taken)
             for row in out.sequences[:, out.prompt_length:].tolist():
                 samples.append(tokenizer.decode(row, skip_special_tokens=True))
-    gen_seconds = time.perf_counter() - start
+    return samples, steps_taken, time.perf_counter() - start
 
-    ablation, abl_seconds = None, 0.0
-    if ks is not None:
-        start = time.perf_counter()
-        total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else mc_num)
-        total *= 2 if cfg.num_sink_tokens else 1  # scored with and without masking the extra sink
-        with tqdm(total=total, desc="sink analysis: ablation", disable=not progress, leave=False) as bar:
-            ablation = run_ablation(
-                model, ks, config, ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
-                continuations=[c for _, c in pairs] if pairs else None, batch_size=batch_size * 2,
-                progress=bar.update,
-            )
-        abl_seconds = time.perf_counter() - start
-    model.train(was_training)
 
-    summary = recorder.summary()
-    arrays = recorder.arrays()
-    lengths = [len(r) for r in ids]
-    analysis = {
+def _ablation(model, plan: AnalysisPlan, config: AnalyzeConfig, ablation_task):
+    """The sink-masking ablation (`ablation.run_ablation`) when `ablation_k` asks for it: (its dict, seconds);
+    (None, 0.0) otherwise."""
+    from tqdm.auto import tqdm
+
+    ks, pairs, cfg = plan.settings["ablation_k"], plan.pairs, model.config
+    if ks is None:
+        return None, 0.0
+    start = time.perf_counter()
+    total = len(ks) if ablation_task is not None else len(pairs) * (1 if cfg.causal else plan.settings["mc_num"])
+    total *= 2 if cfg.num_sink_tokens else 1  # scored with and without masking the extra sink
+    with tqdm(total=total, desc="sink analysis: ablation", disable=not plan.progress, leave=False) as bar:
+        ablation = run_ablation(
+            model, ks, config, ablation_task=ablation_task, prefixes=[p for p, _ in pairs] if pairs else None,
+            continuations=[c for _, c in pairs] if pairs else None, batch_size=plan.settings["batch_size"] * 2,
+            progress=bar.update,
+        )
+    return ablation, time.perf_counter() - start
+
+
+def _analysis_json(model, plan: AnalysisPlan, config: AnalyzeConfig, recorder: SinkRecorder, summary: dict,
+                   samples: list[str], steps_taken: int, ablation, timing: dict) -> dict:
+    """analysis.json's dict (`ANALYSIS_KEYS`), its `figures` still empty (drawn from it afterwards)."""
+    cfg, settings = model.config, plan.settings
+    lengths = [len(r) for r in plan.ids]
+    return {
         "schema_version": SCHEMA_VERSION,
         "model": {
             "label": config.label or "model",
@@ -218,12 +278,12 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
             "device": str(model.device),
         },
         "setup": {
-            "num_prompts": len(prompts), "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths),
-                                                            "max": max(lengths)},
-            "gen_length": gen_length, "steps": steps, "steps_taken": steps_taken,
-            "block_length": block_length or gen_length, "batch_size": batch_size, "seed": seed,
-            "max_sequence_positions": recorder.max_positions,
-            "figure_layer": recorder.figure_layer, "generate_kwargs": generate_kwargs,
+            "num_prompts": plan.num_prompts, "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths),
+                                                                "max": max(lengths)},
+            "gen_length": settings["gen_length"], "steps": settings["steps"], "steps_taken": steps_taken,
+            "block_length": settings["block_length"] or settings["gen_length"], "batch_size": settings["batch_size"],
+            "seed": plan.seed, "max_sequence_positions": recorder.max_positions,
+            "figure_layer": recorder.figure_layer, "generate_kwargs": plan.generate_kwargs,
             "figure_prompt_tokens": lengths[recorder.figure_row] if recorder.figure_row < len(lengths) else None,
         },
         **{k: v for k, v in summary.items() if k != "counts"},
@@ -231,18 +291,8 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
         "figures": {},
         "arrays": ARRAYS_NAME,
         "samples": samples[:5],
-        "timing": {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds},
+        "timing": timing,
     }
-    if progress:  # drawing the figures takes seconds on a CPU
-        print(f"[sinkdlm] sink analysis: writing figures and the report to {out_dir}", file=sys.stderr, flush=True)
-    _save_arrays(out_dir / ARRAYS_NAME, arrays)
-    analysis["figures"] = write_figures(out_dir, analysis, arrays)
-    atomic_write_json(out_dir / "analysis.json", analysis)
-    write_analysis_report(analysis, out_dir, sinks_per_head=mean_over_layers(analysis["sinks_per_head"]))
-    if progress:
-        print(f"[sinkdlm] sink analysis: wrote {out_dir / 'analysis.json'}, {out_dir / 'report.md'} (and .html) and "
-              f"{len(analysis['figures'])} figures in {out_dir}", file=sys.stderr, flush=True)
-    return analysis
 
 
 def mean_over_layers(values) -> float | None:

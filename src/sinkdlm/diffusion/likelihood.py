@@ -17,6 +17,8 @@ continuation every sample is the exact log-probability, so `mc_num=1` suffices.
 All forwards are batched across samples and requests (`batch_size` rows, left-padded). Samples that
 mask nothing contribute exactly 0 and are not run. The standard error is the sample standard
 deviation over sqrt(mc_num) — exact for i.i.d. t, conservative for the stratified t used here.
+`loglikelihood` checks its requests (`_checked_requests`), draws each one's rows (`_request_rows`) into
+the `_Batcher`, then reduces them per request (`_estimates`).
 """
 
 from __future__ import annotations
@@ -189,13 +191,28 @@ def loglikelihood(
     (`method` is then reported as "exact", with standard error 0), docs/method.md §10.
     """
     cfg = model.config
+    prefixes, conts, single = _checked_requests(cfg, prefix_ids, continuation_ids, mc_num, method, batch_size, eps)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)  # None: torch's global generator
+    batcher = _Batcher(model, batch_size, cfg.shift_logits)
+    for pre, cont in zip(prefixes, conts):
+        batcher.add(*_request_rows(cfg, pre, cont, method, mc_num, eps, generator))
+    batcher.flush()
+    if cfg.causal:
+        method = "exact"
+    lp_t, se_t = _estimates(batcher.values, method)
+    if single:
+        lp_t, se_t = lp_t[0], se_t[0]
+    return LoglikelihoodOutput(logprob=lp_t, stderr=se_t, num_forward=batcher.num_forward, method=method)
+
+
+def _checked_requests(cfg, prefix_ids, continuation_ids, mc_num: int, method: str, batch_size: int, eps: float):
+    """Every user error of a `loglikelihood` call, before any forward: (prefixes, continuations, single?)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     check_int("mc_num", mc_num, 1)
     check_int("batch_size", batch_size, 1)
     if not 0.0 <= eps < 1.0:
         raise ValueError(f"eps must lie in [0, 1), got {eps}")
-    shift_logits = cfg.shift_logits
     prefixes, single_p = _rows(prefix_ids, "prefix_ids")
     conts, single_c = _rows(continuation_ids, "continuation_ids")
     if single_p != single_c or len(prefixes) != len(conts):
@@ -206,7 +223,7 @@ def loglikelihood(
     for i, (pre, cont) in enumerate(zip(prefixes, conts)):
         if len(cont) == 0:
             raise ValueError(f"continuation {i} is empty; a likelihood needs at least one continuation token")
-        if shift_logits and len(pre) == 0:
+        if cfg.shift_logits and len(pre) == 0:
             raise ValueError(f"prefix {i} is empty; shift_logits needs a prefix token to predict the first one")
         both = torch.cat([pre, cont])
         if both.min() < 0 or both.max() >= cfg.vocab_size:
@@ -216,44 +233,43 @@ def loglikelihood(
                 f"request {i}: prefix + continuation = {len(both)} tokens is longer than the model's "
                 f"{cfg.content_length_note()} positions; truncate the prefix"
             )
-    generator = None if seed is None else torch.Generator().manual_seed(seed)  # None: torch's global generator
+    return prefixes, conts, single_p
 
+
+def _request_rows(cfg, pre: torch.Tensor, cont: torch.Tensor, method: str, mc_num: int, eps: float,
+                  generator: torch.Generator | None):
+    """One request's rows for `_Batcher.add`: (xt, x0, score `[m, L]`, t `[m]`) of its method."""
+    seq = torch.cat([pre, cont])  # [L]
+    lp, n, length = len(pre), len(cont), len(pre) + len(cont)
     mask_id = cfg.mask_token_id
-    batcher = _Batcher(model, batch_size, shift_logits)
-    for pre, cont in zip(prefixes, conts):
-        seq = torch.cat([pre, cont])  # [L]
-        lp, n, length = len(pre), len(cont), len(pre) + len(cont)
-        if cfg.causal:  # log p(y | x) = sum_k log p(y_k | x, y_<k), all from one causal forward
-            score = torch.zeros(1, length, dtype=torch.bool)
-            score[:, lp:] = True
-            batcher.add(seq[None], seq[None], score, torch.ones(1))
-            continue
-        if method == "chain":
-            # Row k: y_<k clean, y_k.. masked; score position lp + k only.
-            k = torch.arange(n)[:, None]
-            cols = torch.arange(length)[None] - lp  # [1, L]
-            xt = seq[None].expand(n, -1).masked_fill(cols >= k, mask_id)
-            batcher.add(xt, seq[None].expand(n, -1), cols == k, torch.ones(n))
-            continue
-        if method == "mc":
-            xt, x0, masked, t = mc_draw(seq, lp, mc_num, eps, mask_id, generator)
-        else:  # "mc_count": l ~ U{1..n} stratified, a uniform l-subset, weight n / l
-            u0 = torch.rand((), generator=generator)
-            u = (u0 + torch.arange(mc_num) / mc_num) % 1.0
-            count = (u * n).long().clamp(max=n - 1) + 1  # [mc] in 1..n
-            ranks = torch.rand(mc_num, n, generator=generator).argsort(-1).argsort(-1)
-            masked = torch.zeros(mc_num, length, dtype=torch.bool)
-            masked[:, lp:] = ranks < count[:, None]
-            x0 = seq[None].expand(mc_num, -1)  # [mc, L]
-            xt = x0.masked_fill(masked, mask_id)
-            t = count.double() / n
-        batcher.add(xt, x0, masked, t)
-    batcher.flush()
+    if cfg.causal:  # log p(y | x) = sum_k log p(y_k | x, y_<k), all from one causal forward
+        score = torch.zeros(1, length, dtype=torch.bool)
+        score[:, lp:] = True
+        return seq[None], seq[None], score, torch.ones(1)
+    if method == "chain":
+        # Row k: y_<k clean, y_k.. masked; score position lp + k only.
+        k = torch.arange(n)[:, None]
+        cols = torch.arange(length)[None] - lp  # [1, L]
+        xt = seq[None].expand(n, -1).masked_fill(cols >= k, mask_id)
+        return xt, seq[None].expand(n, -1), cols == k, torch.ones(n)
+    if method == "mc":
+        return mc_draw(seq, lp, mc_num, eps, mask_id, generator)
+    # "mc_count": l ~ U{1..n} stratified, a uniform l-subset, weight n / l
+    u0 = torch.rand((), generator=generator)
+    u = (u0 + torch.arange(mc_num) / mc_num) % 1.0
+    count = (u * n).long().clamp(max=n - 1) + 1  # [mc] in 1..n
+    ranks = torch.rand(mc_num, n, generator=generator).argsort(-1).argsort(-1)
+    masked = torch.zeros(mc_num, length, dtype=torch.bool)
+    masked[:, lp:] = ranks < count[:, None]
+    x0 = seq[None].expand(mc_num, -1)  # [mc, L]
+    return x0.masked_fill(masked, mask_id), x0, masked, count.double() / n
 
+
+def _estimates(values: list[torch.Tensor], method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per request (log-probability, standard error) `[N]` float64 from its rows' terms: the chain rule's
+    (and an AR model's exact) sum, or the Monte-Carlo mean and its standard error over sqrt(mc_num)."""
     logprob, stderr = [], []
-    if cfg.causal:
-        method = "exact"
-    for vals in batcher.values:
+    for vals in values:
         slots = len(vals)
         if method in ("chain", "exact"):
             logprob.append(vals.sum())
@@ -261,10 +277,7 @@ def loglikelihood(
         else:
             logprob.append(vals.mean())
             stderr.append(vals.std() / slots**0.5 if slots > 1 else torch.tensor(float("nan"), dtype=torch.float64))
-    lp_t, se_t = torch.stack(logprob), torch.stack(stderr)
-    if single_p:
-        lp_t, se_t = lp_t[0], se_t[0]
-    return LoglikelihoodOutput(logprob=lp_t, stderr=se_t, num_forward=batcher.num_forward, method=method)
+    return torch.stack(logprob), torch.stack(stderr)
 
 
 # ----------------------------------------------------------------------------- fixed validation of a study

@@ -32,6 +32,10 @@ gets alone (temperature 0).
 Callback. `callback(StepState)` after each step; `key_masks_fn(step, previous_state)` before it
 (sink-masking ablation, Rulli et al. Table 1). Only the current step's tensors are alive (plus the
 previous state when `key_masks_fn` is given), so memory stays flat across steps.
+
+Shape. `generate` is a plan, then a loop: `plan_generation` (every check, the prompts, the rule, the
+randomness, the block schedule) once, then `_generate_diffusion` over blocks and steps calling the named
+pieces of `diffusion/steps.py`, or `_generate_autoregressive`; both report through one `_Observer`.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ import torch
 
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
-from sinkdlm.diffusion.remasking import add_gumbel_noise, check_rule, filter_logits, resolve_rule, reveal_probability
-from sinkdlm.diffusion.steps import choose, commit, compiled_columns, forward_step, plan_decoding
+from sinkdlm.diffusion.remasking import check_rule, resolve_rule
+from sinkdlm.diffusion.steps import (
+    BlockPlan, DecodePlan, choose, choose_next, commit, compiled_columns, forward_step, origin_reveal, plan_decoding,
+)
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
 from sinkdlm.config.checks import check_sample_settings
@@ -287,180 +293,237 @@ def generate(
     Host syncs. With a fixed step count the loop never waits for the device: every step's count comes
     from the schedule, planned before the loop (`plan_decoding`), and the commits write slices. Threshold
     decoding and Dream's `origin` ask the device once a step whether the block is done (docs/guide.md).
-    The loop's pieces, shared by the eager and compiled paths: `plan_decoding` (the schedule, before the
-    loop), `forward_step` (one forward), `choose` (predictions and picks) and `commit` (`diffusion/steps.py`).
+    The call is a plan, then a loop: `plan_generation` checks everything and fixes the prompts, the rule,
+    the randomness and the schedule (`plan_decoding`) before any forward; the loop's pieces, shared by the
+    eager and compiled paths, are `forward_step` (one forward), `choose` (predictions and picks) and `commit`
+    (`diffusion/steps.py`); the autoregressive loop shares the probe and callback handling and picks with
+    `choose_next`.
     """
     if generator is not None and "seed" in overrides:
         raise ValueError("pass either generator or seed, not both")
     settings = with_overrides(SampleConfig, config, overrides, "generate")
-    gen_length, steps, block_length = settings.gen_length, settings.steps, settings.block_length
-    temperature, remasking, threshold, cache = settings.temperature, settings.remasking, settings.threshold, settings.cache
-    compiled = settings.compile
+    plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=callback is not None,
+                           generator=generator, attention_mask=attention_mask, pad_token_id=pad_token_id,
+                           shift_logits=shift_logits)
+    if model.config.causal:
+        with model.sink_cache_mode(use_sink_cache):
+            return _generate_autoregressive(model, plan, _Observer(plan.probe, callback), return_dict)
+    return _generate_diffusion(model, plan, _Observer(plan.probe, callback), use_sink_cache, return_dict)
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What one `generate` call fixes before any forward: the checked settings, the prompts, the rule,
+    the randomness, the probe and (for a DLM) every block's schedule (`steps.DecodePlan`)."""
+
+    settings: SampleConfig
+    prompt: torch.Tensor  # [B, P] ids, on the model's device
+    prompt_mask: torch.Tensor | None  # [B, P] bool, True = real; None when no row is padded
+    remasking: str  # the resolved rule (`remasking.resolve_rule`)
+    generator: torch.Generator | None  # None: torch's global generator
+    probe: StepProbe
+    schedule: DecodePlan | None  # None for an autoregressive model
+
+
+def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepProbe | None, full_logits: bool,
+                    generator: torch.Generator | None, attention_mask, pad_token_id: int | None,
+                    shift_logits: bool | None) -> GenerationPlan:
+    """Every user error of a `generate` call, before any work, and what the call fixes before its loop.
+
+    The settings' own checks have one home (config/checks.py), which the command line runs before any
+    weight is read; an AR model refuses every diffusion-only setting given. `full_logits`: a callback is
+    given (without a cache it receives every column's logits)."""
     cfg = model.config
-    mask_id = cfg.mask_token_id
     if probe is not None and not isinstance(probe, StepProbe):
         raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     probe = probe or StepProbe()
-    key_masks_fn, attention_hook_fn = probe.key_masks, probe.hook
-    # ---- every user error before any work: the settings' own checks have one home (config/checks.py), which
-    # the command line runs before any weight is read; an AR model refuses every diffusion-only setting given
     check_sample_settings(settings, autoregressive=bool(cfg.causal))
-    block_length = gen_length if block_length is None else block_length
-    num_blocks = gen_length // block_length
-    schedule_name, remasking = resolve_rule(cfg.family, settings.schedule, remasking, threshold)
-    alg_temp, top_p, top_k = settings.alg_temp, settings.top_p, settings.top_k
-    check_rule(schedule_name, remasking, threshold=threshold, temperature=temperature, alg_temp=alg_temp,
-               top_p=top_p, top_k=top_k, eps=settings.eps)
-    if cache is not None:
-        if probe != StepProbe():
-            raise ValueError(
-                f"cache={cache!r} runs only the current block's queries, but a probe's maps, values, hook and "
-                "key masks cover the whole sequence at every step; use cache=None for attention analysis and "
-                "sink ablation"
-            )
-    device = model.device
-    if compiled:
-        check_compile(settings.compile_backend, device)
-    prompt, prompt_mask = prepare_prompts(
-        prompt_ids, attention_mask, (mask_id or 0) if pad_token_id is None else pad_token_id, device
-    )
-    b, p = prompt.shape
+    block_length = settings.gen_length if settings.block_length is None else settings.block_length
+    schedule_name, remasking = resolve_rule(cfg.family, settings.schedule, settings.remasking, settings.threshold)
+    check_rule(schedule_name, remasking, threshold=settings.threshold, temperature=settings.temperature,
+               alg_temp=settings.alg_temp, top_p=settings.top_p, top_k=settings.top_k, eps=settings.eps)
+    if settings.cache is not None and probe != StepProbe():
+        raise ValueError(
+            f"cache={settings.cache!r} runs only the current block's queries, but a probe's maps, values, hook and "
+            "key masks cover the whole sequence at every step; use cache=None for attention analysis and "
+            "sink ablation"
+        )
+    if settings.compile:
+        check_compile(settings.compile_backend, model.device)
+    prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, settings.gen_length)
+    if generator is None and settings.seed is not None:  # seed=None: torch's global generator, as before
+        generator = torch.Generator(device=model.device).manual_seed(settings.seed)
+    shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
+    schedule = None if cfg.causal else plan_decoding(
+        settings, schedule_name, remasking, prompt.shape[1], settings.steps, settings.gen_length // block_length,
+        block_length, shift=1 if shift else 0, full_logits=full_logits and settings.cache is None)
+    return GenerationPlan(settings, prompt, prompt_mask, remasking, generator, probe, schedule)
+
+
+def _checked_prompts(model, prompt_ids, attention_mask, pad_token_id: int | None, gen_length: int):
+    """`prepare_prompts` on the model's device (padded with the mask id unless `pad_token_id`), checked
+    against the model: prompt + gen_length within its positions, every real id within its vocabulary."""
+    cfg = model.config
+    pad = (cfg.mask_token_id or 0) if pad_token_id is None else pad_token_id
+    prompt, prompt_mask = prepare_prompts(prompt_ids, attention_mask, pad, model.device)
+    p = prompt.shape[1]
     total = p + gen_length
     if total > cfg.max_content_length:
         raise ValueError(
             f"prompt ({p} tokens) + gen_length ({gen_length}) = {total} tokens is longer than the "
             f"model's {cfg.content_length_note()} positions; shorten the prompt or gen_length"
         )
-    if prompt_mask is None:
-        real = prompt
-    else:
-        real = prompt[prompt_mask]
+    real = prompt if prompt_mask is None else prompt[prompt_mask]
     if real.numel() and (real.min() < 0 or real.max() >= cfg.vocab_size):
         raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size})")
-    if generator is None and settings.seed is not None:  # seed=None: torch's global generator, as before
-        generator = torch.Generator(device=device).manual_seed(settings.seed)
-    shift_logits = cfg.shift_logits if shift_logits is None else bool(shift_logits)
-    if cfg.causal:
-        with model.sink_cache_mode(use_sink_cache):
-            return _generate_autoregressive(model, prompt, prompt_mask, settings, generator, callback, probe, return_dict)
+    return prompt, prompt_mask
 
-    plan = plan_decoding(settings, schedule_name, remasking, p, steps, num_blocks, block_length,
-                         shift=1 if shift_logits else 0, full_logits=callback is not None and cache is None)
-    # ---- state: the sequence, what is still masked, and (without a probe) the generation's static cache
-    x = torch.cat([prompt, prompt.new_full((b, gen_length), mask_id)], dim=1)  # [B, L]
+
+class _Observer:
+    """The per-step asks of a callback and a probe, shared by the diffusion and autoregressive loops: before
+    a step, its `Probe` (the key masks from the previous StepState, then the hook); after it, the StepState.
+    Only the current step's tensors stay alive (and the previous state when key masks read it)."""
+
+    def __init__(self, probe: StepProbe, callback: StepCallback | None):
+        self.probe, self.callback = probe, callback
+        self.wants_state = callback is not None or probe.key_masks is not None
+        self.previous: StepState | None = None
+
+    def step_probe(self, step: int, input_ids: Callable[[], torch.Tensor], attn, width: int | None = None):
+        """This step's `Probe` (None: the fast path). `input_ids()`: the model's input, built only for a
+        hook; `width`: an AR step's input width (the previous step's key masks cover one key fewer)."""
+        key_masks = self.probe.key_masks(step, self.previous) if self.probe.key_masks is not None else None
+        if key_masks is not None and width is not None:  # the new token is never masked
+            key_masks = [None if m is None else torch.cat([m, m.new_ones(*m.shape[:2], width - m.shape[-1])], -1)
+                         for m in key_masks]
+        hook = self.probe.hook(step, input_ids(), attn) if self.probe.hook else None
+        return self.probe.forward_probe(key_masks, hook)
+
+    def after(self, state: StepState) -> None:
+        if self.callback is not None:
+            self.callback(state)
+        self.previous = state if self.probe.key_masks is not None else None
+
+
+# ----------------------------------------------------------------------------- the diffusion loop
+@dataclass
+class _Canvas:
+    """The diffusion loop's state: the sequence, what is still masked, and the call's static cache."""
+
+    x: torch.Tensor  # [B, L] prompt + gen_length, [MASK] where not yet committed
+    attn: torch.Tensor | None  # [B, L] bool of a padded batch, else None
+    masked: torch.Tensor  # [B, L] bool, True where still masked (the prompt never is)
+    kv: object | None  # the static KV cache (model/cache.py); None for the plain forward
+    columns: torch.Tensor | None  # compiled: `steps.compiled_columns`
+
+
+def _canvas(model, plan: GenerationPlan, use_sink_cache: bool) -> _Canvas:
+    """The start of the reverse process: `prompt + [MASK] * gen_length`, all of the generation masked."""
+    (b, p), gen_length, mask_id = plan.prompt.shape, plan.settings.gen_length, model.config.mask_token_id
+    total = p + gen_length
+    x = torch.cat([plan.prompt, plan.prompt.new_full((b, gen_length), mask_id)], dim=1)  # [B, L]
     attn = None
-    if prompt_mask is not None:
-        attn = torch.cat([prompt_mask, prompt_mask.new_ones(b, gen_length)], dim=1)  # [B, L]
-    masked = torch.zeros(b, total, dtype=torch.bool, device=device)
+    if plan.prompt_mask is not None:
+        attn = torch.cat([plan.prompt_mask, plan.prompt_mask.new_ones(b, gen_length)], dim=1)  # [B, L]
+    masked = torch.zeros(b, total, dtype=torch.bool, device=model.device)
     masked[:, p:] = True
     model.fuse_projections()  # one matmul for q/k/v and one for gate/up per layer (the same parameters)
     # One static KV cache for every pass of the call, except where the plain forward is asked for: a
     # probe's maps and key masks, and use_sink_cache=False without a cache (the sinks at every step).
     kv = None
-    if probe == StepProbe() and (use_sink_cache or cache is not None):
+    if plan.probe == StepProbe() and (use_sink_cache or plan.settings.cache is not None):
         with model.sink_cache_mode(use_sink_cache):
             kv = model.allocate_cache(b, total, attn)
-    columns = compiled_columns(plan, device) if compiled else None
-    want_state = callback is not None or probe.key_masks is not None
-    step, prev_state, compile_seconds = 0, None, 0.0
+    columns = compiled_columns(plan.schedule, model.device) if plan.settings.compile else None
+    return _Canvas(x, attn, masked, kv, columns)
 
-    for blk in plan.blocks:
+
+def _generate_diffusion(model, plan: GenerationPlan, observer: _Observer, use_sink_cache: bool, return_dict: bool):
+    """The loop over blocks and their steps (`plan.schedule`); each step is `_denoise_step`. A block with an
+    adaptive count (threshold, origin) ends when none of its positions is masked: one host sync a step."""
+    canvas = _canvas(model, plan, use_sink_cache)
+    step, compile_seconds = 0, 0.0
+    for blk in plan.schedule.blocks:
         for i in range(blk.steps) if blk.steps is not None else itertools.count():
-            k = blk.counts[i] if blk.counts is not None else None
-            if blk.counts is None and not masked[:, blk.lo:blk.hi].any():  # adaptive: one host sync a step
+            if blk.counts is None and not canvas.masked[:, blk.lo:blk.hi].any():
                 break
-            reveal = None  # origin's revealed positions, drawn before the step's noise (Dream's order)
-            if remasking == "origin":
-                u = torch.rand((b, blk.hi - blk.lo), generator=generator, device=device, dtype=torch.float64)
-                reveal = masked[:, blk.lo:blk.hi] & (u < reveal_probability(blk.timesteps, i))  # [B, n]
-            key_masks = probe.key_masks(step, prev_state) if probe.key_masks is not None else None
-            hook = probe.hook(step, x.masked_fill(masked, mask_id), attn) if probe.hook else None
-            cached = cache is not None and i > 0  # a block's first step is a full forward
-            with model.sink_cache_mode(use_sink_cache):
-                logits, out, seconds = forward_step(model, plan, blk, x, attn, kv, cached, settings,
-                                                    probe.forward_probe(key_masks, hook), columns)
-            compile_seconds += seconds
-            x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, remasking, mask_id,
-                              model.dtype, generator)
-            masked_before = masked.clone() if want_state else None
-            commit(x, masked, blk, x0, pick)
-            if want_state:
-                committed = torch.zeros_like(masked)
-                committed[:, blk.lo:blk.hi] = pick
-                state = StepState(
-                    step=step, block=blk.index, x=x.clone(), masked=masked_before, committed=committed,
-                    # a CUDA graph's output is overwritten by its next replay: the state keeps a copy
-                    logits=out.logits.clone() if compiled else out.logits, attentions=out.attentions,
-                    values=out.values, attention_mask=attn, prompt_length=p, mask_id=mask_id,
-                    logit_columns=torch.arange(total, device=device) if plan.full_logits else
-                    torch.arange(blk.lo, blk.hi, device=device),
-                    virtual_sink_attentions=out.virtual_sink_attentions,
-                )
-                if callback is not None:
-                    callback(state)
-                prev_state = state if probe.key_masks is not None else None
-                del state
-            del out, logits, x0, pick
+            compile_seconds += _denoise_step(model, plan, canvas, blk, i, step, observer, use_sink_cache)
             step += 1
-
     if compile_seconds:
         log.info("generate(compile=True): %.1f s in first calls of the compiled step (compiling)", compile_seconds)
     if return_dict:
-        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=step,
-                                compile_seconds=compile_seconds if compiled else None)
-    return x
+        return GenerationOutput(sequences=canvas.x, attention_mask=canvas.attn, prompt_length=plan.prompt.shape[1],
+                                steps_taken=step, compile_seconds=compile_seconds if plan.settings.compile else None)
+    return canvas.x
 
 
-def _generate_autoregressive(model, prompt, prompt_mask, settings: SampleConfig, generator, callback,
-                             probe: StepProbe, return_dict):
+def _denoise_step(model, plan: GenerationPlan, canvas: _Canvas, blk: BlockPlan, i: int, step: int,
+                  observer: _Observer, use_sink_cache: bool) -> float:
+    """Step `i` of block `blk` (global `step`): forward, choose, commit (`diffusion/steps.py`), then the
+    StepState; returns the compile seconds of its forward."""
+    settings, mask_id, x, masked = plan.settings, model.config.mask_token_id, canvas.x, canvas.masked
+    k = blk.counts[i] if blk.counts is not None else None
+    reveal = origin_reveal(masked, blk, i, plan.generator) if plan.remasking == "origin" else None
+    step_probe = observer.step_probe(step, lambda: x.masked_fill(masked, mask_id), canvas.attn)
+    cached = settings.cache is not None and i > 0  # a block's first step is a full forward
+    with model.sink_cache_mode(use_sink_cache):
+        logits, out, seconds = forward_step(model, plan.schedule, blk, x, canvas.attn, canvas.kv, cached, settings,
+                                            step_probe, canvas.columns)
+    x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, plan.remasking, mask_id,
+                      model.dtype, plan.generator)
+    masked_before = masked.clone() if observer.wants_state else None
+    commit(x, masked, blk, x0, pick)
+    if observer.wants_state:
+        committed = torch.zeros_like(masked)
+        committed[:, blk.lo:blk.hi] = pick
+        total, device = plan.schedule.total, x.device
+        observer.after(StepState(
+            step=step, block=blk.index, x=x.clone(), masked=masked_before, committed=committed,
+            # a CUDA graph's output is overwritten by its next replay: the state keeps a copy
+            logits=out.logits.clone() if settings.compile else out.logits, attentions=out.attentions,
+            values=out.values, attention_mask=canvas.attn, prompt_length=plan.prompt.shape[1], mask_id=mask_id,
+            logit_columns=torch.arange(total, device=device) if plan.schedule.full_logits else
+            torch.arange(blk.lo, blk.hi, device=device),
+            virtual_sink_attentions=out.virtual_sink_attentions,
+        ))
+    return seconds
+
+
+# ----------------------------------------------------------------------------- the autoregressive loop
+def _generate_autoregressive(model, plan: GenerationPlan, observer: _Observer, return_dict: bool):
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
-    whole prefix, so the analysis sees each step's complete causal maps). `settings` is the call's
-    resolved `SampleConfig` (gen_length, temperature, top_p, top_k, stop_token_ids); the caller sets the
-    sink-cache mode. With `stop_token_ids`, decoding stops once every row has produced one of them and the
+    whole prefix, so the analysis sees each step's complete causal maps). The caller sets the sink-cache
+    mode. With `stop_token_ids`, decoding stops once every row has produced one of them and the
     remaining positions get the first, so the output keeps its `[B, P + gen_length]` shape."""
-    gen_length, temperature, top_p, top_k = settings.gen_length, settings.temperature, settings.top_p, settings.top_k
-    stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
-    ended = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # [B]
-    b, p = prompt.shape
-    x, attn = prompt, prompt_mask
-    work_dtype = torch.promote_types(model.dtype, torch.float32)
-    key_masks_fn = probe.key_masks
-    want_state = callback is not None or key_masks_fn is not None
-    prev_state = None
+    gen_length = plan.settings.gen_length
+    stops = torch.tensor(plan.settings.stop_token_ids or (), dtype=torch.long, device=plan.prompt.device)
+    ended = torch.zeros(plan.prompt.shape[0], dtype=torch.bool, device=plan.prompt.device)  # [B]
+    b, p = plan.prompt.shape
+    x, attn = plan.prompt, plan.prompt_mask
     for step in range(gen_length):
         width = x.shape[1]
-        key_masks = key_masks_fn(step, prev_state) if key_masks_fn is not None else None
-        if key_masks is not None:  # masks of step t-1 cover one key fewer: the new token is never masked
-            key_masks = [None if m is None else torch.cat([m, m.new_ones(*m.shape[:2], width - m.shape[-1])], -1)
-                         for m in key_masks]
-        hook = probe.hook(step, x, attn) if probe.hook else None
-        out = model(x, attention_mask=attn, logits_index=slice(width - 1, width), probe=probe.forward_probe(key_masks, hook))
-        logits = out.logits[:, -1].to(work_dtype)  # [B, V]: the last position predicts the next token
-        if top_p is not None or top_k is not None:  # Dream's filters, on the tempered distribution
-            keep = filter_logits(logits / temperature if temperature else logits, top_p, top_k) > float("-inf")
-            logits = logits.masked_fill(~keep, float("-inf"))
-        nxt = add_gumbel_noise(logits, temperature, generator).argmax(-1)  # [B]
+        step_probe = observer.step_probe(step, lambda: x, attn, width=width)
+        out = model(x, attention_mask=attn, logits_index=slice(width - 1, width), probe=step_probe)
+        # the last position predicts the next token
+        nxt = choose_next(out.logits[:, -1], plan.settings, model.dtype, plan.generator)  # [B]
         if stops.numel():  # a row that has ended keeps padding with the first stop id
             nxt = torch.where(ended, stops[0], nxt)
             ended |= torch.isin(nxt, stops)
         x = torch.cat([x, nxt[:, None]], dim=1)
         if attn is not None:
             attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
-        if want_state:
+        if observer.wants_state:
             committed = torch.zeros_like(x, dtype=torch.bool)
             committed[:, -1] = True
-            state = StepState(
+            observer.after(StepState(
                 step=step, block=0, x=x.clone(), masked=torch.zeros_like(committed), committed=committed,
                 logits=out.logits, attentions=out.attentions, values=out.values,
                 attention_mask=None if attn is None else attn[:, :width], prompt_length=p, mask_id=None,
                 logit_columns=torch.tensor([width], device=x.device),
                 virtual_sink_attentions=out.virtual_sink_attentions, input_length=width,
-            )
-            if callback is not None:
-                callback(state)
-            prev_state = state if key_masks_fn is not None else None
-            del state
-        del out, logits
+            ))
+        del out
         if stops.numel() and bool(ended.all()):
             break
     taken = x.shape[1] - p

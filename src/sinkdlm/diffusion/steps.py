@@ -5,8 +5,12 @@
     and Dream's `origin` are adaptive and ask once a step whether the block is done);
   * `forward_step`: one forward through the call's static KV cache (`model/cache.py`), eager or
     through `compiled_step` (one graph per generation);
+  * `origin_reveal`: Dream's `origin` positions of a step, drawn before its noise;
   * `choose`: the predictions and the positions committed (`remasking.py`);
-  * `commit`: written into the sequence in place, by slices (no host sync).
+  * `commit`: written into the sequence in place, by slices (no host sync);
+  * `choose_next`: an autoregressive step's next token (the same filters and Gumbel noise).
+`sampling.generate` plans a call (`plan_generation`, which calls `plan_decoding`), then loops over
+these pieces.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from sinkdlm.config.commands import SampleConfig
-from sinkdlm.diffusion.remasking import dream_counts, dream_timesteps, predict, select, steps_per_block, transfer_schedule
+from sinkdlm.diffusion.remasking import (
+    add_gumbel_noise, dream_counts, dream_timesteps, filter_logits, predict, reveal_probability, select,
+    steps_per_block, transfer_schedule,
+)
 from sinkdlm.model.probe import Probe
 
 
@@ -118,6 +125,13 @@ def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: b
     return logits, out, seconds
 
 
+def origin_reveal(masked, blk: BlockPlan, i: int, generator) -> torch.Tensor:
+    """Dream's `origin` at step `i` of `blk`: which of the block's masked positions it reveals `[B, n]` bool,
+    each with probability 1 - s/t; drawn before the step's noise (Dream's order)."""
+    u = torch.rand((masked.shape[0], blk.hi - blk.lo), generator=generator, device=masked.device, dtype=torch.float64)
+    return masked[:, blk.lo:blk.hi] & (u < reveal_probability(blk.timesteps, i))
+
+
 def choose(logits, masked, k: int | None, reveal, settings: SampleConfig, remasking: str, mask_id: int,
            model_dtype, generator):
     """The step's predictions `x0 [B, n]` and which masked positions it commits `pick [B, n]` bool
@@ -128,6 +142,17 @@ def choose(logits, masked, k: int | None, reveal, settings: SampleConfig, remask
     if reveal is not None:
         return x0, reveal
     return x0, select(conf, masked, k, settings.threshold, settings.alg_temp, generator)
+
+
+def choose_next(logits, settings: SampleConfig, model_dtype, generator) -> torch.Tensor:
+    """An autoregressive step's next token `[B]` from the last position's logits `[B, V]`: Dream's top-p/top-k
+    filters on the tempered distribution, then argmax (temperature 0) or LLaDA's Gumbel sample."""
+    temperature, top_p, top_k = settings.temperature, settings.top_p, settings.top_k
+    logits = logits.to(torch.promote_types(model_dtype, torch.float32))
+    if top_p is not None or top_k is not None:
+        keep = filter_logits(logits / temperature if temperature else logits, top_p, top_k) > float("-inf")
+        logits = logits.masked_fill(~keep, float("-inf"))
+    return add_gumbel_noise(logits, temperature, generator).argmax(-1)
 
 
 def commit(x, masked, blk: BlockPlan, x0, pick) -> None:

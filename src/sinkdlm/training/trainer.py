@@ -6,6 +6,10 @@ Exact resume is by construction: the batch of step s comes from `(seed, s)` only
 and drawn for the *global* batch (so 1 process and N data-parallel ranks see the same noise per
 sequence), and the optimiser moments are restored bit for bit from safetensors. The learning rate
 is a pure function of the step.
+
+Its shape: `open_run` opens everything once (resume point, tokenizer, model, data, optimizer) into a
+`TrainRun`, and `_train` is the loop alone over `_optimizer_step`, `_Progress` (bar, rows, metrics.jsonl)
+and `_save`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -307,7 +311,7 @@ class MetricsLog:
             self.writer.close()
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- train
 def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
           resume_command: str | None = None, stop_at: int | None = None,
           probe: tuple[int, Callable[[DiffusionLM, int], None]] | None = None) -> dict[str, Any]:
@@ -335,9 +339,30 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
         return _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps, probe)
 
 
-def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, on_step,
-           resume_command, stop_at: int, probe=None) -> dict[str, Any]:
-    out = Path(cfg.out)
+# ----------------------------------------------------------------------------- opening a run
+@dataclass
+class TrainRun:
+    """What a run opens once, before its first step (`open_run`); the loop (`_train`) only reads it.
+
+    `model` is the bare DiffusionLM (the optimizer's parameters, the checkpoints, the probe); `wrapped` is
+    what the step runs: the DDP/FSDP wrapper, or the model itself in one process."""
+
+    tokenizer: Any
+    model: DiffusionLM
+    wrapped: torch.nn.Module | None  # set to None before the process group goes (dist_utils.shutdown)
+    optimizer: torch.optim.AdamW
+    train_set: Batches
+    val_set: Batches
+    start: int  # the resumed step (0: a new run): the first step the loop runs
+    per_rank: int  # this rank's rows of a global batch
+    micro: int  # rows of one of its `grad_accum` micro-batches
+    peft_model: Any | None = None  # --trainable lora: its checkpoints hold the adapters alone
+
+
+def open_run(cfg: TrainConfig, env, device: torch.device, run: RunDir) -> TrainRun:
+    """Open what the loop needs, once: the resume point, the tokenizer and model, both data splits, what
+    trains, its placement and wrapping, and the optimizer (restored on resume). Everything that can fail on
+    bad input fails here, before the first step and before `--overwrite` removes anything."""
     if env.is_main:
         ensure_writable_dir(Path(cfg.cache_dir or default_cache_dir()).expanduser(), flag="--cache-dir")
     if cfg.trainable == "lora" and env.world_size > 1:
@@ -350,32 +375,46 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             f"--fsdp --resume: {ckpt} was written without --fsdp (its optimizer state is not sharded); "
             "resume it without --fsdp, or start a new --out"
         )
-
-    # Everything that can fail on bad input happens here, before the first step.
-    preset_vocab = None if cfg.init_from else ModelConfig.from_preset(cfg.preset).vocab_size
-    preset_vocab = cfg.model_overrides.get("vocab_size", preset_vocab)
+    state = opt_state = None
     if ckpt is not None:  # a resumed run keeps the tokenizer it started with
         tokenizer, model, (state, opt_state) = resumed[1]
         check_resume_matches(cfg, state.get("config"), model.config)
-    else:  # rank 0 trains/caches the BPE first; the others then read the cache
-        # --init-from is opened once here and handed to both: a GGUF's header takes seconds to parse.
-        init = open_source(cfg.init_from, flag="init_from") if cfg.init_from is not None else None
-        check_trainable(cfg, init.config if init is not None else ModelConfig.from_preset(cfg.preset))  # no weight read yet
-        if env.is_main:
-            tokenizer = prepare_tokenizer(cfg, preset_vocab, init)
-        dist_utils.barrier(env)
-        if not env.is_main:
-            tokenizer = prepare_tokenizer(cfg, preset_vocab, init)
-        model = build_model(cfg, tokenizer, init)
+    else:
+        tokenizer, model = _new_model(cfg, env)
     max_len = model.config.max_content_length
+    train_set, val_set = _main_first(env, lambda: (load_batches(cfg, tokenizer, max_len, "train"),
+                                                   load_batches(cfg, tokenizer, max_len, "validation")))
+    _check_batches(cfg, env, train_set, val_set)
+    per_rank = cfg.batch_size // env.world_size
+    peft_model, wrapped, optimizer, start = _ready_to_train(cfg, env, device, model, ckpt, state, opt_state)
+    return TrainRun(tokenizer, model, wrapped, optimizer, train_set, val_set, start, per_rank,
+                    per_rank // cfg.grad_accum, peft_model)
+
+
+def _main_first(env, load: Callable[[], Any]) -> Any:
+    """`load()` on rank 0 first, then on the others: rank 0 trains and caches (the BPE, the packed corpus),
+    the others then read its cache instead of building it again side by side."""
     if env.is_main:
-        train_set = load_batches(cfg, tokenizer, max_len, "train")
-        val_set = load_batches(cfg, tokenizer, max_len, "validation")
+        loaded = load()
     dist_utils.barrier(env)
     if not env.is_main:
-        train_set = load_batches(cfg, tokenizer, max_len, "train")
-        val_set = load_batches(cfg, tokenizer, max_len, "validation")
-    per_rank = cfg.batch_size // env.world_size
+        loaded = load()
+    return loaded
+
+
+def _new_model(cfg: TrainConfig, env) -> tuple[Any, DiffusionLM]:
+    """(tokenizer, model) of a run that starts at step 0 (`prepare_tokenizer`, `build_model`)."""
+    preset_vocab = None if cfg.init_from else ModelConfig.from_preset(cfg.preset).vocab_size
+    preset_vocab = cfg.model_overrides.get("vocab_size", preset_vocab)
+    # --init-from is opened once here and handed to both: a GGUF's header takes seconds to parse.
+    init = open_source(cfg.init_from, flag="init_from") if cfg.init_from is not None else None
+    check_trainable(cfg, init.config if init is not None else ModelConfig.from_preset(cfg.preset))  # no weight read yet
+    tokenizer = _main_first(env, lambda: prepare_tokenizer(cfg, preset_vocab, init))
+    return tokenizer, build_model(cfg, tokenizer, init)
+
+
+def _check_batches(cfg: TrainConfig, env, train_set: Batches, val_set: Batches) -> None:
+    """Every rank gets whole micro-batches of training rows and at least one validation row."""
     if cfg.batch_size % (env.world_size * cfg.grad_accum):
         raise ValueError(
             f"--batch-size {cfg.batch_size} must divide by world size {env.world_size} x --grad-accum {cfg.grad_accum}"
@@ -390,8 +429,12 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             f"the validation split has {len(val_set)} sequences, fewer than the {env.world_size} processes that "
             "each score a share of it; use more data (--max-tokens) or fewer processes"
         )
-    micro = per_rank // cfg.grad_accum
 
+
+def _ready_to_train(cfg: TrainConfig, env, device: torch.device, model: DiffusionLM, ckpt: Path | None,
+                    state: dict | None, opt_state: dict | None):
+    """What trains, on `device`, wrapped for data parallelism, and its optimizer restored on resume:
+    (peft model or None, wrapped model, optimizer, start step)."""
     # what trains (training/trainable.py); a resumed lora run loads its adapters onto the rebuilt base
     peft_model = apply_trainable(model, cfg, adapter=ckpt if ckpt is not None and cfg.trainable == "lora" else None)
     model.to(device).train()
@@ -407,109 +450,168 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
         start = int(state["step"])
     if not cfg.fsdp:  # DDP broadcasts rank 0's (resumed) weights when it wraps
         wrapped = dist_utils.wrap(model, env)
+    return peft_model, wrapped, optimizer, start
 
+
+# ----------------------------------------------------------------------------- the loop
+def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, on_step,
+           resume_command, stop_at: int, probe=None) -> dict[str, Any]:
+    """`open_run`, then steps `start .. stop_at`: each an optimizer step, its metrics row, and a checkpoint
+    every `save_every` steps, at `stop_at` and on a signal (then `TrainingStopped`)."""
+    out = Path(cfg.out)
+    tr = open_run(cfg, env, device, run)
     run.remove_previous_run()  # --overwrite: only now that every input check has passed
     if env.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / CONFIG_NAME, {**cfg.to_dict(), "model": model.config.to_dict(), "world_size": env.world_size})
-    log = MetricsLog(out, start, env.is_main, cfg.tensorboard)
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    bar = tqdm(total=cfg.max_steps, initial=start, disable=not (env.is_main and sys.stderr.isatty()), unit="step", dynamic_ncols=True)
-    last_time, last_step, last = time.perf_counter(), start, {}
-    began = last_time  # for the ETA
-    grad_norm_max = None
-    if env.is_main:  # the first step of a 135M model takes seconds on a CPU: say what is coming
-        print(f"[sinkdlm] training steps {start + 1}-{cfg.max_steps}: {cfg.batch_size} sequences x {cfg.seq_len} "
-              f"tokens a step on {device}; progress (loss, tokens/s, ETA) from step {start + 1} on",
-              flush=True)
+        atomic_write_json(out / CONFIG_NAME,
+                          {**cfg.to_dict(), "model": tr.model.config.to_dict(), "world_size": env.world_size})
+    meter = _Progress(cfg, env, device, tr.start)
     stop.arm()  # from here on, SIGINT/SIGTERM finish the step and save (before: they stop at once)
-    for step in range(start, stop_at):
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        indices = batch_for_step(step, len(train_set), cfg.batch_size, cfg.seed)  # global batch, [B]
-        t_all, u_all = global_noise(cfg, step, cfg.batch_size, cfg.seq_len)
-        content_mask = None
-        if cfg.attention_anneal_steps and step < cfg.attention_anneal_steps:
-            content_mask = annealed_mask(cfg.seq_len, step / cfg.attention_anneal_steps, device)
-        loss_sum = 0.0
-        for m in range(cfg.grad_accum):
-            lo = env.rank * per_rank + m * micro
-            sl = slice(lo, lo + micro)
-            x0, pm = train_set.get(indices[sl])
-            sync = m == cfg.grad_accum - 1
-            with (nullcontext() if sync else dist_utils.no_sync(wrapped)), bf16_autocast(cfg.bf16, device):
-                # host tensors: the loss plans the masked positions on the host and moves only what
-                # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
-                out_loss = diffusion_loss(
-                    wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl]), mask_id=model.config.mask_token_id, prompt_mask=pm,
-                    shift_logits=model.config.shift_logits, attention_mask=content_mask,
-                )
-                (out_loss.loss / cfg.grad_accum).backward()
-            loss_sum += out_loss.loss.detach()
-        # Tensors until a row is logged: no host sync per step on CUDA (FSDP's norm is a DTensor).
-        grad_norm = dist_utils.full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-        # The largest pre-clip norm since the last logged row: a spike between log steps is not lost
-        # (issue 30); a tensor until logged, so no host sync per step.
-        grad_norm_max = grad_norm.detach().clone() if grad_norm_max is None else torch.maximum(grad_norm_max, grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss = dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env)
+    for step in range(tr.start, stop_at):
+        loss, lr, grad_norm = _optimizer_step(cfg, env, device, tr, step)
         done = step + 1
-        bar.update(1)
+        meter.stepped(grad_norm)
         if probe is not None and done % probe[0] == 0:
-            t_probe = time.perf_counter()
-            probe[1](model, done)
-            last_time += time.perf_counter() - t_probe  # the probe is not training time
-        row = None
-        if done % cfg.log_every == 0 or done % cfg.eval_every == 0 or done == cfg.max_steps:
-            now = time.perf_counter()
-            rate = tokens_per_step * (done - last_step) / max(now - last_time, 1e-9)
-            last_time, last_step = now, done
-            row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm),
-                   "grad_norm_max": float(grad_norm_max)}
-            grad_norm_max = None
+            with meter.paused():  # the probe is not training time
+                probe[1](tr.model, done)
+        row = meter.row(done, loss, lr, grad_norm)
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
-            row["val_loss"] = evaluate(model, val_set, cfg, device, env)  # every rank: its share
-        first = done == start + 1  # shown at once, not after --log-every steps of silence
-        if row is not None or first:
-            now = time.perf_counter()
-            shown = row or {"step": done, "loss": float(loss), "lr": lr,
-                            "tokens_per_s": tokens_per_step / max(now - began, 1e-9)}
-            eta = (now - began) / (done - start) * (cfg.max_steps - done)
-            bar.set_postfix(loss=f"{shown['loss']:.3f}", tok_s=f"{shown['tokens_per_s']:.0f}")
-            if env.is_main and bar.disable:  # no terminal (CI, logs): plain lines instead of a bar
-                print(_format_row(shown, cfg.max_steps, eta), flush=True)
-        if row is not None:
-            last = row
-            log.log(row)
+            row["val_loss"] = evaluate(tr.model, tr.val_set, cfg, device, env)  # every rank: its share
+        meter.report(done, row, loss, lr)
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
         signum = stop.requested()  # every rank agrees on it (DDP/FSDP), so all save and stop together
         if done % cfg.save_every == 0 or done in (stop_at, cfg.max_steps) or signum:
-            if cfg.fsdp:  # collective: every rank writes its shards
-                save_sharded_checkpoint(
-                    out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, env, tokenizer=tokenizer,
-                    keep_last=cfg.keep_last,
-                )
-            elif env.is_main:
-                save_training_checkpoint(
-                    out, done, model, optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
-                    keep_last=cfg.keep_last, write_model=None if peft_model is None else (lambda d: save_adapter(peft_model, d)),
-                )
-            dist_utils.barrier(env)
+            _save(cfg, env, out, done, tr, row)
         if signum and done < cfg.max_steps:
-            bar.close()
-            log.close()
-            del wrapped  # before the process group: see dist_utils.shutdown
-            dist_utils.shutdown(env)
+            _close(env, tr, meter)
             raise run.stopped(done, cfg.max_steps, signum, resume_command)
-    bar.close()
-    log.close()
     final = latest_checkpoint(out)
-    del wrapped  # before the process group: see dist_utils.shutdown
+    _close(env, tr, meter)
+    return {"out": str(out), "checkpoint": str(final) if final else None, "last": meter.last, "steps": cfg.max_steps}
+
+
+def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, step: int):
+    """One optimizer step on the global batch of `step` (eq. 4's loss over `grad_accum` micro-batches of this
+    rank's rows): (mean loss, lr, pre-clip gradient norm), the two tensors left on the device (no host sync)."""
+    lr = lr_at(step, cfg)
+    for group in tr.optimizer.param_groups:
+        group["lr"] = lr
+    indices = batch_for_step(step, len(tr.train_set), cfg.batch_size, cfg.seed)  # global batch, [B]
+    t_all, u_all = global_noise(cfg, step, cfg.batch_size, cfg.seq_len)
+    content_mask = None
+    if cfg.attention_anneal_steps and step < cfg.attention_anneal_steps:
+        content_mask = annealed_mask(cfg.seq_len, step / cfg.attention_anneal_steps, device)
+    mask_id, shift_logits = tr.model.config.mask_token_id, tr.model.config.shift_logits
+    loss_sum = 0.0
+    for m in range(cfg.grad_accum):
+        lo = env.rank * tr.per_rank + m * tr.micro
+        sl = slice(lo, lo + tr.micro)
+        x0, pm = tr.train_set.get(indices[sl])
+        sync = m == cfg.grad_accum - 1
+        with (nullcontext() if sync else dist_utils.no_sync(tr.wrapped)), bf16_autocast(cfg.bf16, device):
+            # host tensors: the loss plans the masked positions on the host and moves only what
+            # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
+            out_loss = diffusion_loss(
+                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl]), mask_id=mask_id, prompt_mask=pm,
+                shift_logits=shift_logits, attention_mask=content_mask,
+            )
+            (out_loss.loss / cfg.grad_accum).backward()
+        loss_sum += out_loss.loss.detach()
+    # Tensors until a row is logged: no host sync per step on CUDA (FSDP's norm is a DTensor).
+    grad_norm = dist_utils.full_value(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.grad_clip))
+    tr.optimizer.step()
+    tr.optimizer.zero_grad(set_to_none=True)
+    return dist_utils.mean_across_ranks(loss_sum / cfg.grad_accum, env), lr, grad_norm
+
+
+def _save(cfg: TrainConfig, env, out: Path, done: int, tr: TrainRun, row: dict | None) -> None:
+    """Checkpoint `done`: under FSDP every rank writes its shards (collective), else rank 0 the whole run
+    (or, for lora, the adapters alone)."""
+    if cfg.fsdp:
+        save_sharded_checkpoint(
+            out, done, tr.model, tr.optimizer, {"config": cfg.to_dict(), "metrics": row}, env, tokenizer=tr.tokenizer,
+            keep_last=cfg.keep_last,
+        )
+    elif env.is_main:
+        peft_model = tr.peft_model
+        write_model = None if peft_model is None else (lambda d: save_adapter(peft_model, d))
+        save_training_checkpoint(
+            out, done, tr.model, tr.optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tr.tokenizer,
+            keep_last=cfg.keep_last, write_model=write_model,
+        )
+    dist_utils.barrier(env)
+
+
+def _close(env, tr: TrainRun, meter: "_Progress") -> None:
+    """The bar and the metrics log closed, then the wrapper dropped before the process group (see
+    dist_utils.shutdown)."""
+    meter.close()
+    tr.wrapped = None
     dist_utils.shutdown(env)
-    return {"out": str(out), "checkpoint": str(final) if final else None, "last": last, "steps": cfg.max_steps}
+
+
+class _Progress:
+    """The loop's progress: the bar (plain lines without a terminal), metrics.jsonl, tokens/s and the ETA."""
+
+    def __init__(self, cfg: TrainConfig, env, device: torch.device, start: int):
+        self.cfg, self.start, self.is_main = cfg, start, env.is_main
+        self.log = MetricsLog(Path(cfg.out), start, env.is_main, cfg.tensorboard)
+        self.tokens_per_step = cfg.batch_size * cfg.seq_len
+        self.bar = tqdm(total=cfg.max_steps, initial=start, disable=not (env.is_main and sys.stderr.isatty()),
+                        unit="step", dynamic_ncols=True)
+        self.last_time, self.last_step, self.last = time.perf_counter(), start, {}
+        self.began = self.last_time  # for the ETA
+        self.grad_norm_max = None
+        if env.is_main:  # the first step of a 135M model takes seconds on a CPU: say what is coming
+            print(f"[sinkdlm] training steps {start + 1}-{cfg.max_steps}: {cfg.batch_size} sequences x {cfg.seq_len} "
+                  f"tokens a step on {device}; progress (loss, tokens/s, ETA) from step {start + 1} on",
+                  flush=True)
+
+    def stepped(self, grad_norm: torch.Tensor) -> None:
+        # The largest pre-clip norm since the last logged row: a spike between log steps is not lost
+        # (issue 30); a tensor until logged, so no host sync per step.
+        self.grad_norm_max = (grad_norm.detach().clone() if self.grad_norm_max is None
+                              else torch.maximum(self.grad_norm_max, grad_norm))
+        self.bar.update(1)
+
+    @contextmanager
+    def paused(self):
+        """Time spent inside is left out of the next row's tokens/s."""
+        t0 = time.perf_counter()
+        yield
+        self.last_time += time.perf_counter() - t0
+
+    def row(self, done: int, loss, lr: float, grad_norm) -> dict | None:
+        """The metrics row of a log or eval step (or the last); None on the other steps."""
+        cfg = self.cfg
+        if not (done % cfg.log_every == 0 or done % cfg.eval_every == 0 or done == cfg.max_steps):
+            return None
+        now = time.perf_counter()
+        rate = self.tokens_per_step * (done - self.last_step) / max(now - self.last_time, 1e-9)
+        self.last_time, self.last_step = now, done
+        row = {"step": done, "loss": float(loss), "lr": lr, "tokens_per_s": rate, "grad_norm": float(grad_norm),
+               "grad_norm_max": float(self.grad_norm_max)}
+        self.grad_norm_max = None
+        return row
+
+    def report(self, done: int, row: dict | None, loss, lr: float) -> None:
+        """Show the row (and the first step at once, not after --log-every steps of silence); log the row."""
+        if row is not None or done == self.start + 1:
+            now = time.perf_counter()
+            shown = row or {"step": done, "loss": float(loss), "lr": lr,
+                            "tokens_per_s": self.tokens_per_step / max(now - self.began, 1e-9)}
+            eta = (now - self.began) / (done - self.start) * (self.cfg.max_steps - done)
+            self.bar.set_postfix(loss=f"{shown['loss']:.3f}", tok_s=f"{shown['tokens_per_s']:.0f}")
+            if self.is_main and self.bar.disable:  # no terminal (CI, logs): plain lines instead of a bar
+                print(_format_row(shown, self.cfg.max_steps, eta), flush=True)
+        if row is not None:
+            self.last = row
+            self.log.log(row)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.log.close()
 
 
 def _format_row(row: dict, max_steps: int, eta_s: float) -> str:
