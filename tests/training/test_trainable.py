@@ -7,6 +7,8 @@ peft model's logits; the resumed runs against an uninterrupted one (bitwise, fp3
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -112,6 +114,23 @@ def test_exact_resume_is_bitwise_with_frozen_weights_and_adapters(tmp_path, corp
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), name
 
 
+def test_merge_at_the_end_writes_what_sinkdlm_merge_writes(tmp_path, corpus, start):
+    """`--merge`: the last step's adapters folded in, at OUT/merged, once; --overwrite removes it with the run."""
+    cfg = from_start(tmp_path, corpus, start, trainable="lora", lora_rank=4, merge=True)
+    summary = train(cfg)
+    merged = Path(summary["merged"])
+    assert merged == Path(cfg.out) / "merged"
+    want = merge_adapter(summary["checkpoint"], tmp_path / "by-hand").state_dict()
+    got = DiffusionLM.from_pretrained(merged).state_dict()  # a plain checkpoint
+    # exact: the same merge (the same kernels on the same shapes) of the same step's adapters
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    stamp = (merged / "model.safetensors").stat().st_mtime_ns
+    again = train(dataclasses.replace(cfg, resume=True))  # finished: nothing trains, nothing merges again
+    assert again["merged"] == str(merged) and (merged / "model.safetensors").stat().st_mtime_ns == stamp
+    train(dataclasses.replace(cfg, overwrite=True, max_steps=2, merge=False))
+    assert not merged.exists()  # the trainer's own output, replaced with the run
+
+
 @pytest.mark.parametrize("change,match", [
     (dict(trainable="sink", num_sink_tokens=0), "this model has none and the run adds none"),
     (dict(trainable="lora", lora_rank=0), "lora_rank must be a positive integer"),
@@ -119,6 +138,7 @@ def test_exact_resume_is_bitwise_with_frozen_weights_and_adapters(tmp_path, corp
     (dict(trainable="lora", lora_targets="q_proj,attention"), "lora_targets must name some of"),
     (dict(trainable="lora", fsdp=True), "not supported with --fsdp"),
     (dict(trainable="some"), "trainable must be one of all, sink, lora"),
+    (dict(merge=True), "merge=True folds LoRA adapters in: it needs trainable='lora'"),
 ])
 def test_bad_input_is_one_line_before_any_work(tmp_path, corpus, change, match):
     with pytest.raises(ValueError, match=match) as e:

@@ -99,6 +99,8 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
     """LoRA alpha: the update is (alpha / r) B A (--trainable lora)."""
     lora_targets: str = "attn,mlp"
     """Projections of every block that get LoRA adapters (--trainable lora), comma-separated: attn (q/k/v/o_proj), mlp (gate/up/down_proj) or single ones, e.g. q_proj,v_proj."""
+    merge: bool = False
+    """After the last step of a --trainable lora run, also write OUT/merged: a plain sinkdlm checkpoint with the adapters folded in (as `sinkdlm merge`), which generate, analyze, eval and lm-eval open."""
     # ---- bookkeeping
     seed: int = 0
     """Random seed (initialisation, data order, masking)."""
@@ -197,6 +199,9 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         unknown = sorted(set(targets) - set(LORA_TARGETS))
         if not targets or unknown:
             raise ValueError(f"lora_targets must name some of {', '.join(LORA_TARGETS)}, got {self.lora_targets!r}")
+        if self.merge and self.trainable != "lora":
+            raise ValueError(f"merge=True folds LoRA adapters in: it needs trainable='lora' (a {self.trainable!r} run's "
+                             "checkpoints are plain sinkdlm checkpoints already)")
         if self.trainable == "all":
             return
         if self.fsdp:

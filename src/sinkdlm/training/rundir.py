@@ -50,6 +50,8 @@ LOCK_NAME = ".train.lock"
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "train_config.json"
 RUN_FILES = (CONFIG_NAME, METRICS_NAME)  # plain files the trainer writes in OUT
+MERGED_DIR = "merged"  # --merge: the last step with its LoRA adapters folded in (trainer.merged_checkpoint)
+MERGED_MARK = Path(MERGED_DIR) / "merged_from.json"  # written last: the directory is whole
 
 
 def read_metrics(out: str | Path, name: str = METRICS_NAME) -> list[dict[str, Any]]:
@@ -260,6 +262,8 @@ class RunDir:
             found.append("checkpoints/")
         if (self.out / "tensorboard").is_dir():
             found.append("tensorboard/")
+        if (self.out / MERGED_MARK).is_file():
+            found.append("merged/")
         return found
 
     def _refusal(self) -> str | None:
@@ -300,6 +304,9 @@ class RunDir:
         if ckpts:
             removed.append(f"{len(ckpts)} checkpoint(s)")
         _rmdir_if_empty(self.ckpt_root)
+        if (self.out / MERGED_MARK).is_file():  # --merge's checkpoint (trainer.merged_checkpoint), nothing else
+            shutil.rmtree(self.out / MERGED_DIR)
+            removed.append("merged/")
         tb = self.out / "tensorboard"
         if tb.is_dir():
             events = list(tb.glob("events.out.tfevents.*"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -54,7 +55,7 @@ from sinkdlm.training.cpu import flush_denormals
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.config.train import TrainConfig
-from sinkdlm.training.rundir import CONFIG_NAME, METRICS_NAME, RunDir, StopRequest, check_resume_matches
+from sinkdlm.training.rundir import CONFIG_NAME, MERGED_DIR, MERGED_MARK, METRICS_NAME, RunDir, StopRequest, check_resume_matches
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
 from sinkdlm.training.trainable import apply_trainable, check_adapter_fits, check_trainable, is_adapter_checkpoint, save_adapter
 from sinkdlm.model.loader import resolve_device
@@ -336,7 +337,25 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
     if cfg.compile:
         dist_utils.check_compile(cfg.compile_backend, device)
     with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
-        return _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps, probe)
+        summary = _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps, probe)
+    if cfg.merge and summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step-{cfg.max_steps}":
+        summary["merged"] = str(merged_checkpoint(cfg, summary["checkpoint"]))
+    return summary
+
+
+def merged_checkpoint(cfg: TrainConfig, checkpoint: str | Path) -> Path:
+    """OUT/merged for `cfg.merge`: the last checkpoint's LoRA adapters folded in (`training.merge`), written once;
+    a resumed run that already merged its last step finds it there."""
+    from sinkdlm.training.merge import merge_adapter
+
+    target, done = Path(cfg.out) / MERGED_DIR, Path(cfg.out) / MERGED_MARK
+    if done.is_file() and json.loads(done.read_text()).get("checkpoint") == Path(checkpoint).name:
+        return target
+    shutil.rmtree(target, ignore_errors=True)  # a merge cut short, or one of an earlier last step
+    print(f"[sinkdlm] merging the adapters of {checkpoint} into {target} (--merge)", flush=True)
+    merge_adapter(checkpoint, target)
+    atomic_write_json(done, {"checkpoint": Path(checkpoint).name})
+    return target
 
 
 # ----------------------------------------------------------------------------- opening a run
