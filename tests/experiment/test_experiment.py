@@ -664,3 +664,39 @@ def test_smoke_report_renders_the_escape_endpoint_and_regenerates_it_from_result
     assert [[r["escape"] for r in v["seeds"].values()] for v in again["variants"].values()] == \
         json.loads(json.dumps([[r["escape"] for r in v["seeds"].values()] for v in results["variants"].values()]))
     assert "## Escape from the unigram plateau" in (tmp_path / "report.md").read_text()
+
+
+def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
+    """A sink added after pretraining (issue 52), the `late-sink` preset's path at micro size: the base is trained
+    once (OUT/base), every arm starts from it (converted per arm, arms with the same switches sharing one
+    step-0 control), the sink-only arm leaves every base weight bitwise as it was, and the LoRA arms are scored
+    on their merged checkpoints."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from sinkdlm.config import EvalConfig
+    from sinkdlm.experiment import presets
+
+    pytest.importorskip("peft")
+    smoke = presets.smoke()
+    micro = dataclasses.replace(
+        presets.late_sink(), name="late-micro", seeds=(0,),
+        train=dataclasses.replace(smoke.train, max_steps=2, eval_every=2, save_every=2, lr=1e-2),
+        evaluation=EvalConfig(tasks="shakespeare_cloze", limit=2, mc_num=2), analysis=smoke.analysis,
+        validation=presets.Validation(tokens=64, draws=2, batch_size=16),
+        base=presets.Base(dataclasses.replace(smoke.train, max_steps=3, seed=7)))
+    monkeypatch.setitem(presets.PRESETS, "late-micro", lambda: micro)
+    monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "late"
+    results = run_experiment(ExperimentConfig(preset="late-micro", out=str(out)), skip_analysis=True)
+    assert json.loads((out / "base" / "DONE.json").read_text())["steps"] == 3
+    assert sorted(p.name for p in (out / "step0").iterdir()) == ["all", "sink-only-s0"]  # 5 arms, 2 conversions
+    base = load_file(str(next((out / "base" / "checkpoints").glob("step-3")) / "model.safetensors"))
+    sink_only = load_file(str(out / "runs" / "sink-only-s0" / "train" / "checkpoints" / "step-2" / "model.safetensors"))
+    assert set(sink_only) - set(base) == {"sink_embeddings"}
+    assert all(torch.equal(sink_only[k], base[k]) for k in base)  # frozen: bitwise the base's
+    for arm in ("lora", "lora-sink"):
+        assert (out / "runs" / f"{arm}-s0" / "train" / "merged" / "model.safetensors").is_file()
+    for arm in ("all", "sink-only", "lora", "lora-sink", "sink-all"):
+        assert math.isfinite(results["variants"][arm]["seeds"]["0"]["val_loss"]), arm

@@ -50,7 +50,12 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
         from sinkdlm.checkpoint.manager import open_source
 
         source = open_source(init_from, flag="init_from")  # a missing or unreadable model: one line, now
-        if not source.is_autoregressive and source.fmt != "sinkdlm":
+        if preset.base is not None:  # a sink added after pretraining: the user's DLM stands for the base
+            if source.is_autoregressive:
+                raise ValueError(f"--init-from {init_from} is an autoregressive model; preset {preset.name!r} continues "
+                                 "a diffusion LM (sinkdlm, LLaDA or Dream): convert it first (`sinkdlm convert`), or "
+                                 "leave --init-from out to train the preset's own base")
+        elif not source.is_autoregressive and source.fmt != "sinkdlm":
             raise ValueError(f"--init-from {init_from} is a {source.fmt!r} diffusion model; expected an "
                              "autoregressive Qwen2/LLaMA checkpoint (a directory or a .gguf)")
     if "data" in preset.needs:

@@ -201,14 +201,20 @@ def analyse_checkpoint(ckpt: str, adir: Path, label: str, preset: ExperimentPres
 
 
 def convert_for_variant(init_from: str, variant: Variant, out: Path, seed: int) -> str:
-    """AR checkpoint -> the converted checkpoint of a variant and seed (`step0_name`: one per seed when the
-    conversion draws new parameters from the seed)."""
-    from sinkdlm.model.hf import convert_hf_checkpoint
+    """AR checkpoint (or a DLM, which gains the variant's switches) -> the converted checkpoint of a variant and
+    seed (`step0_name`: one per seed when the conversion draws new parameters from the seed). A DLM that has
+    the variant's switches already is its own conversion (the arm that adds nothing to the base)."""
+    from sinkdlm.checkpoint.manager import open_source
+    from sinkdlm.model.hf import convert_hf_checkpoint, switches_to_add
 
     target = out / "converted" / step0_name(variant, seed)
-    if not (target / "config.json").is_file():
-        convert_hf_checkpoint(init_from, target, seed=seed if draws_at_conversion(variant) else 0,
-                              **variant.switches)  # unset switches: registry defaults
+    if (target / "config.json").is_file():
+        return str(target)
+    source = open_source(init_from, flag="init_from")
+    if not source.config.causal and not switches_to_add(source, variant.switches):
+        return str(init_from)
+    convert_hf_checkpoint(source, target, seed=seed if draws_at_conversion(variant) else 0,
+                          **variant.switches)  # unset switches: registry defaults
     return str(target)
 
 

@@ -122,7 +122,7 @@ def tokenizer_with_mask(src: str | Path | ModelSource):
 
 
 def convert_hf_checkpoint(
-    src: str | Path,
+    src: str | Path | ModelSource,
     out: str | Path,
     *,
     seed: int = 0,
@@ -205,18 +205,8 @@ def convert_dlm_model(src: str | Path | ModelSource, *, seed: int = 0, shift_log
 
     source = open_source(src, flag="--from-hf")
     assert not source.config.causal, "causal LMs go through convert_hf_model"
-    check_model_switches(switches)
-    have = switch_values(source.config)
-    wanted = dict(have)
-    for name, value in {**MODEL_SWITCH_DEFAULTS, **switches}.items():
-        if value == MODEL_SWITCH_DEFAULTS[name] or value == have[name]:
-            continue  # at its default: the model's own value stands
-        fixed = have[name] != MODEL_SWITCH_DEFAULTS[name] or (name in _SINK_SHAPE and have["num_sink_tokens"] > 0)
-        if fixed:
-            raise ValueError(f"--from-hf {source.path} already has {name}={have[name]!r}; conversion adds "
-                             f"switches to a diffusion LM and changes none it has (asked for {value!r})")
-        wanted[name] = value
-    added = {k: v for k, v in wanted.items() if v != have[k]}
+    added = switches_to_add(source, switches)
+    wanted = {**switch_values(source.config), **added}
     if not added:
         raise ValueError(f"--from-hf {source.path} is a diffusion LM that has these switches already; give the "
                          f"ones to add, e.g. --num-sink-tokens 1")
@@ -230,6 +220,23 @@ def convert_dlm_model(src: str | Path | ModelSource, *, seed: int = 0, shift_log
     tensors = read_tensors(source)
     _draw_switch_parameters(tensors, config, tensors["embed_tokens.weight"], seed, added)
     return _assemble(config, tensors, source), tokenizer
+
+
+def switches_to_add(source: ModelSource, switches: dict[str, Any]) -> dict[str, Any]:
+    """What converting the diffusion LM `source` with `switches` adds: {name: value} (empty: it has them all). A
+    switch at its default keeps the model's value; one the model has set to another value is refused."""
+    check_model_switches(switches)
+    have = switch_values(source.config)
+    added = {}
+    for name, value in {**MODEL_SWITCH_DEFAULTS, **switches}.items():
+        if value == MODEL_SWITCH_DEFAULTS[name] or value == have[name]:
+            continue  # at its default: the model's own value stands
+        fixed = have[name] != MODEL_SWITCH_DEFAULTS[name] or (name in _SINK_SHAPE and have["num_sink_tokens"] > 0)
+        if fixed:
+            raise ValueError(f"--from-hf {source.path} already has {name}={have[name]!r}; conversion adds "
+                             f"switches to a diffusion LM and changes none it has (asked for {value!r})")
+        added[name] = value
+    return added
 
 
 def _source_type(source: ModelSource) -> str:

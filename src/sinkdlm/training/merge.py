@@ -1,7 +1,7 @@
 """`sinkdlm merge`: a `--trainable lora` checkpoint folded into a plain sinkdlm checkpoint (issue 52).
 
 The base is the model the run trained on: rebuilt from the checkpoint's own training config, as the run
-built it (`trainer.build_model`, the same seed drawing the same initialisation), or `--base`, any DLM
+built it (`model_init.build_model`, the same seed drawing the same initialisation), or `--base`, any DLM
 whose shapes fit the adapters (checked on the safetensors headers before a weight is read). peft loads
 the adapters (`PeftModel.from_pretrained`), the trained sink parameters are copied in
 (`training.trainable.load_adapter`), and `merge_and_unload` folds W + (alpha / r) B A into each projection.
@@ -21,6 +21,7 @@ from sinkdlm.data import load_tokenizer
 from sinkdlm.io.files import check_model_path
 from sinkdlm.model import DiffusionLM
 from sinkdlm.training.checkpointing import STATE_NAME
+from sinkdlm.training.model_init import build_model
 from sinkdlm.training.trainable import ADAPTER_CONFIG, check_adapter_fits, is_adapter_checkpoint, load_adapter
 
 
@@ -39,8 +40,6 @@ def merge_adapter(checkpoint: str | Path, out: str | Path, base: str | Path | No
         raise ValueError("merging LoRA adapters needs peft, which is not installed: pip install 'sinkdlm[lora]'")
     tokenizer = load_tokenizer(checkpoint)
     if base is None:
-        from sinkdlm.training.trainer import build_model
-
         state = json.loads((checkpoint / STATE_NAME).read_text())
         model = build_model(TrainConfig.resolve(**state["config"]), tokenizer)
     else:

@@ -12,7 +12,7 @@
   `PeftModel.save_pretrained`, opened by `PeftModel.from_pretrained` on the base) and the trained sink
   parameters beside them (`sink_parameters.safetensors`: peft saves only modules, and the sinks are bare
   parameters). The base is the model the run starts from, rebuilt from the run's config
-  (`trainer.build_model`: the same seed draws the same initialisation); `sinkdlm merge`
+  (`model_init.build_model`: the same seed draws the same initialisation); `sinkdlm merge`
   (`training.merge`) folds adapters and sinks into a plain sinkdlm checkpoint.
 
 Every refusal here comes before a weight is read: `check_trainable` takes the model's config only.

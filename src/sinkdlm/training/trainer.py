@@ -34,7 +34,6 @@ from sinkdlm.data import (
     arithmetic_dataset,
     load_gsm8k_jsonl,
     batch_for_step,
-    check_tokenizer_matches,
     corpus_fingerprint,
     iter_documents,
     load_sft_jsonl,
@@ -59,6 +58,7 @@ from sinkdlm.training.rundir import CONFIG_NAME, MERGED_DIR, MERGED_MARK, METRIC
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
 from sinkdlm.training.trainable import apply_trainable, check_adapter_fits, check_trainable, is_adapter_checkpoint, save_adapter
 from sinkdlm.model.loader import resolve_device
+from sinkdlm.training.model_init import build_model, open_init_source, with_run_settings
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -96,7 +96,7 @@ def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None, init: ModelSourc
     if cfg.tokenizer is not None:
         return load_tokenizer(cfg.tokenizer)
     if cfg.init_from is not None:
-        init = _init_source(cfg, init)
+        init = open_init_source(cfg, init)
         if init.is_autoregressive:  # converted on load: its tokenizer gains [MASK] (docs/method.md §5)
             from sinkdlm.model.hf import tokenizer_with_mask
 
@@ -135,51 +135,6 @@ def _take_chars(texts, limit: int):
             return
         yield t[: limit - total]
         total += len(t)
-
-
-def _init_source(cfg: TrainConfig, init: ModelSource | None) -> ModelSource:
-    """The `--init-from` model, opened here unless the caller already did (a GGUF header takes seconds)."""
-    return init if init is not None else open_source(cfg.init_from, flag="init_from")
-
-
-def build_model(cfg: TrainConfig, tokenizer, init: ModelSource | None = None) -> DiffusionLM:
-    """The model to train. `--init-from` opens any supported checkpoint (sinkdlm, LLaDA, Dream); a
-    Qwen2/LLaMA causal LM is converted to a bidirectional DLM on load with the run's switches, as
-    `sinkdlm convert` would. `--shift-logits/--no-shift-logits` set the model's `shift_logits`
-    (stored in its config.json); unset, the checkpoint's own value stands. `init`: as for
-    `prepare_tokenizer`."""
-    switches = cfg.model_switches()
-    init = _init_source(cfg, init) if cfg.init_from is not None else None
-    if init is not None and init.is_autoregressive:
-        from sinkdlm.model.hf import convert_hf_model
-
-        model, _ = convert_hf_model(init, seed=cfg.seed, **switches)
-    elif init is not None:
-        model = load_checkpoint(init)
-        differ = {k: v for k, v in switches.items() if getattr(model.config, k) != v}
-        if differ:
-            raise ValueError(
-                f"--init-from {cfg.init_from} has {({k: getattr(model.config, k) for k in differ})}, but the run asks "
-                f"for {differ}; add them with `sinkdlm convert --from-hf {cfg.init_from} --out DIR` and those switches "
-                "first, then --init-from DIR"
-            )
-    else:
-        base = ModelConfig.from_preset(cfg.preset)
-        vocab = switches.pop("vocab_size", base.vocab_size if cfg.tokenizer is None else len(tokenizer))
-        config = base.replace(**switches, vocab_size=vocab, mask_token_id=tokenizer.mask_token_id)
-        config.validate()
-        torch.manual_seed(cfg.seed)
-        model = DiffusionLM(config)
-    return _with_run_settings(model, cfg, tokenizer)
-
-
-def _with_run_settings(model: DiffusionLM, cfg: TrainConfig, tokenizer) -> DiffusionLM:
-    """The run's `--shift-logits` override (unset: the model's own) and the tokenizer check, shared by
-    a new run and a resumed one."""
-    if cfg.shift_logits is not None:
-        model.config.shift_logits = bool(cfg.shift_logits)
-    check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
-    return model
 
 
 @dataclass
@@ -653,7 +608,7 @@ def _load_resume_point(ckpt: Path, cfg: TrainConfig):
         model = build_model(cfg, tokenizer)
         check_adapter_fits(model, ckpt)
         return tokenizer, model, load_training_state(ckpt)
-    model = _with_run_settings(load_checkpoint(ckpt), cfg, tokenizer)
+    model = with_run_settings(load_checkpoint(ckpt), cfg, tokenizer)
     if is_sharded(ckpt):
         return tokenizer, model, (json.loads((Path(ckpt) / STATE_NAME).read_text()), None)
     return tokenizer, model, load_training_state(ckpt)
