@@ -216,7 +216,9 @@ class ExperimentPlan:
         return "\n".join([
             f"experiment {p.name!r} -> {self.out}",
             f"runs: {', '.join(x.name for x in p.variants)} x seeds {', '.join(map(str, self.seeds))} x "
-            f"{self.steps:,} steps" + (f", from {self.init_from}" if self.init_from else ""),
+            f"{self.steps:,} steps" + (f", from {self.init_from}" if self.init_from else "")
+            + (f", from a base trained first ({p.base.train.max_steps:,} steps, seed {p.base.train.seed}) into "
+               f"{self.out / 'base'}" if p.base is not None and not self.init_from else ""),
             f"shard: {'; '.join(s for s in shard if s) or 'the whole study'}",
             f"sampler rule: {', '.join(f'{k}={x}' for k, x in self.rule.items()) or 'as the preset sets it'}",
             f"fixed validation: {self.set_sequences} sequences x {v.draws} draws, noise seed {v.noise_seed}"

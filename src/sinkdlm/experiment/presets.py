@@ -15,7 +15,7 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
                    seeds x 6,000 steps probed every 100; ~7-8 min per run on a 2-core CPU (docs/method.md §11).
   * `late-sink`  — a sink added after pretraining (issue 52): one tiny vanilla DLM continued five ways (all
                    weights, + 1 sink sink-only, LoRA, LoRA + 1 sink, + 1 sink all weights), 10 seeds, paired;
-                   ~4.5 h on one CPU thread (docs/method.md §12).
+                   ~4 h on one CPU thread (docs/method.md §12).
   * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
                    the plateau and the paired spread that size `study`.
   * `study-pilot-long` — its second phase at 12,000 steps (the first found no plateau at 4,000).
@@ -423,7 +423,7 @@ def late_sink() -> ExperimentPreset:
     #     from the study's own spread. Fresh seeds 300-309.
     #   * cost: the base ~12 min on one quiet thread (the escape runs' speed); a continuation ~3 min of training
     #     plus ~1 min scoring (fixed validation 32,768 tokens x 8 draws, the three Shakespeare tasks, the
-    #     analysis); 50 runs and 31 step-0 controls: ~4.5 h.
+    #     analysis); 50 runs and 11 step-0 controls (arms with the same switches share one: Variant.step0): ~4 h.
     pilot = study_pilot()
     return ExperimentPreset(
         name="late-sink",
