@@ -60,6 +60,16 @@ def integer_ticks(ax, axis: str = "x") -> None:
     getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
 
 
+def plain_log_ticks(ax, axis: str = "y") -> None:
+    """A log scale whose ticks sit at 1-2-3-5 of every decade, labelled as plain numbers (2, 30, 500): a
+    quantity that spans decades (gradient norms) read without decoding 3x10^0."""
+    getattr(ax, f"set_{axis}scale")("log")
+    scale = getattr(ax, f"{axis}axis")
+    scale.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    scale.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    scale.set_minor_formatter(NullFormatter())
+
+
 def say_empty(ax, text: str = "no sinks detected") -> None:
     """Write `text` in the middle of a panel that has nothing to draw."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="0.35")
@@ -360,11 +370,8 @@ def plot_training_curves(
                     linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seed{'s' if len(series) != 1 else ''}; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
-    if log_y:  # gradient norms span decades: 1-2-3-5 ticks labelled as plain numbers (not only the powers of ten)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+    if log_y:  # gradient norms span decades
+        plain_log_ticks(ax)
     integer_ticks(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

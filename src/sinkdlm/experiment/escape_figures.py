@@ -15,7 +15,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from sinkdlm.analysis.figures import save_figure
+from sinkdlm.analysis.figures import integer_ticks, plain_log_ticks, save_figure
 
 
 def plot_escape_km(results: dict[str, Any], path, *, title: str | None = None) -> Path | None:
@@ -48,6 +48,7 @@ def plot_escape_km(results: dict[str, Any], path, *, title: str | None = None) -
     ax.set_xlim(0, last * 1.02)  # a run censored at the last step keeps its mark in view
     ax.set_xlabel("training step")
     ax.set_ylabel("fraction of runs still on the unigram plateau")
+    integer_ticks(ax)  # steps are integers: no tick between two probes of a short run
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
@@ -115,13 +116,14 @@ def plot_escape_run(record: dict[str, Any], probes: dict[str, Any], metrics: lis
         peak = record.get("grad_norm_peak")
         if peak:
             ax.plot([peak["step"]], [peak["value"]], "v", color="tab:purple", label=f"peak {peak['value']:.3g} at step {peak['step']:,}")
-        ax.set_yscale("log")
+        plain_log_ticks(ax)  # 1-2-3-5 ticks as plain numbers, as the progress page's gradient norms
         ax.margins(y=0.15)  # the peak's marker inside the axes
         ax.legend(fontsize=7, loc="best")  # off the peak's marker
     else:
         ax.text(0.5, 0.5, "no gradient norm in train/metrics.jsonl", transform=ax.transAxes, ha="center")
     ax.set_ylabel("gradient norm")
     ax.set_xlabel("training step")
+    integer_ticks(ax)  # steps are integers: no tick between two probes of a short run
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     for a in axes:
         a.grid(alpha=0.3)
