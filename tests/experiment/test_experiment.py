@@ -700,3 +700,5 @@ def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
         assert (out / "runs" / f"{arm}-s0" / "train" / "merged" / "model.safetensors").is_file()
     for arm in ("all", "sink-only", "lora", "lora-sink", "sink-all"):
         assert math.isfinite(results["variants"][arm]["seeds"]["0"]["val_loss"]), arm
+    assert results["base"]["train"]["seed"] == 7 and results["base"]["checkpoint"].endswith("step-3")
+    assert results["variant_train"]["sink-only"] == {"trainable": "sink"}

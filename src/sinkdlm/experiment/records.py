@@ -56,6 +56,11 @@ def results_header(plan: ExperimentPlan) -> dict[str, Any]:
         "declared": preset.declared(),  # the endpoints fixed before the run (experiment/endpoints.py)
         "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
                              "prompt_length": preset.analysis.prompt_length, "seed": 0},
+        # a sink added after pretraining: the model every arm continued from, and what each arm trained
+        **({"base": {"train": non_default_fields(preset.base.train), "checkpoint": plan.init_from}}
+           if preset.base is not None else {}),
+        **({"variant_train": {v.name: v.train for v in preset.variants if v.train}}
+           if any(v.train for v in preset.variants) else {}),
     }
 
 
