@@ -52,6 +52,7 @@ def _null_results(rng, n_variants=4, seeds=3, items=120) -> dict:
     return _results(variants, list(range(seeds)))
 
 
+@pytest.mark.slow  # ~25 s of simulated reports; make test-slow
 def test_simulated_null_gives_a_bold_verdict_in_at_most_5_percent_of_reports():
     """Four identical variants, every pair compared on 5 varying metrics (30 paired comparisons per
     report) plus a metric that cannot vary: the raw intervals put a direction in most reports, the

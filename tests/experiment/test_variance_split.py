@@ -52,6 +52,7 @@ def test_split_matches_its_formula_written_out():
     assert got["seeds_for_target"] == seeds_for_mde(sd_full, 0.05)
 
 
+@pytest.mark.slow  # ~15 s of simulation; make test-slow
 def test_training_variance_is_recovered_and_the_interval_covers():
     """Over simulated studies the training component is unbiased and the chi-square interval of the
     total variance covers it about 95 % of the time."""
