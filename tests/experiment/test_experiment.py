@@ -505,7 +505,8 @@ def test_smoke_splits_each_val_loss_comparison_from_the_runs_values(smoke):
 
 def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparison(smoke):
     """`progress.md`: one row per run with its steps, the largest pre-clip gradient norm its metrics.jsonl
-    logged, and the fixed-validation sequences scored; the interim comparison of every pair."""
+    logged, the fixed-validation sequences scored and (a declared escape endpoint) its escape step and sink
+    onset; the interim comparison of every pair."""
     out, results = smoke
     text = (out / "progress.md").read_text()
     # Markdown and one figure: the page is committed while a study runs (CONTRIBUTING.md)
@@ -519,7 +520,12 @@ def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparis
             peak = max(r["grad_norm_max"] for r in rows if "grad_norm_max" in r)
             scored = len(json.loads((out / "runs" / f"{name}-s{seed}" / "val.json").read_text())["values"])
             assert f"| {v['label']} | {seed} | 3/3 (done) |" in text
-            assert f"| {peak:,.0f} | {scored}/{scored} |" in text
+            # the declared escape endpoint (smoke declares one): the run's escape step and sink onset, as results.json
+            esc = v["seeds"][str(seed)]["escape"]
+            cell = " ".join((f"> {e['step']:,}" if e["censored"] else f"{e['step']:,}") if i == 0 else
+                            (f"(> {e['step']:,})" if e["censored"] else f"({e['step']:,})")
+                            for i, e in enumerate((esc["escape"], esc["onset"])))
+            assert f"| {peak:,.0f} | {scored}/{scored} | {cell} |" in text
     for a, b in results["comparison_pairs"]:
         assert f"| {results['variants'][a]['label']} − {results['variants'][b]['label']} | 2 |" in text
 

@@ -26,10 +26,11 @@ PROGRESS = "progress"  # the page's stem: progress.md
 
 
 def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[int], max_steps: int,
-                   validation_sequences: int | None = None) -> Path:
+                   validation_sequences: int | None = None, escape=None) -> Path:
     """Write `out/progress.md` (and its one figure, `out/figures/progress_grad_norm.png`): per run, the training steps done, the
     trainer's last losses and its largest pre-clip gradient norm, the fixed-validation sequences scored,
-    and each pair's interim comparison (`interim.json`). `labels`: variant name -> label."""
+    and each pair's interim comparison (`interim.json`). `labels`: variant name -> label. `escape`: the preset's
+    declared escape endpoint (`presets.Escape`): each finished run's escape step and sink onset get a column."""
     from sinkdlm.analysis.figures import plot_training_curves
 
     out = Path(out)
@@ -71,7 +72,8 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                          f"{train_rows[-1]['loss']:.3f}" if train_rows else "–",
                          f"{vals[-1][1]:.3f} (step {vals[-1][0]})" if vals else "–",
                          f"{max(p for _, p in peaks):,.0f}" if peaks else "–",
-                         f"{scored}" + (f"/{validation_sequences}" if validation_sequences else "")])
+                         f"{scored}" + (f"/{validation_sequences}" if validation_sequences else ""),
+                         *([_escape_cell(run, m, escape) if done else "–"] if escape is not None else [])])
     finished = steps_left == 0 and seqs_left <= 0  # every run trained and scored: the verdicts are report.md's
     doc = Document(f"{title}: progress ({'every run measured; the report is report.md' if finished else 'unfinished'})")
     doc.paragraph("What the runs have measured so far, rewritten after every training run and every saved chunk "
@@ -80,7 +82,8 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     doc.paragraph(_remaining(steps_left, step_rates, seqs_left, val_rates))
     doc.heading("Runs")
     doc.table(["variant", "seed", "steps", "last training loss (one batch)", "trainer's validation (its own noise)",
-               "largest pre-clip gradient norm", "fixed-validation sequences scored"], rows)
+               "largest pre-clip gradient norm", "fixed-validation sequences scored",
+               *(["left the plateau at step (sink onset)"] if escape is not None else [])], rows)
     figures = out / "figures"
     if grad_curves:
         path = plot_training_curves(grad_curves, figures / "progress_grad_norm.png",
@@ -115,6 +118,22 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
                         fmt_interval(h["step0_gap"]), fmt_interval(h["training_effect"])] for h in heads])
             doc.paragraph("Δ_train = (a(T) − a(0)) − (b(T) − b(0)): positive when training narrowed a lead a had at step 0.")
     return doc.write_markdown(out, PROGRESS)
+
+
+def _escape_cell(run: Path, metrics: list[dict], escape) -> str:
+    """A finished run's escape step and sink onset under the declared rule (docs/method.md §11): `>` marks a
+    run censored at its last probe (it had not left the plateau, or its sinks had not formed, by then)."""
+    from sinkdlm.experiment.escape import PROBES, escape_record
+
+    probes = run / "escape" / PROBES
+    if not probes.is_file():
+        return "–"
+    record = escape_record(probes, metrics, escape)
+
+    def step(e: dict) -> str:
+        return f"> {e['step']:,}" if e["censored"] else f"{e['step']:,}"
+
+    return f"{step(record['escape'])} ({step(record['onset'])})"
 
 
 def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: list[float]) -> str:

@@ -48,7 +48,7 @@ class Progress:
     def page(self) -> None:
         p = self.plan
         write_progress(p.out, f"sinkdlm experiment `{p.preset.name}`", {v.name: v.label for v in p.study.variants},
-                       p.study_seeds, p.steps, p.set_sequences)
+                       p.study_seeds, p.steps, p.set_sequences, escape=p.preset.escape)
 
     def interim(self) -> None:
         """interim.json (each pair's comparison over the sequences scored so far), its new lines, the page."""
