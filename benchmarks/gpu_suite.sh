@@ -13,6 +13,10 @@
 # file). The results files are also copied into benchmarks/results/, and docs/benchmarks.md is
 # regenerated from them (tools/readme_results.py), naming the card; commit both. Without a CUDA GPU
 # it says so and does nothing (exit 0). PYTHON overrides the interpreter (default .venv/bin/python).
+#
+# Then, in a second call if the loan has 3 minutes left (the suite's limits already fill one 10-minute call):
+#   .venv/bin/python benchmarks/bench_gpu_trainable.py     # one step of a random LLaDA-8B layout, lora and sink
+# which writes benchmarks/results/gpu_trainable.json (peak memory, tokens/s, the memory formula checked); commit it.
 set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_suite.sh OUTDIR}
