@@ -26,14 +26,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_trainable import LLADA_8B, llada_prediction  # noqa: E402  (the formula, one home)
+from bench_trainable import LLADA_8B, llada_prediction, one_step  # noqa: E402  (the formula and the step, one home)
 
 from sinkdlm import DiffusionLM, ModelConfig  # noqa: E402
-from sinkdlm.diffusion.loss import diffusion_loss  # noqa: E402
-from sinkdlm.diffusion.noise import MaskNoise  # noqa: E402
 from sinkdlm.training import TrainConfig  # noqa: E402
 from sinkdlm.training.trainable import apply_trainable  # noqa: E402
-from sinkdlm.training.trainer import build_optimizer, global_noise  # noqa: E402
+from sinkdlm.training.trainer import build_optimizer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("lora", "sink")
@@ -48,18 +46,6 @@ def layout(name: str) -> ModelConfig:
                        num_attention_heads=32, num_key_value_heads=32, intermediate_size=m["intermediate_size"],
                        max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=False,
                        num_sink_tokens=1, mask_token_id=126336)
-
-
-def step(model, opt, tcfg, x0, k):
-    """The trainer's step: eq. 3-4 loss on the global noise of step k, backward, clip, AdamW."""
-    t, u = global_noise(tcfg, k, x0.shape[0], x0.shape[1])
-    loss = diffusion_loss(model, x0, MaskNoise(t=t.to(x0.device), u=u.to(x0.device)),
-                          mask_id=model.config.mask_token_id).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
 
 
 def measure(config: ModelConfig, mode: str, args, device: torch.device) -> dict:
@@ -82,13 +68,13 @@ def measure(config: ModelConfig, mode: str, args, device: torch.device) -> dict:
     x0[x0 == config.mask_token_id] = 0
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    losses = [step(model, opt, tcfg, x0, 0)]  # warm-up: AdamW's state allocated, kernels chosen
+    losses = [float(one_step(model, opt, tcfg, x0, 0))]  # warm-up: AdamW's state allocated, kernels chosen
     times = []
     for k in range(1, args.steps + 1):
         if cuda:
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        losses.append(step(model, opt, tcfg, x0, k))  # float(loss) synchronises
+        losses.append(float(one_step(model, opt, tcfg, x0, k)))  # float() synchronises
         times.append(time.perf_counter() - t0)
     params = {id(p): p for p in model.parameters()}.values()
     row = {"mode": mode, "params": sum(p.numel() for p in params),

@@ -50,8 +50,11 @@ GPUS_GB = (24, 48, 80)
 
 
 def one_step(model, opt, tcfg, x0, step):
+    """The trainer's step: eq. 3-4 loss on the global noise of `step` (drawn on the CPU, moved to x0's device),
+    backward, clip, AdamW."""
     t, u = global_noise(tcfg, step, x0.shape[0], x0.shape[1])
-    loss = diffusion_loss(model, x0, MaskNoise(t=t, u=u), mask_id=model.config.mask_token_id).loss
+    noise = MaskNoise(t=t.to(x0.device), u=u.to(x0.device))
+    loss = diffusion_loss(model, x0, noise, mask_id=model.config.mask_token_id).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

@@ -237,3 +237,5 @@ def test_overwrite_killed_outright_keeps_the_old_directory_and_names_it(tmp_path
     check_out(out, "train", overwrite=True)
     err = capsys.readouterr().err
     assert f"note: {aside} holds what an interrupted --overwrite set aside from --out {out}" in err
+    check_out(out, "train", overwrite=True)  # the command line and the library both check: named once
+    assert "note:" not in capsys.readouterr().err

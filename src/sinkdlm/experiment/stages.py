@@ -19,6 +19,7 @@ stages after these (records, summary, report) are in `experiment/records.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -121,8 +122,6 @@ def train_base(plan: ExperimentPlan, resume_command: str | None) -> ExperimentPl
         log(f"the base model every arm continues from ({base.train.max_steps} steps, seed {base.train.seed}): "
             f"training -> {plan.out / 'base'}")
     summary = train_stage(plan.out / "base", kwargs, resume_command)
-    import dataclasses
-
     return dataclasses.replace(plan, init_from=summary["checkpoint"])
 
 
@@ -281,8 +280,6 @@ def evaluate_run(s: Session, unit: Unit) -> None:
 def _task_scores(s: Session, unit: Unit) -> dict[str, Any]:
     """Every task of the preset: the offline tasks and lm-eval's on the pre-trained model, the arithmetic and
     GSM8K tasks on the fine-tuned one; the preset's evaluation settings, seed 0."""
-    import dataclasses
-
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.evaluation import evaluate
 

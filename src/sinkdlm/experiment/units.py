@@ -11,6 +11,7 @@ decide which of these a model needs and in what order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -204,18 +205,28 @@ def convert_for_variant(init_from: str, variant: Variant, out: Path, seed: int) 
     """AR checkpoint (or a DLM, which gains the variant's switches) -> the converted checkpoint of a variant and
     seed (`step0_name`: one per seed when the conversion draws new parameters from the seed). A DLM that has
     the variant's switches already is its own conversion (the arm that adds nothing to the base)."""
-    from sinkdlm.checkpoint.manager import open_source
-    from sinkdlm.model.hf import convert_hf_checkpoint, switches_to_add
+    from sinkdlm.model.hf import convert_hf_checkpoint
 
     target = out / "converted" / step0_name(variant, seed)
     if (target / "config.json").is_file():
         return str(target)
-    source = open_source(init_from, flag="init_from")
-    if not source.config.causal and not switches_to_add(source, variant.switches):
+    if _adds_nothing(str(init_from), tuple(sorted(variant.switches.items()))):
         return str(init_from)
-    convert_hf_checkpoint(source, target, seed=seed if draws_at_conversion(variant) else 0,
+    convert_hf_checkpoint(init_from, target, seed=seed if draws_at_conversion(variant) else 0,
                           **variant.switches)  # unset switches: registry defaults
     return str(target)
+
+
+@functools.lru_cache(maxsize=None)
+def _adds_nothing(init_from: str, switches: tuple) -> bool:
+    """Whether `init_from` is a DLM that has these switches already (its own conversion). Asked for every arm and
+    seed, twice (control and run), where no converted directory marks the answer: one header read each (a GGUF's
+    takes seconds)."""
+    from sinkdlm.checkpoint.manager import open_source
+    from sinkdlm.model.hf import switches_to_add
+
+    source = open_source(init_from, flag="init_from")
+    return not source.config.causal and not switches_to_add(source, dict(switches))
 
 
 @dataclasses.dataclass

@@ -36,6 +36,7 @@ except ImportError:  # Windows: commands run unlocked
     fcntl = None
 
 IGNORED = {".DS_Store", ".train.lock"}  # what an empty directory may still hold
+_NOTED: set[Path] = set()  # set-aside directories this process has already named (`check_out`)
 
 
 def _json(path: Path) -> dict:
@@ -120,6 +121,9 @@ def check_out(path: str | Path, command: str, *, overwrite: bool = False, resuma
     (eval's scores), not a directory."""
     path = Path(path).expanduser()
     for aside in set_aside(path):  # an earlier --overwrite killed before it could clean up or put it back
+        if aside in _NOTED:  # the command line and the library both check --out: say it once
+            continue
+        _NOTED.add(aside)
         print(f"[sinkdlm] note: {aside} holds what an interrupted --overwrite set aside from {flag} {path}; "
               f"move it back or delete it", file=sys.stderr, flush=True)
     if not is_file and path.exists() and not path.is_dir():
