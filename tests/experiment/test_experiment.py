@@ -712,3 +712,17 @@ def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
         assert math.isfinite(results["variants"][arm]["seeds"]["0"]["val_loss"]), arm
     assert results["base"]["train"]["seed"] == 7 and results["base"]["checkpoint"].endswith("step-3")
     assert results["variant_train"]["sink-only"] == {"trainable": "sink"}
+
+
+def test_late_sink_refuses_an_autoregressive_init_from_in_one_line_before_any_work(tmp_path):
+    """`--init-from` stands for the late-sink base, a diffusion LM: an AR checkpoint is refused before --out is
+    written (convert it first, or leave --init-from out to train the preset's own base)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    ar = tmp_path / "qwen2"
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(ar)
+    out = tmp_path / "late"
+    with pytest.raises(ValueError, match="is an autoregressive model; preset 'late-sink' continues a diffusion LM") as e:
+        run_experiment(ExperimentConfig(preset="late-sink", out=str(out), init_from=str(ar)))
+    assert "\n" not in str(e.value) and not (out / "base").exists() and not (out / "runs").exists()
