@@ -20,7 +20,6 @@ the share of tokens that differ from `cache=None` is reported but says nothing a
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.machine import cpu_name
 
 PROMPT, GEN, BLOCK = 448, 64, 16
 OUT = Path(__file__).resolve().parent / "results" / "bench_cache.json"
@@ -118,7 +118,7 @@ def main() -> None:
     atomic_write_json(out_path, dict(
         prompt_length=PROMPT, gen_length=GEN, block_length=BLOCK, batch=args.batch, threads=args.threads,
         repeats=args.repeats, model=f"{args.preset} preset, 1 sink, random weights (initializer_range 0.5), {args.dtype}",
-        device=(f"CPU ({platform.processor() or platform.machine()})" if device.type == "cpu"
+        device=(f"CPU ({cpu_name()})" if device.type == "cpu"
                 else torch.cuda.get_device_name(device)), torch=torch.__version__, variants=rows,
     ))
     print(f"\nwrote {out_path}")

@@ -38,6 +38,7 @@ from test_sampling import reference_generate  # noqa: E402  (the reference loop 
 
 from sinkdlm import generate  # noqa: E402
 from sinkdlm.io.atomic import atomic_write_json  # noqa: E402
+from sinkdlm.io.machine import cpu_name  # noqa: E402
 from sinkdlm.data.sft import arithmetic_dataset  # noqa: E402
 from sinkdlm.evaluation.predictor import DLMPredictor  # noqa: E402
 from sinkdlm.evaluation.scoring import answer_matches  # noqa: E402
@@ -182,7 +183,7 @@ def main() -> None:
     pred = DLMPredictor(model, tok)
     items = arithmetic_dataset("test", args.problems, seed=0)
     results = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "machine": {"platform": platform.platform(), "processor": cpu_name(),
                     "threads": args.threads, "torch": torch.__version__, "device": "cpu"},
         "model": {"preset": "tiny", "num_sink_tokens": 1, "train_steps": args.train_steps,
                   "train_seconds": summary.get("seconds"), "val_loss": summary["last"].get("val_loss")},

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkdlm import DiffusionLM, ModelConfig
+from sinkdlm.io.machine import cpu_name
 from sinkdlm.model import Probe
 from sinkdlm.model.attention import apply_rope, rope_cos_sin
 
@@ -280,7 +281,7 @@ def main() -> None:
         "description": shapes,
         "environment": {
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "processor": cpu_name(), "cpu_count": os.cpu_count(),
             "load_average": {"start": load_start, "end": load_end},
             "busy_warning": busy,
             "wall_interquartile_ratio_max": spread,

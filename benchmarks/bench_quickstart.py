@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sinkdlm.io.machine import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "bench_quickstart.json"
 
@@ -91,17 +93,10 @@ def attention_summary(out: Path) -> dict | None:
             "sink_token_mass": extra.get("attention_mass")}
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name (/proc/cpuinfo): times differ by vendor and generation (AMX, AVX-512), so they say which."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return None
-
 
 def main() -> int:
     lines = quick_start_block()
-    record = {"benchmark": "bench_quickstart", "cpu": cpu_model(), "cpu_count": os.cpu_count(), "busy_cores_at_start": busy_cores(),
+    record = {"benchmark": "bench_quickstart", "cpu": cpu_name(), "cpu_count": os.cpu_count(), "busy_cores_at_start": busy_cores(),
               "python_version": sys.version.split()[0], "lines": []}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         cwd = Path(tmp)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from sinkdlm.io.machine import cpu_name
 
 SETTINGS: dict[str, dict[str, str]] = {
     "baseline (1 thread)": {},
@@ -91,11 +92,7 @@ def main() -> None:
         base = outs["baseline (1 thread)"]
         for name, got in outs.items():
             rows[name] = {k: float((got[k] - v).abs().max() / (eps * v.abs().max())) for k, v in base.items()}
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     keys = list(next(iter(rows.values())))
     print(f"largest difference from the baseline, in fp32 eps at the output's scale ({cpu}, torch {torch.__version__})")
     print(f"{'setting':<42}" + "".join(f"{k:>18}" for k in keys))

@@ -18,8 +18,12 @@ SEEDS=${4:-}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 TREE=$(dirname "$ROOT")/wt/study-$PRESET-$COMMIT
+# shards started together make it once: the first holds the repository's lock, the others then find it made
 if [ ! -d "$TREE/src/sinkdlm" ]; then
-    git -C "$ROOT" worktree add --detach "$TREE" "$COMMIT"
+    (
+        flock 9
+        [ -d "$TREE/src/sinkdlm" ] || git -C "$ROOT" worktree add --detach "$TREE" "$COMMIT"
+    ) 9<"$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir)"
 fi
 mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")

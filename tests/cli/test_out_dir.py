@@ -239,3 +239,39 @@ def test_overwrite_killed_outright_keeps_the_old_directory_and_names_it(tmp_path
     assert f"note: {aside} holds what an interrupted --overwrite set aside from --out {out}" in err
     check_out(out, "train", overwrite=True)  # the command line and the library both check: named once
     assert "note:" not in capsys.readouterr().err
+
+
+def _held_elsewhere(path: Path) -> int:
+    """An exclusive flock on `path` through a descriptor of its own (what another process's `hold` takes: flock
+    locks belong to the open file description, so this conflicts with `hold` in this process as well)."""
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_hold_skips_a_held_directory_or_waits_for_it(tmp_path):
+    """`hold` (an experiment's shards claiming units): a free directory is made and held; a held one yields False
+    at once without `wait`, and with `wait` says once what it waits for, then holds it when the other lets go."""
+    import os
+    import threading
+    import time
+
+    pytest.importorskip("fcntl")
+    from sinkdlm.io.out_dir import hold
+
+    d = tmp_path / "runs" / "a"
+    with hold(d, wait=False) as held:
+        assert held and d.is_dir()
+        with hold(d, wait=False) as again:  # a second holder (its own descriptor) is turned away
+            assert again is False
+    fd = _held_elsewhere(d)
+    said = []
+    threading.Timer(0.3, os.close, (fd,)).start()  # the other holder lets go (closing drops the lock)
+    t0 = time.perf_counter()
+    with hold(d, wait=True, on_wait=lambda: said.append("waiting")) as held:
+        assert held and said == ["waiting"] and time.perf_counter() - t0 >= 0.25
+    with hold(d, wait=False) as held:  # released again at the end of the body
+        assert held

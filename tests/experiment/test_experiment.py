@@ -565,6 +565,86 @@ def test_shards_on_one_out_write_study_wide_progress_and_interim(tmp_path, monke
     assert results["val_loss_splits"][0]["difference"] == interim["val_loss_splits"][0]["difference"]
 
 
+def test_shard_claims_skip_a_unit_another_process_holds_then_wait_for_it(tmp_path):
+    """Shards on one OUT claim each unit's directory while they measure it (`stages.claimed`): a unit another
+    process holds is left for later, the free ones are measured first, then the held one once it is let go."""
+    import fcntl
+    import threading
+
+    from sinkdlm.experiment.stages import claimed
+    from sinkdlm.experiment.units import Unit
+
+    units = [Unit(f"unit {i}", tmp_path / "runs" / f"u{i}", "ckpt", {}) for i in range(3)]
+    units[1].dir.mkdir(parents=True)
+    fd = os.open(units[1].dir, os.O_RDONLY)  # the other process's hold (a descriptor of its own)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    order = []
+    for unit in claimed(units):
+        order.append(unit.label)
+        if unit is units[2]:
+            threading.Timer(0.2, os.close, (fd,)).start()  # the other process finishes with it
+    assert order == ["unit 0", "unit 2", "unit 1"]
+
+
+@pytest.mark.slow  # ~60 s: two experiment processes at once; make test-slow
+def test_two_shard_processes_share_one_base_and_one_control(tmp_path):
+    """Two `--seeds` shards of the late-sink study started at once on one OUT (docs/method.md §11 runs a study as
+    shards, one per core): the base is trained once, by one of them, while the other waits for it; the step-0
+    control they share is measured once; a last call without --seeds reports both seeds."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    pytest.importorskip("peft")
+    pytest.importorskip("fcntl")
+    here = Path(__file__).resolve().parent
+    script = tmp_path / "shard.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
+        from test_experiment import late_micro
+        from sinkdlm.config import ExperimentConfig
+        from sinkdlm.experiment import presets, run_experiment
+        presets.PRESETS["late-micro"] = lambda: late_micro((0, 1))
+        run_experiment(ExperimentConfig(preset="late-micro", out=sys.argv[1], seeds=sys.argv[2]), skip_analysis=True)
+    """))
+    out = tmp_path / "late"
+    (out / "base").mkdir(parents=True)
+    (out / "STARTED.json").write_text(json.dumps({"time": time.time(), "preset": "late-micro"}))  # as mark_started
+    import fcntl
+
+    fd = os.open(out / "base", os.O_RDONLY)  # both shards must meet a base in use: hold it until both wait
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    env = {**os.environ, "SINKDLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    logs = [tmp_path / f"shard{seed}.log" for seed in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(out), str(seed)], env=env,
+                              stdout=log.open("w"), stderr=subprocess.STDOUT) for seed, log in zip((0, 1), logs)]
+    deadline = time.time() + 120
+    while not all("waiting for the other process training the base" in log.read_text() for log in logs):
+        assert time.time() < deadline and all(p.poll() is None for p in procs), [log.read_text()[-2000:] for log in logs]
+        time.sleep(0.2)
+    os.close(fd)
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=300) == 0, log.read_text()[-3000:]
+    steps = [json.loads(line)["step"] for line in (out / "base" / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == sorted(set(steps)) and steps[-1] == 3  # trained once: no step logged twice
+    assert sum("training -> " + str(out / "base") in log.read_text() for log in logs) == 1
+    for arm in ("all", "sink-only", "lora-sink"):
+        for seed in (0, 1):
+            assert (out / "runs" / f"{arm}-s{seed}" / "val.json").is_file()
+    assert (out / "step0" / "all" / "val.json").is_file()  # the one control both shards' `all` arms share
+    from sinkdlm.experiment import presets
+
+    presets.PRESETS["late-micro"] = lambda: late_micro((0, 1))
+    try:
+        results = run_experiment(ExperimentConfig(preset="late-micro", out=str(out)), skip_analysis=True)
+    finally:
+        del presets.PRESETS["late-micro"]
+    assert sorted(results["variants"]["sink-only"]["seeds"]) == ["0", "1"]
+
+
 @pytest.mark.slow  # ~17 s, a whole study retrained; make test-slow
 def test_a_study_committed_without_its_weights_resumes_by_retraining_only_unfinished_runs(tmp_path, monkeypatch):
     """docs/method.md §7: a study directory copied without checkpoints (as a repository keeps it) resumes on a
@@ -673,30 +753,37 @@ def test_smoke_report_renders_the_escape_endpoint_and_regenerates_it_from_result
     assert "## Escape from the unigram plateau" in (tmp_path / "report.md").read_text()
 
 
-def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
-    """A sink added after pretraining (issue 52), the `late-sink` preset's path at micro size: the base is trained
-    once (OUT/base), every arm starts from it (converted per arm, arms with the same switches sharing one
-    step-0 control), the sink-only arm leaves every base weight bitwise as it was, and the LoRA arms are scored
-    on their merged checkpoints."""
+def late_micro(seeds: tuple[int, ...] = (0,)):
+    """The `late-sink` preset at micro size: three of its five arms (the rest differ only in what trains): the
+    base's own arm, the sink-only arm and LoRA + sink, which shares the sink-only arm's conversion and step-0
+    control; a 3-step base, 2-step arms."""
     import dataclasses
-
-    from safetensors.torch import load_file
 
     from sinkdlm.config import EvalConfig
     from sinkdlm.experiment import presets
 
-    pytest.importorskip("peft")
     smoke = presets.smoke()
-    # three of the five arms (the rest differ only in what trains): the base's own arm, the sink-only arm and
-    # LoRA + sink, which shares the sink-only arm's conversion and step-0 control
-    micro = dataclasses.replace(
-        presets.late_sink(), name="late-micro", seeds=(0,),
+    return dataclasses.replace(
+        presets.late_sink(), name="late-micro", seeds=seeds,
         variants=(presets.LATE_ALL, presets.LATE_SINK_ONLY, presets.LATE_LORA_SINK),
         comparisons=(("sink-only", "all"), ("lora-sink", "all")), primary=presets.Primary(("sink-only", "all")),
         train=dataclasses.replace(smoke.train, max_steps=2, eval_every=2, save_every=2, lr=1e-2),
         evaluation=EvalConfig(tasks="shakespeare_cloze", limit=2, mc_num=2), analysis=smoke.analysis,
         validation=presets.Validation(tokens=64, draws=2, batch_size=16),
         base=presets.Base(dataclasses.replace(smoke.train, max_steps=3, seed=7)))
+
+
+def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
+    """A sink added after pretraining (issue 52), the `late-sink` preset's path at micro size: the base is trained
+    once (OUT/base), every arm starts from it (converted per arm, arms with the same switches sharing one
+    step-0 control), the sink-only arm leaves every base weight bitwise as it was, and the LoRA arms are scored
+    on their merged checkpoints."""
+    from safetensors.torch import load_file
+
+    from sinkdlm.experiment import presets
+
+    pytest.importorskip("peft")
+    micro = late_micro()
     monkeypatch.setitem(presets.PRESETS, "late-micro", lambda: micro)
     monkeypatch.setenv("SINKDLM_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "late"

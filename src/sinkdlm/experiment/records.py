@@ -10,14 +10,10 @@ statistics (`summary.summarise`); `write_results` writes results.json, report.md
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.plan import ExperimentPlan, draws_at_conversion, log, step0_name
@@ -27,6 +23,7 @@ from sinkdlm.experiment.units import Unit
 from sinkdlm.experiment.summary import analysis_record
 from sinkdlm.experiment.variance import VAL, val_loss_splits
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.machine import machine_info
 from sinkdlm.training.rundir import grad_norm_peaks, read_metrics
 
 
@@ -206,13 +203,3 @@ def run_timing_summary(results: dict[str, Any], since_start_s: float) -> dict[st
 
 def read_val_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "cuda": torch.cuda.is_available(), "python": platform.python_version(),
-        # other work on the machine as this invocation starts (a busy CPU slows every stage; the report says so)
-        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }

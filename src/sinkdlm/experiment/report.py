@@ -17,6 +17,7 @@ from typing import Any
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.experiment.endpoints import declared_test_name
 from sinkdlm.experiment.escape_report import escape_section, escape_verdict_line
+from sinkdlm.io.machine import machine_words
 from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_lines, primary_seed_table, verdict_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
@@ -408,7 +409,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         f"{results['description']}. Seeds {results['seeds']}; every variant trained with the same budget "
         f"({train_setting(results, 'max_steps'):,} steps × {train_setting(results, 'batch_size')} sequences × "
         f"{train_setting(results, 'seq_len')} tokens on `{train_setting(results, 'data')}`) and the same "
-        f"seeds, so the comparisons are paired. Machine: {m['processor']}, {m['cpu_count']} cores, torch {m['torch']}, "
+        f"seeds, so the comparisons are paired. Machine: {machine_words(m)}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
     )
     from sinkdlm.experiment.figures import plot_forest, plot_gap_trajectory, plot_val_curves

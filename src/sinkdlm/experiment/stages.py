@@ -24,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sinkdlm.config.fields import non_default_fields
 from sinkdlm.experiment.plan import ExperimentPlan, heartbeat, log, pace_line, run_seconds, step0_name
@@ -34,6 +34,7 @@ from sinkdlm.experiment.units import DONE, Unit, analyse_checkpoint, convert_for
 from sinkdlm.experiment.variance import (VAL, VAL_PARTIAL, head_start_splits, val_loss_splits,
                                          validation_values)
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.out_dir import hold
 from sinkdlm.training.rundir import MERGED_DIR
 
 
@@ -118,10 +119,12 @@ def train_base(plan: ExperimentPlan, resume_command: str | None) -> ExperimentPl
         return plan
     kwargs = {**non_default_fields(base.train), **({"data": plan.data} if plan.data else {}),
               **({"device": plan.device} if plan.device else {})}
-    if not (plan.out / "base" / DONE).is_file():
-        log(f"the base model every arm continues from ({base.train.max_steps} steps, seed {base.train.seed}): "
-            f"training -> {plan.out / 'base'}")
-    summary = train_stage(plan.out / "base", kwargs, resume_command)
+    where = plan.out / "base"
+    with hold(where, wait=True, on_wait=lambda: log(f"waiting for the other process training the base ({where})")):
+        if not (where / DONE).is_file():  # shards share it: the first trains it, the others wait, then read it
+            log(f"the base model every arm continues from ({base.train.max_steps} steps, seed {base.train.seed}): "
+                f"training -> {where}")
+        summary = train_stage(where, kwargs, resume_command)
     return dataclasses.replace(plan, init_from=summary["checkpoint"])
 
 
@@ -161,10 +164,28 @@ def prepare_units(plan: ExperimentPlan) -> Units:
     return Units(controls, runs)
 
 
+def claimed(units: list[Unit]) -> Iterator[Unit]:
+    """Each unit while this process holds its directory (`io.out_dir.hold`), so that shards of one study on one
+    OUT (--seeds, --variants) that share a unit (a step-0 control; an overlapping shard) never measure it at
+    once: a unit another process holds is left for later, then waited for once nothing else is left (its
+    stages then find their products on disk)."""
+    pending = list(units)
+    for wait in (False, True):
+        left = []
+        for unit in pending:
+            with hold(unit.dir, wait=wait, on_wait=lambda: log(f"{unit.label}: waiting for the other process "
+                                                              f"measuring it ({unit.dir})")) as held:
+                if held:
+                    yield unit
+                else:
+                    left.append(unit)
+        pending = left
+
+
 def measure_runs(s: Session, units: Units) -> None:
     """Stage 2: every run, one at a time: trained, fine-tuned, evaluated, analysed and validated in turn."""
     log(s.plan.cost_line(units.measured()))
-    for done, unit in enumerate(units.ordered, 1):
+    for done, unit in enumerate(claimed(units.ordered), 1):
         train_run(s, unit)
         fine_tune_run(s, unit)
         evaluate_run(s, unit)
@@ -174,18 +195,21 @@ def measure_runs(s: Session, units: Units) -> None:
 
 
 def measure_controls(s: Session, units: Units) -> None:
-    """Stage 3: the step-0 controls: the first seed's analysed, every one validated."""
+    """Stage 3: the step-0 controls: each variant's first (its first seed's) analysed, every one validated."""
     p = s.plan
+    analysed_as: dict[str, Any] = {}  # a variant's first control -> that variant (the first, where shared)
     for variant in p.preset.variants:
-        for i, name in enumerate(p.step0_names((variant,))):
-            u0 = units.controls[name]
-            if i == 0 and not p.skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
-                t0 = time.perf_counter()
-                with heartbeat(f"{u0.label}: attention-sink analysis", log):
-                    analyse_checkpoint(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", p.preset, p.device,
-                                       s.tty, shift_logits=p.preset.train.shift_logits)
-                s.stage_seconds["analysis"] += time.perf_counter() - t0
-            validate(s, u0)
+        for name in p.step0_names((variant,))[:1]:  # none without --init-from (or a base)
+            analysed_as.setdefault(name, variant)
+    for u0 in claimed([units.controls[name] for name in p.step0_names()]):  # each once (`Variant.step0` shares)
+        variant = analysed_as.get(u0.dir.name)
+        if variant and not p.skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
+            t0 = time.perf_counter()
+            with heartbeat(f"{u0.label}: attention-sink analysis", log):
+                analyse_checkpoint(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", p.preset, p.device,
+                                   s.tty, shift_logits=p.preset.train.shift_logits)
+            s.stage_seconds["analysis"] += time.perf_counter() - t0
+        validate(s, u0)
 
 
 def train_run(s: Session, unit: Unit) -> None:

@@ -26,6 +26,7 @@ from sinkdlm.experiment.plan import draws_at_conversion, log, step0_name
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant
 from sinkdlm.experiment.variance import VAL, VAL_PARTIAL, same_validation, validation_key
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.out_dir import hold
 from sinkdlm.training.rundir import METRICS_NAME, local_checkpoint, read_metrics
 
 DONE = "DONE.json"
@@ -212,8 +213,13 @@ def convert_for_variant(init_from: str, variant: Variant, out: Path, seed: int) 
         return str(target)
     if _adds_nothing(str(init_from), tuple(sorted(variant.switches.items()))):
         return str(init_from)
-    convert_hf_checkpoint(init_from, target, seed=seed if draws_at_conversion(variant) else 0,
-                          **variant.switches)  # unset switches: registry defaults
+    # shards share the deterministic conversions: one converts at a time (the lock is on the folder above,
+    # which no conversion replaces), and a shard that waited finds the other's checkpoint
+    with hold(out / "converted", wait=True, on_wait=lambda: log(f"waiting for another process converting into "
+                                                                  f"{out / 'converted'}")):
+        if not (target / "config.json").is_file():
+            convert_hf_checkpoint(init_from, target, seed=seed if draws_at_conversion(variant) else 0,
+                                  **variant.switches)  # unset switches: registry defaults
     return str(target)
 
 

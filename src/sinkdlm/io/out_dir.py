@@ -17,7 +17,9 @@ file) all go through `check_out` before any work, then write inside `writing_out
   (`set_aside`) so it is never forgotten.
 
 `exclusive_out` keeps one writer per directory (an exclusive `flock` on the directory itself: the OS
-drops it when the process dies, so a crashed run never leaves a stale lock).
+drops it when the process dies, so a crashed run never leaves a stale lock). `hold` is the same lock for
+work that processes share out among themselves (an experiment's shards, each claiming one run at a time):
+a held directory is skipped or waited for, not refused.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -243,18 +245,11 @@ def exclusive_out(path: str | Path, command: str, flag: str = "--out") -> Iterat
         made.append(missing)
         missing = missing.parent
     path.mkdir(parents=True, exist_ok=True)
-    fd = None
-    if fcntl is not None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ValueError(f"{flag} {path} is in use by another `sinkdlm {command}`; wait for it to finish, "
-                             f"or choose another {flag}") from None
-        except OSError:  # e.g. a network file system without flock: run unlocked
-            os.close(fd)
-            fd = None
+    try:
+        fd = _flock(path, block=False)
+    except BlockingIOError:
+        raise ValueError(f"{flag} {path} is in use by another `sinkdlm {command}`; wait for it to finish, "
+                         f"or choose another {flag}") from None
     try:
         yield path
     except ValueError:
@@ -265,6 +260,50 @@ def exclusive_out(path: str | Path, command: str, flag: str = "--out") -> Iterat
                 break
         raise
     finally:
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        _unlock(fd)
+
+
+@contextmanager
+def hold(path: str | Path, *, wait: bool, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+    """Hold directory `path` (made if missing) for the body, as `exclusive_out` does; yields False at once when
+    another process holds it and `wait` is off (the caller does other work and comes back), else waits for it,
+    calling `on_wait` first (say what it waits for). A body that finds the work done by the other holder
+    returns: the holder's writes are complete when its lock is released (or its process dies)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = _flock(path, block=False)
+    except BlockingIOError:
+        if not wait:
+            yield False
+            return
+        if on_wait is not None:
+            on_wait()
+        fd = _flock(path, block=True)
+    try:
+        yield True
+    finally:
+        _unlock(fd)
+
+
+def _flock(path: Path, *, block: bool) -> int | None:
+    """An exclusive flock on directory `path`: its descriptor, or None where locks are not available (Windows,
+    a network file system without flock: the work runs unlocked); BlockingIOError when held and not `block`."""
+    if fcntl is None:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
