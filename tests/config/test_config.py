@@ -110,17 +110,31 @@ def _shown_default(f: dataclasses.Field, flag: str, layered: bool) -> str | None
     return str(default)
 
 
+def _best_seconds(argv: list[str], env: dict[str, str], runs: int = 3) -> tuple[float, str]:
+    """The best of `runs` wall times of a fresh process (the machine may be busy with other tests), its stdout."""
+    times, out = [], ""
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
+        times.append(time.perf_counter() - start)
+    return min(times), out
+
+
+@pytest.fixture(scope="module")
+def torch_import_seconds() -> float:
+    """The baseline, timed on this machine now: a fresh process that imports torch, what --help must not pay."""
+    return _best_seconds([sys.executable, "-c", "import torch"], {**os.environ, "PYTHONPATH": SRC}, runs=2)[0]
+
+
 @pytest.mark.parametrize("command", COMMANDS)
-def test_help_lists_every_field_with_its_default_fast(command):
+def test_help_lists_every_field_with_its_default_fast(command, torch_import_seconds):
     cls, how = COMMANDS[command]
     env = {**os.environ, "PYTHONPATH": SRC, "COLUMNS": "80", "TERM": "dumb"}
-    times = []
-    for _ in range(3):  # the best of three: the machine may be busy with other tests
-        start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "sinkdlm", command, "--help"], env=env, check=True,
-                             capture_output=True, text=True).stdout
-        times.append(time.perf_counter() - start)
-    assert min(times) < 0.5, f"`sinkdlm {command} --help` took {min(times):.2f} s"
+    seconds, out = _best_seconds([sys.executable, "-m", "sinkdlm", command, "--help"], env)
+    # fast: under 0.5 s on a quiet machine (0.18-0.20 s measured), and on a busy one (a study beside the suite:
+    # 0.57-0.73 s) still a fraction of importing torch, which slows down as much
+    assert seconds < max(0.5, 0.5 * torch_import_seconds), (
+        f"`sinkdlm {command} --help` took {seconds:.2f} s; importing torch took {torch_import_seconds:.2f} s")
     blocks = _help_blocks(out)
     params = {p.name: p for p in config_parameters(cls, **how)}
     assert params, command

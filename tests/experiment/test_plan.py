@@ -33,6 +33,23 @@ def test_pace_after_each_run():
     assert pace_line(6, 6, [300.0], PROGRESS) == "run 6 of 6 done; progress: runs/demo/progress.md"
 
 
+def test_a_resumed_plan_counts_only_the_runs_still_to_measure():
+    """A resumed (or reporting) call whose runs are measured already says so, and estimates only what is left:
+    not hours for runs that take seconds to pass over."""
+    now = time.time()
+    resumed = plan_line(variants=3, seeds=4, steps=6000, controls=0, measured=[800.0] * 9, per_step=0.1,
+                        progress=PROGRESS, finished=9)
+    assert "12 runs (3 variants x 4 seeds) x 6,000 training steps; 9 measured already, 3 to go; about 40 min left" in resumed
+    done = plan_line(variants=3, seeds=4, steps=6000, controls=0, measured=[800.0] * 12, per_step=0.1,
+                     progress=PROGRESS, finished=12)
+    assert "12 measured already, 0 to go; nothing left to train" in done
+    # run 2 of 12 passed over, one run still to measure after it: 800 s left, not 10 x 800
+    end = time.strftime("%H:%M", time.localtime(now + 800))
+    assert pace_line(2, 12, [800.0], PROGRESS, now=now, left=1) == (
+        f"run 2 of 12 done; about 13 min left (ends about {end}); progress: runs/demo/progress.md")
+    assert pace_line(11, 12, [800.0], PROGRESS, left=0) == "run 11 of 12 done; progress: runs/demo/progress.md"
+
+
 def test_seconds_from_timing_and_reference(tmp_path):
     assert run_seconds({"train": 10, "validation": 2.5, "eval": 1}) == 13.5
     assert run_seconds({"validation": 2.5}) is None  # not yet trained here

@@ -29,11 +29,14 @@ def plot_escape_km(results: dict[str, Any], path, *, title: str | None = None) -
     last = max(results.get("train", {}).get("max_steps") or 0, *(max(k["steps"]) for k in km.values()))
     fig = Figure(figsize=(8.0, 4.6), layout="constrained")
     ax = fig.subplots()
-    for name, k in km.items():
+    # arms often share a stretch of curve (two arms with one run left, both censored at the last step): each its
+    # own dash pattern and a smaller '+' than the arm before, so a curve drawn over another still shows both
+    styles = ("-", (0, (5, 3)), (0, (1, 2)), (0, (6, 2, 1, 2)))
+    for i, (name, k) in enumerate(km.items()):
         label = results["variants"][name]["label"]
         x = [0, *k["steps"], last]
         y = [1.0, *k["survival"], k["survival"][-1]]
-        line = ax.step(x, y, where="post", linewidth=1.8,
+        line = ax.step(x, y, where="post", linewidth=1.8, linestyle=styles[i % len(styles)],
                        label=f"{label}: {k['escaped']} of {k['n']} runs escaped"
                              + (f", median step {k['median']:,}" if k["median"] is not None else ", median not reached"))[0]
         lo = [1.0, *[v if v is not None else s for v, s in zip(k["low"], k["survival"])]]
@@ -41,8 +44,8 @@ def plot_escape_km(results: dict[str, Any], path, *, title: str | None = None) -
         ax.fill_between(x[:-1], lo, hi, step="post", color=line.get_color(), alpha=0.12)
         if k["censored"]:  # a censored run: the curve's value at its last probe
             at = {s: p for s, p in zip(k["steps"], k["survival"])}
-            ax.plot(k["censored"], [at[s] for s in k["censored"]], "+", color=line.get_color(), markersize=11,
-                    markeredgewidth=1.8)
+            ax.plot(k["censored"], [at[s] for s in k["censored"]], "+", color=line.get_color(),
+                    markersize=max(13 - 3 * i, 5), markeredgewidth=1.8)
     ax.plot([], [], "+", color="black", markersize=9, label="censored: still on the plateau at its last probe")
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlim(0, last * 1.02)  # a run censored at the last step keeps its mark in view

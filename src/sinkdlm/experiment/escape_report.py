@@ -108,10 +108,14 @@ def _lag_ci(g: dict[str, Any]) -> str:
     """"+300 [+120, +480]" of a stored lag interval; one value, or no spread, says so."""
     if g.get("mean") is None:
         return "–"
-    text = signed(g["mean"], 0)
+    text = f"{g['mean']:+,.0f}"  # steps, as the other columns print them
     if g.get("low") is not None and g.get("high") is not None:
-        return text + f" [{signed(g['low'], 0)}, {signed(g['high'], 0)}]"
+        return text + f" [{g['low']:+,.0f}, {g['high']:+,.0f}]"
     return text + (" (no spread: no interval)" if len(g.get("per_seed") or []) >= 2 else " (one run: no interval)")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" + ("" if n == 1 else "s")
 
 
 def _steps(x: float | None) -> str:
@@ -131,7 +135,7 @@ def escape_lag_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
         rows.append([_label(results, name), str(n), f"{n - g.get('escape_censored', 0)} of {n}",
                      f"{n - g.get('onset_censored', 0)} of {n}", _steps(g.get("onset_median")),
                      _steps(g.get("escape_median")), _steps((km.get(name) or {}).get("median")),
-                     f"{iv} ({len(g.get('per_seed') or [])} runs)", f"{g.get('onset_first', 0)} of {len(g.get('per_seed') or [])}"])
+                     iv + (f" ({_runs(len(g['per_seed']))})" if len(g.get("per_seed") or []) != 1 else ""), f"{g.get('onset_first', 0)} of {len(g.get('per_seed') or [])}"])
     if not rows:
         return None
     return (["arm", "runs", "escaped", "sink onset seen", "median onset step", "median escape step (escaped runs)",

@@ -60,29 +60,38 @@ def _duration(seconds: float) -> str:
 
 
 def plan_line(*, variants: int, seeds: int, steps: int, controls: int, measured: list[float],
-              per_step: float | None, progress: Path) -> str:
-    """The plan: runs x steps, the estimated time and where progress is written."""
+              per_step: float | None, progress: Path, finished: int = 0) -> str:
+    """The plan: runs x steps, the estimated time of the runs still to measure (`finished`: those whose
+    measurements are all on disk, from an earlier call) and where progress is written."""
     runs = variants * seeds
     what = f"{runs} run{'s' if runs != 1 else ''} ({variants} variant{'s' if variants != 1 else ''} x {seeds} " \
            f"seed{'s' if seeds != 1 else ''}) x {steps:,} training steps"
     if controls:
         what += f", then {controls} step-0 control{'s' if controls != 1 else ''} (validated, no training)"
-    if measured:
-        estimate = f"about {_duration(statistics.median(measured) * runs)} in all (measured: {len(measured)} " \
-                   f"run{'s' if len(measured) != 1 else ''} here)"
+    todo = runs - finished
+    if finished:
+        what += f"; {finished} measured already, {todo} to go"
+    if not todo:
+        estimate = "nothing left to train: the report is written from what is on disk"
+    elif measured:
+        estimate = f"about {_duration(statistics.median(measured) * todo)} {'left' if finished else 'in all'} " \
+                   f"(measured: {len(measured)} run{'s' if len(measured) != 1 else ''} here)"
     elif per_step is not None:
-        estimate = f"about {_duration(per_step * steps * runs)} on a 2-core CPU (the preset's reference run; " \
+        estimate = f"about {_duration(per_step * steps * todo)} on a 2-core CPU (the preset's reference run; " \
                    "a faster machine takes less)"
     else:
         estimate = "the time is estimated after the first run"
     return f"plan: {what}; {estimate}; progress: {progress} (rewritten after every stage)"
 
 
-def pace_line(done: int, total: int, measured: list[float], progress: Path, now: float | None = None) -> str:
-    """After run `done` of `total`: the time left at the median measured run and the expected end."""
+def pace_line(done: int, total: int, measured: list[float], progress: Path, now: float | None = None,
+              left: int | None = None) -> str:
+    """After run `done` of `total`: the time left at the median measured run for the `left` runs still to measure
+    (default: the runs after this one) and the expected end."""
     line = f"run {done} of {total} done"
-    if done < total and measured:
-        left = statistics.median(measured) * (total - done)
+    left = total - done if left is None else left
+    if left > 0 and measured:
+        left = statistics.median(measured) * left
         end = time.strftime("%H:%M", time.localtime((time.time() if now is None else now) + left))
         line += f"; about {_duration(left)} left (ends about {end})"
     return f"{line}; progress: {progress}"
@@ -198,11 +207,12 @@ class ExperimentPlan:
         """Whether a run of this seed is analysed: the first seed always, every seed where the preset asks."""
         return (seed == self.seeds[0] or self.preset.analyse_every_seed) and not self.skip_analysis
 
-    def cost_line(self, measured: list[float]) -> str:
+    def cost_line(self, measured: list[float], finished: int = 0) -> str:
         """The plan's console line: runs x steps and the expected time (`plan_line`)."""
         return plan_line(variants=len(self.preset.variants), seeds=len(self.seeds), steps=self.steps,
                          controls=len(self.step0_names()), measured=measured,
-                         per_step=reference_seconds_per_step(self.preset.name), progress=self.out / "progress.md")
+                         per_step=reference_seconds_per_step(self.preset.name), progress=self.out / "progress.md",
+                         finished=finished)
 
     def describe(self, measured: tuple[float, ...] = ()) -> str:
         """The plan as text, one line per part: what runs, this call's shard, the sampler rule, the fixed

@@ -184,14 +184,16 @@ def claimed(units: list[Unit]) -> Iterator[Unit]:
 
 def measure_runs(s: Session, units: Units) -> None:
     """Stage 2: every run, one at a time: trained, fine-tuned, evaluated, analysed and validated in turn."""
-    log(s.plan.cost_line(units.measured()))
+    todo = {u.dir for u in units.ordered if not all(f.is_file() for f in run_products(s.plan, u))}
+    log(s.plan.cost_line(units.measured(), finished=len(units.ordered) - len(todo)))
     for done, unit in enumerate(claimed(units.ordered), 1):
         train_run(s, unit)
         fine_tune_run(s, unit)
         evaluate_run(s, unit)
         analyse_run(s, unit)
         validate(s, unit)
-        log(pace_line(done, len(units.ordered), units.measured(), s.plan.out / "progress.md"))
+        todo.discard(unit.dir)
+        log(pace_line(done, len(units.ordered), units.measured(), s.plan.out / "progress.md", left=len(todo)))
 
 
 def measure_controls(s: Session, units: Units) -> None:
@@ -218,13 +220,11 @@ def train_run(s: Session, unit: Unit) -> None:
     measurement still needs them."""
     p, run = s.plan, unit.dir
     curve_dirs = {st: run / "curve" / f"step-{st}" for st in p.preset.validation.curve_steps(p.steps)[:-1]}
-    products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if p.analysed(unit.seed) else ()),
-                *(d / VAL for d in curve_dirs.values())]
+    products = run_products(p, unit)
     prober = None
     if p.preset.escape is not None:  # the escape probe, every `escape.every` steps as the run trains
         from sinkdlm.experiment.escape import PROBES, make_prober
 
-        products.append(run / "escape" / PROBES)
         prober = (p.preset.escape.every, make_prober(run / "escape" / PROBES, unit.kwargs, p.preset.escape))
     if not (run / "train" / DONE).is_file():
         log(f"{unit.label}: training -> {run / 'train'}")
@@ -241,6 +241,19 @@ def train_run(s: Session, unit: Unit) -> None:
     unit.summary = summary
     unit.save_timing()
     s.progress.page()
+
+
+def run_products(p: ExperimentPlan, unit: Unit) -> list[Path]:
+    """What a run's stages leave on disk: its validation (and at each declared curve step), task scores, analysis
+    (the analysed seeds) and escape probes. A run with all of them is measured: it is not trained again."""
+    run = unit.dir
+    products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if p.analysed(unit.seed) else ()),
+                *(run / "curve" / f"step-{st}" / VAL for st in p.preset.validation.curve_steps(p.steps)[:-1])]
+    if p.preset.escape is not None:
+        from sinkdlm.experiment.escape import PROBES
+
+        products.append(run / "escape" / PROBES)
+    return products
 
 
 def discard_if_other_weights(unit: Unit, record: dict[str, Any]) -> None:
