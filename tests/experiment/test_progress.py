@@ -94,3 +94,30 @@ def test_interim_head_start_on_the_sequences_all_four_models_scored(tmp_path):
     assert h["step0_gap"]["mean"] == pytest.approx(np.mean(gaps))
     half = 12.706 * np.std(gaps, ddof=1) / np.sqrt(2)  # t_{0.975, 1}
     assert h["step0_gap"]["high"] - h["step0_gap"]["mean"] == pytest.approx(half, rel=1e-3)
+
+
+def test_progress_divides_the_time_left_among_runs_training_side_by_side(tmp_path):
+    """Shards train runs side by side: a run whose metrics log was written in the last 10 minutes is being trained,
+    and with 2 such runs the wall time left is the one-process time over 2; a stale unfinished run (its process
+    gone) does not count."""
+    import json
+    import os
+    import time
+
+    from sinkdlm.experiment.progress import write_progress
+
+    for seed, (done, step, age) in enumerate([(True, 10, 0), (False, 4, 5), (False, 6, 30), (False, 0, 3600)]):
+        run = tmp_path / "runs" / f"vanilla-s{seed}"
+        (run / "train").mkdir(parents=True)
+        log = run / "train" / "metrics.jsonl"
+        log.write_text(json.dumps({"step": step, "loss": 3.0, "grad_norm": 1.0}) + "\n")
+        os.utime(log, (time.time() - age, time.time() - age))
+        if done:
+            (run / "train" / "DONE.json").write_text("{}")
+            (run / "timing.json").write_text(json.dumps({"train": 3600.0}))  # 360 s a step
+    text = write_progress(tmp_path, "t", {"vanilla": "DLM"}, [0, 1, 2, 3], 10).read_text()
+    # left: 6 + 4 + 10 = 20 steps x 360 s = 2.0 h of one process; seeds 1 and 2 are training: 1.0 h of wall time
+    assert "training 20 steps, about 2.0 h at 360.0 s each" in text
+    assert "2 runs are training side by side now" in text and "takes about 1.0 h of wall time" in text
+    os.utime(tmp_path / "runs" / "vanilla-s2" / "train" / "metrics.jsonl", (time.time() - 3600,) * 2)
+    assert "side by side" not in write_progress(tmp_path, "t", {"vanilla": "DLM"}, [0, 1, 2, 3], 10).read_text()

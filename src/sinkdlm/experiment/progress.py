@@ -35,7 +35,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
 
     out = Path(out)
     rows, grad_curves = [], {}
-    steps_left, step_rates, val_rates, seqs_left = 0, [], [], 0
+    steps_left, step_rates, val_rates, seqs_left, busy = 0, [], [], 0, 0
     # the step-0 controls (from an AR checkpoint): one fixed validation each, per variant or per seed
     converted = sorted(p.name for p in (out / "converted").glob("*") if p.is_dir()) if (out / "converted").is_dir() else []
     for name in (n for n in converted if n in labels or n.rpartition("-s")[0] in labels):
@@ -64,6 +64,8 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
             if done and timing.get("train"):
                 step_rates.append(timing["train"] / max_steps)
             steps_left += max_steps if retrain else 0 if done else max_steps - step
+            if not done and _training_now(run / "train"):
+                busy += 1
             if scored and (spent := validation_seconds(run)):
                 val_rates.append(spent / scored)
             seqs_left += (validation_sequences or 0) - scored
@@ -79,7 +81,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
     doc.paragraph("What the runs have measured so far, rewritten after every training run and every saved chunk "
                   "of the fixed validation. No verdicts: intervals are raw 95 % intervals over the seeds trained so far; the final "
                   "report (report.md) adjusts them for multiplicity.")
-    doc.paragraph(_remaining(steps_left, step_rates, seqs_left, val_rates))
+    doc.paragraph(_remaining(steps_left, step_rates, seqs_left, val_rates, busy))
     doc.heading("Runs")
     doc.table(["variant", "seed", "steps", "last training loss (one batch)", "trainer's validation (its own noise)",
                "largest pre-clip gradient norm", "fixed-validation sequences scored",
@@ -136,20 +138,40 @@ def _escape_cell(run: Path, metrics: list[dict], escape) -> str:
     return f"{step(record['escape'])} ({step(record['onset'])})"
 
 
-def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: list[float]) -> str:
-    """What is left of training and of the fixed validation, and its time at the median rates measured so far."""
+ACTIVE_S = 600  # a run whose metrics log was written this recently is being trained (the trainer logs every few s)
+
+
+def _training_now(train_dir: Path, now: float | None = None) -> bool:
+    """Whether a run is being trained now: its metrics log was written in the last `ACTIVE_S` seconds."""
+    import time
+
+    log = train_dir / "metrics.jsonl"
+    return log.is_file() and (time.time() if now is None else now) - log.stat().st_mtime < ACTIVE_S
+
+
+def _remaining(steps: int, step_rates: list[float], sequences: int, seq_rates: list[float], busy: int = 0) -> str:
+    """What is left of training and of the fixed validation, and its time at the median rates measured so far
+    (the seconds of one process); `busy`: runs being trained side by side now (shards), which divide the wall time."""
     def cost(n: int, rates: list[float], unit: str) -> str:
         if n <= 0:
             return "done"
         if not rates:
             return f"{n:,} {unit} (no rate measured yet)"
         rate = statistics.median(rates)
-        hours = n * rate / 3600
-        left = f"{hours:.1f} h" if hours >= 0.1 else f"{60 * hours:.0f} min"
         each = f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"  # a tiny model's step takes a fraction of a second
-        return f"{n:,} {unit}, about {left} at {each} s each"
+        return f"{n:,} {unit}, about {_hours(n * rate)} at {each} s each"
 
+    side_by_side = ""
+    if busy >= 2 and steps > 0 and step_rates:
+        side_by_side = (f" {busy} runs are training side by side now (their logs were written in the last "
+                        f"{ACTIVE_S // 60} minutes): if they go on so, the training left takes about "
+                        f"{_hours(steps * statistics.median(step_rates) / busy)} of wall time.")
     return (f"**Left:** training {cost(steps, step_rates, 'steps')}; fixed validation "
             f"{cost(sequences, seq_rates, 'sequences')} (rates: the median over the models measured on this "
-            "machine; plus a few minutes per run of evaluation and analysis, and the retraining of a run whose "
-            "checkpoint is gone before its measurements are done).")
+            "machine, one process each; plus a few minutes per run of evaluation and analysis, and the retraining of "
+            "a run whose checkpoint is gone before its measurements are done)." + side_by_side)
+
+
+def _hours(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:.1f} h" if hours >= 0.1 else f"{60 * hours:.0f} min"
