@@ -193,6 +193,23 @@ def test_training_curves_name_every_model_even_without_a_step_common_to_its_seed
     assert len(labels) == 2 and labels[1].startswith("sink (mean of 2 seeds") and labels[0].startswith("dlm (each seed")
 
 
+def test_training_curves_leave_a_run_still_training_out_of_the_mean(tmp_path, monkeypatch):
+    """A progress page draws runs still training: a seed whose log stops short of the others' last step is drawn
+    but not averaged, so the mean line runs to the end over the seeds that reached it, and its label says so."""
+    from sinkdlm.analysis import figures
+
+    seen = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    curves = {"dlm": {"0": ([10, 20, 30], [6.0, 5.0, 4.0]), "1": ([10, 20, 30], [5.0, 4.0, 2.0]),
+                      "2": ([10], [9.0])}}
+    plot_training_curves(curves, tmp_path / "c.png")
+    ax = seen[0].axes[0]
+    mean = next(line for line in ax.get_lines() if line.get_label().startswith("dlm (mean"))
+    assert list(mean.get_xdata()) == [10, 20, 30] and list(mean.get_ydata()) == [5.5, 4.5, 3.0]
+    assert mean.get_label() == "dlm (mean of 2 seeds that reached step 30, 1 still short of it; thin: each seed)"
+    assert len(ax.get_lines()) == 4  # the three seeds, each drawn, and the mean
+
+
 def test_training_curves_per_seed_and_paired_differences(tmp_path):
     curves = {"dlm": {"0": ([10, 20], [6.0, 5.5]), "1": ([10, 20, 30], [6.1, 5.7, 5.4])}, "sink": {"0": ([10], [5.9])}}
     path = tmp_path / "curves.png"

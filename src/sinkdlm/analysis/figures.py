@@ -350,7 +350,9 @@ def plot_training_curves(
     title: str | None = None, log_y: bool = False,
 ) -> Path:
     """A metric vs training step, every seed drawn: one colour per model, one thin line per seed, and
-    the mean over the seeds (thick, at the steps every seed logged).
+    the mean over the seeds (thick, at the steps every seed logged). A seed whose log stops short of the
+    others' last step (a run still training) is drawn but left out of the mean, which would otherwise stop
+    where it stops.
 
     ``curves``: ``label -> {seed: (steps [T], values [T])}``.
     """
@@ -361,13 +363,19 @@ def plot_training_curves(
     for i, (label, seeds) in enumerate(curves.items()):
         colour = f"C{i % 10}"
         series = {seed: dict(zip(_np(st, "steps").tolist(), _np(v, "values").tolist())) for seed, (st, v) in seeds.items()}
-        common = sorted(set.intersection(*(set(c) for c in series.values()))) if series else []
+        last = max((max(c) for c in series.values() if c), default=None)
+        full = [c for c in series.values() if c and max(c) == last]  # the seeds that reached the last step
+        # a mean needs two seeds (or a model with one): one finished seed beside runs in progress is a seed, not a mean
+        common = sorted(set.intersection(*(set(c) for c in full))) if len(full) >= min(2, len(series)) else []
+        short = len(series) - len(full)
         for j, c in enumerate(series.values()):  # without a mean line the first seed's line names the model
             ax.plot(list(c), list(c.values()), color=colour, linewidth=0.8, alpha=0.45,
                     label=f"{label} (each seed; no step logged by all)" if j == 0 and not common else None)
         if common:
-            ax.plot(common, [float(np.mean([c[st] for c in series.values()])) for st in common], color=colour,
-                    linewidth=2.0, marker="o", markersize=3, label=f"{label} (mean of {len(series)} seed{'s' if len(series) != 1 else ''}; thin: each seed)")
+            ax.plot(common, [float(np.mean([c[st] for c in full])) for st in common], color=colour,
+                    linewidth=2.0, marker="o", markersize=3,
+                    label=f"{label} (mean of {len(full)} seed{'s' if len(full) != 1 else ''}"
+                          + (f" that reached step {last:,.0f}, {short} still short of it" if short else "") + "; thin: each seed)")
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     if log_y:  # gradient norms span decades
