@@ -36,6 +36,21 @@ def test_sink_onset_is_when_the_largest_layer_mass_stays_at_or_above_the_mark():
     assert sink_onset(record, 0.3, first_layer=1) == {"step": 500, "censored": False, "last_probe": 500}
 
 
+def test_exploratory_onset_is_when_the_largest_layer_mass_first_reaches_the_mark():
+    """`sink_reach` (exploratory): the first probe where the mass reaches the mark, even if it falls back after;
+    the declared `sink_onset` needs it to stay, so it is later (or censored) on the same record."""
+    from sinkdlm.experiment.escape import sink_reach
+
+    probes = {"100": [0.1, 0.2], "200": [0.1, 0.35], "300": [0.29, 0.1], "400": [0.3, 0.2], "500": [0.5, 0.6]}
+    record = {"probes": {s: {"detected_sink_mass": m} for s, m in probes.items()}}
+    assert sink_reach(record, 0.3) == {"step": 200, "censored": False, "last_probe": 500}
+    assert sink_reach(record, 0.3, first_layer=1) == {"step": 200, "censored": False, "last_probe": 500}
+    assert sink_onset(record, 0.3, first_layer=1)["step"] == 500  # it fell back at 300-400: the declared onset waits
+    assert sink_reach(record, 0.7) == {"step": 500, "censored": True, "last_probe": 500}
+    with pytest.raises(ValueError):
+        sink_reach({"probes": {}}, 0.3)
+
+
 def esc(step, censored=False):
     return {"step": step, "censored": censored, "last_probe": step if censored else 1000}
 
@@ -209,6 +224,35 @@ def test_escape_summary_decides_only_with_every_declared_seed_and_adjusts_the_se
     interim = escape_summary(_escape_study(list(range(100, 105)), list(range(100, 112))))
     assert not interim["complete"] and interim["seeds_in"] == list(range(100, 105))
     assert not any(t["decided"] for t in interim["tests"]) and not any(x["decided"] for x in interim["lag_differences"])
+
+
+def test_exploratory_lag_from_the_first_reach_beside_the_declared_one(tmp_path):
+    """Records that carry `onset_reached` (the mass first reaching the mark) get the exploratory lag per arm, with
+    the declared lag unchanged; arms whose records lack it have none; the report prints it labelled exploratory."""
+    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.report import write_report
+    from sinkdlm.experiment.summary import summarise
+
+    res = _escape_study(list(range(100, 112)), list(range(100, 112)))
+    declared = escape_summary(res)["onset_lag"]
+    for i, rec in enumerate(res["variants"]["vanilla"]["seeds"].values()):
+        e = rec["escape"]
+        # reached 500 steps before the escape on every run; seed 101's never reached (censored at its last probe)
+        e["onset_reached"] = {"step": 6000, "censored": True, "last_probe": 6000} if i == 1 else \
+            {"step": e["escape"]["step"] - 500 if not e["escape"]["censored"] else 400, "censored": False,
+             "last_probe": 6000}
+    full = escape_summary(res)
+    assert full["onset_lag"] == declared  # the declared lag does not move
+    reached = full["onset_lag_exploratory"]
+    assert list(reached) == ["vanilla"]  # the other arms' records have no first-reach onset
+    # seed 100 never escaped (no lag), seed 101 never reached (no lag): 10 runs, each escape - reach = 500
+    assert reached["vanilla"]["per_seed"] == [500] * 10 and reached["vanilla"]["onset_censored"] == 1
+    assert reached["vanilla"]["onset_first"] == 10 and reached["vanilla"]["escape_censored"] == 1
+    summarise(res, [("sink1-front", "vanilla"), ("gated", "vanilla")])
+    res["escape"], res["timing"] = full, {}
+    write_report(res, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "*Exploratory, not declared:*" in text and "| VANILLA | 12 | 11 of 12 | 11 of 12 |" in text
 
 
 def test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alone(tmp_path):

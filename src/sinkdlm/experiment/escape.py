@@ -160,6 +160,18 @@ def sink_onset(record: dict[str, Any], mass: float, first_layer: int = 0) -> dic
     return escape_step(curve, -mass + 1e-12)
 
 
+def sink_reach(record: dict[str, Any], mass: float, first_layer: int = 0) -> dict[str, Any]:
+    """The exploratory onset (docs/method.md §11, not declared): the first probe at which the largest attention
+    mass on detected sinks over the layers from `first_layer` on *reaches* `mass`, whether or not it stays there
+    (the declared `sink_onset` needs it to stay); censored at the last probe when it never does."""
+    curve = sorted((int(s), max(p["detected_sink_mass"][first_layer:])) for s, p in record["probes"].items())
+    if not curve:
+        raise ValueError("sink_reach needs at least one probe")
+    hit = next((step for step, m in curve if m >= mass), None)
+    last = curve[-1][0]
+    return {"step": last if hit is None else hit, "censored": hit is None, "last_probe": last}
+
+
 # ----------------------------------------------------------------------------- the paired test over seeds
 def _pair_bounds(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
     """The interval [low, high] that must hold d = log2(a / b) given each side's escape (a censored step is a
@@ -252,8 +264,10 @@ def escape_record(probes_path: Path, metrics: list[dict[str, Any]], escape) -> d
     curve = probe_curve(record)
     esc = escape_step(curve, record["threshold"])
     onset = sink_onset(record, escape.onset_mass, escape.onset_first_layer)
+    reached = sink_reach(record, escape.onset_mass, escape.onset_first_layer)  # exploratory, beside the declared
     peak = max(grad_norm_peaks(metrics), key=lambda sg: sg[1], default=None)
     return {"plateau": record["plateau"], "threshold": record["threshold"], "escape": esc, "onset": onset,
+            "onset_reached": reached,
             "lag": None if esc["censored"] or onset["censored"] else esc["step"] - onset["step"],
             "curve": [[s, v] for s, v in curve], "probes": str(probes_path),
             "grad_norm_peak": peak and {"step": peak[0], "value": peak[1]}}

@@ -122,11 +122,12 @@ def _steps(x: float | None) -> str:
     return "–" if x is None else f"{x:,.0f}"
 
 
-def escape_lag_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+def escape_lag_table(results: dict[str, Any], key: str = "onset_lag") -> tuple[list[str], list[list[str]]] | None:
     """Per arm: runs, escapes and onsets observed, the median onset and escape steps, and the lag
-    (escape − onset, runs with both observed) with its t interval over seeds."""
+    (escape − onset, runs with both observed) with its t interval over seeds. `key`: "onset_lag_exploratory" for
+    the onset as the first probe where the mass reaches the mark."""
     esc = results.get("escape") or {}
-    lags = esc.get("onset_lag") or {}
+    lags = esc.get(key) or {}
     km = esc.get("km") or {}
     rows = []
     for name, g in lags.items():
@@ -240,6 +241,14 @@ def escape_section(doc: Document, results: dict[str, Any], out: Path) -> None:
         diff = escape_lag_difference_rows(results)
         if diff:
             doc.table(*diff)
+    reached = escape_lag_table(results, "onset_lag_exploratory")
+    if reached:
+        doc.paragraph(f"*Exploratory, not declared:* the same table with the onset taken as the first probe at which "
+                      f"that largest mass over layers {declared.get('onset_first_layer', 0)} and up *reaches* "
+                      f"{declared.get('onset_mass', '–')}, whether or not it stays (the declared rule censors the "
+                      "onset of a run whose sinks form, fade and form again). Read from the same probes; no test, "
+                      "raw intervals.")
+        doc.table(*reached)
     links, missing = _draw_runs(results, out, out / "figures")
     if links or missing:
         doc.heading("Each run", 3)
