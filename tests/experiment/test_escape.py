@@ -255,6 +255,40 @@ def test_exploratory_lag_from_the_first_reach_beside_the_declared_one(tmp_path):
     assert "*Exploratory, not declared:*" in text and "| VANILLA | 12 | 11 of 12 | 11 of 12 |" in text
 
 
+def test_the_plain_words_answer_says_a_direction_only_when_every_seed_is_in_and_the_interval_excludes_zero():
+    """`escape_answer_line` (the README's sentence): Kaplan-Meier medians and the declared test always; a lag's
+    direction only once the declared seeds are in and its interval, Bonferroni over the arms, excludes 0; a lag
+    with no spread is inconclusive; nothing directional in an interim."""
+    from sinkdlm.experiment.escape_report import escape_answer_line
+    from sinkdlm.experiment.escape_summary import escape_summary
+
+    def study(seeds, declared):
+        res = _escape_study(seeds, declared)
+        for i, rec in enumerate(res["variants"]["gated"]["seeds"].values()):  # reached 1,000-1,400 steps before
+            e = rec["escape"]
+            e["onset_reached"] = {"step": max(100, e["escape"]["step"] - 1000 - 100 * (i % 5)), "censored": False,
+                                  "last_probe": 6000}
+        res["escape"] = escape_summary(res)
+        return res
+
+    full = escape_answer_line(study(list(range(100, 112)), list(range(100, 112))))
+    assert full.startswith("**When does the DLM leave the unigram plateau, and do its sinks form first?** (12 seeds)")
+    # Kaplan-Meier medians: vanilla escapes at 1,100-2,100 (seed 100 censored at 6,000): the 6th of 12 at 1,600;
+    # + 1 sink at half the step, 500-1,050: the 6th at 750
+    assert "VANILLA 1,600 (1 of 12 runs censored)" in full and "SINK1-FRONT 750 (0 of 12 runs censored)" in full
+    assert "ratio of escape steps 0.50×" in full and "leaves the plateau earlier" in full
+    # the declared lags have no spread (300 steps on every run): inconclusive, whatever their size
+    assert "VANILLA +300 steps on all 11 runs (no spread: inconclusive)" in full
+    # the exploratory lag varies (1,000-1,400 steps, one run clipped at step 100) and excludes 0: a direction
+    assert "Exploratory (not declared)" in full and "GATED at median step" in full
+    assert full.count(": the sinks form first, the plateau ends later") == 1
+    # every seed's lag difference the same (-200 steps): inconclusive, not "no difference detected"
+    assert "SINK1-FRONT − VANILLA -200 (no spread: no interval) steps over 11 seeds, inconclusive" in full
+    interim = escape_answer_line(study(list(range(100, 105)), list(range(100, 112))))
+    assert "(5 seeds; interim: 5 of 12 seeds, no verdict)" in interim
+    assert ": the sinks form first" not in interim and "no lag detected" not in interim and "earlier" not in interim
+
+
 def test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alone(tmp_path):
     import json
 

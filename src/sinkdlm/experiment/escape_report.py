@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.reporting import Document
-from sinkdlm.stats import signed
+from sinkdlm.stats import mean_interval, signed
 
 
 def _label(results: dict[str, Any], name: str) -> str:
@@ -79,6 +79,86 @@ def escape_verdict_line(results: dict[str, Any]) -> str | None:
                     + _test_words(results, t, esc))
     head = "**Escape from the unigram plateau**" + (f" ({_interim(esc)})" if _interim(esc) else "")
     return head + ": " + "; ".join(said) + "."
+
+
+def _lag_words(g: dict[str, Any], arms: int, decide: bool) -> str:
+    """One arm's lag in words: its mean with a t interval over its runs (both steps observed) at 95 % Bonferroni-
+    adjusted over the `arms` it is said beside, and, where `decide` (every declared seed in), what that interval
+    says: a direction only where it excludes 0; no spread is inconclusive."""
+    d = list(g.get("per_seed") or [])
+    if not d:
+        return "no run with both steps"
+    if len(d) == 1:
+        return f"{d[0]:+,.0f} steps (one run: no interval)"
+    iv = mean_interval(d, 1 - 0.05 / arms)
+    if iv.degenerate:
+        return f"{iv.mean:+,.0f} steps on all {len(d)} runs (no spread: inconclusive)"
+    text = f"{iv.mean:+,.0f} [{iv.low:+,.0f}, {iv.high:+,.0f}] steps ({len(d)} runs)"
+    if decide:
+        text += (": the sinks form first, the plateau ends later" if iv.low > 0 else
+                 ": the plateau ends first, the sinks form later" if iv.high < 0 else ": no lag detected")
+    return text
+
+
+def _lag_difference_words(d: dict[str, Any], a: str, bold: bool = False) -> str:
+    """What a paired lag difference says once every seed is in: a direction where it is decided; no spread
+    (every seed the same difference) is inconclusive, not "no difference"."""
+    if d.get("decided"):
+        word = "shorter" if d["mean"] < 0 else "longer"
+        return f"the lag is {'**' + word + '**' if bold else word} with {a}"
+    if d.get("low") is None and d.get("seeds", 0) >= 2:
+        return "inconclusive (no spread over the seeds: no interval)"
+    return "no difference detected"
+
+
+def escape_answer_line(results: dict[str, Any]) -> str | None:
+    """The question the escape study asks, answered in plain words from results.json's `escape` alone: when each
+    arm leaves the plateau (Kaplan-Meier medians, runs still on it), what the declared primary says, whether the
+    plateau ends when the sinks form (the lag under the declared onset and under the exploratory first-reach
+    onset, labelled so) and whether a sink token moves that moment; then what is not known."""
+    esc = results.get("escape") or {}
+    km, lags = esc.get("km") or {}, esc.get("onset_lag") or {}
+    if not km or not esc.get("tests"):
+        return None
+    interim = _interim(esc)
+    n_in = len(esc.get("seeds_in") or [])
+    head = (f"**When does the DLM leave the unigram plateau, and do its sinks form first?** ({n_in} seeds"
+            + (f"; {interim}, no verdict" if interim else "") + "). ")
+    medians = "; ".join(
+        f"{_label(results, n)} {format(k['median'], ',') if k.get('median') is not None else 'not reached'} "
+        f"({k['n'] - k['escaped']} of {k['n']} runs censored)" for n, k in km.items())
+    text = head + (f"Median escape step (Kaplan-Meier; a censored run was still on the plateau at its last probe): "
+                   f"{medians}. ")
+    primary = next(t for t in esc["tests"] if t["primary"])
+    a, b = (_label(results, x) for x in primary["pair"])
+    text += (f"The declared test, {a} against {b}: ratio of escape steps {_ratio_ci(primary)}, "
+             f"{_test_words(results, primary, esc).replace('**', '')}. ")
+    reached = esc.get("onset_lag_exploratory") or {}
+    declared = results.get("declared", {}).get("escape") or {}
+    mark = declared.get("onset_mass", "–")
+    level = f"mean [t interval over the runs, 95 % Bonferroni-adjusted over {len(lags)} arms]"
+    if lags:
+        seen = ", ".join(f"{_label(results, n)} {g['runs'] - g.get('onset_censored', 0)} of {g['runs']}"
+                         for n, g in lags.items())
+        text += (f"The declared sink onset (the largest attention mass on detected sinks in a layer ≥ "
+                 f"{declared.get('onset_first_layer', 0)} staying at or above {mark}) was seen on {seen} runs; "
+                 f"the lag escape − onset ({level}): "
+                 + "; ".join(f"{_label(results, n)} {_lag_words(g, len(lags), not interim)}" for n, g in lags.items())
+                 + ". ")
+    if reached:
+        text += (f"Exploratory (not declared), the onset as the first probe where that mass reaches {mark}: "
+                 + "; ".join(f"{_label(results, n)} at median step {_steps(g.get('onset_median'))}, lag "
+                             f"{_lag_words(g, len(reached), not interim)}" for n, g in reached.items()) + ". ")
+    moved = [d for d in esc.get("lag_differences") or [] if d.get("seeds")]
+    if moved:
+        text += "Does a sink token move that moment (paired lag difference, declared onset, Bonferroni): " + "; ".join(
+            f"{_label(results, d['pair'][0])} − {_label(results, d['pair'][1])} {_lag_ci(d)} steps over {d['seeds']} "
+            f"seed{'s' if d['seeds'] != 1 else ''}, "
+            + (f"no verdict ({interim})" if interim else _lag_difference_words(d, _label(results, d["pair"][0])))
+            for d in moved) + ". "
+    text += ("Not known: whether any of this holds beyond the tiny model, this corpus and this schedule (one of "
+             "each here), and what sets the escape step when it is not the sinks.")
+    return text
 
 
 def escape_tests_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
@@ -153,10 +233,8 @@ def escape_lag_difference_rows(results: dict[str, Any]) -> tuple[list[str], list
         iv = _lag_ci(d)
         if _interim(esc):
             word = f"no verdict ({_interim(esc)})"
-        elif d.get("decided"):
-            word = f"the lag is **{'shorter' if d['mean'] < 0 else 'longer'}** with {a}"
         else:
-            word = "no difference detected"
+            word = _lag_difference_words(d, a, bold=True)
         rows.append([f"{a} − {b}", str(d["seeds"]), iv, f"{100 * d['confidence']:.1f} %", word])
     if not rows:
         return None

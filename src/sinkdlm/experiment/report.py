@@ -16,7 +16,7 @@ from typing import Any
 
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.experiment.endpoints import declared_test_name
-from sinkdlm.experiment.escape_report import escape_section, escape_verdict_line
+from sinkdlm.experiment.escape_report import escape_answer_line, escape_section, escape_verdict_line
 from sinkdlm.io.machine import machine_words
 from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_lines, primary_seed_table, verdict_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
@@ -314,7 +314,8 @@ def time_line(results: dict[str, Any]) -> str | None:
 
 
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
-                 "time": time_line, "escape": escape_verdict_line, "answer": answer_line}
+                 "time": time_line, "escape": escape_verdict_line, "escape_answer": escape_answer_line,
+                 "answer": answer_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
