@@ -341,3 +341,30 @@ def test_a_trend_needs_four_scored_steps_over_a_decade_and_the_words_follow_the_
     answer = summary_part(res, "answer")
     assert "started ahead from the conversion alone, a gap of" in answer and "Training narrowed that head start" in answer
     assert "Not known:" in answer and "2 scored steps after step 0 give no trend" in answer
+
+
+def test_the_answer_says_where_the_conversion_left_the_sink_model_from_the_step0_gap():
+    """A sink added to a trained DLM (issue 52's late-sink study) may start *behind*: the plain-words answer reads
+    the step-0 gap's interval, "ahead" below 0, "behind" above it, and "no difference detected" where it covers 0,
+    and keeps "the rest of the head start" for a model that started ahead and ended lower."""
+    from sinkdlm.experiment.report import summary_part
+
+    rng = np.random.default_rng(5)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+
+    def answer(sink0, sink, van0=(5.40,) * 6):
+        res = _results({"sink": _variant("S", list(sink0), list(sink)),
+                        "vanilla": _variant("V", list(van0), van, start_per_seed=False)},
+                       {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon"}})
+        summarise(res, [("sink", "vanilla")])
+        return summary_part(res, "answer")
+
+    # behind at step 0 (+0.3, the sink's draw raised the loss), then lower than vanilla at the end
+    behind = answer(5.70 + rng.normal(0, 0.01, 6), np.array(van) - 0.05 + rng.normal(0, 0.005, 6))
+    assert "the sink model started behind from the conversion alone, a gap of +0.3" in behind
+    assert "Training narrowed that deficit by" in behind and "ahead" not in behind
+    assert "the rest of the head start" not in behind and "the declared test finds S lower" in behind
+    # level at step 0 (a gap around 0 in both directions)
+    level = answer(5.40 + rng.normal(0, 0.02, 6), np.array(van) + rng.normal(0, 0.02, 6))
+    assert "at step 0, before any training, the conversion alone left a gap of" in level
+    assert "(no difference detected)" in level and "started ahead" not in level and "started behind" not in level

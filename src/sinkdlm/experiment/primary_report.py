@@ -173,11 +173,20 @@ def answer_line(results: dict[str, Any]) -> str | None:
     change = next((c for c in results.get("comparisons") or []
                    if c["pair"] == list(p["pair"]) and c["metric"] == "val_loss_change"), {})
     name, estimate, p_value, decided = declared_decision(p)
-    text = (f"**The paper's question in plain words** ({a} − {b} `{p['metric']}`, {p['seeds']} seeds): the sink model "
-            f"started ahead from the conversion alone, a gap of {_ci(g0)} at step 0, before any training. ")
+    # where the conversion alone left the sink model (a sink added to a trained DLM may start behind: issue 52)
+    ahead = g0.get("low") is not None and g0["high"] < 0
+    behind = g0.get("low") is not None and g0["low"] > 0
+    text = f"**The paper's question in plain words** ({a} − {b} `{p['metric']}`, {p['seeds']} seeds): "
+    if ahead or behind:
+        text += (f"the sink model started {'ahead' if ahead else 'behind'} from the conversion alone, a gap of "
+                 f"{_ci(g0)} at step 0, before any training. ")
+    else:
+        text += f"at step 0, before any training, the conversion alone left a gap of {_ci(g0)} (no difference detected). "
+    lead = "head start" if ahead else "deficit" if behind else "gap"
+    narrowed = te.get("mean") is not None and g0.get("mean") is not None and (te["mean"] > 0) == (g0["mean"] < 0)
     if change.get("survives") and te.get("mean") is not None and g0.get("mean") is not None:
-        how = "narrowed" if (te["mean"] > 0) == (g0["mean"] < 0) else "widened"
-        text += f"Training {how} that head start by {_ci(te)} (Δ_train, BH-adjusted p = {_p(change.get('p_adjusted'))})"
+        how = "narrowed" if narrowed else "widened"
+        text += f"Training {how} that {lead} by {_ci(te)} (Δ_train, BH-adjusted p = {_p(change.get('p_adjusted'))})"
     else:
         text += f"Training changed it by {_ci(te)} (Δ_train: no direction detected after the adjustment)"
     if points:
@@ -193,7 +202,7 @@ def answer_line(results: dict[str, Any]) -> str | None:
         text += (f"What remains at {where} is {remains}, {'lower' if estimate < 0 else 'higher'} with {a} by the "
                  f"declared test ({name}, p = {_p(p_value)}): the rest of the head start, not a gain that training "
                  "with the sink token produced, which Δ_train measures. "
-                 if change.get("survives") and (te["mean"] > 0) == (g0["mean"] < 0)
+                 if change.get("survives") and narrowed and ahead and estimate < 0
                  else f"At {where} the gap is {remains}: the declared test finds {a} "
                       f"{'lower' if estimate < 0 else 'higher'} ({name}, p = {_p(p_value)}). ")
     else:
