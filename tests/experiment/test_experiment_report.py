@@ -443,3 +443,29 @@ def test_the_seed_table_puts_each_peak_gradient_norm_beside_the_interval_it_fell
     header, table = primary_seed_table(res)
     assert header[-2:] == ["A peak grad norm (at steps)", "B peak grad norm (at steps)"]
     assert table[0][-2:] == ["2252 (11-20)", "650 (step not recorded)"]
+
+
+def test_takeover_line_reports_the_sink_tokens_share_and_the_moving_sink_verdict():
+    """`takeover` (the late-sink question, "does a sink added after pretraining take over the moving sinks?"): for each
+    compared arm with an extra sink, its attention share over the seeds (t interval, kept in [0, 1]) beside its
+    step-0 control's, and the moving-sink comparison's own verdict; an arm without a sink token says nothing."""
+    from scipy import stats as sps
+
+    from sinkdlm.experiment.report import summary_part
+
+    masses = [0.40, 0.44, 0.48]
+    sink = {"label": "S", "seeds": {str(i): {"analysis": {"extra_sink": {"mean_attention_mass": m}}}
+                                    for i, m in enumerate(masses)},
+            "step0": {"analysis": {"extra_sink": {"mean_attention_mass": 0.123}}}}
+    plain = {"label": "V", "seeds": {str(i): {"analysis": {}} for i in range(3)}}
+    verdict = "lower by 0.05 (95 % CI [-0.09, -0.01], BH-adjusted p = 0.03)"
+    res = {"variants": {"sink": sink, "vanilla": plain, "lora": dict(plain, label="L")},
+           "comparisons": [{"pair": ["sink", "vanilla"], "metric": "content_sink_set_change_rate", "verdict": verdict},
+                           {"pair": ["lora", "vanilla"], "metric": "content_sink_set_change_rate", "verdict": "x"},
+                           {"pair": ["sink", "vanilla"], "metric": "val_loss", "verdict": "y"}]}
+    half = sps.t.ppf(0.975, 2) * np.std(masses, ddof=1) / np.sqrt(3)
+    line = summary_part(res, "takeover")
+    assert line == ("**Does the sink token take over the moving sinks?** S: the sink token holds "
+                    f"44.0 [{100 * (0.44 - half):.1f}, {100 * (0.44 + half):.1f}] % of the attention (all layers; 12.3 % in "
+                    f"its step-0 control); its moving-sink rate (sink-set change rate, content keys) against V: {verdict}.\n")
+    assert summary_part({"variants": {"vanilla": plain}, "comparisons": []}, "takeover") is None

@@ -21,7 +21,8 @@ from sinkdlm.io.machine import machine_words
 from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_lines, primary_seed_table, verdict_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
-    epsilon_table, masking_note, masking_table, sinks_table, token_type_table, value_norm_layer_table, value_norm_lines,
+    epsilon_table, masking_note, masking_table, sinks_table, takeover_line, token_type_table, value_norm_layer_table,
+    value_norm_lines,
 )
 from sinkdlm.experiment.metrics import ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS
 from sinkdlm.experiment.summary import (
@@ -315,7 +316,7 @@ def time_line(results: dict[str, Any]) -> str | None:
 
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
                  "time": time_line, "escape": escape_verdict_line, "escape_answer": escape_answer_line,
-                 "answer": answer_line}
+                 "answer": answer_line, "takeover": takeover_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:

@@ -305,3 +305,26 @@ def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
               "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in dlm_rows]
     return "\n".join(lines) + "\n"
+
+
+def takeover_line(results: dict[str, Any]) -> str | None:
+    """Does the sink token take over the moving sinks? For each compared arm that has an extra sink: the attention
+    on it (all layers, mean [95 % CI] over the analysed seeds) after training and in its step-0 control (one model),
+    and the moving-sink rate (sink-set change rate over content keys) against the baseline with the comparison's
+    own verdict (a direction only where it survives the report's adjustment)."""
+    said = []
+    for c in results.get("comparisons") or []:
+        if c.get("metric") != "content_sink_set_change_rate":
+            continue
+        a, b = (results["variants"][n] for n in c["pair"])
+        mass = extra_sink_mass(a)
+        if mass is None:
+            continue
+        m0 = ((((a.get("step0") or {}).get("analysis") or {}).get("extra_sink") or {}).get("mean_attention_mass"))
+        step0 = "" if m0 is None else f"; {100 * m0:.1f} % in its step-0 control"
+        said.append(f"{a['label']}: the sink token holds {fmt_interval(mass, 100.0, 1)} % of the attention (all layers"
+                    f"{step0}); its moving-sink rate (sink-set change rate, content keys) against {b['label']}: "
+                    f"{c['verdict']}")
+    if not said:
+        return None
+    return "**Does the sink token take over the moving sinks?** " + "; ".join(said) + "."
