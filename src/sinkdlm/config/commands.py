@@ -312,10 +312,11 @@ class ExperimentConfig(DeviceOption, RemaskingOptions):
     data: str | None = None
     """Override the preset's corpus."""
     seeds: str | None = None
-    """Comma-separated seeds (default: the preset's)."""
+    """Comma-separated seeds to run (a shard; default: the preset's). Shards may run at once on one --out."""
     max_steps: int | None = None
     """Override the training budget."""
     gsm8k: str | None = None
     """Folder with GSM8K train.jsonl/test.jsonl (paper-0.5b)."""
     variants: str | None = None
-    """Comma-separated variant names to run (a shard; default: all the preset's)."""
+    """Comma-separated variant names to run (a shard; default: all the preset's). Shards may run at once on one
+    --out."""
