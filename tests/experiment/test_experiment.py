@@ -174,6 +174,12 @@ def test_smoke_writes_every_file_and_key(smoke):
     per_run = [json.loads((out / "runs" / f"{v}-s{s}" / "timing.json").read_text())
                for v in saved["variants"] for s in preset.seeds]
     assert all({"train", "eval", "analysis"} <= set(t) for t in per_run)
+    # each run says which CPU finished it (a study spans sessions, and machines): the one this test runs on
+    from sinkdlm.io.machine import cpu_name
+
+    done = [json.loads((out / "runs" / f"{v}-s{s}" / "train" / "DONE.json").read_text())
+            for v in saved["variants"] for s in preset.seeds]
+    assert all(d["machine"]["cpu"] == cpu_name() and d["machine"]["torch_threads"] >= 1 for d in done)
     assert timing["compute_s"] == pytest.approx(sum(sum(t.values()) for t in per_run))
     assert timing["runs"] == timing["runs_timed"] == len(per_run) and timing["note"] is None
     assert timing["elapsed_s"] >= timing["last_invocation_s"] > 0

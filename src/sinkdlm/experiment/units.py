@@ -26,6 +26,7 @@ from sinkdlm.experiment.plan import draws_at_conversion, log, step0_name
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant
 from sinkdlm.experiment.variance import VAL, VAL_PARTIAL, same_validation, validation_key
 from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.machine import machine_info
 from sinkdlm.io.out_dir import hold
 from sinkdlm.training.rundir import METRICS_NAME, local_checkpoint, read_metrics
 
@@ -81,6 +82,9 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     # (rows past a resumed checkpoint are dropped), so the steps before the interruption count too.
     summary["seconds"] = max(time.perf_counter() - t0 - scoring,
                              logged_training_seconds(run_dir, cfg.batch_size * cfg.seq_len))
+    # where it finished: a study spans sessions, and float32 rounding differs between CPUs (docs/method.md §11)
+    summary["machine"] = {k: v for k, v in machine_info().items()
+                          if k in ("cpu", "cpu_flags", "cpu_capability", "torch_threads", "torch", "cuda")}
     if previous_done.is_file():
         summary["retrained"] = reproduction(read_metrics(run_dir, previous_metrics.name), read_metrics(run_dir))
         summary["retrained"]["first_seconds"] = json.loads(previous_done.read_text()).get("seconds")
