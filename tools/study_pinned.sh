@@ -2,8 +2,8 @@
 # Run (or resume) a declared study on the code it was settled at, whatever main holds now (docs/method.md §11).
 #
 #   tools/study_pinned.sh COMMIT PRESET OUT [SEEDS]
-#   tools/study_pinned.sh 8503576 escape docs/results/escape 100,101,102,103,104,105,106,107,108,109 &
-#   tools/study_pinned.sh 8503576 escape docs/results/escape 110,111,112,113,114,115,116,117,118,119 &
+#   tools/study_pinned.sh 8503576 escape docs/results/escape 100,101,102,103,104,105,106,107,108,109,119 &
+#   tools/study_pinned.sh 8503576 escape docs/results/escape 110,111,112,113,114,115,116,117,118 &
 #
 # A git worktree of COMMIT (../wt/study-<PRESET>-<COMMIT>, made once) supplies the code; this checkout's .venv
 # runs it with that worktree's src/ first on the path, on one intra-op thread (every run of a study computes
