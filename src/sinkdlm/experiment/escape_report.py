@@ -129,10 +129,11 @@ def escape_answer_line(results: dict[str, Any]) -> str | None:
         f"({k['n'] - k['escaped']} of {k['n']} runs censored)" for n, k in km.items())
     text = head + (f"Median escape step (Kaplan-Meier; a censored run was still on the plateau at its last probe): "
                    f"{medians}. ")
-    primary = next(t for t in esc["tests"] if t["primary"])
-    a, b = (_label(results, x) for x in primary["pair"])
-    text += (f"The declared test, {a} against {b}: ratio of escape steps {_ratio_ci(primary)}, "
-             f"{_test_words(results, primary, esc).replace('**', '')}. ")
+    primary = next((t for t in esc["tests"] if t["primary"]), None)  # None: a shard without the primary's arms
+    if primary is not None:
+        a, b = (_label(results, x) for x in primary["pair"])
+        text += (f"The declared test, {a} against {b}: ratio of escape steps {_ratio_ci(primary)}, "
+                 f"{_test_words(results, primary, esc).replace('**', '')}. ")
     reached = esc.get("onset_lag_exploratory") or {}
     declared = results.get("declared", {}).get("escape") or {}
     mark = declared.get("onset_mass", "–")
