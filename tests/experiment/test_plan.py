@@ -20,7 +20,7 @@ def test_plan_names_runs_steps_estimate_and_progress(tmp_path):
                     "(rewritten after every stage)")
     measured = plan_line(variants=2, seeds=3, steps=600, controls=2, measured=[100.0, 140.0, 120.0], per_step=0.3,
                          progress=PROGRESS)
-    assert "then 2 step-0 controls" in measured and "about 12 min in all (measured: 3 runs here)" in measured
+    assert "then 2 step-0 controls" in measured and "about 12 min in all (one process, shards side by side divide it; measured: 3 runs here)" in measured
     unknown = plan_line(variants=1, seeds=1, steps=5, controls=0, measured=[], per_step=None, progress=PROGRESS)
     assert "1 run (1 variant x 1 seed) x 5 training steps; the time is estimated after the first run" in unknown
 
@@ -39,7 +39,7 @@ def test_a_resumed_plan_counts_only_the_runs_still_to_measure():
     now = time.time()
     resumed = plan_line(variants=3, seeds=4, steps=6000, controls=0, measured=[800.0] * 9, per_step=0.1,
                         progress=PROGRESS, finished=9)
-    assert "12 runs (3 variants x 4 seeds) x 6,000 training steps; 9 measured already, 3 to go; about 40 min left" in resumed
+    assert "12 runs (3 variants x 4 seeds) x 6,000 training steps; 9 measured already, 3 to go; about 40 min left (one process" in resumed
     done = plan_line(variants=3, seeds=4, steps=6000, controls=0, measured=[800.0] * 12, per_step=0.1,
                      progress=PROGRESS, finished=12)
     assert "12 measured already, 0 to go; nothing left to train" in done
@@ -156,3 +156,36 @@ def test_the_plan_of_a_shard_says_what_runs_and_checks_its_inputs_before_any_fil
     with pytest.raises(ValueError, match="--variants nope: not in preset 'smoke'"):
         make_plan(ExperimentConfig(preset="smoke", out=str(out), variants="nope"))
     assert not out.exists()
+
+
+def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_path):
+    """`experiment --dry-run` (and `run_experiment` with dry_run): the plan, the runs whose measurements are all on
+    disk counted as measured, the estimate from their timing.json; no file or folder is made."""
+    import subprocess
+    import sys
+
+    from sinkdlm.config import ExperimentConfig
+    from sinkdlm.experiment import run_experiment
+    from sinkdlm.experiment.plan import make_plan
+    from sinkdlm.experiment.stages import run_products
+    from sinkdlm.experiment.units import Unit
+
+    out = tmp_path / "exp"
+    fresh = run_experiment(ExperimentConfig(preset="smoke", out=str(out), dry_run=True))
+    assert fresh["dry_run"] and not out.exists()
+    assert "plan: 6 runs (3 variants x 2 seeds)" in fresh["plan"] and "measured already" not in fresh["plan"]
+    # one run measured (every product on disk), another only trained: 1 measured, its 120 s the estimate
+    plan = make_plan(ExperimentConfig(preset="smoke", out=str(out)))
+    for name, complete in (("vanilla-s0", True), ("gated-s1", False)):
+        unit = Unit(name, out / "runs" / name, "", {}, seed=int(name[-1]))
+        products = run_products(plan, unit)
+        for f in products if complete else products[:1]:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text("{}")
+        (unit.dir / "timing.json").write_text(json.dumps({"train": 100.0, "validation": 20.0}))
+    (out / "STARTED.json").write_text(json.dumps({"time": time.time(), "preset": "smoke"}))  # as mark_started
+    before = sorted(p for p in out.rglob("*"))
+    text = subprocess.run([sys.executable, "-m", "sinkdlm", "experiment", "--preset", "smoke", "--out", str(out),
+                           "--dry-run"], capture_output=True, text=True, check=True).stdout
+    assert "6 runs (3 variants x 2 seeds) x 3 training steps; 1 measured already, 5 to go; about 10 min left" in text
+    assert text.splitlines()[0] == f"experiment 'smoke' -> {out}" and sorted(out.rglob("*")) == before

@@ -21,6 +21,11 @@ def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
     # the experiment needs; run_experiment checks it again for callers from Python
     check_out(cfg.out, "experiment", overwrite=cfg.overwrite, resumable=True, preset=cfg.preset,
               inputs=(cfg.init_from, cfg.data, cfg.gsm8k))
+    if cfg.dry_run:
+        from sinkdlm.experiment.runner import describe_experiment
+
+        typer.echo(describe_experiment(cfg))
+        return
     from sinkdlm.experiment import run_experiment
     from sinkdlm.training.rundir import TrainingStopped
 

@@ -320,3 +320,6 @@ class ExperimentConfig(DeviceOption, RemaskingOptions):
     variants: str | None = None
     """Comma-separated variant names to run (a shard; default: all the preset's). Shards may run at once on one
     --out."""
+    dry_run: bool = False
+    """Print the plan (runs, shard, validation, declared endpoints, runs measured already, the time left) and exit:
+    nothing is trained or written."""

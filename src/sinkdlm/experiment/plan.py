@@ -75,7 +75,8 @@ def plan_line(*, variants: int, seeds: int, steps: int, controls: int, measured:
         estimate = "nothing left to train: the report is written from what is on disk"
     elif measured:
         estimate = f"about {_duration(statistics.median(measured) * todo)} {'left' if finished else 'in all'} " \
-                   f"(measured: {len(measured)} run{'s' if len(measured) != 1 else ''} here)"
+                   f"(one process, shards side by side divide it; measured: {len(measured)} " \
+                   f"run{'s' if len(measured) != 1 else ''} here)"
     elif per_step is not None:
         estimate = f"about {_duration(per_step * steps * todo)} on a 2-core CPU (the preset's reference run; " \
                    "a faster machine takes less)"
@@ -214,9 +215,9 @@ class ExperimentPlan:
                          per_step=reference_seconds_per_step(self.preset.name), progress=self.out / "progress.md",
                          finished=finished)
 
-    def describe(self, measured: tuple[float, ...] = ()) -> str:
+    def describe(self, measured: tuple[float, ...] = (), finished: int = 0) -> str:
         """The plan as text, one line per part: what runs, this call's shard, the sampler rule, the fixed
-        validation, the declared endpoints and the expected cost."""
+        validation, the declared endpoints and the expected cost (`finished`: runs measured already)."""
         p, v = self.preset, self.preset.validation
         shard = [f"variants {', '.join(x.name for x in p.variants)} of {len(self.study.variants)}"
                  if len(p.variants) < len(self.study.variants) else "",
@@ -235,7 +236,7 @@ class ExperimentPlan:
             + (", bf16" if v.bf16 else ""),
             f"declared endpoints: {', '.join(declared) or 'none'}",
             f"compared: {', '.join(f'{a} - {b}' for a, b in self.compared) or 'nothing (one variant)'}",
-            self.cost_line(list(measured)),
+            self.cost_line(list(measured), finished),
         ])
 
 

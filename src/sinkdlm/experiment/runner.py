@@ -86,6 +86,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     `config.variants`: run only these of the preset's variants (by name), e.g. to split an experiment over
     two processes on the same `out`; a last call without it finds every stage done and writes the report."""
     plan = make_plan(config, skip_analysis=skip_analysis)  # every input check that reads no file
+    if config.dry_run:  # the plan only (`describe_experiment`): nothing trained or written
+        return {"dry_run": True, "plan": describe_experiment(config)}
     from sinkdlm.io.out_dir import check_out, writing_out
 
     # what --out holds, before any work: the same preset's experiment is resumed, anything else refused
@@ -114,6 +116,25 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     summarise_results(session, results)
     write_results(plan, results)  # results.json, report.md, report.html
     return results
+
+
+def describe_experiment(config: ExperimentConfig) -> str:
+    """`sinkdlm experiment --dry-run`: the plan `run_experiment(config)` would carry out, with what its --out holds
+    already (runs whose measurements are all on disk, and the measured seconds of its runs that the estimate
+    uses); nothing is trained or written."""
+    import json
+
+    from sinkdlm.experiment.plan import run_seconds
+    from sinkdlm.experiment.stages import run_products
+    from sinkdlm.experiment.units import Unit
+
+    plan = make_plan(config)
+    runs = [Unit(f"{v.name}-s{s}", plan.out / "runs" / f"{v.name}-s{s}", "", {}, seed=s)
+            for s in plan.seeds for v in plan.preset.variants]
+    finished = sum(all(f.is_file() for f in run_products(plan, u)) for u in runs)
+    timings = [json.loads(t.read_text()) for t in plan.out.glob("runs/*/timing.json")]
+    measured = tuple(x for t in timings if (x := run_seconds(t)) is not None)
+    return plan.describe(measured, finished)
 
 
 def checked_inputs(plan: ExperimentPlan) -> ExperimentPlan:
