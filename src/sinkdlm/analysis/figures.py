@@ -358,7 +358,7 @@ def plot_training_curves(
     """
     if not curves:
         raise ValueError("curves is empty; pass at least one model")
-    fig = Figure(figsize=(6.4, 4.0))
+    fig = Figure(figsize=(6.4, 4.6), layout="constrained")  # room for the legend below the axes
     ax = fig.add_subplot()
     for i, (label, seeds) in enumerate(curves.items()):
         colour = f"C{i % 10}"
@@ -382,10 +382,10 @@ def plot_training_curves(
         plain_log_ticks(ax)
     integer_ticks(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # below the axes: one line per model, whose label says what its mean covers, never over the curves
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
     return save_figure(fig, path)
 
 
