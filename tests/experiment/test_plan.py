@@ -189,3 +189,8 @@ def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_pat
                            "--dry-run"], capture_output=True, text=True, check=True).stdout
     assert "6 runs (3 variants x 2 seeds) x 3 training steps; 1 measured already, 5 to go; about 10 min left" in text
     assert text.splitlines()[0] == f"experiment 'smoke' -> {out}" and sorted(out.rglob("*")) == before
+    # what a preset needs and was not given is said, as the run would refuse it
+    paper = run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "p"), dry_run=True))["plan"]
+    assert paper.splitlines()[-1] == ("needs: --init-from PATH (an autoregressive checkpoint); --data (local FineWeb "
+                                      "files): the run refuses to start without them")
+    assert not (tmp_path / "p").exists()

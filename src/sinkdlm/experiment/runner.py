@@ -134,7 +134,16 @@ def describe_experiment(config: ExperimentConfig) -> str:
     finished = sum(all(f.is_file() for f in run_products(plan, u)) for u in runs)
     timings = [json.loads(t.read_text()) for t in plan.out.glob("runs/*/timing.json")]
     measured = tuple(x for t in timings if (x := run_seconds(t)) is not None)
-    return plan.describe(measured, finished)
+    lines = [plan.describe(measured, finished)]
+    if plan.init_from is None and plan.preset.default_init_from == "example":
+        lines.append("starts from: the example model (SmolLM2-135M-Instruct GGUF, fetched and sha256-checked on the "
+                     "first run unless it is cached)")
+    missing = [flag for flag, need, given in (("--init-from PATH (an autoregressive checkpoint)", "init_from", plan.init_from),
+                                              ("--data (local FineWeb files)", "data", plan.data))
+               if need in plan.preset.needs and not given]
+    if missing:
+        lines.append(f"needs: {'; '.join(missing)}: the run refuses to start without {'it' if len(missing) == 1 else 'them'}")
+    return "\n".join(lines)
 
 
 def checked_inputs(plan: ExperimentPlan) -> ExperimentPlan:
