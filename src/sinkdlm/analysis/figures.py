@@ -56,8 +56,11 @@ def _same_models(name_a: str, a: dict, name_b: str, b: dict) -> None:
 
 
 def integer_ticks(ax, axis: str = "x") -> None:
-    """Integer ticks only (layers, steps, positions): never a tick at layer 2.5."""
-    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+    """Integer ticks only (layers, steps, positions): never a tick at layer 2.5; thousands separated (1,600), as
+    the text around a figure writes its steps."""
+    scale = getattr(ax, f"{axis}axis")
+    scale.set_major_locator(MaxNLocator(integer=True))
+    scale.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
 
 
 def plain_log_ticks(ax, axis: str = "y") -> None:
