@@ -206,3 +206,27 @@ def test_missing_tensorboard_is_said(tmp_path, monkeypatch, capsys):
     log = MetricsLog(tmp_path, 0, True, True)
     assert log.writer is None
     assert "TensorBoard is not installed" in capsys.readouterr().out
+
+
+def test_prompts_jsonl_errors_name_the_flag_the_file_and_the_line(tmp_path):
+    """`analyze --prompts FILE.jsonl` (read before the model, torch-free): one object per line with "prompt" or
+    "text"; a line that is not JSON, or that lacks the field, is one line naming --prompts, the file and the line."""
+    import re
+    import subprocess
+    import sys
+
+    from sinkdlm.cli.analyze_cmd import read_prompts
+
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"prompt": "To be"}\n\n{"text": "or not"}\n')
+    assert read_prompts(good) == ["To be", "or not"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match=rf"^--prompts {re.escape(str(bad))}:2 is not valid JSON"):
+        read_prompts(bad)
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text('{"prompt": "a"}\n["a list"]\n')
+    with pytest.raises(ValueError, match=rf'^--prompts {re.escape(str(nofield))}:2 needs a string field "prompt" or "text"'):
+        read_prompts(nofield)
+    code = "import sys, sinkdlm.cli.analyze_cmd, sinkdlm.io.jsonl; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -7,7 +7,6 @@ library also checks runs before the model is loaded.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import typer
@@ -22,22 +21,21 @@ def read_prompts(path: Path) -> list[str]:
     """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text"."""
     from sinkdlm.config.checks import read_text_file
 
-    lines = read_text_file(path, "--prompts").splitlines()
+    from sinkdlm.io.jsonl import iter_jsonl
+
+    lines = read_text_file(path, "--prompts").splitlines()  # exists, readable, UTF-8: said with the flag
     if path.suffix != ".jsonl":
         prompts = [line for line in lines if line.strip()]
     else:
         prompts = []
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--prompts {path}:{i} is not valid JSON: {e}") from e
-            text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise ValueError(f"--prompts {path}:{i} needs a string field \"prompt\" or \"text\"")
-            prompts.append(text)
+        try:
+            for i, record in iter_jsonl(path):
+                text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{i} needs a string field \"prompt\" or \"text\"")
+                prompts.append(text)
+        except ValueError as e:
+            raise ValueError(f"--prompts {e}") from e
     if not prompts:
         raise ValueError(f"--prompts file {str(path)!r} holds no prompt")
     return prompts

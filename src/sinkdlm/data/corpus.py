@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sinkdlm.config.train import TrainConfig  # the one home of text_field
+from sinkdlm.io.jsonl import iter_jsonl, not_utf8_error  # noqa: F401  (sft.py reads iter_jsonl here)
 
 SPLITS = ("train", "validation")
 SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
@@ -154,31 +155,6 @@ def _record_text(record: object, path: Path, where: str, field: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{path}{where}: field {field!r} is a {type(value).__name__}, expected a string")
     return value
-
-
-def not_utf8_error(path: Path, exc: UnicodeDecodeError) -> ValueError:
-    """The error for a text file that is not UTF-8: names the file and the byte offset."""
-    return ValueError(
-        f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); text corpora must be UTF-8 — "
-        f"convert it, e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"
-    )
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
-    """``(line number, parsed value)`` for each non-blank line of a JSON Lines file."""
-    with path.open(encoding="utf-8") as f:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno} is not valid JSON ({exc.msg}); expected one object per line") from exc
-                yield lineno, record
-        except UnicodeDecodeError as exc:
-            raise not_utf8_error(path, exc) from None
 
 
 def _read_jsonl(path: Path, field: str) -> list[str]:
