@@ -168,7 +168,6 @@ def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_pat
     from sinkdlm.experiment import run_experiment
     from sinkdlm.experiment.plan import make_plan
     from sinkdlm.experiment.stages import run_products
-    from sinkdlm.experiment.units import Unit
 
     out = tmp_path / "exp"
     fresh = run_experiment(ExperimentConfig(preset="smoke", out=str(out), dry_run=True))
@@ -177,12 +176,12 @@ def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_pat
     # one run measured (every product on disk), another only trained: 1 measured, its 120 s the estimate
     plan = make_plan(ExperimentConfig(preset="smoke", out=str(out)))
     for name, complete in (("vanilla-s0", True), ("gated-s1", False)):
-        unit = Unit(name, out / "runs" / name, "", {}, seed=int(name[-1]))
-        products = run_products(plan, unit)
+        run = out / "runs" / name
+        products = run_products(plan, run, int(name[-1]))
         for f in products if complete else products[:1]:
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text("{}")
-        (unit.dir / "timing.json").write_text(json.dumps({"train": 100.0, "validation": 20.0}))
+        (run / "timing.json").write_text(json.dumps({"train": 100.0, "validation": 20.0}))
     (out / "STARTED.json").write_text(json.dumps({"time": time.time(), "preset": "smoke"}))  # as mark_started
     before = sorted(p for p in out.rglob("*"))
     text = subprocess.run([sys.executable, "-m", "sinkdlm", "experiment", "--preset", "smoke", "--out", str(out),
@@ -192,5 +191,12 @@ def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_pat
     # what a preset needs and was not given is said, as the run would refuse it
     paper = run_experiment(ExperimentConfig(preset="paper-0.5b", out=str(tmp_path / "p"), dry_run=True))["plan"]
     assert paper.splitlines()[-1] == ("needs: --init-from PATH (an autoregressive checkpoint); --data (local FineWeb "
-                                      "files): the run refuses to start without them")
+                                      "files); --gsm8k DIR (GSM8K's train.jsonl and test.jsonl): the run refuses to "
+                                      "start without them")
+    # each of them, given, leaves the list, as check_inputs accepts it
+    from sinkdlm.experiment.presets import get_preset
+    from sinkdlm.experiment.runner import missing_inputs
+
+    assert missing_inputs(get_preset("paper-0.5b"), "m.gguf", None, "g") == ["data"]
+    assert missing_inputs(get_preset("smoke"), None, None, None) == []
     assert not (tmp_path / "p").exists()

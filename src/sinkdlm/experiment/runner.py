@@ -37,11 +37,23 @@ from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.training.rundir import TrainingStopped
 
 
+# what each option a preset may need (`ExperimentPreset.needs`) is, for a plan that names the missing ones
+NEEDED = {"init_from": "--init-from PATH (an autoregressive checkpoint)", "data": "--data (local FineWeb files)",
+          "gsm8k": "--gsm8k DIR (GSM8K's train.jsonl and test.jsonl)"}
+
+
+def missing_inputs(preset: ExperimentPreset, init_from: str | None, data: str | None, gsm8k: str | None) -> list[str]:
+    """The options the preset needs that were not given, in its order (`check_inputs` refuses each)."""
+    given = {"init_from": init_from, "data": data, "gsm8k": gsm8k}
+    return [name for name in preset.needs if not given[name]]
+
+
 def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, data: str | None,
                  gsm8k: str | None = None) -> None:
     """Every user error, before any work."""
     ensure_writable_dir(out)
-    if "init_from" in preset.needs and not init_from:
+    missing = missing_inputs(preset, init_from, data, gsm8k)
+    if "init_from" in missing:
         raise ValueError(
             f"preset {preset.name!r} starts from an autoregressive checkpoint: pass --init-from PATH, a local "
             "Hugging Face Qwen2.5-0.5B directory (config.json + *.safetensors) or a .gguf; nothing is downloaded here"
@@ -59,7 +71,7 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
             raise ValueError(f"--init-from {init_from} is a {source.fmt!r} diffusion model; expected an "
                              "autoregressive Qwen2/LLaMA checkpoint (a directory or a .gguf)")
     if "data" in preset.needs:
-        if not data:
+        if "data" in missing:
             raise ValueError(
                 f"preset {preset.name!r} trains on FineWeb: pass --data with local FineWeb files (.parquet/.jsonl "
                 "or a folder of them), or hf:HuggingFaceFW/fineweb:sample-10BT where the hub is reachable"
@@ -67,7 +79,7 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
         if not data.startswith("hf:") and not Path(data).exists():
             raise ValueError(f"--data {data} does not exist")
     if "gsm8k" in preset.needs:
-        if not gsm8k:
+        if "gsm8k" in missing:
             raise ValueError(
                 f"preset {preset.name!r} fine-tunes and scores on GSM8K (the paper's Table 2): pass --gsm8k DIR, a local "
                 "folder with the published train.jsonl and test.jsonl (question/answer per line)"
@@ -126,23 +138,20 @@ def describe_experiment(config: ExperimentConfig) -> str:
 
     from sinkdlm.experiment.plan import run_seconds
     from sinkdlm.experiment.stages import run_products
-    from sinkdlm.experiment.units import Unit
 
     plan = make_plan(config)
-    runs = [Unit(f"{v.name}-s{s}", plan.out / "runs" / f"{v.name}-s{s}", "", {}, seed=s)
-            for s in plan.seeds for v in plan.preset.variants]
-    finished = sum(all(f.is_file() for f in run_products(plan, u)) for u in runs)
+    finished = sum(all(f.is_file() for f in run_products(plan, plan.out / "runs" / f"{v.name}-s{s}", s))
+                   for s in plan.seeds for v in plan.preset.variants)
     timings = [json.loads(t.read_text()) for t in plan.out.glob("runs/*/timing.json")]
     measured = tuple(x for t in timings if (x := run_seconds(t)) is not None)
     lines = [plan.describe(measured, finished)]
     if plan.init_from is None and plan.preset.default_init_from == "example":
         lines.append("starts from: the example model (SmolLM2-135M-Instruct GGUF, fetched and sha256-checked on the "
                      "first run unless it is cached)")
-    missing = [flag for flag, need, given in (("--init-from PATH (an autoregressive checkpoint)", "init_from", plan.init_from),
-                                              ("--data (local FineWeb files)", "data", plan.data))
-               if need in plan.preset.needs and not given]
+    missing = missing_inputs(plan.preset, plan.init_from, plan.data, plan.gsm8k)
     if missing:
-        lines.append(f"needs: {'; '.join(missing)}: the run refuses to start without {'it' if len(missing) == 1 else 'them'}")
+        lines.append(f"needs: {'; '.join(NEEDED[n] for n in missing)}: the run refuses to start without "
+                     f"{'it' if len(missing) == 1 else 'them'}")
     return "\n".join(lines)
 
 
