@@ -20,12 +20,11 @@ from sinkdlm.config.checks import check_dtype, check_prompt_size, check_sampler_
 def read_prompts(path: Path) -> list[str]:
     """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text"."""
     from sinkdlm.config.checks import read_text_file
-
     from sinkdlm.io.jsonl import iter_jsonl
 
-    lines = read_text_file(path, "--prompts").splitlines()  # exists, readable, UTF-8: said with the flag
+    text = read_text_file(path, "--prompts")  # exists, readable, UTF-8: said with the flag
     if path.suffix != ".jsonl":
-        prompts = [line for line in lines if line.strip()]
+        prompts = [line for line in text.splitlines() if line.strip()]
     else:
         prompts = []
         try:

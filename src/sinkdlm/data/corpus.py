@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sinkdlm.config.train import TrainConfig  # the one home of text_field
-from sinkdlm.io.jsonl import iter_jsonl, not_utf8_error  # noqa: F401  (sft.py reads iter_jsonl here)
+from sinkdlm.io.jsonl import iter_jsonl, not_utf8_error
 
 SPLITS = ("train", "validation")
 SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")

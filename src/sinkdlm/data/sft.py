@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .corpus import iter_jsonl, stable_hash
+from sinkdlm.io.jsonl import iter_jsonl
+
+from .corpus import stable_hash
 from .tokenizer import encode_texts
 
 ANSWER_MARK = "####"

@@ -153,18 +153,22 @@ def escape_step(curve: list[tuple[int, float]], threshold: float) -> dict[str, A
     return {"step": last if first is None else first, "censored": first is None, "last_probe": last}
 
 
+def _largest_sink_mass(record: dict[str, Any], first_layer: int) -> list[tuple[int, float]]:
+    """(step, the largest attention mass on detected sinks over the layers from `first_layer` on) per probe."""
+    return sorted((int(s), max(p["detected_sink_mass"][first_layer:])) for s, p in record["probes"].items())
+
+
 def sink_onset(record: dict[str, Any], mass: float, first_layer: int = 0) -> dict[str, Any]:
     """Sink onset: the first probe from which the largest attention mass on detected sinks over the layers from
     `first_layer` on stays >= `mass` (right-censored at the last probe like `escape_step`)."""
-    curve = [(int(s), -max(p["detected_sink_mass"][first_layer:])) for s, p in record["probes"].items()]
-    return escape_step(curve, -mass + 1e-12)
+    return escape_step([(s, -m) for s, m in _largest_sink_mass(record, first_layer)], -mass + 1e-12)
 
 
 def sink_reach(record: dict[str, Any], mass: float, first_layer: int = 0) -> dict[str, Any]:
     """The exploratory onset (docs/method.md §11, not declared): the first probe at which the largest attention
     mass on detected sinks over the layers from `first_layer` on *reaches* `mass`, whether or not it stays there
     (the declared `sink_onset` needs it to stay); censored at the last probe when it never does."""
-    curve = sorted((int(s), max(p["detected_sink_mass"][first_layer:])) for s, p in record["probes"].items())
+    curve = _largest_sink_mass(record, first_layer)
     if not curve:
         raise ValueError("sink_reach needs at least one probe")
     hit = next((step for step, m in curve if m >= mass), None)

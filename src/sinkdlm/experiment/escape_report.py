@@ -93,7 +93,7 @@ def _lag_words(g: dict[str, Any], arms: int, decide: bool) -> str:
     iv = mean_interval(d, 1 - 0.05 / arms)
     if iv.degenerate:
         return f"{iv.mean:+,.0f} steps on all {len(d)} runs (no spread: inconclusive)"
-    text = f"{iv.mean:+,.0f} [{iv.low:+,.0f}, {iv.high:+,.0f}] steps ({len(d)} runs)"
+    text = _lag_ci({"mean": iv.mean, "low": iv.low, "high": iv.high}) + f" steps ({len(d)} runs)"
     if decide:
         text += (": the sinks form first, the plateau ends later" if iv.low > 0 else
                  ": the plateau ends first, the sinks form later" if iv.high < 0 else ": no lag detected")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 from sinkdlm.experiment.formatting import fmt_interval
@@ -143,8 +144,6 @@ ACTIVE_S = 600  # a run whose metrics log was written this recently is being tra
 
 def _training_now(train_dir: Path, now: float | None = None) -> bool:
     """Whether a run is being trained now: its metrics log was written in the last `ACTIVE_S` seconds."""
-    import time
-
     log = train_dir / "metrics.jsonl"
     return log.is_file() and (time.time() if now is None else now) - log.stat().st_mtime < ACTIVE_S
 

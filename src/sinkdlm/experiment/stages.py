@@ -184,7 +184,7 @@ def claimed(units: list[Unit]) -> Iterator[Unit]:
 
 def measure_runs(s: Session, units: Units) -> None:
     """Stage 2: every run, one at a time: trained, fine-tuned, evaluated, analysed and validated in turn."""
-    todo = {u.dir for u in units.ordered if not all(f.is_file() for f in run_products(s.plan, u))}
+    todo = {u.dir for u in units.ordered if not all(f.is_file() for f in run_products(s.plan, u.dir, u.seed))}
     log(s.plan.cost_line(units.measured(), finished=len(units.ordered) - len(todo)))
     for done, unit in enumerate(claimed(units.ordered), 1):
         train_run(s, unit)
@@ -219,8 +219,8 @@ def train_run(s: Session, unit: Unit) -> None:
     training passes it) and the escape probe; trained again only when its weights are gone and a
     measurement still needs them."""
     p, run = s.plan, unit.dir
-    curve_dirs = {st: run / "curve" / f"step-{st}" for st in p.preset.validation.curve_steps(p.steps)[:-1]}
-    products = run_products(p, unit)
+    curve_dirs = _curve_dirs(p, run)
+    products = run_products(p, run, unit.seed)
     prober = None
     if p.preset.escape is not None:  # the escape probe, every `escape.every` steps as the run trains
         from sinkdlm.experiment.escape import PROBES, make_prober
@@ -243,12 +243,17 @@ def train_run(s: Session, unit: Unit) -> None:
     s.progress.page()
 
 
-def run_products(p: ExperimentPlan, unit: Unit) -> list[Path]:
-    """What a run's stages leave on disk: its validation (and at each declared curve step), task scores, analysis
-    (the analysed seeds) and escape probes. A run with all of them is measured: it is not trained again."""
-    run = unit.dir
-    products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if p.analysed(unit.seed) else ()),
-                *(run / "curve" / f"step-{st}" / VAL for st in p.preset.validation.curve_steps(p.steps)[:-1])]
+def _curve_dirs(p: ExperimentPlan, run: Path) -> dict[int, Path]:
+    """Where a run's fixed validation at each declared step before the last is kept."""
+    return {st: run / "curve" / f"step-{st}" for st in p.preset.validation.curve_steps(p.steps)[:-1]}
+
+
+def run_products(p: ExperimentPlan, run: Path, seed: int) -> list[Path]:
+    """What the stages leave in a run's directory `run`: its validation (and at each declared curve step), task
+    scores, analysis (the analysed seeds) and escape probes. A run with all of them is measured: it is not
+    trained again."""
+    products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if p.analysed(seed) else ()),
+                *(d / VAL for d in _curve_dirs(p, run).values())]
     if p.preset.escape is not None:
         from sinkdlm.experiment.escape import PROBES
 
