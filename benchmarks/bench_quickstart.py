@@ -93,7 +93,6 @@ def attention_summary(out: Path) -> dict | None:
             "sink_token_mass": extra.get("attention_mass")}
 
 
-
 def main() -> int:
     lines = quick_start_block()
     record = {"benchmark": "bench_quickstart", "cpu": cpu_name(), "cpu_count": os.cpu_count(), "busy_cores_at_start": busy_cores(),
