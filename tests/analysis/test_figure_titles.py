@@ -18,9 +18,9 @@ def captured(monkeypatch):
     figures = []
     original = F.save_figure
 
-    def keep(fig, path):
+    def keep(fig, path, **kw):
         figures.append(fig)
-        return original(fig, path)
+        return original(fig, path, **kw)
 
     monkeypatch.setattr(F, "save_figure", keep)
     return figures

@@ -52,7 +52,7 @@ def test_curves_draw_each_variants_paired_gap_beside_the_learning_curves(tmp_pat
 
     res = _study()
     seen = []
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: seen.append(fig) or Path(path))
     figures.plot_val_curves(res, tmp_path / "c.png", "vanilla")
     left, right = seen[0].axes
     assert len(left.get_lines()) == 3  # every variant's curve
@@ -71,7 +71,7 @@ def test_forest_names_the_declared_primarys_own_test_not_bh(tmp_path, monkeypatc
     res = _study()
     assert res["primary"]["rejects"]  # -0.1 on every seed
     seen = []
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: seen.append(fig) or Path(path))
     figures.plot_forest(res, tmp_path / "f.png", "vanilla")
     notes = [t.get_text() for t in seen[0].axes[0].texts]
     assert notes == ["no difference detected", "declared test rejects"]  # drawn bottom-up: END − VANILLA, then SINK
@@ -112,7 +112,7 @@ def test_the_kaplan_meier_figure_draws_the_stored_estimate_and_marks_censored_ru
     res = {"train": {"max_steps": 6000}, "variants": {"vanilla": {"label": "DLM"}, "sink": {"label": "DLM + 1 sink"}},
            "escape": {"km": km, "seeds_in": [0, 1, 2, 3], "seeds_declared": list(range(20)), "complete": False}}
     seen = []
-    monkeypatch.setattr(escape_figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    monkeypatch.setattr(escape_figures, "save_figure", lambda fig, path, **kw: seen.append(fig) or Path(path))
     escape_figures.plot_escape_km(res, tmp_path / "km.png")
     ax = seen[0].axes[0]
     curves = {ln.get_label().split(":")[0]: ln for ln in ax.get_lines() if ln.get_label().startswith("DLM")}
@@ -139,7 +139,7 @@ def test_a_runs_escape_figure_draws_its_probes_and_its_gradient_norm(tmp_path, m
     metrics = [{"step": 10, "loss": 6.0, "grad_norm_max": 2.0}, {"step": 20, "loss": 6.0, "grad_norm_max": 9.0},
                {"step": 20, "val_loss": 6.1}]
     seen = []
-    monkeypatch.setattr(escape_figures, "save_figure", lambda fig, path: seen.append(fig) or Path(path))
+    monkeypatch.setattr(escape_figures, "save_figure", lambda fig, path, **kw: seen.append(fig) or Path(path))
     escape_figures.plot_escape_run(record, probes, metrics, "V, seed 1", tmp_path / "r.png", onset_mass=0.3, onset_first_layer=1)
     loss_ax, sink_ax, grad_ax = seen[0].axes  # no sink token: three rows
     loss = next(ln for ln in loss_ax.get_lines() if ln.get_label() == "probe loss")

@@ -276,7 +276,7 @@ def test_analyze_dlm_and_ar_and_compare(tmp_path, llada_dir, dream, tok, monkeyp
     import sinkdlm.analysis.figures as figures
 
     # Rendering PNGs is most of the time here and is tested elsewhere (test_analysis_figures.py).
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path: path.write_bytes(b"") or path)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: path.write_bytes(b"") or path)
     prompts = ["the quick brown fox jumps over", "to be or not to be, that is"]
     dlm = DiffusionLM.from_pretrained(llada_dir[0])
     a = analyze(dlm, tok, prompts, AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k=[1, 5],
@@ -383,7 +383,7 @@ def test_cli_generate_and_analyze_an_ar_directory(tmp_path, tok, monkeypatch):
 
     from sinkdlm.cli import app
 
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path: path.write_bytes(b"") or path)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: path.write_bytes(b"") or path)
     path = save_hf(hf_causal("llama"), tmp_path / "ar", tok)
     out = CliRunner().invoke(app, ["generate", "--model", str(path), "--prompt", "the quick brown fox",
                                    "--gen-length", "3", "--device", "cpu", "--json"])

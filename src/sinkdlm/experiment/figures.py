@@ -76,7 +76,7 @@ def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | No
     ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, never on a row
     if title:
         fig.suptitle(title, fontsize=11)
-    return save_figure(fig, path)
+    return save_figure(fig, path, palette=True)
 
 
 def plot_val_curves(results: dict[str, Any], path, baseline: str | None = None, *, title: str | None = None) -> Path | None:
@@ -126,7 +126,7 @@ def plot_val_curves(results: dict[str, Any], path, baseline: str | None = None, 
         a.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=11)
-    return save_figure(fig, path)
+    return save_figure(fig, path, palette=True)
 
 
 def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = None) -> Path | None:
@@ -164,4 +164,4 @@ def plot_gap_trajectory(results: dict[str, Any], path, *, title: str | None = No
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: never on the curves
     fig.suptitle(title or f"The paired gap {a} − {b} on the fixed validation over training", fontsize=11)
-    return save_figure(fig, path)
+    return save_figure(fig, path, palette=True)
