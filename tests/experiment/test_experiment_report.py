@@ -469,3 +469,21 @@ def test_takeover_line_reports_the_sink_tokens_share_and_the_moving_sink_verdict
                     f"44.0 [{100 * (0.44 - half):.1f}, {100 * (0.44 + half):.1f}] % of the attention (all layers; 12.3 % in "
                     f"its step-0 control); its moving-sink rate (sink-set change rate, content keys) against V: {verdict}.\n")
     assert summary_part({"variants": {"vanilla": plain}, "comparisons": []}, "takeover") is None
+
+
+def test_the_sink_table_says_whose_models_it_describes():
+    """Every seed analysed: "every seed's model"; a preset that analyses its first seed only (the others'
+    records without `analysis`): the table says how many seeds' models it describes."""
+    rng = np.random.default_rng(3)
+    every = _null_results(rng, n_variants=2, seeds=4)
+    summarise(every)
+    assert "Attention sinks (ϵ = 3, every seed's model," in markdown_summary(every)
+    first = _null_results(rng, n_variants=2, seeds=4)
+    for v in first["variants"].values():
+        for seed, rec in v["seeds"].items():
+            if seed != "0":
+                del rec["analysis"]
+    summarise(first)
+    text = markdown_summary(first)
+    assert "every seed's model" not in text
+    assert "Attention sinks (ϵ = 3, the analysed seeds' models, 1 of 4 seeds," in text

@@ -387,7 +387,12 @@ def markdown_summary(results: dict[str, Any]) -> str:
                   "", *questions, "", multiplicity_note(results)]
     sinks = sinks_table(results)
     if sinks:
-        parts += ["", "Attention sinks (ϵ = 3, every seed's model, mean [95 % CI] over seeds; shares kept in [0, 1]):",
+        # a preset may analyse only its first seed (`analyse_every_seed`): say whose models the table describes
+        counts = [(v["summary"]["non_sink_fraction"]["n"], len(v["seeds"])) for v in results["variants"].values()
+                  if "non_sink_fraction" in v["summary"]]
+        whose = ("every seed's model" if all(n == k for n, k in counts)
+                 else f"the analysed seeds' models, {min(n for n, _ in counts)} of {max(k for _, k in counts)} seeds")
+        parts += ["", f"Attention sinks (ϵ = 3, {whose}, mean [95 % CI] over seeds; shares kept in [0, 1]):",
                   "", md_table(*sinks)]
         pivot = pivot_comparisons(results, ["non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard"])
         if pivot:
