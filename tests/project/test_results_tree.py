@@ -12,7 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = "docs/results"
-BUDGET_BYTES = 45_000_000  # the whole tracked docs/results/ tree (it was 88 MB when pages inlined their figures)
+# The whole tracked docs/results/ tree. It was 88 MB when pages inlined their figures, then 45 MB; raised to
+# 55 MB for the late-sink study (issue 52), the first to analyse every seed: its 61 runs' analysis arrays
+# (about 90 kB each) are what its comparison page and `make reports` redraw from, and the paired
+# validation values in each val.json are what its variance split reads.
+BUDGET_BYTES = 55_000_000
 KINDS = (".json", ".jsonl", ".md", ".png", ".npz", ".html")  # the results files a study writes and commits
 
 
