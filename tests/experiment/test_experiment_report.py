@@ -487,3 +487,22 @@ def test_the_sink_table_says_whose_models_it_describes():
     text = markdown_summary(first)
     assert "every seed's model" not in text
     assert "Attention sinks (ϵ = 3, the analysed seeds' models, 1 of 4 seeds," in text
+
+
+def test_cost_line_describes_each_arms_training_time_when_the_arms_train_different_parameters():
+    """`arm_cost` (issue 52's "at equal compute"): per arm, what it trains and the median (range) of its runs' own
+    training seconds, computed here from the records; nothing when every arm trains all weights."""
+    from sinkdlm.experiment.report import summary_part
+
+    def arm(label, secs, train=None):
+        v = {"label": label, "switches": {}, "seeds": {str(i): {"train_seconds": s} for i, s in enumerate(secs)}}
+        return dict(v, train=train) if train else v
+
+    res = {"train": {"max_steps": 1500, "batch_size": 8, "seq_len": 128},
+           "variants": {"all": arm("A", [250.0, 262.0, 240.0]), "sink": arm("S", [130.0], {"trainable": "sink"}),
+                        "lora": arm("L", [201.0, 199.0], {"trainable": "lora", "merge": True})}}
+    line = summary_part(res, "arm_cost")
+    assert line.startswith("**What training one run took** (1,500 steps × 8 × 128 tokens for every arm; ")
+    assert "A (`all`) 250 s (240-262); S (`sink`) 130 s; L (`lora`) 200 s (199-201). Equal steps" in line
+    same = {"train": res["train"], "variants": {"a": arm("A", [1.0, 2.0]), "b": arm("B", [3.0, 4.0])}}
+    assert summary_part(same, "arm_cost") is None

@@ -74,6 +74,8 @@ def collect_records(plan: ExperimentPlan, units: Units, results: dict[str, Any])
                 analysis_dirs[variant.label] = Path(record["analysis_dir"])
             results["validation"]["tokens"] = json.loads((unit.dir / VAL).read_text())["tokens"]
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
+        if variant.train:  # what this arm trains (`trainable`), for the report's cost line
+            results["variants"][variant.name]["train"] = variant.train
         if step0 is not None:
             results["variants"][variant.name]["step0"] = step0
     results["val_loss_splits"] = val_loss_splits(plan.out, plan.compared, list(plan.seeds), plan.preset.validation)

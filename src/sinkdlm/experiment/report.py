@@ -11,6 +11,7 @@ rebuilds a committed experiment's results.json and report from its stored record
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -314,9 +315,36 @@ def time_line(results: dict[str, Any]) -> str | None:
                    else ". The machine's other load was not recorded: a busy CPU makes every stage slower.")
 
 
+def arm_cost_line(results: dict[str, Any]) -> str | None:
+    """What training one run of each arm took (the runs' own `train_seconds`: median and range over the seeds), for
+    a study whose arms train different parameters on equal steps and tokens (`--trainable`; issue 52's "at equal
+    compute"). Described, not compared: the runs shared the machine with other runs, so the step cost of each mode
+    is measured in benchmarks/ instead. None unless the arms differ in what they train."""
+    variants = results.get("variants") or {}
+    modes = {(v.get("train") or {}).get("trainable", "all") for v in variants.values()}
+    if len(modes) < 2:
+        return None
+    said = []
+    for v in variants.values():
+        secs = sorted(r["train_seconds"] for r in v["seeds"].values() if isinstance(r.get("train_seconds"), (int, float)))
+        if not secs:
+            continue
+        mode = (v.get("train") or {}).get("trainable", "all")
+        spread = f" ({secs[0]:.0f}-{secs[-1]:.0f})" if len(secs) > 1 else ""
+        said.append(f"{v['label']} (`{mode}`) {statistics.median(secs):.0f} s{spread}")
+    if not said:
+        return None
+    return (f"**What training one run took** ({train_setting(results, 'max_steps'):,} steps × "
+            f"{train_setting(results, 'batch_size')} × {train_setting(results, 'seq_len')} tokens for every arm; "
+            "median (range) over the seeds): " + "; ".join(said) + ". Equal steps and tokens, not equal arithmetic: "
+            "a frozen weight gets no gradient and no optimizer state. The runs shared the machine with other runs, "
+            "so these times describe this study; the step cost of each mode is measured in docs/benchmarks.md.")
+
+
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
                  "time": time_line, "escape": escape_verdict_line, "escape_answer": escape_answer_line,
-                 "answer": answer_line, "takeover": takeover_line}
+                 "answer": answer_line, "takeover": takeover_line,
+                 "arm_cost": arm_cost_line}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
@@ -419,6 +447,9 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         f"seeds, so the comparisons are paired. Machine: {machine_words(m)}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
     )
+    arm_cost = arm_cost_line(results)
+    if arm_cost:  # arms that train different parameters: what each one's runs took
+        doc.paragraph(arm_cost)
     from sinkdlm.experiment.figures import plot_forest, plot_gap_trajectory, plot_val_curves
 
     primary = primary_lines(results)
