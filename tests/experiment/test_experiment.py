@@ -215,8 +215,11 @@ def test_smoke_writes_every_file_and_key(smoke):
         # results.json is self-contained: every seed's analysis summary and per-item outcomes
         for s in v["seeds"].values():
             a = s["analysis"]
-            assert set(a) == {"non_sink_fraction", "non_sink_fraction_by_epsilon", "moving", "value_norm",
-                              "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate"}
+            assert set(a) == {"non_sink_fraction", "non_sink_fraction_by_epsilon", "moving", "moving_per_layer",
+                              "value_norm", "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate"}
+            per_layer = json.loads((Path(s["analysis_dir"]) / "analysis.json").read_text())["moving"]
+            assert a["moving_per_layer"]["content_sink_set_change_rate"] == per_layer["content_sink_set_change_rate"]
+            assert len(a["moving_per_layer"]["content_sink_set_change_rate"]) == 2  # the micro model's layers
             assert a["non_sink_fraction"] == pytest.approx(
                 json.loads((Path(s["analysis_dir"]) / "analysis.json").read_text())["non_sink_fraction"])
             assert {"sink_set_change_rate", "sink_set_jaccard", "content_sink_set_change_rate",
@@ -253,6 +256,10 @@ def test_smoke_writes_every_file_and_key(smoke):
     report = (out / "report.md").read_text()
     assert "95 % CI" in report and "Paired comparisons" in report
     assert "`log10_peak_grad_norm`: the log10 of each run's largest pre-clip gradient norm" in report
+    from sinkdlm.experiment.formatting import md_table
+    from sinkdlm.experiment.sink_tables import takeover_layer_table
+    assert "### Per layer: the moving-sink rate and the sink token's share" in report
+    assert md_table(*takeover_layer_table(saved)) in report  # every arm's per-layer rows, the sink arm's share too
     html = (out / "report.html").read_text()
     figures = re.findall(r'<img src="([^"]+)"', html)  # linked by relative path, never inlined
     assert len(figures) >= 2 and all((out / f).is_file() for f in figures) and "data:image" not in html

@@ -506,3 +506,45 @@ def test_cost_line_describes_each_arms_training_time_when_the_arms_train_differe
     assert "A (`all`) 250 s (240-262); S (`sink`) 130 s; L (`lora`) 200 s (199-201). Equal steps" in line
     same = {"train": res["train"], "variants": {"a": arm("A", [1.0, 2.0]), "b": arm("B", [3.0, 4.0])}}
     assert summary_part(same, "arm_cost") is None
+
+
+def test_takeover_layer_table_gives_each_arms_per_layer_rates_and_shares_and_each_control_once():
+    """`takeover_layers` (issue 52, "the sink token's attention share and the moving-sink rate per layer"): per arm
+    and layer, mean [t interval over seeds, kept in [0, 1]] computed here from the seeds' lists; a step-0 control
+    (one model) prints its values without an interval, once however many arms share it; an arm without a sink token
+    has no share row."""
+    from scipy import stats as sps
+
+    from sinkdlm.experiment.report import summary_part
+    from sinkdlm.experiment.sink_tables import takeover_layer_table
+
+    rates = [[0.20, 0.10], [0.30, 0.12], [0.25, 0.14]]
+    masses = [[0.01, 0.50], [0.03, 0.60], [0.02, 0.70]]
+
+    def rec(rate, mass=None):
+        a = {"moving_per_layer": {"content_sink_set_change_rate": rate}}
+        return {"analysis": dict(a, extra_sink={"attention_mass": mass}) if mass else a}
+
+    control = {"analysis_dir": "step0/sink-s0/analysis", **rec([0.4, 0.3], [0.001, 0.002])}
+    res = {"variants": {
+        "all": {"label": "A", "seeds": {str(i): rec(r) for i, r in enumerate(rates)}},
+        "sink": {"label": "S", "seeds": {str(i): rec(r, m) for i, (r, m) in enumerate(zip(rates, masses))}, "step0": control},
+        "sink-all": {"label": "SA", "seeds": {"0": rec([0.5, 0.5], [0.1, 0.2])}, "step0": control}}}
+    header, rows = takeover_layer_table(res)
+    assert header == ["arm", "measure", "layer 0", "layer 1"]
+
+    def ci(xs, scale, digits):
+        m, h = np.mean(xs), sps.t.ppf(0.975, len(xs) - 1) * np.std(xs, ddof=1) / np.sqrt(len(xs))
+        lo, hi = max(m - h, 0.0), min(m + h, 1.0)
+        return f"{scale * m:.{digits}f} [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
+
+    labels = [(r[0], r[1].split(" (")[0]) for r in rows]
+    assert labels == [("A", "moving-sink rate"), ("S", "moving-sink rate"), ("S", "attention on the sink token %"),
+                      ("S: its step-0 control", "moving-sink rate"), ("S: its step-0 control", "attention on the sink token %"),
+                      ("SA", "moving-sink rate"), ("SA", "attention on the sink token %")]
+    assert rows[1][2:] == [ci([r[0] for r in rates], 1.0, 3), ci([r[1] for r in rates], 1.0, 3)]
+    assert rows[2][2:] == [ci([m[0] for m in masses], 100.0, 1), ci([m[1] for m in masses], 100.0, 1)]
+    assert rows[4][2:] == ["0.1", "0.2"] and rows[6][2:] == ["10.0", "20.0"]  # one model: its values, no interval
+    assert rows[1][1] == "moving-sink rate (sink-set change rate, content keys) (3 seeds)"
+    assert summary_part(res, "takeover_layers").startswith("| arm | measure | layer 0 | layer 1 |\n|---|---|---|---|\n| A |")
+    assert takeover_layer_table({"variants": {"v": {"label": "V", "seeds": {"0": {"analysis": {}}}}}}) is None

@@ -22,7 +22,8 @@ from sinkdlm.io.machine import machine_words
 from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_lines, primary_seed_table, verdict_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
-    epsilon_table, masking_note, masking_table, sinks_table, takeover_line, token_type_table, value_norm_layer_table,
+    epsilon_table, masking_note, masking_table, sinks_table, takeover_layer_table, takeover_line, token_type_table,
+    value_norm_layer_table,
     value_norm_lines,
 )
 from sinkdlm.experiment.metrics import ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS
@@ -341,10 +342,16 @@ def arm_cost_line(results: dict[str, Any]) -> str | None:
             "so these times describe this study; the step cost of each mode is measured in docs/benchmarks.md.")
 
 
+def takeover_layers_part(results: dict[str, Any]) -> str | None:
+    """`takeover_layer_table` as a markdown table, for a results page."""
+    table = takeover_layer_table(results)
+    return None if table is None else md_table(*table)
+
+
 SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
                  "time": time_line, "escape": escape_verdict_line, "escape_answer": escape_answer_line,
                  "answer": answer_line, "takeover": takeover_line,
-                 "arm_cost": arm_cost_line}
+                 "arm_cost": arm_cost_line, "takeover_layers": takeover_layers_part}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
@@ -576,6 +583,12 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
     header, rows = comparisons_table(results, set(ANALYSIS_METRICS))
     if rows:
         doc.table(header, rows)
+    layers = takeover_layer_table(results)
+    if layers:
+        doc.heading("Per layer: the moving-sink rate and the sink token's share", 3)
+        doc.paragraph("Mean [95 % CI, Student t over the analysed seeds]; a step-0 control is one model (no interval). "
+                      "Described, not tested: the comparisons above are over all layers.")
+        doc.table(*layers)
     lines = value_norm_lines(results)
     if lines:
         doc.heading("Value norms per layer (One-Token Fig. 3)", 3)

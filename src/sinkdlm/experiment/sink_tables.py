@@ -10,8 +10,8 @@ from typing import Any
 
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, short_verdict, train_setting
 from sinkdlm.experiment.summary import (
-    SINK_TOKEN_TYPES, epsilon_intervals, extra_sink_mass, masking_intervals, pooled_value_norm_difference, seed_interval,
-    token_type_intervals,
+    SINK_TOKEN_TYPES, epsilon_intervals, extra_sink_mass, interval_of, masking_intervals, pooled_value_norm_difference,
+    seed_interval, token_type_intervals,
 )
 from sinkdlm.stats import signed
 
@@ -328,3 +328,47 @@ def takeover_line(results: dict[str, Any]) -> str | None:
     if not said:
         return None
     return "**Does the sink token take over the moving sinks?** " + "; ".join(said) + "."
+
+
+# The per-layer measures of `takeover_layer_table`: (what, read from a seed's analysis record, scale, digits).
+LAYER_MEASURES = (
+    ("moving-sink rate (sink-set change rate, content keys)",
+     lambda a: (a.get("moving_per_layer") or {}).get("content_sink_set_change_rate"), 1.0, 3),
+    ("attention on the sink token %", lambda a: (a.get("extra_sink") or {}).get("attention_mass"), 100.0, 1),
+)
+
+
+def takeover_layer_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Does the sink token take over the moving sinks, layer by layer (issue 52: a sink added late may take over in
+    some layers only): per arm, the moving-sink rate and the attention on the sink token in each layer, mean [95 %
+    CI, Student t over the analysed seeds, kept in [0, 1]], and each step-0 control's (one model, no interval) once.
+    Described, not tested: the declared comparisons are the all-layer rates of the paired-comparison table."""
+    rows, n_layers, controls = [], 0, set()
+
+    def add(label: str, what: str, series: list[list[float]], scale: float, digits: int) -> None:
+        nonlocal n_layers
+        series = [s for s in series if s and len(s) == len(series[0])]
+        if not series:
+            return
+        n_layers = max(n_layers, len(series[0]))
+        if len(series) == 1:
+            cells = [f"{scale * x:.{digits}f}" for x in series[0]]
+        else:
+            cells = [fmt_interval(interval_of([s[i] for s in series], share=True), scale, digits)
+                     for i in range(len(series[0]))]
+        rows.append([label, what, *cells])
+
+    for v in results["variants"].values():
+        recs = [rec["analysis"] for rec in v["seeds"].values() if rec.get("analysis")]
+        for what, get, scale, digits in LAYER_MEASURES:
+            add(v["label"], f"{what} ({len(recs)} seeds)", [get(a) for a in recs if get(a)], scale, digits)
+        step0 = v.get("step0") or {}
+        where = step0.get("analysis_dir") or step0.get("checkpoint")
+        if step0.get("analysis") and where not in controls:  # arms that share a control print it once
+            controls.add(where)
+            for what, get, scale, digits in LAYER_MEASURES:
+                if get(step0["analysis"]):
+                    add(f"{v['label']}: its step-0 control", what, [get(step0["analysis"])], scale, digits)
+    if not rows:
+        return None
+    return ["arm", "measure", *(f"layer {i}" for i in range(n_layers))], [r + ["–"] * (n_layers + 2 - len(r)) for r in rows]

@@ -73,6 +73,8 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
         "non_sink_fraction": a.get("non_sink_fraction"),
         "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
         "moving": dict(moving),
+        # the moving-sink rates layer by layer (does a sink added late take over in some layers only?)
+        "moving_per_layer": {k: list(v) for k, v in (a.get("moving") or {}).items() if isinstance(v, list)},
         # per layer too: pooling over layers weights each layer by its sink count and can flip the sign
         "value_norm": {k: vn.get(k) for k in ("sink_mean", "normal_mean", "sink_count", "normal_count", "per_layer")},
         "extra_sink": None if not extra else {k: extra.get(k) for k in (
