@@ -23,8 +23,7 @@ from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_line
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
 from sinkdlm.experiment.sink_tables import (
     epsilon_table, masking_note, masking_table, sinks_table, takeover_layer_table, takeover_line, token_type_table,
-    value_norm_layer_table,
-    value_norm_lines,
+    value_norm_layer_table, value_norm_lines,
 )
 from sinkdlm.experiment.metrics import ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS
 from sinkdlm.experiment.summary import (
@@ -322,17 +321,18 @@ def arm_cost_line(results: dict[str, Any]) -> str | None:
     compute"). Described, not compared: the runs shared the machine with other runs, so the step cost of each mode
     is measured in benchmarks/ instead. None unless the arms differ in what they train."""
     variants = results.get("variants") or {}
-    modes = {(v.get("train") or {}).get("trainable", "all") for v in variants.values()}
-    if len(modes) < 2:
+    # an arm's own override, else the study's setting (TrainConfig's default where the preset left it)
+    mode = {name: (v.get("train") or {}).get("trainable") or train_setting(results, "trainable")
+            for name, v in variants.items()}
+    if len(set(mode.values())) < 2:
         return None
     said = []
-    for v in variants.values():
+    for name, v in variants.items():
         secs = sorted(r["train_seconds"] for r in v["seeds"].values() if isinstance(r.get("train_seconds"), (int, float)))
         if not secs:
             continue
-        mode = (v.get("train") or {}).get("trainable", "all")
         spread = f" ({secs[0]:.0f}-{secs[-1]:.0f})" if len(secs) > 1 else ""
-        said.append(f"{v['label']} (`{mode}`) {statistics.median(secs):.0f} s{spread}")
+        said.append(f"{v['label']} (`{mode[name]}`) {statistics.median(secs):.0f} s{spread}")
     if not said:
         return None
     return (f"**What training one run took** ({train_setting(results, 'max_steps'):,} steps × "
