@@ -66,6 +66,8 @@ class ModelConfig:
     """A learned logit per head: an extra softmax column with a zero value (gpt-oss attention sinks)."""
     softmax_one: bool = switch(False)
     """softmax-off-by-one (Miller's softmax_1): the extra zero-value column with its logit fixed at 0."""
+    block_size: int | None = switch(None, minimum=1)
+    """Block diffusion (BD3-LM, docs/method.md §13): attention bidirectional within blocks of this many tokens and causal across them; None = the whole sequence (a masked DLM)."""
 
     mask_token_id: int | None = None
     """The id of [MASK] inside the vocabulary (docs/method.md §1). Default: the last id; None only for
@@ -134,6 +136,9 @@ class ModelConfig:
                 f"ModelConfig.mask_token_id={self.mask_token_id} must lie in [0, vocab_size="
                 f"{self.vocab_size})"
             )
+        if self.block_size is not None and (self.causal or self.shift_logits):
+            raise ValueError("block_size (block diffusion) applies to a diffusion model without shift_logits; this "
+                             f"one has causal={self.causal}, shift_logits={self.shift_logits}: leave block_size unset")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and ModelConfig.rms_norm_eps must be > 0")
 
@@ -219,10 +224,12 @@ class ModelSwitch:
     def check(self, value: Any, where: str = "ModelConfig") -> None:
         """Raise ValueError saying what is wrong with `value` and what would be accepted."""
         label = self.flag if where == "--" else f"{where}.{self.name}" if where else self.name  # "": the bare name
+        if value is None and self.default is None:  # an optional switch left off (block_size: the whole sequence)
+            return
         if self.type is bool:
             if not isinstance(value, bool):
                 raise ValueError(f"{label} must be true or false, got {value!r}")
-        elif self.type is int:
+        elif self.type is int or self.type == int | None:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{label} must be an integer, got {value!r}")
         elif not isinstance(value, self.type):

@@ -24,6 +24,7 @@ from sinkdlm.config.fields import check_device
 SCRATCH_LR = (2e-4, 2e-5)
 AR_INIT_LR = (1e-4, 1e-5)
 TRAINABLE = ("all", "sink", "lora")  # --trainable
+BLOCK_NOISE = ("block", "sequence")  # --block-noise
 LORA_GROUPS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 LORA_TARGETS = (*LORA_GROUPS, *LORA_GROUPS["attn"], "g_proj", *LORA_GROUPS["mlp"])  # --lora-targets: every block's nn.Linear
 
@@ -87,6 +88,9 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
     """Position i predicts token i+1 (AR head); default: the model's own setting (True for Dream)."""
     attention_anneal_steps: int = 0
     """Causal -> full attention over this many steps (AR init recipe)."""
+    # ---- block diffusion (a model with --block-size, docs/method.md §13)
+    block_noise: str = "block"
+    """block | sequence: a block model's masking probability t is drawn per block (BD3-LM) or once per sequence."""
     # ---- SFT (set by `sinkdlm sft`)
     sft: bool = option(False, cli=False)
     """Supervised fine-tuning: prompt never masked, loss normalised by the response length."""
@@ -179,6 +183,9 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
             raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
         if self.attention_anneal_steps < 0:
             raise ValueError(f"attention_anneal_steps must be >= 0, got {self.attention_anneal_steps}")
+        if self.block_noise not in BLOCK_NOISE:
+            raise ValueError(f"block_noise must be one of {', '.join(BLOCK_NOISE)}, got {self.block_noise!r}")
+        self.check_block_size(self.model_switches().get("block_size"))
         if self.resume and self.overwrite:
             raise ValueError("resume=True continues the run in the output directory and overwrite=True deletes it: "
                              "give only one of them")
@@ -214,6 +221,17 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         if importlib.util.find_spec("peft") is None:
             raise ValueError("--trainable lora needs peft, which is not installed: pip install 'sinkdlm[lora]' "
                              "(or pip install peft)")
+
+    def check_block_size(self, block_size: int | None) -> None:
+        """A block model's training settings (the flag's before any work; a checkpoint's once it is opened)."""
+        if block_size is None:
+            return
+        if block_size > self.seq_len:
+            raise ValueError(f"block_size={block_size} is larger than the training sequence (seq_len={self.seq_len}); "
+                             "use a block size <= --seq-len")
+        if self.attention_anneal_steps:
+            raise ValueError("attention_anneal_steps anneals causal -> full attention; a block model's attention is "
+                             "block-causal by construction: leave it at 0 with --block-size")
 
     def lora_target_modules(self) -> list[str]:
         """--lora-targets as a list of projection names (attn and mlp spelled out), in the order given."""

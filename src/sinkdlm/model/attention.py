@@ -138,6 +138,13 @@ def causal_mask(seq_len: int, device=None) -> torch.Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
 
 
+def block_causal_mask(positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """`[B|1, 1, L, L]` from content positions `[B|1, L]` (0 = the first token): query i may attend to key j
+    when j's block is not after i's, blocks being `position // block_size` (block diffusion, BD3-LM)."""
+    blocks = torch.div(positions, block_size, rounding_mode="floor")
+    return (blocks[:, None, :, None] >= blocks[:, None, None, :])
+
+
 def annealed_mask(seq_len: int, progress: float, device=None) -> torch.Tensor:
     """Causal -> full attention as `progress` goes 0 -> 1 (DiffuLLaMA's attention annealing, docs/method.md §5).
 

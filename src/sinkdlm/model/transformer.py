@@ -30,7 +30,7 @@ from torch import nn
 from sinkdlm.config import ModelConfig
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.attention import (
-    SINK_COLUMN_BACKENDS, apply_rope, causal_mask, get_backend, padding_mask, rope_cos_sin,
+    SINK_COLUMN_BACKENDS, apply_rope, block_causal_mask, causal_mask, get_backend, padding_mask, rope_cos_sin,
 )
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.fused import Packed, pack
@@ -429,7 +429,15 @@ class DiffusionLM(nn.Module):
             pos_content, pos_sink = sinklib.positions(b, total, n, cfg.sink_position, padding, input_ids.device)
             if position_ids is not None:
                 pos_content = position_ids
+                if n and cfg.sink_position == "end":  # end sinks follow the last content position (eq. 7)
+                    pos_sink = position_ids.amax(-1, keepdim=True) + 1 + torch.arange(n, device=h.device)
             mask = self._content_mask(attention_mask, causal, l, h.device)  # None on the fast path
+            if cfg.block_size is not None and (attention_mask is None or attention_mask.dim() == 2):
+                # block diffusion: bidirectional within a block, causal across blocks (docs/method.md §13);
+                # a 4-D mask is the caller's whole rule (BD3-LM's x_t ⊕ x_0 pass, diffusion/block.py)
+                start = n if cfg.sink_position == "front" else 0
+                blocks = block_causal_mask(pos_content - start, cfg.block_size)  # [B|1, 1, L, L]
+                mask = blocks if mask is None else mask & blocks
             if n > 0:
                 use_cache = (not self.training) if self.use_sink_cache is None else self.use_sink_cache
                 if use_cache or not self.training or probe is not None:
@@ -497,7 +505,7 @@ class DiffusionLM(nn.Module):
                 )
             cache.check(len(self.layers), b, l)
             total = cache.length
-        if total > cfg.max_content_length:
+        if total > cfg.max_content_length and position_ids is None:  # given positions: the caller's to bound
             raise ValueError(
                 f"sequence of {total} tokens is longer than the model's {cfg.content_length_note()} "
                 "positions; shorten the input"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import functools
 import shutil
 import sys
 import time
@@ -43,6 +44,7 @@ from sinkdlm.data import (
     train_bpe_tokenizer,
 )
 from sinkdlm.data.packing import default_cache_dir
+from sinkdlm.diffusion.block import block_diffusion_loss, padded_length
 from sinkdlm.diffusion.loss import diffusion_loss, to_device
 from sinkdlm.diffusion.noise import MaskNoise, sample_t
 from sinkdlm.model import DiffusionLM
@@ -185,16 +187,31 @@ def _split_tokens(cfg: TrainConfig, split: str) -> int | None:
     return max(cfg.max_tokens // 10, 4 * cfg.seq_len)
 
 
-def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_discrepancy: bool = False):
-    """`t [B]` and uniforms `u [B, L]` for the whole global batch of `step`."""
+def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_discrepancy: bool = False,
+                 block_size: int | None = None):
+    """`t [B]` and uniforms `u [B, L]` for the whole global batch of `step`. A block model (`block_size`):
+    `t [B, K]` per block (`--block-noise block`) and `u` over the sequence padded to whole blocks."""
     gen = step_generator(cfg.seed, step, torch.device("cpu"))
-    t = sample_t(batch, cfg.eps, low_discrepancy=low_discrepancy, generator=gen)
-    u = torch.rand(batch, seq_len, generator=gen)
-    return t, u
+    if block_size is None:
+        t = sample_t(batch, cfg.eps, low_discrepancy=low_discrepancy, generator=gen)
+        return t, torch.rand(batch, seq_len, generator=gen)
+    length = padded_length(seq_len, block_size)
+    per = length // block_size if cfg.block_noise == "block" else 1
+    t = sample_t(batch * per, cfg.eps, low_discrepancy=low_discrepancy, generator=gen).view(batch, per)
+    return (t if per > 1 else t[:, 0]), torch.rand(batch, length, generator=gen)
+
+
+def training_loss(config: ModelConfig, pad_id: int | None) -> Callable:
+    """The loss a run trains and validates with: eq. 3-4 (`diffusion_loss`), or BD3-LM's for a block model
+    (`block_diffusion_loss`, its sequences padded to whole blocks with `pad_id`, the tokenizer's EOS)."""
+    if config.block_size is None:
+        return diffusion_loss
+    return functools.partial(block_diffusion_loss, pad_id=pad_id)
 
 
 @torch.no_grad()
-def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device, env=None) -> float:
+def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.device, env=None,
+             pad_id: int | None = None) -> float:
     """Validation ELBO bound per token (eq. 4 averaged over fixed batches, low-discrepancy t).
 
     Collective under data parallelism: every rank scores its share of the rows of every batch (an
@@ -208,12 +225,13 @@ def evaluate(model: DiffusionLM, val: Batches, cfg: TrainConfig, device: torch.d
     bs = min(cfg.batch_size, len(val))
     assert bs >= env.world_size, "checked before training: every rank needs a validation row"
     batches = min(cfg.eval_batches, max(1, len(val) // bs))
+    loss_fn = training_loss(model.config, pad_id)  # pad_id: a block model's EOS padding
     for i in range(batches):
-        t, u = global_noise(cfg, -1 - i, bs, cfg.seq_len, low_discrepancy=True)
+        t, u = global_noise(cfg, -1 - i, bs, cfg.seq_len, low_discrepancy=True, block_size=model.config.block_size)
         rows = torch.arange(bs).tensor_split(env.world_size)[env.rank]  # this rank's rows of batch i
         x0, pm = val.get((i * bs + rows).tolist())
         with bf16_autocast(cfg.bf16, device):
-            out = diffusion_loss(
+            out = loss_fn(
                 model, to_device(x0, device), MaskNoise(t=to_device(t[rows], device), u=to_device(u[rows], device)),
                 shift_logits=model.config.shift_logits, prompt_mask=None if pm is None else to_device(pm, device),
             )
@@ -355,6 +373,7 @@ def open_run(cfg: TrainConfig, env, device: torch.device, run: RunDir) -> TrainR
         check_resume_matches(cfg, state.get("config"), model.config)
     else:
         tokenizer, model = _new_model(cfg, env)
+    cfg.check_block_size(model.config.block_size)  # a block size the checkpoint brings
     max_len = model.config.max_content_length
     train_set, val_set = _main_first(env, lambda: (load_batches(cfg, tokenizer, max_len, "train"),
                                                    load_batches(cfg, tokenizer, max_len, "validation")))
@@ -450,7 +469,8 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
                 probe[1](tr.model, done)
         row = meter.row(done, loss, lr, grad_norm)
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
-            row["val_loss"] = evaluate(tr.model, tr.val_set, cfg, device, env)  # every rank: its share
+            row["val_loss"] = evaluate(tr.model, tr.val_set, cfg, device, env,  # every rank: its share
+                                       pad_id=tr.tokenizer.eos_token_id)
         meter.report(done, row, loss, lr)
         if on_step is not None:
             on_step({"step": done, "loss": float(loss), "lr": lr})
@@ -472,11 +492,12 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
     for group in tr.optimizer.param_groups:
         group["lr"] = lr
     indices = batch_for_step(step, len(tr.train_set), cfg.batch_size, cfg.seed)  # global batch, [B]
-    t_all, u_all = global_noise(cfg, step, cfg.batch_size, cfg.seq_len)
+    t_all, u_all = global_noise(cfg, step, cfg.batch_size, cfg.seq_len, block_size=tr.model.config.block_size)
     content_mask = None
     if cfg.attention_anneal_steps and step < cfg.attention_anneal_steps:
         content_mask = annealed_mask(cfg.seq_len, step / cfg.attention_anneal_steps, device)
     mask_id, shift_logits = tr.model.config.mask_token_id, tr.model.config.shift_logits
+    loss_fn = training_loss(tr.model.config, tr.tokenizer.eos_token_id)
     loss_sum = 0.0
     for m in range(cfg.grad_accum):
         lo = env.rank * tr.per_rank + m * tr.micro
@@ -486,7 +507,7 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
         with (nullcontext() if sync else dist_utils.no_sync(tr.wrapped)), bf16_autocast(cfg.bf16, device):
             # host tensors: the loss plans the masked positions on the host and moves only what
             # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
-            out_loss = diffusion_loss(
+            out_loss = loss_fn(
                 tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl]), mask_id=mask_id, prompt_mask=pm,
                 shift_logits=shift_logits, attention_mask=content_mask,
             )

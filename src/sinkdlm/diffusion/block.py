@@ -1,0 +1,147 @@
+"""Block diffusion training (BD3-LM, Arriola et al. 2025; docs/method.md §13): the x_t ⊕ x_0 pass and its loss.
+
+A block model (`ModelConfig.block_size = b`) attends bidirectionally within blocks of b tokens and causally
+across them (`model/attention.block_causal_mask`). BD3-LM trains every block at once in one pass over the
+noisy and the clean sequence side by side, x_t ⊕ x_0 (2L tokens; x_0 repeats x_t's positions), under a mask
+of three parts (`block_diffusion_mask`):
+  * block-diagonal: each block of either half sees its own block of that half;
+  * cross: block k of x_t sees the clean blocks of x_0 before k;
+  * block-causal: block k of x_0 sees the clean blocks before it.
+So the x_t half's logits of block k are those of a pass over the clean blocks before k and the noisy block
+k, for every k at once. The loss is eq. 3-4 on the masked tokens of x_t, each weighted by 1/t of its block:
+one t per block (BD3-LM) or per sequence, chosen by the noise's shape. Sequences are padded to a multiple
+of the block with EOS. With sinks (eq. 6) every query of both halves sees the one set of sinks and a sink
+attends only to itself: the model adds them to the content mask built here, as in every pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from sinkdlm.config.model import SINK_POSITIONS
+from sinkdlm.diffusion.loss import LossOutput, to_device
+from sinkdlm.diffusion.noise import MaskNoise, sample_t
+
+
+def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0,
+                         sink_position: str = "front") -> torch.Tensor:
+    """BD3-LM's attention mask over [sinks;] x_t ⊕ x_0 [; sinks]: bool `[T, T]`, True = may attend,
+    T = 2·seq_len + num_sink_tokens. Front sinks come first (before x_t), end sinks last (after x_0);
+    a sink attends only to itself and every content query sees every sink (eq. 6)."""
+    for name, value, least in (("seq_len", seq_len, 1), ("block_size", block_size, 1),
+                               ("num_sink_tokens", num_sink_tokens, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if sink_position not in SINK_POSITIONS:
+        raise ValueError(f"sink_position must be one of {SINK_POSITIONS}, got {sink_position!r}")
+    i = torch.arange(2 * seq_len)
+    clean, block = i >= seq_len, (i % seq_len) // block_size  # [2L]: which half, which block
+    cq, ck, bq, bk = clean[:, None], clean[None, :], block[:, None], block[None, :]
+    diagonal = (cq == ck) & (bq == bk)
+    cross = ~cq & ck & (bk < bq)  # x_t's block k sees x_0's blocks before k
+    causal = cq & ck & (bk < bq)  # x_0 is block-causal
+    content = diagonal | cross | causal  # [2L, 2L]
+    n = num_sink_tokens
+    mask = torch.eye(2 * seq_len + n, dtype=torch.bool)  # a sink sees only itself
+    c = slice(n, None) if sink_position == "front" else slice(0, 2 * seq_len)
+    s = slice(0, n) if sink_position == "front" else slice(2 * seq_len, None)
+    mask[c, c] = content
+    mask[c, s] = True  # every content query sees the sinks
+    return mask
+
+
+def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None):
+    """The model's output over x_t ⊕ x_0 (`[B, 2L]`, positions repeated) under `block_diffusion_mask`; its
+    logits are `[B, 2L, V]` (the x_t half first), or those of `logits_index` (as `DiffusionLM.forward`)."""
+    cfg = getattr(model, "config", None) or model.module.config  # DDP wraps the model
+    l = xt.shape[1]
+    start = cfg.num_sink_tokens if cfg.sink_position == "front" else 0  # the content's first rotary position
+    positions = (start + torch.arange(l, device=xt.device)).repeat(2)[None]  # [1, 2L]
+    mask = block_diffusion_mask(l, cfg.block_size).to(xt.device)[None, None]  # [1, 1, 2L, 2L], the content part
+    return model(torch.cat([xt, x0], dim=1), attention_mask=mask, position_ids=positions, logits_index=logits_index)
+
+
+@dataclass
+class BlockMaskPlan:
+    """One batch's BD3-LM noise, with the masked positions of x_t as index tensors (as `loss.MaskPlan`)."""
+
+    x0: torch.Tensor  # [B, L'] padded to a multiple of the block
+    xt: torch.Tensor  # [B, L']
+    t: torch.Tensor  # [B, K] each block's masking probability (a per-sequence draw repeated)
+    rows: torch.Tensor  # [N]
+    cols: torch.Tensor  # [N]
+    target: torch.Tensor  # [N] x0 there
+    weight: torch.Tensor  # [N] 1/t of the position's block (eq. 3-4)
+    norm: torch.Tensor  # [B] L', or the response length (SFT)
+    num_masked: torch.Tensor  # 0-dim int64
+
+    def to(self, device) -> "BlockMaskPlan":
+        return BlockMaskPlan(**{f.name: to_device(getattr(self, f.name), device) for f in fields(self)})
+
+
+def padded_length(seq_len: int, block_size: int) -> int:
+    """`seq_len` rounded up to a multiple of `block_size` (the EOS padding of a training sequence)."""
+    return -(-seq_len // block_size) * block_size
+
+
+def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: int, mask_id: int,
+                     pad_id: int | None, prompt_mask: torch.Tensor | None = None) -> BlockMaskPlan:
+    """q(x_t | x_0) per block: `noise.t` `[B, K]` (one t per block, BD3-LM) or `[B]` (one per sequence); drawn
+    per block when not given. `noise.u`: `[B, L']` uniforms over the padded length."""
+    b, l = x0.shape
+    if block_size > l:
+        raise ValueError(f"block_size={block_size} is larger than the training sequence ({l} tokens); use a "
+                         "block size <= --seq-len")
+    length = padded_length(l, block_size)
+    if length > l:  # padded to a multiple of the block with EOS, which is then a target like any token
+        if pad_id is None:
+            raise ValueError(f"a {l}-token sequence needs EOS padding to a multiple of block_size={block_size}; "
+                             "give pad_id (the tokenizer's EOS)")
+        x0 = torch.cat([x0, x0.new_full((b, length - l), pad_id)], dim=1)
+        if prompt_mask is not None:
+            prompt_mask = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros(b, length - l, dtype=torch.bool)], 1)
+    k = length // block_size
+    noise = MaskNoise() if noise is None else noise
+    t = noise.t if noise.t is not None else sample_t(
+        b * k, noise.eps, noise.low_discrepancy, generator=noise.generator, device=x0.device).view(b, k)
+    t = t[:, None].expand(b, k) if t.dim() == 1 else t  # [B, K]
+    if tuple(t.shape) != (b, k):
+        raise ValueError(f"noise.t must be [batch] or [batch, blocks] = [{b}, {k}], got {tuple(t.shape)}")
+    u = noise.u if noise.u is not None else torch.rand(x0.shape, generator=noise.generator, device=x0.device)
+    if tuple(u.shape) != (b, length):
+        raise ValueError(f"noise.u must cover the padded sequence [{b}, {length}], got {tuple(u.shape)}")
+    t_pos = t.repeat_interleave(block_size, dim=1)  # [B, L'] each position's t
+    maskable = torch.ones_like(x0, dtype=torch.bool) if prompt_mask is None else ~prompt_mask.bool()
+    masked = (u < t_pos) & maskable
+    xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
+    rows, cols = masked.nonzero(as_tuple=True)
+    norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full((b,), length, device=x0.device)
+    return BlockMaskPlan(x0=x0, xt=xt, t=t, rows=rows, cols=cols, target=x0[rows, cols],
+                         weight=1.0 / t_pos[rows, cols], norm=norm, num_masked=masked.sum())
+
+
+def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None, *, mask_id: int | None = None,
+                         prompt_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                         shift_logits: bool | None = None, pad_id: int | None = None) -> LossOutput:
+    """BD3-LM's loss on `x0 [B, L]` (the same keywords as `loss.diffusion_loss`, plus `pad_id`, the EOS that
+    pads a sequence to a multiple of the block): eq. 3-4 on x_t's masked tokens, each / t of its block,
+    summed and divided by L' (or the response length, SFT), averaged over the batch. `LossOutput.t`: `[B, K]`."""
+    config = getattr(model, "config", None) or model.module.config
+    if config.block_size is None:
+        raise ValueError("block_diffusion_loss needs a block model (ModelConfig.block_size); use diffusion_loss")
+    if attention_mask is not None or shift_logits:
+        raise ValueError("a block model's loss takes no attention_mask (annealing, padding) and no shift_logits: "
+                         "its attention is block-causal by construction")
+    plan = plan_block_masks(x0, noise, block_size=config.block_size,
+                            mask_id=config.mask_token_id if mask_id is None else mask_id,
+                            pad_id=pad_id, prompt_mask=prompt_mask)
+    device = next((p.device for p in model.parameters()), x0.device)
+    plan = plan.to(device) if device != x0.device else plan
+    logits = xt_forward(model, plan.xt, plan.x0, logits_index=(plan.rows, plan.cols)).logits  # [N, V]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    ce = F.cross_entropy(logits, plan.target, reduction="none") * plan.weight  # [N]
+    per_seq = torch.zeros(x0.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, plan.rows, ce)
+    return LossOutput(loss=(per_seq / plan.norm).mean(), num_masked=plan.num_masked, t=plan.t)

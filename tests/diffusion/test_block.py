@@ -1,0 +1,142 @@
+"""Block diffusion training (BD3-LM, docs/method.md §13): the mask, the x_t ⊕ x_0 pass and the loss, each
+against an independent computation written here (float64 models: exactness of the construction is the claim)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from sinkdlm import DiffusionLM
+from sinkdlm.diffusion.block import block_diffusion_loss, block_diffusion_mask, xt_forward
+from sinkdlm.diffusion.noise import MaskNoise
+
+from helpers import tiny_model
+from numerics import assert_fp_close, assert_model_close
+
+
+def twin(model: DiffusionLM, **changes) -> DiffusionLM:
+    """The same weights under another config (a whole-sequence model: block_size=None)."""
+    other = DiffusionLM(model.config.replace(**changes)).double().eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq_len=st.integers(1, 12), block_size=st.integers(1, 13), n=st.integers(0, 3),
+       where=st.sampled_from(["front", "end"]))
+def test_mask_is_the_three_part_definition_with_sink_rows(seq_len, block_size, n, where):
+    mask = block_diffusion_mask(seq_len, block_size, n, where)
+    t = 2 * seq_len + n
+    assert mask.shape == (t, t) and mask.dtype == torch.bool
+    sinks = list(range(n)) if where == "front" else list(range(2 * seq_len, t))
+    content = [i for i in range(t) if i not in sinks]  # x_t then x_0, in order
+    for qi, q in enumerate(content):
+        for ki, k in enumerate(content):
+            q_clean, k_clean = qi >= seq_len, ki >= seq_len
+            bq, bk = (qi % seq_len) // block_size, (ki % seq_len) // block_size
+            if not q_clean and not k_clean:
+                want = bq == bk  # x_t: its own block only
+            elif not q_clean:
+                want = bk < bq  # x_t's block sees the clean blocks before it
+            elif k_clean:
+                want = bk <= bq  # x_0 is block-causal
+            else:
+                want = False  # x_0 never sees x_t
+            assert bool(mask[q, k]) == want, (q, k)
+        for s in sinks:
+            assert mask[q, s]  # every query sees the sinks (eq. 6)
+    for s in sinks:
+        assert mask[s].nonzero().flatten().tolist() == [s]  # a sink attends only to itself
+
+
+@pytest.mark.parametrize("bad", [dict(block_size=0), dict(seq_len=0), dict(num_sink_tokens=-1),
+                                 dict(sink_position="middle")])
+def test_mask_refuses_bad_input(bad):
+    args = {**dict(seq_len=4, block_size=2, num_sink_tokens=0, sink_position="front"), **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        block_diffusion_mask(**args)
+
+
+SINKS = [(0, "front"), (1, "front"), (2, "end")]
+
+
+def noisy(x0, mask_id, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.where(torch.rand(x0.shape, generator=g) < 0.5, torch.full_like(x0, mask_id), x0)
+
+
+@pytest.mark.parametrize("n,where", SINKS)
+def test_whole_sequence_block_gives_the_masked_dlm(n, where):
+    """block_size = L: the x_t half's logits are the whole-sequence model's forward on x_t."""
+    l = 12
+    model = tiny_model(block_size=l, num_sink_tokens=n, sink_position=where)
+    x0 = torch.randint(0, 40, (2, l), generator=torch.Generator().manual_seed(1))
+    xt = noisy(x0, model.config.mask_token_id)
+    got = xt_forward(model, xt, x0).logits[:, :l]
+    want = twin(model, block_size=None)(xt).logits
+    assert_model_close(got, want, model.config, keys=2 * l + n)
+
+
+@pytest.mark.parametrize("n,where", SINKS)
+@pytest.mark.parametrize("block_size", [1, 3, 5])
+def test_xt_half_is_block_by_block(block_size, n, where):
+    """For each block k: a pass over the clean blocks before k and the noisy block k (attention block-causal,
+    written here on a whole-sequence twin) gives the x_t half's logits of block k. End sinks sit after the
+    whole sequence in both, so there the later clean blocks ride along, invisible to block k."""
+    l = 10  # 3 does not divide it: a shorter last block
+    model = tiny_model(block_size=block_size, num_sink_tokens=n, sink_position=where)
+    plain = twin(model, block_size=None)
+    x0 = torch.randint(0, 40, (2, l), generator=torch.Generator().manual_seed(2))
+    xt = noisy(x0, model.config.mask_token_id, seed=3)
+    got = xt_forward(model, xt, x0).logits[:, :l]
+    for k in range(-(-l // block_size)):
+        lo, hi = k * block_size, min((k + 1) * block_size, l)
+        ids = torch.cat([x0[:, :lo], xt[:, lo:hi]] + ([x0[:, hi:]] if where == "end" and n else []), dim=1)
+        blocks = torch.arange(ids.shape[1]) // block_size
+        causal = (blocks[:, None] >= blocks[None, :])[None, None]  # [1, 1, L, L]
+        want = plain(ids, attention_mask=causal).logits[:, lo:hi]
+        assert_model_close(got[:, lo:hi], want, model.config, keys=2 * l + n)
+
+
+@pytest.mark.parametrize("per_block", [True, False])
+def test_loss_is_eq_3_4_per_block_with_eos_padding(per_block):
+    """L = 10, block 4: padded to 12 with EOS; each masked x_t token's CE / t of its block, summed over the
+    sequence, / 12, averaged over the batch; the logits from block-by-block passes (mask written here)."""
+    bs, l, eos = 4, 10, 7
+    model = tiny_model(block_size=bs, num_sink_tokens=1)
+    plain = twin(model, block_size=None)
+    x0 = torch.randint(0, 40, (3, l), generator=torch.Generator().manual_seed(4))
+    t = torch.tensor([[0.2, 0.6, 1.0], [0.5, 0.5, 0.5], [0.9, 0.3, 0.7]], dtype=torch.float64)
+    t = t if per_block else t[:, 0]
+    u = torch.rand(3, 12, generator=torch.Generator().manual_seed(5))
+    out = block_diffusion_loss(model, x0, MaskNoise(t=t, u=u), pad_id=eos)
+    padded = torch.cat([x0, torch.full((3, 2), eos)], dim=1)
+    t_pos = (t if per_block else t[:, None].expand(3, 3)).repeat_interleave(bs, dim=1)  # [3, 12]
+    masked = u < t_pos
+    xt = torch.where(masked, model.config.mask_token_id, padded)
+    want = 0.0
+    for b in range(3):
+        for k in range(3):
+            ids = torch.cat([padded[b:b + 1, :k * bs], xt[b:b + 1, k * bs:(k + 1) * bs]], dim=1)
+            blocks = torch.arange(ids.shape[1]) // bs
+            logits = plain(ids, attention_mask=(blocks[:, None] >= blocks[None, :])[None, None]).logits[0, k * bs:]
+            ce = F.cross_entropy(logits, padded[b, k * bs:(k + 1) * bs], reduction="none")
+            want = want + (ce * masked[b, k * bs:(k + 1) * bs]).sum() / t_pos[b, k * bs]
+    want = want / (12 * 3)
+    assert out.num_masked == int(masked.sum())
+    assert_fp_close(out.loss, want, n=12 * model.config.vocab_size, depth=model.config.num_hidden_layers + 2)
+    out.loss.backward()  # differentiable through the 2L pass
+    assert model.embed_tokens.weight.grad is not None
+
+
+def test_loss_refuses_bad_input():
+    model = tiny_model(block_size=4)
+    x0 = torch.randint(0, 40, (2, 10))
+    with pytest.raises(ValueError, match="pad_id"):
+        block_diffusion_loss(model, x0)  # 10 is not a multiple of 4: EOS padding needs the id
+    with pytest.raises(ValueError, match="larger than the training sequence"):
+        block_diffusion_loss(tiny_model(block_size=16), x0, pad_id=1)
+    with pytest.raises(ValueError, match="block model"):
+        block_diffusion_loss(tiny_model(), x0)
