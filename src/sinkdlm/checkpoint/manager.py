@@ -38,19 +38,23 @@ def load_tokenizer_for(path: str | Path | ModelSource):
     return load_tokenizer(source.path, sinkdlm_checkpoint=True)  # config.json parsed once, by open_source
 
 
-def load_model_and_tokenizer(path: str | Path | ModelSource, device=None, dtype: str | torch.dtype | None = None):
+def load_model_and_tokenizer(path: str | Path | ModelSource, device=None, dtype: str | torch.dtype | None = None,
+                             quantize: str | None = None):
     """(DiffusionLM in eval mode, its tokenizer) from one model, checked to agree.
 
     `path`: a sinkdlm, LLaDA, Dream or Qwen2/LLaMA directory, or a `.gguf` file (llama, qwen2, or llama.cpp's diffusion architectures dream and llada).
     `device`: a `--device` value (None or "auto": CUDA when available, `sinkdlm.model.loader.resolve_device`);
-    `dtype` as for `load_checkpoint`.
+    `dtype` as for `load_checkpoint`; `quantize`: a `--quantize` scheme applied after loading
+    (`sinkdlm.model.quantize`, checked before any weight is read), None: as loaded.
     """
     from sinkdlm.data.tokenizer import check_tokenizer_matches
     from sinkdlm.model.loader import resolve_device
+    from sinkdlm.model.quantize import check_quantize, quantize_model
 
     device = resolve_device(device)
+    check_quantize(quantize, device, dtype)
     source = open_source(path)  # detected and parsed once, for both model and tokenizer
-    model = load_checkpoint(source, device=device, dtype=dtype)
+    model = quantize_model(load_checkpoint(source, device=device, dtype=dtype), quantize)
     tokenizer = load_tokenizer_for(source)
     check_tokenizer_matches(tokenizer, model.config.vocab_size, model.config.mask_token_id)
     return model, tokenizer

@@ -88,7 +88,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
     with writing_out(out, mode, "analyze") as where:  # one analyze per --out at a time: no mixed files
         cfg = dataclasses.replace(cfg, out=where)
         with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
-            net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
+            net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype,
+                                                      quantize=cfg.quantize)
         for text in texts or ():
             check_prompt_size(text, tokenizer, net.config, f"a prompt in --prompts {cfg.prompts}")
         if texts is None:

@@ -40,7 +40,7 @@ def chat(model: Path = typer.Argument(..., metavar="MODEL", help="The model: a d
     from sinkdlm.diffusion.text import Conversation
 
     with said_when_slow(f"loading {model} (its weights and tokenizer) ..."):
-        net, tokenizer = load_model_and_tokenizer(model, device=cfg.device, dtype=cfg.dtype)
+        net, tokenizer = load_model_and_tokenizer(model, device=cfg.device, dtype=cfg.dtype, quantize=cfg.quantize)
     sample = SampleConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SampleConfig)})
     talk = Conversation(net, tokenizer, sample, system=cfg.system)
     interactive = sys.stdin.isatty()

@@ -35,6 +35,7 @@ def eval_command(cfg: EvalConfig) -> None:
     atomic_write_json(out, {
         "model": str(cfg.model), "tasks": names, "limit": cfg.limit, "seed": cfg.seed, "mc_num": cfg.mc_num,
         "gen_steps": cfg.gen_steps, "cache": cfg.cache, "threshold": cfg.threshold, **cfg.remasking_options(),
+        "quantize": cfg.quantize, "kv_cache_dtype": cfg.kv_cache_dtype,
         "scores": scores,
     })
     typer.echo(f"wrote {out}")

@@ -63,7 +63,7 @@ def generate(cfg: GenerateConfig) -> None:
     from sinkdlm.diffusion.text import generate_text
 
     with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
-        net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype, quantize=cfg.quantize)
     check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if cfg.prompt_file is not None else "--prompt")
     callback = None
     if cfg.show_steps:

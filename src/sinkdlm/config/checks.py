@@ -173,8 +173,10 @@ def check_dtype(dtype) -> str | None:
 # The `SampleConfig` fields only diffusion decoding reads: an autoregressive model decodes one token per
 # step, left to right, and uses only gen_length, temperature, top_p, top_k and seed.
 DIFFUSION_ONLY = ("steps", "block_length", "threshold", "cache", "compile", "compile_backend", "remasking",
-                  "schedule", "eps", "alg_temp")
+                  "schedule", "eps", "alg_temp", "kv_cache_dtype")
 CACHE_CHOICES = ("prefix", "dual")
+KV_CACHE_DTYPES = ("int8",)  # --kv-cache-dtype: what the prefix/dual cache may store its keys and values in
+QUANTIZE_SCHEMES = ("int8-weight", "int8-dynamic", "int4-weight")  # --quantize (sinkdlm.model.quantize)
 
 
 def _number(value, integer: bool = False) -> bool:
@@ -251,3 +253,16 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
     if settings.compile and settings.cache is None:
         raise ValueError("compile=True compiles the cached decoding step, so it needs a cache: give cache=prefix "
                          "or cache=dual")
+    check_kv_cache_dtype(settings.kv_cache_dtype, settings.cache)
+
+
+def check_kv_cache_dtype(kv_cache_dtype, cache) -> None:
+    """`kv_cache_dtype` is None or one of KV_CACHE_DTYPES, and a cache (`cache`: prefix | dual) is in use."""
+    if kv_cache_dtype is None:
+        return
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be {' | '.join(KV_CACHE_DTYPES)} (or left unset: the model's dtype), "
+                         f"got {kv_cache_dtype!r}")
+    if cache is None:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype} stores the KV cache's keys and values, and no cache is in "
+                         "use: add cache=prefix or cache=dual")

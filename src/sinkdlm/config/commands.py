@@ -28,6 +28,16 @@ class ModelOptions(DeviceOption):
     """Model: a directory (sinkdlm checkpoint, LLaDA, Dream, autoregressive Qwen2/LLaMA) or a .gguf file (llama, qwen2; dream, llada diffusion LMs)."""
     dtype: str | None = None
     """float32 | bfloat16 | float16 (default: as stored)."""
+    quantize: str | None = None
+    """Quantize the model's linear layers after loading, for inference (torchao, `pip install 'sinkdlm[quant]'`): int8-weight (a quarter of the memory) | int8-dynamic (W8A8; on a CPU the fast one under --compile) | int4-weight (CUDA, --dtype bfloat16). The sink embeddings, token embeddings, norms and LM head keep their dtype."""
+
+
+@dataclass(kw_only=True)
+class KVCacheDtypeOption:
+    """The one declaration of `--kv-cache-dtype`, inherited by the settings that hold a `cache`."""
+
+    kv_cache_dtype: str | None = None
+    """int8: store the --cache's keys and values in int8, a symmetric scale per token and head (the sink tokens' kept in full precision, as IntactKV); needs --cache. Default: the model's dtype."""
 
 
 @dataclass(kw_only=True)
@@ -54,7 +64,7 @@ class RemaskingOptions:
 
 
 @dataclass(kw_only=True)
-class SampleConfig(RemaskingOptions):
+class SampleConfig(RemaskingOptions, KVCacheDtypeOption):
     """How to decode (docs/method.md §2): the settings of `sinkdlm.generate`."""
 
     gen_length: int
@@ -205,7 +215,7 @@ def _as_text(values) -> str | None:
 
 
 @dataclass(kw_only=True)
-class ScoringOptions(RemaskingOptions):
+class ScoringOptions(RemaskingOptions, KVCacheDtypeOption):
     """How a model answers scored requests (`sinkdlm.evaluation.DLMPredictor`, docs/method.md §1-2, §7): part of
     `EvalConfig`, and of `LMEvalConfig`, the lm-eval model's settings."""
 

@@ -434,7 +434,7 @@ def _canvas(model, plan: GenerationPlan, use_sink_cache: bool) -> _Canvas:
     kv = None
     if plan.probe == StepProbe() and (use_sink_cache or plan.settings.cache is not None):
         with model.sink_cache_mode(use_sink_cache):
-            kv = model.allocate_cache(b, total, attn)
+            kv = model.allocate_cache(b, total, attn, kv_cache_dtype=plan.settings.kv_cache_dtype)
     columns = compiled_columns(plan.schedule, model.device) if plan.settings.compile else None
     return _Canvas(x, attn, masked, kv, columns)
 

@@ -151,6 +151,8 @@ def lm_eval_config(model_args: dict) -> LMEvalConfig:
         seed=_int_arg("seed", given.get("seed", LMEvalConfig.seed), minimum=0),
         max_length=None if max_length is None else _int_arg("max_length", max_length, minimum=2),
         cache=None if cache in (None, "", "none", "None") else str(cache),
+        **{name: None if given.get(name) in (None, "", "none", "None") else str(given[name])
+           for name in ("quantize", "kv_cache_dtype")},
         threshold=None if threshold in (None, "", "none", "None") else _float_arg("threshold", threshold),
         block_length=None if block_length is None else _int_arg("block_length", block_length),
         check_greedy=_bool_arg("check_greedy", given.get("check_greedy", LMEvalConfig.check_greedy)),
@@ -169,6 +171,7 @@ class SinkDLMEvalModel(LM):
         super().__init__()
         from sinkdlm.data import load_tokenizer
         from sinkdlm.checkpoint.manager import load_checkpoint, load_tokenizer_for
+        from sinkdlm.model.quantize import check_quantize, quantize_model
 
         if not isinstance(config, LMEvalConfig):
             raise TypeError(f"SinkDLMEvalModel takes an LMEvalConfig (or model_args through create_from_arg_string), "
@@ -181,9 +184,10 @@ class SinkDLMEvalModel(LM):
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)
             device = "cpu"  # lm-eval's command line asks for cuda:0 by default
         self._device = resolve_device(device)
-        self.model = load_checkpoint(
-            Path(config.model), device=self._device, dtype=DTYPES[config.dtype] if config.dtype else None
-        ).eval()
+        dtype = DTYPES[config.dtype] if config.dtype else None
+        check_quantize(config.quantize, self._device, dtype)  # before any weight is read
+        self.model = quantize_model(load_checkpoint(Path(config.model), device=self._device, dtype=dtype).eval(),
+                                    config.quantize)
         if config.shift_logits is not None:  # this loaded model's head is read the other way (every estimator reads the config)
             self.model.config.shift_logits = config.shift_logits
         self.tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else load_tokenizer_for(Path(config.model))

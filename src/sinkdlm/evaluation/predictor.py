@@ -36,7 +36,7 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.config.checks import CACHE_CHOICES as CACHES
 from sinkdlm.diffusion.sampling import generate as sample
-from sinkdlm.config.checks import check_int, check_optional_int
+from sinkdlm.config.checks import check_int, check_kv_cache_dtype, check_optional_int
 from sinkdlm.config.commands import ScoringOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
@@ -96,6 +96,7 @@ def check_scoring_options(o: ScoringOptions) -> None:
     """Every option `DLMPredictor` reads that needs no model, checked up front (the remasking rule, which
     depends on the model's family, is checked when the predictor is built)."""
     check_decoding_options(o.cache, o.threshold)
+    check_kv_cache_dtype(o.kv_cache_dtype, o.cache)
     if o.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {o.method!r}")
     check_int("mc_num", o.mc_num, 1)
@@ -144,7 +145,7 @@ class DLMPredictor:
         self.mc_num, self.method, self.batch_size = o.mc_num, o.method, o.batch_size
         self.gen_steps, self.seed, self.progress = o.gen_steps, o.seed, o.progress
         self.max_length = cfg.max_content_length if o.max_length is None else min(cfg.max_content_length, o.max_length)
-        self.cache, self.threshold = o.cache, threshold
+        self.cache, self.threshold, self.kv_cache_dtype = o.cache, threshold, o.kv_cache_dtype
         self.eos_id = tokenizer.eos_token_id
         self._warned_truncation = False
 
@@ -281,6 +282,7 @@ class DLMPredictor:
             diffusion = {} if self.model.config.causal else dict(
                 steps=None if threshold is not None else steps, block_length=block_length, threshold=threshold,
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
+                kv_cache_dtype=self.kv_cache_dtype if cache else None,
                 **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")))
             res = sample(self.model, [rows[i] for i in chunk], gen_length=padded, temperature=temperature,
                          seed=self.seed + k, return_dict=True, **diffusion)

@@ -28,11 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinkdlm.config import ModelConfig
+from sinkdlm.config.checks import KV_CACHE_DTYPES
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.attention import (
     SINK_COLUMN_BACKENDS, apply_rope, block_causal_mask, causal_mask, get_backend, padding_mask, rope_cos_sin,
 )
 from sinkdlm.model.cache import KVCache
+from sinkdlm.model.kv_int8 import Int8KVCache
 from sinkdlm.model.fused import Packed, pack
 from sinkdlm.model.probe import Probe, ProbePass
 
@@ -241,6 +243,7 @@ class DiffusionLM(nn.Module):
         self.attn_implementation = "sdpa"
         self.use_sink_cache: bool | None = None
         self._sink_cache: sinklib.SinkCache | None = None
+        self.quantization: str | None = None  # the --quantize scheme applied (`model/quantize.py`); None: none
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -324,7 +327,10 @@ class DiffusionLM(nn.Module):
 
     def fuse_projections(self) -> None:
         """One matmul for each layer's q/k/v and one for its gate/up at inference (`fused.pack`): the
-        parameters become views of the joint tensors; names, values and memory are unchanged."""
+        parameters become views of the joint tensors; names, values and memory are unchanged. A quantized
+        model keeps its projections apart (torchao's weight tensors are not concatenated)."""
+        if self.quantization is not None:
+            return
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
             if a.qkv is None or not a.qkv.holds((a.q_proj, a.k_proj, a.v_proj)):
@@ -333,13 +339,15 @@ class DiffusionLM(nn.Module):
                 m.gate_up = pack((m.gate_proj, m.up_proj))
 
     @torch.no_grad()
-    def allocate_cache(self, batch: int, length: int, attention_mask: torch.Tensor | None = None) -> KVCache:
+    def allocate_cache(self, batch: int, length: int, attention_mask: torch.Tensor | None = None,
+                       kv_cache_dtype: str | None = None) -> KVCache:
         """A static `KVCache` (cache.py) for `batch` rows of `length` content columns, once per generation.
 
         The sinks' rotated keys and values are written at their columns (constants of the model,
         docs/method.md §3), the content's rotary tables and the padding's key mask (`attention_mask`
         `[B, L]`, True = real) are built here, so no pass recomputes them. Allocate it under the
-        autocast the passes run in: the buffers take its dtype, as the keys do."""
+        autocast the passes run in: the buffers take its dtype, as the keys do. `kv_cache_dtype="int8"`:
+        the content columns in int8, the sinks' in that dtype (`kv_int8.Int8KVCache`)."""
         cfg = self.config
         n, dev, where = cfg.num_sink_tokens, self.device, cfg.sink_position
         if length > cfg.max_content_length:
@@ -348,10 +356,13 @@ class DiffusionLM(nn.Module):
         if attention_mask is not None and tuple(attention_mask.shape) != (batch, length):
             raise ValueError(f"attention_mask must be [batch, length] = [{batch}, {length}], "
                              f"got {tuple(attention_mask.shape)}")
+        if kv_cache_dtype not in (None, *KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype must be {' | '.join(KV_CACHE_DTYPES)} or None, got {kv_cache_dtype!r}")
         act_dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else self.dtype
         pos_content, pos_sink = sinklib.positions(batch, length, n, where, attention_mask, dev)
         cos, sin = rope_cos_sin(pos_content, cfg.head_dim, cfg.rope_theta, act_dtype)  # [B|1, L, hd]
-        shape = (batch, cfg.num_key_value_heads, n + length, cfg.head_dim)
+        # int8: these buffers hold the sinks' columns only (full precision), the content's are Int8KVCache's
+        shape = (batch, cfg.num_key_value_heads, n + (length if kv_cache_dtype is None else 0), cfg.head_dim)
         keys = [torch.zeros(shape, dtype=act_dtype, device=dev) for _ in self.layers]
         values = [torch.zeros(shape, dtype=act_dtype, device=dev) for _ in self.layers]
         mask = None if attention_mask is None else padding_mask(attention_mask)  # [B, 1, 1, L]
@@ -364,6 +375,8 @@ class DiffusionLM(nn.Module):
                 sinklib.sinks_of(vb, n, where, dim=2).copy_(v.to(act_dtype))
             if mask is not None:  # every content query sees the sinks (eq. 6, second case)
                 mask = sinklib.join(mask.new_ones(batch, 1, 1, n), mask, where, dim=-1)  # [B, 1, 1, S]
+        if kv_cache_dtype is not None:
+            return Int8KVCache(keys, values, cos, sin, mask, where)
         return KVCache(keys, values, cos, sin, mask, offset=n if where == "front" else 0)
 
     # ------------------------------------------------------------------ forward
@@ -529,6 +542,13 @@ class DiffusionLM(nn.Module):
         if attention_mask is not None and attention_mask.dim() == 4:
             mask = attention_mask.bool() if mask is None else mask & attention_mask.bool()
         return mask
+
+    def train(self, mode: bool = True) -> "DiffusionLM":
+        """`nn.Module.train`, refused in one line for a quantized model: quantization is for inference here."""
+        if mode and self.quantization is not None:
+            raise ValueError(f"this model is quantized ({self.quantization}), and quantization is for inference "
+                             "here: train the unquantized checkpoint (load it without --quantize)")
+        return super().train(mode)
 
     @contextmanager
     def sink_cache_mode(self, use: bool | None):
