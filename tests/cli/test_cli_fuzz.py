@@ -447,7 +447,8 @@ def test_two_analyze_on_one_out_the_second_is_refused(world, tmp_path):
     analysis = json.loads((tmp_path / "D" / "analysis.json").read_text())
     assert analysis["model"]["label"] == label and label in (tmp_path / "D" / "report.md").read_text()
     assert all((tmp_path / "D" / Path(f).name).is_file() for f in analysis["figures"].values())
-    assert not [p for p in (tmp_path / "D").iterdir() if p.name.startswith(".")]  # no temp file left
+    # no temp file left; the one dot file is --out's record of what analyze wrote (sinkdlm.io.out_dir)
+    assert [p.name for p in (tmp_path / "D").iterdir() if p.name.startswith(".")] == [".sinkdlm-out.json"]
     # released at exit: a third run on D is not refused (in process: no second torch import); D holds an
     # analysis now, which only --overwrite replaces (sinkdlm.io.out_dir)
     again = run_main([*base, "--label", "gamma", "--overwrite"], tmp_path)

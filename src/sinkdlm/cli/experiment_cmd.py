@@ -41,14 +41,18 @@ def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
 
 
 def _remove_unstarted(path: Path) -> None:
-    """Remove `path` if it holds nothing but empty folders and the runner's STARTED.json (a first
-    stage refused its input: nothing ran); else leave all of it."""
+    """Remove `path` if it holds nothing but empty folders, the runner's STARTED.json and the record of
+    them (a first stage refused its input: nothing ran); else leave all of it."""
     import os
 
+    from sinkdlm.io.out_dir import RECORD
+
+    started = (path / "STARTED.json", path / RECORD)
     files = [Path(d, f) for d, _, names in os.walk(path) for f in names]
-    if not path.is_dir() or any(f != path / "STARTED.json" for f in files):
+    if not path.is_dir() or any(f not in started for f in files):
         return
-    (path / "STARTED.json").unlink(missing_ok=True)
+    for f in started:
+        f.unlink(missing_ok=True)
     try:
         for dirpath, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
             Path(dirpath).rmdir()

@@ -1,20 +1,25 @@
 """One rule for every command that writes an output directory (`--out`), in one place.
 
-`train`, `sft`, `convert`, `analyze`, `experiment`, `tokenizer train` (a directory) and `eval` (a
+`train`, `sft`, `convert`, `merge`, `analyze`, `experiment`, `tokenizer train` (a directory) and `eval` (a
 file) all go through `check_out` before any work, then write inside `writing_out`:
 
 * a new path, or an empty directory, is written;
 * the command's own resumable output is resumed: `experiment` over the same preset's directory (a
   study in docs/results/<name> resumes there), `train`/`sft` over their run (the trainer then resumes
   it with `--resume` or refuses, as it always did);
-* anything else (another command's output, this command's finished output, unrelated files) is
-  refused in one line that names what is there and offers `--overwrite`;
+* `--overwrite` replaces only what the command itself wrote. Each output keeps its own record of what
+  it wrote (`RECORD`, `.sinkdlm-out.json`: the command and every path it wrote, kept by `writing_out`
+  when the command ends, however it ends); eval's scores file is its own record (its keys). A directory
+  holding any entry that record does not list (a user's notes, another command's output, an output from
+  before records or of a run killed outright) is refused even with `--overwrite`, naming those entries:
+  move them, or choose another `--out`. No refusal offers `--overwrite` for such a folder;
+* anything else (this command's finished output) is refused in one line that offers `--overwrite`;
 * `--overwrite` writes a new directory beside the old one (`.NAME.new-PID`) and swaps it in when the
-  run ends, so a failed run leaves the old directory whole (and no half of each). The swap is two
-  renames; a crash between them leaves the old one as `.NAME.old-PID` beside the new. `train` and
-  `experiment` record their own paths, so they set the old directory aside first and write in place;
-  a run killed outright (no cleanup) leaves it there, and the next command on that `--out` names it
-  (`set_aside`) so it is never forgotten.
+  run ends, so a failed run leaves the old directory whole (and no half of each), then says in one line
+  what it replaced. The swap is two renames; a crash between them leaves the old one as `.NAME.old-PID`
+  beside the new. `train` and `experiment` record their own paths, so they set the old directory aside
+  first and write in place; a run killed outright (no cleanup) leaves it there, and the next command on
+  that `--out` names it (`set_aside`) so it is never forgotten.
 
 `exclusive_out` keeps one writer per directory (an exclusive `flock` on the directory itself: the OS
 drops it when the process dies, so a crashed run never leaves a stale lock). `hold` is the same lock for
@@ -32,12 +37,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from sinkdlm.io.atomic import atomic_write_json
+
 try:
     import fcntl
 except ImportError:  # Windows: commands run unlocked
     fcntl = None
 
-IGNORED = {".DS_Store", ".train.lock"}  # what an empty directory may still hold
+RECORD = ".sinkdlm-out.json"  # an output's record of what its command wrote (`written`, `foreign`)
+LAUNCH_DIR = ".sinkdlm-launch"  # a launched experiment's job records and logs (experiment/launch.py), its own
+IGNORED = {".DS_Store", ".train.lock", RECORD, LAUNCH_DIR}  # what an empty directory may still hold
+SHOWN = 10  # entries a refusal names before it counts the rest
 _NOTED: set[Path] = set()  # set-aside directories this process has already named (`check_out`)
 
 
@@ -66,13 +76,17 @@ def experiment_preset(path: Path) -> str | None:
 
 def owner(path: str | Path) -> str | None:
     """The sinkdlm command whose output `path` holds ("train", "sft", "analyze", "convert", "experiment",
-    "tokenizer train", "eval"), or None (nothing, or something else)."""
+    "tokenizer train", "merge", "eval"), or None (nothing, or something else): the one its record names
+    (`written`), else the one whose files it holds."""
     path = Path(path)
     if path.is_file():
         data = _json(path) if path.suffix == ".json" else {}
         return "eval" if {"scores", "tasks", "model"} <= data.keys() else None
     if not path.is_dir():
         return None
+    record = written(path)
+    if record is not None:
+        return record["command"]
     names = {name.rstrip("/") for name in _contents(path)}
     if names & {"STARTED.json", "progress.md", "interim.json"} or {"results.json", "runs"} <= names:
         return "experiment"
@@ -117,10 +131,10 @@ def check_out(path: str | Path, command: str, *, overwrite: bool = False, resuma
               preset: str | None = None, inputs: Sequence[str | Path | None] = (), flag: str = "--out",
               is_file: bool = False) -> str:
     """Decide, before any work, how `command` may write `path`: "new" (write it), "resume" (its own
-    resumable output) or "replace" (`overwrite`: write beside, then swap). Anything else raises
-    ValueError naming what is there. `preset`: an experiment's (another preset's directory is refused);
-    `inputs`: paths the command reads, which `--overwrite` must not delete; `is_file`: `path` is a file
-    (eval's scores), not a directory."""
+    resumable output) or "replace" (`overwrite` over what `command` alone wrote: write beside, then swap).
+    Anything else raises ValueError naming what is there. `preset`: an experiment's (another preset's
+    directory is refused); `inputs`: paths the command reads, which `--overwrite` must not delete;
+    `is_file`: `path` is a file (eval's scores), not a directory."""
     path = Path(path).expanduser()
     for aside in set_aside(path):  # an earlier --overwrite killed before it could clean up or put it back
         if aside in _NOTED:  # the command line and the library both check --out: say it once
@@ -136,18 +150,120 @@ def check_out(path: str | Path, command: str, *, overwrite: bool = False, resuma
     if not path.exists() or (not is_file and not _contents(path)):
         return "new"
     who = owner(path)
-    if overwrite:
+    if is_file:  # eval's scores are their own record: its keys
+        if who != command:
+            raise ValueError(f"{flag} {path} already exists and is not the scores of an earlier `sinkdlm {command}`; "
+                             f"choose another {flag}, or move it away")
+        strangers = []
+    else:
+        strangers = foreign(path, command)
+    if overwrite and not strangers:
         _check_replaceable(path, inputs, flag)
         return "replace"
-    if who == command and resumable:
+    if who == command and resumable and not overwrite:
         found = experiment_preset(path) if command == "experiment" else None
         if preset is None or found is None or found == preset:
             return "resume"
+        replace = "" if strangers else ", or --overwrite to replace it"
         raise ValueError(f"{flag} {path} holds the `{found}` experiment, not `{preset}`: the two would mix; "
-                         f"choose another {flag} (or --preset {found} to resume it, or --overwrite to replace it)")
+                         f"choose another {flag} (or --preset {found} to resume it{replace})")
+    if strangers:
+        raise ValueError(_foreign_refusal(path, command, strangers, flag))
     there = f"already exists ({describe(path)})" if is_file else f"already holds {describe(path)}"
     raise ValueError(f"{flag} {path} {there}; choose another {flag}, "
                      f"or pass --overwrite to replace it")
+
+
+def _foreign_refusal(path: Path, command: str, strangers: list[str], flag: str) -> str:
+    """The refusal of a directory holding entries `command` did not write: all of them named (or the first
+    `SHOWN` and a count), and the two safe ways out; never --overwrite, which would delete them."""
+    n = len(strangers)
+    names = ", ".join(strangers[:SHOWN]) + (f" and {n - SHOWN} more" if n > SHOWN else "")
+    record, who = written(path), owner(path)
+    if record is not None and record["command"] != command:
+        why = f" (the output of `sinkdlm {record['command']}`)"
+    elif record is None and who == command:
+        why = (f" (it looks like the output of `sinkdlm {command}`, but it holds no record of what that wrote, "
+               f"{RECORD}: an older sinkdlm's output, or a run killed outright)")
+    elif record is None and who is not None:
+        why = f" ({describe(path).split(' (')[0]})"
+    else:
+        why = ""
+    them = "it" if n == 1 else "them"
+    return (f"{flag} {path} holds {n} entr{'y' if n == 1 else 'ies'} that `sinkdlm {command}` did not write "
+            f"({names}){why}; choose another {flag}, or move {them} out of it")
+
+
+def written(path: str | Path) -> dict | None:
+    """The record `path`'s command kept of what it wrote: {"command": ..., "entries": set of paths relative to
+    `path`, folders ending in "/"}; None where there is none (or it cannot be read)."""
+    record = _json(Path(path) / RECORD)
+    if not isinstance(record.get("command"), str) or not isinstance(record.get("entries"), list):
+        return None
+    return {"command": record["command"], "entries": {e for e in record["entries"] if isinstance(e, str)}}
+
+
+def foreign(path: str | Path, command: str) -> list[str]:
+    """The entries of directory `path` that `command` did not write (by its record, `written`), outermost
+    first: a folder it did not write is named once, not file by file."""
+    record = written(path)
+    mine = record["entries"] if record is not None and record["command"] == command else set()
+    found: list[str] = []
+
+    def visit(folder: Path, prefix: str) -> None:
+        for p in sorted(folder.iterdir()):
+            if p.name in IGNORED:
+                continue
+            name = prefix + p.name
+            if p.is_dir() and not p.is_symlink():
+                if name + "/" in mine:
+                    visit(p, name + "/")
+                else:
+                    found.append(name + "/")
+            elif name not in mine:
+                found.append(name)
+
+    visit(Path(path), "")
+    return found
+
+
+def _walk(path: Path) -> set[str]:
+    """Every entry under `path` (relative, folders ending in "/"; a link is an entry, never followed)."""
+    found = set()
+    for folder, dirs, files in os.walk(path):
+        prefix = os.path.relpath(folder, path) + "/" if folder != str(path) else ""
+        links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+        dirs[:] = [d for d in dirs if d not in IGNORED and d not in links]
+        found.update(prefix + d + "/" for d in dirs)
+        found.update(prefix + f for f in [*files, *links] if f not in IGNORED)
+    return found
+
+
+def _record(path: Path, command: str, before: set[str]) -> None:
+    """Keep `path`'s record of what `command` wrote: what its record already lists, and every entry now there
+    but those that were there, not written by it, when it started (`before`: `foreign`'s list)."""
+    if not path.is_dir():
+        return
+    record = written(path)
+    kept = record["entries"] if record is not None and record["command"] == command else set()
+    entries = {e for e in _walk(path) if e in kept or not any(e == b or (b.endswith("/") and e.startswith(b))
+                                                                for b in before)}
+    if (entries or record is not None) and (record is None or record["command"] != command
+                                            or entries != record["entries"]):  # a refused run changes nothing
+        atomic_write_json(path / RECORD, {"command": command, "entries": sorted(entries)})
+
+
+def _replaced(path: Path, command: str) -> str:
+    """What `--overwrite` replaces at `path`, in one line: for a study its preset, runs and file count."""
+    files = sum(not e.endswith("/") for e in _walk(path))
+    if command == "experiment":
+        runs = sorted(p.name for p in (path / "runs").iterdir() if p.is_dir()) if (path / "runs").is_dir() else []
+        shown = ", ".join(runs[:SHOWN]) + (f" and {len(runs) - SHOWN} more" if len(runs) > SHOWN else "")
+        return (f"the `{experiment_preset(path)}` experiment: {len(runs)} run{'' if len(runs) == 1 else 's'}"
+                f"{f' ({shown})' if runs else ''}, {files} files")
+    names = _contents(path)
+    shown = ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
+    return f"the output of `sinkdlm {command}`: {files} file{'' if files == 1 else 's'} ({shown})"
 
 
 def set_aside(path: str | Path) -> list[Path]:
@@ -203,22 +319,31 @@ def writing_out(path: str | Path, mode: str, command: str, *, lock: bool = True,
     its own paths: train, experiment): the old directory is set aside beside instead and the new run
     written at `path`. A body that raises leaves `path` as it was found, either way; a stop that leaves a
     resumable run is caught by the caller inside the body, so that run is kept. `lock`: hold the directory
-    (`exclusive_out`) for the body (train and experiment keep their own locks)."""
+    (`exclusive_out`) for the body (train and experiment keep their own locks). However the body ends, the
+    directory it wrote keeps its record of what `command` wrote (`RECORD`); a replaced one is named in a line."""
     path = Path(path).expanduser()
     if mode != "replace":
-        with exclusive_out(path, command, flag) if lock else _as_is(path) as held:
-            yield held
+        before = set(foreign(path, command)) if path.is_dir() else set()
+        try:
+            with exclusive_out(path, command, flag) if lock else _as_is(path) as held:
+                yield held
+        finally:
+            _record(path, command, before)
         return
     new = path.with_name(f".{path.name}.new-{os.getpid()}")
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
     shutil.rmtree(old, ignore_errors=True)
+    replaced = _replaced(path, command)
     if in_place:
         os.replace(path, old)
     target = path if in_place else new
     try:
         with exclusive_out(target, command, flag) if lock else _as_is(target) as held:
             held.mkdir(parents=True, exist_ok=True)
-            yield held
+            try:
+                yield held
+            finally:
+                _record(held, command, set())
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         if in_place:
@@ -227,7 +352,14 @@ def writing_out(path: str | Path, mode: str, command: str, *, lock: bool = True,
     if not in_place:
         os.replace(path, old)
         os.replace(new, path)
+    strangers = foreign(old, command)
+    if strangers:  # written into it while the command ran: kept beside, and said
+        print(f"[sinkdlm] note: {old} holds the replaced {flag} {path}, kept because it came to hold entries "
+              f"`sinkdlm {command}` did not write ({', '.join(strangers[:SHOWN])}); move them, then delete it",
+              file=sys.stderr, flush=True)
+        return
     shutil.rmtree(old, ignore_errors=True)
+    print(f"[sinkdlm] --overwrite replaced {flag} {path}: {replaced}", file=sys.stderr, flush=True)
 
 
 @contextmanager
