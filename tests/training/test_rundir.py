@@ -52,6 +52,7 @@ def cli_args(tmp_path: Path, corpus: Path, out: Path, *extra: str) -> list[str]:
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     from sinkdlm.cli import main
 
+    capsys.readouterr()  # what ran before (progress on stderr) is not this command's output
     with pytest.raises(SystemExit) as exc:
         main(args)
     captured = capsys.readouterr()
@@ -89,7 +90,7 @@ def test_overwrite_removes_only_what_training_wrote(tmp_path, corpus, capsys):
     capsys.readouterr()
 
     summary = train(cfg_for(tmp_path, corpus, max_steps=3, save_every=3, overwrite=True))
-    assert "--overwrite: removed the previous run" in capsys.readouterr().out
+    assert "--overwrite: removed the previous run" in capsys.readouterr().err
     assert summary["checkpoint"] == str(out / "checkpoints" / "step-3")
     assert [s for s, _ in list_checkpoints(out)] == [3]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["README", "step-3"]
@@ -118,6 +119,18 @@ def test_resume_with_other_settings_is_refused(tmp_path, corpus):
 
 
 # ----------------------------------------------------------------------------- resume
+def test_a_fresh_run_says_nothing_about_resuming(tmp_path, corpus, capsys):
+    """An experiment's run: resume=True on a fresh out, trained and scored part by part (`stop_at`), says
+    nothing about resuming; it trains the steps of one run (a resume by a new call names its checkpoint:
+    test_signal_saves_prints_resume_command_and_resume_is_exact)."""
+    cfg = cfg_for(tmp_path, corpus, max_steps=4, save_every=100, resume=True)
+    capsys.readouterr()
+    train(cfg, stop_at=2)
+    train(cfg)
+    assert "resum" not in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(cfg.out)] == [1, 2, 3, 4]
+
+
 def test_corrupt_newest_checkpoint_falls_back_and_is_named(tmp_path, corpus, capsys):
     out = tmp_path / "run"
     train(cfg_for(tmp_path, corpus, max_steps=12, save_every=4))
@@ -126,7 +139,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_is_named(tmp_path, corpus, cap
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a full disk
     capsys.readouterr()
     summary = train(cfg_for(tmp_path, corpus, max_steps=12, save_every=4, resume=True))
-    log = capsys.readouterr().out
+    log = capsys.readouterr().err
     assert f"{out / 'checkpoints' / 'step-12'} cannot be loaded" in log
     assert "moved it aside to corrupt-step-12 and falling back to step-8" in log
     assert f"resuming from {out / 'checkpoints' / 'step-8'}" in log
@@ -173,7 +186,7 @@ def test_stale_temporary_checkpoints_are_removed_on_start(tmp_path, corpus, caps
     (stale / "model.safetensors").write_bytes(b"half")
     capsys.readouterr()
     train(cfg_for(tmp_path, corpus, max_steps=3, save_every=3, resume=True))
-    log = capsys.readouterr().out
+    log = capsys.readouterr().err
     assert "removed 1 unfinished checkpoint(s) left by an interrupted save: .tmp-step-3" in log
     assert not stale.exists() and [s for s, _ in list_checkpoints(out)] == [2, 3]
 
@@ -200,8 +213,8 @@ def test_sigint_in_process_saves_stops_and_restores_handlers(tmp_path, corpus, c
     assert [s for s, _ in list_checkpoints(out)] == [2] and [r["step"] for r in read_metrics(out)] == [1, 2]
     log = capfd.readouterr()  # the handler writes to fd 2 directly (print is unsafe in a handler)
     assert "SIGINT received: finishing this step and saving a checkpoint" in log.err
-    assert f"stopped by SIGINT after step 2 of 6: checkpoint saved to {out / 'checkpoints' / 'step-2'}" in log.out
-    assert "resume with: call train() again with resume=True" in log.out
+    assert f"stopped by SIGINT after step 2 of 6: checkpoint saved to {out / 'checkpoints' / 'step-2'}" in log.err
+    assert "resume with: call train() again with resume=True" in log.err
 
 
 # A `python -m sinkdlm ...` process whose step `BLOCK_AT` (0-based) waits for the file `go`: the
@@ -273,17 +286,18 @@ def test_signal_saves_prints_resume_command_and_resume_is_exact(tmp_path, corpus
     assert f"{name} received: finishing this step and saving a checkpoint" in stderr
     assert "Traceback" not in stderr
     ckpt = out / "checkpoints" / "step-4"
-    assert f"[sinkdlm] stopped by {name} after step 4 of 8: checkpoint saved to {ckpt}" in stdout
+    assert f"[sinkdlm] stopped by {name} after step 4 of 8: checkpoint saved to {ckpt}" in stderr
+    assert stdout == ""  # a stopped run has no result; what it says is progress (stderr)
     assert [s for s, _ in list_checkpoints(out)] == [4]
     assert not list((out / "checkpoints").glob(".tmp-*"))
-    command = stdout.split("[sinkdlm] resume with: ", 1)[1].splitlines()[0]
+    command = stderr.split("[sinkdlm] resume with: ", 1)[1].splitlines()[0]
     words = shlex.split(command)
     assert words[:2] == ["sinkdlm", "train"] and words[-1] == "--resume"
     pairs = lambda w: dict(zip(w[::2], w[1::2]))  # noqa: E731
     assert pairs(words[2:-1]) == pairs(args[1:])  # exactly the typed flags, nothing resolved or lost
     if sig == signal.SIGTERM:
         return
-    code, log, _ = run_cli(words[1:], capsys)  # run the printed command
+    code, _, log = run_cli(words[1:], capsys)  # run the printed command
     assert code == 0
     assert f"resuming from {ckpt}" in log
     ref = cfg_for(tmp_path / "ref", corpus, max_steps=8, save_every=100)
@@ -325,7 +339,7 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise_at_each_thread_cou
 def test_without_fcntl_the_run_goes_on_and_says_so(tmp_path, corpus, monkeypatch, capsys):
     monkeypatch.setattr(rundir, "fcntl", None)
     summary = train(cfg_for(tmp_path, corpus, max_steps=1, save_every=1))
-    assert "no fcntl file locks; nothing stops a second training" in capsys.readouterr().out
+    assert "no fcntl file locks; nothing stops a second training" in capsys.readouterr().err
     assert summary["checkpoint"].endswith("step-1")
 
 

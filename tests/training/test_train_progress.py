@@ -17,7 +17,7 @@ def test_progress_line_from_the_first_step_with_loss_rate_and_eta(tmp_path, caps
     cfg = cfg_for(tmp_path, write_corpus(tmp_path / "c.jsonl"), max_steps=5, log_every=100, eval_every=100,
                   save_every=100)
     train(cfg)
-    out = capsys.readouterr().out.splitlines()  # no terminal here: plain lines instead of the bar
+    out = capsys.readouterr().err.splitlines()  # progress on stderr; no terminal: plain lines, no bar
     announce = [i for i, line in enumerate(out) if line.startswith("[sinkdlm] training steps 1-5:")]
     rows = [(i, LINE.match(line)) for i, line in enumerate(out) if LINE.match(line)]
     assert announce and rows, out

@@ -57,7 +57,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
             raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
         from sinkdlm.analysis.comparison import compare
 
-        with writing_out(out, mode, "analyze") as where:  # a second analyze on this --out at once is refused
+        # in place (an --overwrite sets the old aside): every path said is the final one
+        with writing_out(out, mode, "analyze", in_place=True) as where:  # a second analyze at once is refused
             result = compare(list(cfg.compare_dirs), where)
         typer.echo(f"wrote {out / 'report.html'} comparing {', '.join(result['models'])}")
         return
@@ -85,7 +86,8 @@ def analyze(cfg: AnalyzeConfig) -> None:
     from sinkdlm.training.checkpointing import run_label
 
     cfg = dataclasses.replace(cfg, label=cfg.label or run_label(cfg.model))
-    with writing_out(out, mode, "analyze") as where:  # one analyze per --out at a time: no mixed files
+    # one analyze per --out at a time (no mixed files), written in place: the paths it says are the final ones
+    with writing_out(out, mode, "analyze", in_place=True) as where:
         cfg = dataclasses.replace(cfg, out=where)
         with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
             net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype,

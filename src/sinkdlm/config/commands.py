@@ -73,6 +73,8 @@ class SampleConfig(RemaskingOptions, KVCacheDtypeOption):
     """Denoising steps (required unless --threshold)."""
     block_length: int | None = None
     """Semi-autoregressive block length (default: one block)."""
+    max_new_tokens: int | None = None
+    """A block model (block_size): tokens to generate at most, each row ending at its end-of-text (default: gen_length); a whole-sequence model generates exactly --gen-length."""
     temperature: float = 0.0
     """0 = greedy; > 0 samples (Gumbel, float64)."""
     threshold: float | None = None

@@ -168,11 +168,12 @@ def pack_corpus(
         return path
     docs = iter_documents(spec, split, text_field)
     print(f"[sinkdlm] packing the {split} split of {spec} into {seq_len}-token rows (first run only; "
-          f"cached in {path.parent})", flush=True)
+          f"cached in {path.parent})", file=sys.stderr, flush=True)
     start = time.perf_counter()
     out = pack_documents(docs, tokenizer, seq_len, path, max_tokens=max_tokens, progress=sys.stderr.isatty())
     rows = np.load(out, mmap_mode="r").shape[0]
-    print(f"[sinkdlm] packed {rows} rows ({rows * seq_len} tokens) in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"[sinkdlm] packed {rows} rows ({rows * seq_len} tokens) in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
     return out
 
 

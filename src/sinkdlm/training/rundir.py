@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -50,6 +51,14 @@ LOCK_NAME = ".train.lock"
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "train_config.json"
 RUN_FILES = (CONFIG_NAME, METRICS_NAME)  # plain files the trainer writes in OUT
+# the checkpoints where a `train(stop_at=)` of this process returned (`paused_at`): training on from one (an
+# experiment's run, scored part by part) continues the run; it is no resume to announce
+_PAUSED: set[str] = set()
+
+
+def paused_at(checkpoint: str | Path) -> None:
+    """Note that `train(stop_at=)` returned at `checkpoint`, so that going on from it says nothing."""
+    _PAUSED.add(str(Path(checkpoint).resolve()))
 MERGED_DIR = "merged"  # --merge: the last step with its LoRA adapters folded in (trainer.merged_checkpoint)
 MERGED_MARK = Path(MERGED_DIR) / "merged_from.json"  # written last: the directory is whole
 
@@ -143,7 +152,7 @@ class RunLock:
         """None when held (or locking is unavailable); else the error naming the holder."""
         if fcntl is None:
             print(f"[sinkdlm] note: this platform has no fcntl file locks; nothing stops a second training "
-                  f"from writing into {self.path.parent} at the same time", flush=True)
+                  f"from writing into {self.path.parent} at the same time", file=sys.stderr, flush=True)
             return None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -156,7 +165,7 @@ class RunLock:
         except OSError as e:  # e.g. a network file system without flock support
             os.close(fd)
             print(f"[sinkdlm] note: cannot lock {self.path} ({e.strerror}); nothing stops a second training "
-                  f"from writing into {self.path.parent} at the same time", flush=True)
+                  f"from writing into {self.path.parent} at the same time", file=sys.stderr, flush=True)
             return None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -288,7 +297,7 @@ class RunDir:
                 p.unlink(missing_ok=True)
         if stale:
             print(f"[sinkdlm] removed {len(stale)} unfinished checkpoint(s) left by an interrupted save: "
-                  f"{', '.join(p.name for p in stale)}", flush=True)
+                  f"{', '.join(p.name for p in stale)}", file=sys.stderr, flush=True)
 
     def remove_previous_run(self) -> None:
         """`overwrite`: delete what the trainer wrote before, nothing else (call after the input checks)."""
@@ -316,7 +325,8 @@ class RunDir:
             if events:
                 removed.append(f"{len(events)} TensorBoard event file(s)")
         if removed:
-            print(f"[sinkdlm] --overwrite: removed the previous run in {self.out} ({', '.join(removed)})", flush=True)
+            print(f"[sinkdlm] --overwrite: removed the previous run in {self.out} ({', '.join(removed)})",
+                  file=sys.stderr, flush=True)
 
     # -------------------------------------------------------------- resume
     def resume_point(self, load: Callable[[Path], T]) -> tuple[Path, T] | None:
@@ -336,14 +346,15 @@ class RunDir:
         _agree_or_raise(self.env, error)
         chosen = _agree(self.env, None if chosen is None else str(chosen))
         if chosen is None:
-            if self.env.is_main:
-                print(f"[sinkdlm] --resume: no checkpoint under {self.ckpt_root} yet; starting from step 0", flush=True)
+            if self.env.is_main and self.existing_run():  # a fresh run says nothing about resuming
+                print(f"[sinkdlm] --resume: no checkpoint under {self.ckpt_root} yet; starting from step 0",
+                      file=sys.stderr, flush=True)
             return None
         chosen = Path(chosen)
         if not self.env.is_main:
             loaded = load(chosen)
-        else:
-            print(f"[sinkdlm] resuming from {chosen}", flush=True)
+        elif str(chosen.resolve()) not in _PAUSED:  # where this process paused the run: it goes on, not resumed
+            print(f"[sinkdlm] resuming from {chosen}", file=sys.stderr, flush=True)
         return chosen, loaded
 
     def _newest_loadable(self, load: Callable[[Path], T]) -> tuple[Path | None, T | None]:
@@ -360,7 +371,7 @@ class RunDir:
                 aside = _free_name(self.ckpt_root / f"corrupt-{p.name}")
                 os.replace(p, aside)
                 print(f"[sinkdlm] {p} cannot be loaded ({why}); moved it aside to {aside.name} and "
-                      f"falling back to {path.name}", flush=True)
+                      f"falling back to {path.name}", file=sys.stderr, flush=True)
             return path, result
         if bad:
             listed = "; ".join(f"{p.name}: {why}" for p, why in bad)
@@ -379,7 +390,7 @@ class RunDir:
         message = (f"stopped by {signal.Signals(signum).name} after step {step} of {max_steps}: checkpoint saved to "
                    f"{ckpt}\n[sinkdlm] resume with: {how}")
         if self.env.is_main:
-            print(f"[sinkdlm] {message}", flush=True)
+            print(f"[sinkdlm] {message}", file=sys.stderr, flush=True)
         return TrainingStopped(message, ckpt, step, signum)
 
 

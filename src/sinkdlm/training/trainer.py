@@ -56,7 +56,8 @@ from sinkdlm.training.cpu import flush_denormals
 from sinkdlm.training import distributed as dist_utils
 from sinkdlm.training.checkpointing import STATE_NAME, latest_checkpoint, load_training_state, save_training_checkpoint
 from sinkdlm.config.train import TrainConfig
-from sinkdlm.training.rundir import CONFIG_NAME, MERGED_DIR, MERGED_MARK, METRICS_NAME, RunDir, StopRequest, check_resume_matches
+from sinkdlm.training.rundir import (CONFIG_NAME, MERGED_DIR, MERGED_MARK, METRICS_NAME, RunDir, StopRequest,
+                                     check_resume_matches, paused_at)
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
 from sinkdlm.training.trainable import apply_trainable, check_adapter_fits, check_trainable, is_adapter_checkpoint, save_adapter
 from sinkdlm.model.loader import resolve_device
@@ -118,10 +119,10 @@ def prepare_tokenizer(cfg: TrainConfig, vocab_size: int | None, init: ModelSourc
     if cfg.max_tokens is not None:  # a quick run trains its tokenizer on about as much text as it packs
         texts = _take_chars(texts, cfg.max_tokens * 6)
     print(f"[sinkdlm] training a {vocab_size}-token BPE tokenizer on {cfg.data} (first run only; "
-          f"cached in {cache})", flush=True)
+          f"cached in {cache})", file=sys.stderr, flush=True)
     start = time.perf_counter()
     tok = train_bpe_tokenizer(texts, vocab_size)
-    print(f"[sinkdlm] tokenizer trained in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"[sinkdlm] tokenizer trained in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
@@ -268,7 +269,7 @@ class MetricsLog:
             except ImportError:  # tensorboard is optional: say so instead of pretending it logs
                 self.writer = None
                 print("[sinkdlm] TensorBoard is not installed: metrics go to metrics.jsonl only "
-                      "(pip install tensorboard to get out/tensorboard/)", flush=True)
+                      "(pip install tensorboard to get out/tensorboard/)", file=sys.stderr, flush=True)
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
@@ -311,6 +312,8 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
         dist_utils.check_compile(cfg.compile_backend, device)
     with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
         summary = _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps, probe)
+    if stop_at is not None and stop_at < cfg.max_steps and summary["checkpoint"]:
+        paused_at(summary["checkpoint"])  # the next train() goes on from here: a continuation, not a resume
     if cfg.merge and summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step-{cfg.max_steps}":
         summary["merged"] = str(merged_checkpoint(cfg, summary["checkpoint"]))
     return summary
@@ -325,7 +328,7 @@ def merged_checkpoint(cfg: TrainConfig, checkpoint: str | Path) -> Path:
     if done.is_file() and json.loads(done.read_text()).get("checkpoint") == Path(checkpoint).name:
         return target
     shutil.rmtree(target, ignore_errors=True)  # a merge cut short, or one of an earlier last step
-    print(f"[sinkdlm] merging the adapters of {checkpoint} into {target} (--merge)", flush=True)
+    print(f"[sinkdlm] merging the adapters of {checkpoint} into {target} (--merge)", file=sys.stderr, flush=True)
     merge_adapter(checkpoint, target)
     atomic_write_json(done, {"checkpoint": Path(checkpoint).name})
     return target
@@ -561,7 +564,7 @@ class _Progress:
         if env.is_main:  # the first step of a 135M model takes seconds on a CPU: say what is coming
             print(f"[sinkdlm] training steps {start + 1}-{cfg.max_steps}: {cfg.batch_size} sequences x {cfg.seq_len} "
                   f"tokens a step on {device}; progress (loss, tokens/s, ETA) from step {start + 1} on",
-                  flush=True)
+                  file=sys.stderr, flush=True)
 
     def stepped(self, grad_norm: torch.Tensor) -> None:
         # The largest pre-clip norm since the last logged row: a spike between log steps is not lost
@@ -599,7 +602,7 @@ class _Progress:
             eta = (now - self.began) / (done - self.start) * (self.cfg.max_steps - done)
             self.bar.set_postfix(loss=f"{shown['loss']:.3f}", tok_s=f"{shown['tokens_per_s']:.0f}")
             if self.is_main and self.bar.disable:  # no terminal (CI, logs): plain lines instead of a bar
-                print(_format_row(shown, self.cfg.max_steps, eta), flush=True)
+                print(_format_row(shown, self.cfg.max_steps, eta), file=sys.stderr, flush=True)
         if row is not None:
             self.last = row
             self.log.log(row)
