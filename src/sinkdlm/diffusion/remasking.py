@@ -182,12 +182,16 @@ def select(conf: torch.Tensor, masked: torch.Tensor, k: int | None, threshold: f
            alg_temp: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """Which masked positions to commit, `[B, n]` bool (never an unmasked one).
 
-    k given: the k most confident, or with `alg_temp > 0` k drawn without replacement from
+    k given (an int, or a count per row `[B]`): the k most confident, or with `alg_temp > 0` k drawn
+    without replacement from
     softmax(conf / alg_temp) (Gumbel-top-k); every row has >= k masked (the schedules). threshold
     given (Fast-dLLM): every position above it, plus the most confident one."""
     if alg_temp:
         conf = conf.to(torch.float64) / alg_temp + gumbel(conf.shape, generator, conf.device)
     conf = conf.masked_fill(~masked, float("-inf"))
+    if threshold is None and isinstance(k, torch.Tensor):  # a count per row `[B]` (a block model's rows differ)
+        rank = conf.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)  # each position's rank in its row
+        return (rank < k[:, None]) & masked
     if threshold is None:
         idx = conf.topk(k, dim=-1).indices
     else:

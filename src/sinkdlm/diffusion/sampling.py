@@ -49,6 +49,7 @@ import torch
 
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
+from sinkdlm.diffusion.block_sampling import check_block_call, decode_blocks
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.diffusion.steps import (
     BlockPlan, DecodePlan, choose, choose_next, commit, compiled_columns, forward_step, origin_reveal, plan_decoding,
@@ -301,7 +302,14 @@ def generate(
     """
     if generator is not None and "seed" in overrides:
         raise ValueError("pass either generator or seed, not both")
+    if config is None and "gen_length" not in overrides and overrides.get("max_new_tokens") is not None:
+        overrides["gen_length"] = overrides["max_new_tokens"]  # a block model's bound is its only length
     settings = with_overrides(SampleConfig, config, overrides, "generate")
+    if model.config.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
+        check_block_call(model.config, settings, probe=probe, callback=callback, shift_logits=shift_logits)
+        prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, 0)
+        out = decode_blocks(model, prompt, prompt_mask, settings, generator, use_sink_cache)
+        return GenerationOutput(**vars(out)) if return_dict else out.sequences
     plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=callback is not None,
                            generator=generator, attention_mask=attention_mask, pad_token_id=pad_token_id,
                            shift_logits=shift_logits)

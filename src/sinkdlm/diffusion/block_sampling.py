@@ -1,0 +1,237 @@
+"""Decoding a block model (docs/method.md §13): block by block, with an exact key/value cache of the finished
+blocks, each row stopping at its end-of-text. `sampling.generate` hands a block model here.
+
+A plan, then its loop:
+  * `plan_blocks` fixes everything before any forward: the canvas, in which each row's prompt is left-padded by
+    whole blocks, so that every row's prompt ends inside the same block and a column's block is its position's
+    block in every row (a row gets the tokens it gets alone); the columns each row generates (`max_new_tokens`,
+    an upper bound; default `gen_length`); the blocks and their steps (`steps` in all over the bound's blocks);
+  * `decode_blocks` prefills the prompts' whole blocks once into the static cache (`DiffusionLM.allocate_cache`:
+    the sinks' columns written once, each row's rotary positions and its end sinks' positions), then denoises
+    each later block with the whole-sequence rules (`steps.choose`: LLaDA's low-confidence / random, Dream's,
+    Fast-dLLM's threshold), one pass over the block alone a step: its queries see the finished blocks' cached
+    keys, the sinks and the block itself (a key mask per pass). One more pass over the block's final tokens writes
+    its exact keys and values: attention is block-causal, so no later block changes them;
+  * after each block, a row that has produced a stop id (`stop_token_ids`, set by `generate_text`) or reached its
+    bound is finished: what follows its stop id is the first stop id, and it leaves the batch (its cache rows are
+    dropped), so it is not computed further while the others go on.
+Not yet here: a probe or callback (the analysis of a block model), `cache`/`compile` (the cache is always on).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sinkdlm.config.checks import check_sample_settings
+from sinkdlm.config.commands import SampleConfig
+from sinkdlm.diffusion.remasking import check_rule, dream_counts, dream_timesteps, resolve_rule, transfer_schedule
+from sinkdlm.diffusion.steps import BlockPlan, choose, origin_reveal
+from sinkdlm.model import sink as sinklib
+from sinkdlm.model.cache import KVCache
+
+
+@dataclass
+class BlockOutput:
+    """What `decode_blocks` returns: `sampling.GenerationOutput`'s fields."""
+
+    sequences: torch.Tensor  # [B, P + max_new_tokens], the prompt columns as given, a stopped row's tail its stop id
+    attention_mask: torch.Tensor | None  # [B, P + max_new_tokens]; None when no prompt row is padded
+    prompt_length: int  # P
+    steps_taken: int  # model forward passes (the prefill, the denoising steps and each block's final pass)
+
+
+def check_block_call(config, settings: SampleConfig, *, probe, callback, shift_logits) -> None:
+    """What a block model's `generate` refuses, before any work (a `max_new_tokens` on a whole-sequence model too)."""
+    if config.block_size is None:
+        raise ValueError(f"max_new_tokens={settings.max_new_tokens} bounds a block model's generation; this "
+                         "whole-sequence model generates exactly gen_length tokens: give gen_length instead")
+    asked = {"block_length": settings.block_length, "cache": settings.cache, "compile": settings.compile or None,
+             "probe": probe, "callback": callback, "shift_logits": shift_logits or None}
+    given = [name for name, value in asked.items() if value is not None]
+    if given:
+        raise ValueError(f"a block model (block_size={config.block_size}) decodes block by block with an exact cache "
+                         f"of its finished blocks; {', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply "
+                         "to it (yet): leave them out")
+
+
+@dataclass(frozen=True)
+class BlockDecodePlan:
+    """What a block model's generation fixes before its first forward."""
+
+    settings: SampleConfig
+    remasking: str  # the resolved rule
+    schedule: str  # llada | dream
+    x: torch.Tensor  # [B, W] the canvas: whole blocks of left padding, the prompt, [MASK] to the end
+    real: torch.Tensor  # [B, W] bool: the row's prompt and the columns it may generate (False: padding, past its bound)
+    todo: torch.Tensor  # [B, W] bool: the columns it generates
+    starts: torch.Tensor  # [B] long, each row's first generated column
+    prefill: int  # the prompts' whole blocks: columns 0 .. prefill, run once
+    blocks: tuple[BlockPlan, ...]  # the generated blocks, `steps` each (None: until done, threshold decoding)
+    max_new: int
+
+
+def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig) -> BlockDecodePlan:
+    """Every check of a block model's generation and its canvas (see the module docstring), before any forward."""
+    cfg = model.config
+    bs, mask_id = cfg.block_size, cfg.mask_token_id
+    check_sample_settings(settings, autoregressive=False)
+    schedule, remasking = resolve_rule(cfg.family, settings.schedule, settings.remasking, settings.threshold)
+    check_rule(schedule, remasking, threshold=settings.threshold, temperature=settings.temperature,
+               alg_temp=settings.alg_temp, top_p=settings.top_p, top_k=settings.top_k, eps=settings.eps)
+    max_new = settings.gen_length if settings.max_new_tokens is None else settings.max_new_tokens
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new!r}")
+    b, p = prompt.shape
+    lengths = (prompt_mask.sum(-1) if prompt_mask is not None else torch.full((b,), p)).tolist()
+    whole = max(n // bs for n in lengths)  # the prompt blocks every row is padded to
+    tails = [n % bs for n in lengths]  # each row's prompt tokens inside the first generated block
+    width = (whole + math.ceil((max(tails) + max_new) / bs)) * bs
+    if max(lengths) + max_new > cfg.max_content_length or width > cfg.max_content_length:
+        raise ValueError(f"a prompt of {max(lengths)} tokens + max_new_tokens={max_new}, laid out in blocks of {bs} "
+                         f"({width} columns), does not fit the model's {cfg.content_length_note()} positions; "
+                         "shorten the prompt or max_new_tokens")
+    x = prompt.new_full((b, width), mask_id)
+    real = torch.zeros(b, width, dtype=torch.bool, device=prompt.device)
+    todo = torch.zeros_like(real)
+    starts = torch.tensor([whole * bs + r for r in tails], device=prompt.device)
+    for i, n in enumerate(lengths):
+        pad = (whole - n // bs) * bs
+        x[i, pad:pad + n] = prompt[i, p - n:]  # left-padded: the real tokens are the last n
+        real[i, pad:starts[i] + max_new] = True
+        todo[i, starts[i]:starts[i] + max_new] = True
+    num_blocks = (width - whole * bs) // bs
+    steps = None if settings.threshold is not None else math.ceil(settings.steps / math.ceil(max_new / bs))
+    timesteps = dream_timesteps(steps, settings.eps) if steps is not None and schedule == "dream" else None
+    blocks = tuple(BlockPlan(j, (whole + j) * bs, (whole + j + 1) * bs, None, steps, timesteps) for j in range(num_blocks))
+    return BlockDecodePlan(settings, remasking, schedule, x, real, todo, starts, whole * bs, blocks, max_new)
+
+
+@dataclass
+class _Canvas:
+    """The loop's state over the rows still decoding (a finished row leaves every tensor here)."""
+
+    x: torch.Tensor  # [b, W]
+    real: torch.Tensor  # [b, W]
+    todo: torch.Tensor  # [b, W]
+    starts: torch.Tensor  # [b]
+    rows: torch.Tensor  # [b] each row's index in the batch
+    kv: KVCache
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Only the rows `keep [b]` go on: every tensor, the cache's buffers included, loses the others."""
+        idx = keep.nonzero().squeeze(-1)
+        for name in ("x", "real", "todo", "starts", "rows"):
+            setattr(self, name, getattr(self, name)[idx])
+        kv, per_row = self.kv, self.kv.cos.shape[0] > 1  # [B|1, W, hd]: per row with a padded batch
+        self.kv = KVCache([k[idx] for k in kv.keys], [v[idx] for v in kv.values],
+                          kv.cos[idx] if per_row else kv.cos, kv.sin[idx] if per_row else kv.sin, None, kv.offset)
+
+
+def _key_mask(model, canvas: _Canvas, lo: int, hi: int, causal: bool) -> torch.Tensor:
+    """The pass over columns `lo .. hi`: `[b, 1, 1|l, S]` True where a query may attend. Every query sees the
+    sinks (eq. 6) and the row's real columns before `hi`; `causal` (the prefill, several blocks at once): only
+    those of its own block and before, and a padding query itself (so that no softmax row is empty)."""
+    cfg = model.config
+    cols = torch.arange(canvas.x.shape[1], device=canvas.x.device)
+    keys = canvas.real & (cols < hi)  # [b, W]
+    if causal:
+        q = cols[lo:hi, None]  # [l, 1]
+        mask = (keys[:, None, :] & (cols // cfg.block_size <= q // cfg.block_size)) | (cols == q)  # [b, l, W]
+        mask = mask[:, None]
+    else:
+        mask = keys[:, None, None, :]
+    n = cfg.num_sink_tokens
+    return sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1) if n else mask
+
+
+def _pass(model, canvas: _Canvas, lo: int, hi: int, *, causal: bool = False, head: bool = True) -> torch.Tensor:
+    """One forward over the columns `lo .. hi` through the cache (their keys/values written there): the logits
+    `[b, l, V]` (`head=False`: none, the pass only writes the cache)."""
+    canvas.kv.start, canvas.kv.mask = lo, _key_mask(model, canvas, lo, hi, causal)
+    return model(canvas.x[:, lo:hi], cache=canvas.kv, logits_index=None if head else slice(0, 0)).logits
+
+
+def _counts(plan: BlockDecodePlan, blk: BlockPlan, masked: torch.Tensor) -> torch.Tensor | None:
+    """Each row's commits at each step of `blk`, `[b, steps]` (LLaDA's even split of the row's own masked count
+    without the steps that commit nothing in every row; Dream's chain), or None: adaptive (threshold, origin)."""
+    if blk.steps is None or plan.remasking == "origin":
+        return None
+    per_row = masked.sum(-1).tolist()
+    if plan.schedule == "dream":
+        counts = [dream_counts(m, blk.timesteps) for m in per_row]
+    else:
+        counts = [transfer_schedule(m, blk.steps) for m in per_row]
+        run = max((max((i + 1 for i, k in enumerate(c) if k), default=0) for c in counts), default=0)
+        counts = [c[:run] for c in counts]
+    return torch.tensor(counts, dtype=torch.long, device=masked.device).view(len(per_row), -1)
+
+
+def _finish(canvas: _Canvas, hi: int, stops: torch.Tensor, out: torch.Tensor, max_new: int) -> torch.Tensor:
+    """After a block ending at `hi`: each row that produced a stop id gets the first stop id after it; the
+    finished rows (stopped, or at their bound) are written into `out [B, P + max_new]`. Returns `[b]` the rows
+    that go on."""
+    cols = torch.arange(canvas.x.shape[1], device=canvas.x.device)
+    stopped = torch.zeros_like(canvas.rows, dtype=torch.bool)
+    if stops.numel():
+        hit = torch.isin(canvas.x, stops) & canvas.todo  # [b, W]
+        stopped = hit.any(-1)
+        first = torch.where(hit, cols, cols.numel()).amin(-1, keepdim=True)  # [b, 1]
+        canvas.x = torch.where(canvas.todo & (cols > first), stops[0], canvas.x)
+    done = stopped | ~(canvas.todo & (cols >= hi)).any(-1)
+    p = out.shape[1] - max_new
+    for i in done.nonzero().squeeze(-1).tolist():
+        start = int(canvas.starts[i])
+        out[canvas.rows[i], p:] = canvas.x[i, start:start + max_new]
+    return ~done
+
+
+@torch.no_grad()
+def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig,
+                  generator: torch.Generator | None, use_sink_cache: bool = True) -> BlockOutput:
+    """Generate after each prompt (`[B, P]` left-padded ids with its mask, as `sampling.prepare_prompts` gives)
+    block by block (the module docstring): `[B, P + max_new_tokens]` in a `BlockOutput`."""
+    plan = plan_blocks(model, prompt, prompt_mask, settings)
+    if generator is None and settings.seed is not None:
+        generator = torch.Generator(device=model.device).manual_seed(settings.seed)
+    mask_id = model.config.mask_token_id
+    stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
+    b, p = prompt.shape
+    out = torch.cat([prompt, prompt.new_full((b, plan.max_new), mask_id)], dim=1)  # [B, P + N]
+    model.fuse_projections()
+    with model.sink_cache_mode(use_sink_cache):
+        kv = model.allocate_cache(b, plan.x.shape[1], plan.real)
+    canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv)
+    passes = 0
+    if plan.prefill:  # the prompts' whole blocks, once
+        _pass(model, canvas, 0, plan.prefill, causal=True, head=False)
+        passes += 1
+    for blk in plan.blocks:
+        masked = canvas.todo[:, blk.lo:blk.hi].clone()  # [b, bs], every generated column of the block
+        counts = _counts(plan, blk, masked)
+        steps = counts.shape[1] if counts is not None else blk.steps
+        local = BlockPlan(blk.index, 0, blk.hi - blk.lo, None, blk.steps, blk.timesteps)  # the block's own columns
+        for i in range(steps) if steps is not None else itertools.count():
+            if counts is None and not masked.any():
+                break
+            logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
+            reveal = origin_reveal(masked, local, i, generator) if plan.remasking == "origin" else None
+            x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
+                              plan.remasking, mask_id, model.dtype, generator)
+            canvas.x[:, blk.lo:blk.hi] = torch.where(pick, x0, canvas.x[:, blk.lo:blk.hi])
+            masked &= ~pick
+            passes += 1
+        going = _finish(canvas, blk.hi, stops, out, plan.max_new)
+        if not going.any():
+            break
+        if not going.all():
+            canvas.keep(going)
+        _pass(model, canvas, blk.lo, blk.hi, head=False)  # the block's final keys/values, exact from now on
+        passes += 1
+    attention_mask = None
+    if prompt_mask is not None:
+        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(b, plan.max_new)], dim=1)
+    return BlockOutput(sequences=out, attention_mask=attention_mask, prompt_length=p, steps_taken=passes)

@@ -1,0 +1,107 @@
+"""Decoding a block model (docs/method.md §13) against a decoder written here that recomputes the whole prefix
+at every step (block-causal attention as a mask of its own, on a whole-sequence twin), and a batch against each
+row alone when one row stops at its end-of-text early. Float64 models: token parity across shapes (numerics.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sinkdlm import DiffusionLM, generate
+from sinkdlm.diffusion.sampling import StepProbe
+
+from helpers import tiny_model
+
+
+def twin(model: DiffusionLM) -> DiffusionLM:
+    """The same weights as a whole-sequence model: block-causality is then only what the reference's mask says."""
+    other = DiffusionLM(model.config.replace(block_size=None)).double().eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def reference(model: DiffusionLM, prompt: list[int], max_new: int, steps: int) -> list[int]:
+    """Greedy low-confidence block decoding, every step a fresh forward over the whole prefix up to the current
+    block's end (end sinks: over the whole canvas, so that they sit after it as in the model's layout); blocks
+    at absolute positions, LLaDA's even split of each block's masked count over ceil(steps / blocks) steps."""
+    bs, mask_id = model.config.block_size, model.config.mask_token_id
+    plain, end_sinks = twin(model), model.config.sink_position == "end" and model.config.num_sink_tokens > 0
+    total = len(prompt) + max_new
+    x = torch.tensor([prompt + [mask_id] * max_new])
+    per_block = math.ceil(steps / math.ceil(max_new / bs))
+    for lo in range(len(prompt) // bs * bs, total, bs):
+        hi = min(lo + bs, total)
+        masked = x[0, lo:hi] == mask_id
+        m = int(masked.sum())
+        counts = [k for k in (m // per_block + (i < m % per_block) for i in range(per_block)) if k]
+        for k in counts:
+            width = total if end_sinks else hi
+            blocks = torch.arange(width) // bs
+            mask = (blocks[:, None] >= blocks[None, :])[None, None]  # block-causal, written here
+            logits = plain(x[:, :width], attention_mask=mask).logits[0, lo:hi].clone()
+            logits[:, mask_id] = float("-inf")
+            probs = torch.softmax(logits, -1)
+            pred = probs.argmax(-1)
+            conf = probs.gather(-1, pred[:, None])[:, 0].masked_fill(~masked, -1.0)
+            pick = conf.topk(k).indices
+            x[0, lo + pick] = pred[pick]
+            masked[pick] = False
+    return x[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("n,where", [(0, "front"), (1, "front"), (2, "end")])
+@pytest.mark.parametrize("block_size,prompt_len,max_new", [(4, 5, 8), (3, 5, 8), (4, 8, 8), (5, 2, 7), (1, 3, 4)])
+def test_cached_block_decoding_equals_recomputing_the_prefix(block_size, prompt_len, max_new, n, where):
+    model = tiny_model(block_size=block_size, num_sink_tokens=n, sink_position=where)
+    prompt = torch.randint(0, 40, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+    steps = max_new  # one token a step
+    got = generate(model, [prompt], max_new_tokens=max_new, steps=steps)[0, prompt_len:].tolist()
+    assert got == reference(model, prompt, max_new, steps)
+    fewer = generate(model, [prompt], max_new_tokens=max_new, steps=math.ceil(max_new / block_size))  # a block a step
+    assert fewer[0, prompt_len:].tolist() == reference(model, prompt, max_new, math.ceil(max_new / block_size))
+
+
+def test_a_row_that_stops_early_leaves_every_other_row_its_own_tokens():
+    """Rows of different lengths; the stop id is row 0's first generated token, so row 0 ends after its first
+    block. Every row equals its decoding alone, and the stopped row is not computed further (the batch shrinks)."""
+    model = tiny_model(block_size=4, num_sink_tokens=1)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (3, 6, 9)]
+    settings = dict(max_new_tokens=12, steps=12)
+    stop = generate(model, [prompts[0]], **settings)[0, 3].item()
+    alone = [generate(model, [p], stop_token_ids=(stop,), **settings)[0, len(p):].tolist() for p in prompts]
+    seen = []
+    hook = model.embed_tokens.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    batch = generate(model, prompts, stop_token_ids=(stop,), return_dict=True, **settings)
+    hook.remove()
+    width = batch.prompt_length
+    assert [batch.sequences[i, width:].tolist() for i in range(3)] == alone
+    assert alone[0] == [stop] * 12  # row 0 stopped at once: the rest is the stop id
+    assert any(stop not in row for row in alone[1:])  # another row went on to its bound
+    assert seen[0] == 3 and seen[-1] < 3  # the stopped row left the batch
+
+
+def test_threshold_and_random_remasking_run_and_fill_the_bound():
+    model = tiny_model(block_size=4)
+    for kw in (dict(threshold=0.0), dict(steps=6, remasking="random", temperature=1.0)):
+        out = generate(model, [[1, 2, 3]], max_new_tokens=6, **kw)
+        assert out.shape == (1, 9) and not (out == model.config.mask_token_id).any()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(block_length=4), "block_length"),
+    (dict(cache="prefix"), "cache"),
+    (dict(probe=StepProbe(attentions=True)), "probe"),
+    (dict(max_new_tokens=200), "does not fit"),
+])
+def test_block_model_refuses_what_does_not_apply(kw, match):
+    model = tiny_model(block_size=4)
+    with pytest.raises(ValueError, match=match):
+        generate(model, [[1, 2, 3]], **{"max_new_tokens": 8, "steps": 8, **kw})
+
+
+def test_max_new_tokens_on_a_whole_sequence_model_is_refused():
+    with pytest.raises(ValueError, match="gen_length"):
+        generate(tiny_model(), [[1, 2, 3]], max_new_tokens=8, steps=8)
