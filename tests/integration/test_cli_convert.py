@@ -42,7 +42,8 @@ def test_convert_command_writes_a_checkpoint_with_hf_parity(hf_dir, tmp_path):
     result = CliRunner().invoke(app, ["convert", "--from-hf", str(src), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert f"wrote {out}" in result.output and f"mask_token_id {VOCAB}" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # the checkpoint, and --out's record of what convert wrote (sinkdlm.io.out_dir)
+    assert sorted(p.name for p in out.iterdir()) == [".sinkdlm-out.json", "config.json", "model.safetensors"]
     ours = DiffusionLM.from_pretrained(out)
     ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -117,3 +117,40 @@ def test_refusals_before_any_weight_is_read(tmp_path, tok, have, ask, match):
     with pytest.raises(ValueError, match=match):
         convert_hf_checkpoint(src, tmp_path / "out", **ask)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mask_in_vocab", [False, True])
+def test_sinks_added_in_one_conversion_or_two_are_bitwise_the_same(tmp_path, tok, mask_in_vocab):
+    """AR -> DLM + sink in one `convert`, or AR -> DLM, then DLM -> DLM + sink, with the same seed: the same sink
+    rows bit for bit (both draw from the trained rows, never the [MASK] row the conversion set: appended after the
+    vocabulary, or a spare row inside it); and no loader argument saved as tokenizer configuration."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sinkdlm.io.files import LOADER_ARGS
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if mask_in_vocab:  # the [MASK] string is in the vocabulary, but no mask token is declared: a spare row
+        plain = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token=tok.eos_token)
+    else:  # no [MASK] at all: the conversion appends its row after the vocabulary
+        words = sorted({w for t in TEXTS for w in t.split()} | {"<eos>"})
+        backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        plain = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    ar = tmp_path / "ar"
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(plain), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=64)).save_pretrained(str(ar))
+    plain.save_pretrained(str(ar))
+    one = convert_hf_checkpoint(ar, tmp_path / "one", seed=7, num_sink_tokens=2)
+    convert_hf_checkpoint(ar, tmp_path / "dlm", seed=7)
+    two = convert_hf_checkpoint(tmp_path / "dlm", tmp_path / "two", seed=7, num_sink_tokens=2)
+    assert torch.equal(one.sink_embeddings, two.sink_embeddings)  # same rows, same kernels: the same draw
+    mask_id = one.config.mask_token_id
+    assert mask_id == two.config.mask_token_id and (mask_id == tok.mask_token_id if mask_in_vocab else mask_id >= len(plain))
+    for out in ("one", "dlm", "two"):
+        saved = tmp_path / out / "tokenizer_config.json"
+        if saved.is_file():
+            assert not set(LOADER_ARGS) & set(json.loads(saved.read_text())), out

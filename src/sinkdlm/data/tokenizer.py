@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from sinkdlm.io.files import CONFIG_NAME, read_json
+from sinkdlm.io.files import CONFIG_NAME, read_json, without_loader_args
 
 # Special tokens of tokenizers trained here. The end-of-text token separates documents in
 # the packed corpus and pads SFT responses; [MASK] is the diffusion mask (docs/method.md §1).
@@ -77,7 +77,7 @@ def load_tokenizer(path: str | Path, *, sinkdlm_checkpoint: bool = False) -> Pre
         # the tokenizer sinkdlm saves is always a fast tokenizer, so open it as one.
         loader = PreTrainedTokenizerFast
     try:
-        tokenizer = loader.from_pretrained(str(path), local_files_only=True)
+        tokenizer = without_loader_args(loader.from_pretrained(str(path), local_files_only=True))
     except (OSError, ValueError) as exc:
         raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
     if not isinstance(tokenizer, PreTrainedTokenizerFast):

@@ -144,6 +144,20 @@ def model_state_dict(model, state_dict: dict[str, torch.Tensor] | None = None) -
     return sd
 
 
+# what `from_pretrained` was called with, which transformers keeps in a tokenizer's `init_kwargs` and would save
+# into tokenizer_config.json as if it were the tokenizer's own configuration
+LOADER_ARGS = ("local_files_only", "is_local", "gguf_file", "cache_dir", "force_download", "proxies", "token",
+               "revision", "subfolder", "trust_remote_code", "_from_auto", "_commit_hash")
+
+
+def without_loader_args(tokenizer):
+    """`tokenizer` (just loaded) with the arguments it was loaded with forgotten: what a save writes is its
+    configuration alone (`LOADER_ARGS`)."""
+    for name in LOADER_ARGS:
+        tokenizer.init_kwargs.pop(name, None)
+    return tokenizer
+
+
 def save_checkpoint(model, directory: str | Path, tokenizer=None, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """config.json + model.safetensors (+ tokenizer). `state_dict`: as for `model_state_dict`."""
     directory = Path(directory)

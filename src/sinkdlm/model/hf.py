@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForMaskedLM, PretrainedConfig
 
 from sinkdlm.config import MODEL_SWITCH_DEFAULTS, MODEL_TYPE, ModelConfig, check_model_switches
 from sinkdlm.config.model import switch_values
-from sinkdlm.io.files import CheckpointError
+from sinkdlm.io.files import CheckpointError, without_loader_args
 from sinkdlm.checkpoint.manager import ModelSource, load_tokenizer_for, open_source, read_tensors
 from sinkdlm.model.transformer import DiffusionLM
 
@@ -96,7 +96,7 @@ def _load_tokenizer(source: ModelSource):
     import transformers
 
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
+        return without_loader_args(transformers.AutoTokenizer.from_pretrained(str(source.path), local_files_only=True))
     except ValueError as e:
         if "trust_remote_code" not in str(e):
             raise
@@ -107,7 +107,7 @@ def _load_tokenizer(source: ModelSource):
     name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
     names = (name if name.endswith("Fast") else f"{name}Fast", name) if isinstance(name, str) else ()
     cls = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), transformers.PreTrainedTokenizerFast)
-    return cls.from_pretrained(str(source.path), local_files_only=True)
+    return without_loader_args(cls.from_pretrained(str(source.path), local_files_only=True))
 
 
 def tokenizer_with_mask(src: str | Path | ModelSource):
@@ -179,10 +179,14 @@ def convert_hf_model(src: str | Path | ModelSource, *, seed: int = 0, **switches
 
     config = dlm.replace(vocab_size=new_vocab, mask_token_id=mask_id)
     source_type = _source_type(source)
-    config.extra = {"converted_from": str(source.path), "source_model_type": source_type}
+    # the rows this conversion sets (the [MASK] row and any row past the input's) are mean rows, no trained ones:
+    # recorded, so that a later conversion adding sinks leaves them out of their statistics as this one does (one
+    # conversion or two draw the same sinks)
+    config.extra = {"converted_from": str(source.path), "source_model_type": source_type,
+                    "trained_rows": vocab, "mask_row_added": mask_is_new}
     config.validate()
 
-    emb = tensors["embed_tokens.weight"]
+    emb = _trained_rows(tensors["embed_tokens.weight"], vocab, mask_id if mask_is_new else None)
     for name in ("embed_tokens.weight", "lm_head.weight"):
         if name in tensors:
             tensors[name] = _init_new_rows(tensors[name], new_vocab, mask_id if mask_is_new else None)
@@ -218,7 +222,10 @@ def convert_dlm_model(src: str | Path | ModelSource, *, seed: int = 0, shift_log
     config.validate()  # before any weight is read
     tokenizer = load_tokenizer_for(source)
     tensors = read_tensors(source)
-    _draw_switch_parameters(tensors, config, tensors["embed_tokens.weight"], seed, added)
+    emb = tensors["embed_tokens.weight"]  # the rows a conversion set left out, as convert_hf_model does
+    emb = _trained_rows(emb, config.extra.get("trained_rows", emb.shape[0]),
+                        config.mask_token_id if config.extra.get("mask_row_added") else None)
+    _draw_switch_parameters(tensors, config, emb, seed, added)
     return _assemble(config, tensors, source), tokenizer
 
 
@@ -241,6 +248,15 @@ def switches_to_add(source: ModelSource, switches: dict[str, Any]) -> dict[str, 
 
 def _source_type(source: ModelSource) -> str:
     return source.raw.get("model_type", source.fmt) if source.gguf is None else f"gguf:{source.gguf.architecture}"
+
+
+def _trained_rows(emb: torch.Tensor, rows: int, mask_row: int | None) -> torch.Tensor:
+    """The first `rows` embedding rows of `emb [V, d]` without the [MASK] row a conversion set (`mask_row`; None
+    or past them: none left out): the trained rows, which the sinks' statistics are drawn from."""
+    emb = emb[:rows]
+    if mask_row is None or mask_row >= rows:
+        return emb
+    return torch.cat([emb[:mask_row], emb[mask_row + 1:]])
 
 
 def _draw_switch_parameters(tensors: dict, config: ModelConfig, emb: torch.Tensor, seed: int, new: dict) -> None:
