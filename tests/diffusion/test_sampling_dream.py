@@ -212,8 +212,8 @@ def first_step(model, **kw):
         raise Stop
 
     prompt = prompt_rows(model, (4,))[0].expand(ROWS, -1)
-    with pytest.raises(Stop):
-        generate(model, prompt, callback=callback, seed=11, **kw)
+    with pytest.raises(Stop):  # one stream for the batch: the copies' draws are independent (a seed gives each the same)
+        generate(model, prompt, callback=callback, generator=torch.Generator().manual_seed(11), **kw)
     return seen[0], prompt
 
 

@@ -1,8 +1,10 @@
 """`evaluate` end to end with a tiny random DiffusionLM, `evaluate_dir`, and `sinkdlm eval`: output
-structure, values in [0, 1] with binomial standard errors, determinism, and user errors before work."""
+structure, values in [0, 1] with binomial standard errors, determinism, user errors before work, and every
+item's result the same at batch sizes 1 and 8 (also through the lm-eval model)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import dataclasses
 import math
@@ -17,6 +19,7 @@ from sinkdlm.cli import app
 from sinkdlm.data import load_documents, train_bpe_tokenizer
 from sinkdlm.evaluation import DLMPredictor, GenRequest, evaluate, evaluate_dir, format_table
 from sinkdlm.config import EvalConfig
+from sinkdlm.config.commands import LMEvalConfig, ScoringOptions
 
 TASKS = ["shakespeare_cloze", "shakespeare_next_line"]
 
@@ -171,3 +174,45 @@ def test_generation_tasks_use_the_remasking_settings(tiny):
     with pytest.raises(ValueError, match="only schedule='dream' defines"):
         evaluate(model, tok, EvalConfig(tasks="arithmetic", limit=1, remasking="origin", schedule="llada",
                                         progress=False))
+
+
+# ----------------------------------------------------------------------------- scores do not depend on the batch (issue 67)
+def test_evaluate_gives_every_item_the_same_result_at_batch_sizes_1_and_8(tiny):
+    model, tok, _ = tiny
+    model = copy.deepcopy(model).double()  # float64: the batches' padded shapes cannot round a near-tie the other way
+    per_batch = {
+        b: evaluate(model, tok, EvalConfig(tasks="shakespeare_cloze,shakespeare_next_line", limit=6, mc_num=4,
+                                           batch_size=b, progress=False))
+        for b in (1, 8)
+    }
+    for task, metrics in per_batch[1].items():
+        for name, score in metrics.items():
+            assert score["per_item"] == per_batch[8][task][name]["per_item"], (task, name)
+    # the numbers under the outcomes: every request's ELBO draws its own masks, wherever it is batched
+    pairs = [("To be, or not", " to be"), ("Now is the winter", " of our discontent"), ("O", " Romeo, Romeo")] * 2
+    lls = [DLMPredictor(model, tok, ScoringOptions(batch_size=b, mc_num=5, progress=False)).loglikelihood(pairs[:n])
+           for b, n in ((1, 6), (8, 6), (8, 2))]
+    assert lls[0] == pytest.approx(lls[1], rel=1e-9) and lls[2] == pytest.approx(lls[0][:2], rel=1e-9)
+    assert lls[0][:3] == lls[0][3:]  # a request's draws come from its tokens: the same request, the same numbers
+
+
+def test_the_lm_eval_model_gives_the_same_items_at_batch_sizes_1_and_8(tiny):
+    from lm_eval.api.instance import Instance
+
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    _, _, ckpt = tiny
+    contexts = ["To be, or not", "Now is the winter of our", "O Romeo, Romeo", "A horse"]
+    ll = [Instance("loglikelihood", {}, (c, x), i) for i, c in enumerate(contexts) for x in (" the", " thy love")]
+    gen = [Instance("generate_until", {}, (c, dict(until=["\n"], max_gen_toks=8, do_sample=sample, temperature=0.9)), i)
+           for i, c in enumerate(contexts) for sample in (False, True)]
+    results = {}
+    for b in (1, 8):
+        lm = SinkDLMEvalModel(LMEvalConfig(model=str(ckpt), batch_size=b, mc_num=6, block_length=4, device="cpu",
+                                           progress=False))
+        lm.model.double()  # in place (the predictor holds this very model); float64, as above
+        results[b] = (lm.loglikelihood(ll, disable_tqdm=True), lm.generate_until(gen, disable_tqdm=True))
+    (lls1, gens1), (lls8, gens8) = results[1], results[8]
+    assert [g for _, g in lls1] == [g for _, g in lls8] and gens1 == gens8
+    # the same draws through float64 forwards of other padded shapes: equal up to float64 rounding
+    assert [v for v, _ in lls1] == pytest.approx([v for v, _ in lls8], rel=1e-9)

@@ -148,3 +148,33 @@ def test_help_lists_the_options():
     for opt in ("--model", "--prompt", "--prompt-file", "--gen-length", "--steps", "--block-length",
                 "--temperature", "--threshold", "--cache", "--json", "--show-steps"):
         assert opt in result.stdout
+
+
+def test_a_prompt_file_is_batched_and_each_prompt_gets_its_tokens_alone(checkpoint, tmp_path, capsys):
+    """--prompt-file with several prompts (lines, or .jsonl) decodes them in batches of --batch-size, sampled with a
+    seed; each answer is the one --prompt gives that prompt alone (the reference). float64 weights, stored so,
+    so the batch's padded shapes cannot round a near-tie the other way."""
+    _, model, tok = checkpoint
+    directory = tmp_path / "f64"
+    model.double().save_pretrained(directory, tokenizer=tok)
+    model.float()
+    prompts = ["w1 w2 w3 w4 w5 w6", "w7", "w2 w9 w4", "w5 w5"]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n\n")  # a blank line is no prompt
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    kw = ["--gen-length", "8", "--steps", "8", "--block-length", "4", "--temperature", "0.9", "--seed", "3",
+          "--model", str(directory), "--json"]
+    alone = []
+    for p in prompts:
+        result = run("--prompt", p, *kw)
+        assert result.exit_code == 0, result.output
+        alone.append(json.loads(result.stdout)["tokens"])
+    assert len({tuple(t) for t in alone}) > 1
+    for name, batch_size in (("p.txt", "3"), ("p.jsonl", "8")):
+        result = run("--prompt-file", str(tmp_path / name), "--batch-size", batch_size, *kw)
+        assert result.exit_code == 0, result.output
+        assert [json.loads(line)["tokens"] for line in result.stdout.splitlines()] == alone, name
+    plain = run("--prompt-file", str(tmp_path / "p.txt"), *kw[:-1])
+    assert len(plain.stdout.splitlines()) == len(prompts)  # one answer a line
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--prompt-file", str(tmp_path / "p.txt"), "--batch-size", "0", *kw])
+    assert exc.value.code == 2 and "--batch-size must be an integer >= 1" in capsys.readouterr().err

@@ -17,12 +17,13 @@ from sinkdlm.config.commands import AnalyzeConfig
 from sinkdlm.config.checks import check_dtype, check_prompt_size, check_sampler_values, check_seed
 
 
-def read_prompts(path: Path) -> list[str]:
-    """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text"."""
+def read_prompts(path: Path, flag: str = "--prompts") -> list[str]:
+    """One prompt per non-empty line; a `.jsonl` file holds one object per line with "prompt" or "text".
+    `flag`: the option that named the file, in every error (`generate --prompt-file` reads its prompts so too)."""
     from sinkdlm.config.checks import read_text_file
     from sinkdlm.io.jsonl import iter_jsonl
 
-    text = read_text_file(path, "--prompts")  # exists, readable, UTF-8: said with the flag
+    text = read_text_file(path, flag)  # exists, readable, UTF-8: said with the flag
     if path.suffix != ".jsonl":
         prompts = [line for line in text.splitlines() if line.strip()]
     else:
@@ -34,9 +35,9 @@ def read_prompts(path: Path) -> list[str]:
                     raise ValueError(f"{path}:{i} needs a string field \"prompt\" or \"text\"")
                 prompts.append(text)
         except ValueError as e:
-            raise ValueError(f"--prompts {e}") from e
+            raise ValueError(f"{flag} {e}") from e
     if not prompts:
-        raise ValueError(f"--prompts file {str(path)!r} holds no prompt")
+        raise ValueError(f"{flag} file {str(path)!r} holds no prompt")
     return prompts
 
 

@@ -33,7 +33,7 @@ def render_partial(tokenizer, ids: list[int], masked: list[bool], mask_text: str
 def generate(cfg: GenerateConfig) -> None:
     """Continue a prompt with a diffusion LM (or, left to right, an autoregressive one)."""
     from sinkdlm.checkpoint.kind import model_kind
-    from sinkdlm.config.checks import check_dtype, check_sample_settings, check_sampler_values, check_seed
+    from sinkdlm.config.checks import check_dtype, check_int, check_sample_settings, check_sampler_values, check_seed
 
     if (cfg.prompt is None) == (cfg.prompt_file is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
@@ -42,11 +42,12 @@ def generate(cfg: GenerateConfig) -> None:
         raise ValueError("--system is a message of the model's chat template: add --chat")
     check_dtype(cfg.dtype)
     check_sampler_values(cfg)  # temperature, top-p, top-k, ...: each value on its own, before the model's header
-    prompt = cfg.prompt
+    check_int("--batch-size", cfg.batch_size, 1)
+    prompts = [cfg.prompt]
     if cfg.prompt_file is not None:
-        from sinkdlm.config.checks import read_text_file
+        from sinkdlm.cli.analyze_cmd import read_prompts
 
-        prompt = read_text_file(cfg.prompt_file, "--prompt-file")
+        prompts = read_prompts(cfg.prompt_file, "--prompt-file")  # one a line, or .jsonl
     # Every check that needs only the model's header, before a weight is read (a GGUF's take ~0.1 s).
     kind = model_kind(cfg.model)
     check_sample_settings(cfg, autoregressive=None if kind is None else kind.autoregressive)
@@ -60,41 +61,55 @@ def generate(cfg: GenerateConfig) -> None:
                    top_p=cfg.top_p, top_k=cfg.top_k, eps=cfg.eps)
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.config.checks import check_prompt_size
-    from sinkdlm.diffusion.text import generate_text
+    from sinkdlm.diffusion.text import generate_texts
 
     with said_when_slow(f"loading {cfg.model} (its weights and tokenizer) ..."):
         net, tokenizer = load_model_and_tokenizer(cfg.model, device=cfg.device, dtype=cfg.dtype, quantize=cfg.quantize)
-    check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if cfg.prompt_file is not None else "--prompt")
+    for prompt in prompts:
+        check_prompt_size(prompt, tokenizer, net.config, "--prompt-file" if cfg.prompt_file is not None else "--prompt")
+    several = len(prompts) > 1
     callback = None
     if cfg.show_steps:
         out_stream = sys.stderr if cfg.as_json else sys.stdout
 
         def callback(state) -> None:
             p = state.prompt_length
-            gen = state.x[0, p:].tolist()
-            still = (state.masked[0, p:] & ~state.committed[0, p:]).tolist()
-            text = render_partial(tokenizer, gen, still)
-            print(f"[step {state.step:>4} block {state.block}] {text!r}", file=out_stream, flush=True)
+            for row in range(state.x.shape[0]):
+                gen = state.x[row, p:].tolist()
+                still = (state.masked[row, p:] & ~state.committed[row, p:]).tolist()
+                text = render_partial(tokenizer, gen, still)
+                which = f" prompt {first + row + 1}" if several else ""
+                print(f"[step {state.step:>4} block {state.block}{which}] {text!r}", file=out_stream, flush=True)
 
     steps = cfg.gen_length if net.config.causal or cfg.steps is None else min(cfg.steps, cfg.gen_length)
-    with progress_when_slow(lambda s: f"generating {cfg.gen_length} tokens ({steps} steps): {s:.0f} s so far ..."):
-        out = generate_text(net, tokenizer, prompt, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos, system=cfg.system,
-                            callback=callback)
+    for first in range(0, len(prompts), cfg.batch_size):
+        batch = prompts[first:first + cfg.batch_size]
+        with progress_when_slow(lambda s: f"generating {cfg.gen_length} tokens ({steps} steps) for {len(batch)} "
+                                          f"prompt(s): {s:.0f} s so far ..."):
+            outs = generate_texts(net, tokenizer, batch, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos,
+                                  system=cfg.system, callback=callback)
+        for i, out in enumerate(outs, first + 1):
+            _print_answer(out, cfg, f"prompt {i}: " if several else "", several)
     if cfg.steps is not None and cfg.threshold is None and cfg.steps > cfg.gen_length:
         # The schedule commits at least one token per step; the surplus steps would commit nothing. Said
         # after the run, so that no note comes before an error.
         typer.echo(f"note: --steps {cfg.steps} > --gen-length {cfg.gen_length}: at most one token is committed per "
                    f"step, so {cfg.gen_length} steps ran", err=True)
+
+
+def _print_answer(out, cfg: GenerateConfig, which: str, several: bool) -> None:
+    """One prompt's answer: its notes on stderr (`which` names the prompt among several), then its text or JSON
+    object on stdout; among several prompts one a line, a text's newlines written as \\n."""
     if out.blank:
-        typer.echo("note: the output has no letter or digit (only whitespace, punctuation or special tokens such as "
-                   "<|im_end|>): the model writes no text at these settings; a diffusion LM adapted on a small budget "
-                   "often cannot yet (see README, Quick start), and `sinkdlm analyze` shows what its attention does",
-                   err=True)
+        typer.echo(f"note: {which}the output has no letter or digit (only whitespace, punctuation or special tokens "
+                   "such as <|im_end|>): the model writes no text at these settings; a diffusion LM adapted on a small "
+                   "budget often cannot yet (see README, Quick start), and `sinkdlm analyze` shows what its attention "
+                   "does", err=True)
     elif out.truncated:
-        typer.echo(f"note: the text was cut at --gen-length {cfg.gen_length} tokens, before the model ended it; raise "
-                   "--gen-length for the whole answer", err=True)
+        typer.echo(f"note: {which}the text was cut at --gen-length {cfg.gen_length} tokens, before the model ended it; "
+                   "raise --gen-length for the whole answer", err=True)
     if cfg.as_json:
         typer.echo(json.dumps({"text": out.text, "tokens": out.tokens, "steps_taken": out.steps_taken,
                                "seconds": out.seconds}))
     else:
-        typer.echo(out.text)
+        typer.echo(out.text.replace("\\", "\\\\").replace("\n", "\\n") if several else out.text)

@@ -111,9 +111,11 @@ class GenerateConfig(ModelOptions, SampleConfig, TextOptions):
     prompt: str | None = None
     """Prompt text."""
     prompt_file: Path | None = None
-    """Read the prompt from this file instead."""
+    """Read prompts from this file instead: one per line, or .jsonl with "prompt"/"text" per line; decoded --batch-size at a time, each getting the tokens it gets alone. Several prompts print one answer a line (newlines as \\n)."""
+    batch_size: int = 8
+    """Prompts of --prompt-file decoded together in one batch."""
     as_json: bool = option(False, flag="--json")
-    """Print one JSON object: text, tokens, steps_taken, seconds."""
+    """Print one JSON object: text, tokens, steps_taken, seconds (one a line for several prompts)."""
     show_steps: bool = False
     """Print the partially unmasked text after every step."""
 

@@ -170,7 +170,7 @@ def loglikelihood(
     method: str = "mc",
     batch_size: int = 32,
     eps: float = TrainConfig.eps,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
 ) -> LoglikelihoodOutput:
     """log p(continuation | prefix) of a masked diffusion LM (docs/method.md §1). See the module docstring.
 
@@ -183,7 +183,9 @@ def loglikelihood(
     batch_size     model rows per forward.
     eps            "mc": t ~ U(eps, 1] as in training (bounds the 1/t weight).
     seed           the (CPU) randomness of t and the masks: a fixed seed repeats the estimate (None:
-                   torch's global generator).
+                   torch's global generator); the requests draw one after the other from it. A list of
+                   one seed per request gives each request its own generator: its draws, and so its
+                   estimate, then depend on nothing else in the call (how the evaluation batches).
     Read from the model: `config.shift_logits` (position i-1 predicts token i) and its sink-cache mode
     (`with model.sink_cache_mode(False):` recomputes the sinks' keys/values; the numbers are the same).
 
@@ -192,9 +194,9 @@ def loglikelihood(
     """
     cfg = model.config
     prefixes, conts, single = _checked_requests(cfg, prefix_ids, continuation_ids, mc_num, method, batch_size, eps)
-    generator = None if seed is None else torch.Generator().manual_seed(seed)  # None: torch's global generator
+    generators = _request_generators(seed, len(prefixes))
     batcher = _Batcher(model, batch_size, cfg.shift_logits)
-    for pre, cont in zip(prefixes, conts):
+    for pre, cont, generator in zip(prefixes, conts, generators):
         batcher.add(*_request_rows(cfg, pre, cont, method, mc_num, eps, generator))
     batcher.flush()
     if cfg.causal:
@@ -203,6 +205,17 @@ def loglikelihood(
     if single:
         lp_t, se_t = lp_t[0], se_t[0]
     return LoglikelihoodOutput(logprob=lp_t, stderr=se_t, num_forward=batcher.num_forward, method=method)
+
+
+def _request_generators(seed, n: int) -> list[torch.Generator | None]:
+    """Each request's generator: one shared by all (an int seed), one per request (a list), or None
+    (torch's global generator)."""
+    if seed is None or isinstance(seed, int):
+        shared = None if seed is None else torch.Generator().manual_seed(seed)
+        return [shared] * n
+    if len(seed) != n:
+        raise ValueError(f"seed must be an int or a list of one seed per request ({n}), got {len(seed)} seeds")
+    return [torch.Generator().manual_seed(int(s)) for s in seed]
 
 
 def _checked_requests(cfg, prefix_ids, continuation_ids, mc_num: int, method: str, batch_size: int, eps: float):

@@ -21,6 +21,10 @@ Sampling controls follow Dream's `sample_tokens`: the logits are divided by `tem
 top-p and then top-k remove tokens, and the prediction is drawn from (at temperature 0: the argmax
 of) what is left. Draws use float64 Gumbel noise from the caller's generator (LLaDA's choice), so a
 fixed generator repeats the output; the draws are Dream's in distribution, not its random stream.
+
+Every draw goes through `uniform`, whose `generator` is torch's global one (None), one `torch.Generator`
+shared by the batch, or `RowGenerators`: one stream per row, so that a row's draws never depend on the
+rows batched with it (what `generate(seed=...)` uses: each row gets exactly the tokens it gets alone).
 """
 
 from __future__ import annotations
@@ -69,6 +73,38 @@ def check_rule(schedule, remasking, *, threshold, temperature, alg_temp, top_p, 
                          "rule (low_confidence, maskgit_plus, topk_margin, entropy) and no threshold")
 
 
+# ----------------------------------------------------------------------------- randomness
+class RowGenerators:
+    """One random stream per row of a batch (`generators[i]` draws row i's numbers and nothing else).
+
+    A draw of shape `[B, ...]` takes `[...]` from each row's generator in turn, so row i consumes its stream
+    exactly as it would alone (`torch.rand([1, ...])` and `torch.rand([...])` read the same numbers).
+    `active`: the rows that draw at this step (None: all). A row whose block is finished draws nothing
+    (alone, its loop would have moved on to the next block), and its numbers are then a constant that is
+    never used, so an adaptive step count (threshold decoding, `origin`) keeps every row's stream its own."""
+
+    def __init__(self, generators):
+        self.generators = list(generators)
+        self.active: list[int] | None = None
+
+    def uniform(self, shape, device) -> torch.Tensor:
+        if len(shape) == 0 or shape[0] != len(self.generators):
+            raise ValueError(f"RowGenerators holds {len(self.generators)} rows' streams; a draw of shape "
+                             f"{tuple(shape)} is not one row each")
+        out = torch.full(tuple(shape), 0.5, dtype=torch.float64, device=device)
+        for i in range(len(self.generators)) if self.active is None else self.active:
+            out[i] = torch.rand(tuple(shape[1:]), generator=self.generators[i], device=device, dtype=torch.float64)
+        return out
+
+
+def uniform(shape, generator, device) -> torch.Tensor:
+    """`shape` float64 numbers in [0, 1) from `generator`: None (torch's global generator), a
+    `torch.Generator` (one stream for the whole batch) or `RowGenerators` (a stream per row)."""
+    if isinstance(generator, RowGenerators):
+        return generator.uniform(shape, device)
+    return torch.rand(tuple(shape), generator=generator, device=device, dtype=torch.float64)
+
+
 # ----------------------------------------------------------------------------- schedules
 def transfer_schedule(num_masked: int, steps: int) -> list[int]:
     """LLaDA's `get_num_transfer_tokens`: `num_masked` spread over `steps`, remainder first."""
@@ -107,7 +143,7 @@ def reveal_probability(timesteps: torch.Tensor, i: int) -> float:
 
 
 # ----------------------------------------------------------------------------- prediction
-def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None):
+def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator=None):
     """LLaDA's float64 Gumbel-max: `argmax exp(l) / (-log u)^T` samples softmax(l / T).
 
     float64 because in low precision the perturbation collapses ties and hurts quality (LLaDA).
@@ -115,13 +151,13 @@ def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator: torch.
     if temperature == 0:
         return logits
     logits = logits.to(torch.float64)
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float64)
+    u = uniform(logits.shape, generator, logits.device)
     return logits.exp() / (-torch.log(u)) ** temperature
 
 
-def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+def gumbel(shape, generator, device) -> torch.Tensor:
     """Standard Gumbel noise `-log(-log u)`, float64: `argmax(z + g)` samples softmax(z)."""
-    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    u = uniform(shape, generator, device)
     return -torch.log(-torch.log(u))
 
 
@@ -144,7 +180,7 @@ def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) 
 
 
 def predict(logits: torch.Tensor, remasking: str, temperature: float, top_p, top_k,
-            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Block logits `[B, n, V]` -> (predicted tokens `[B, n]`, confidence `[B, n]`; None for origin).
 
     LLaDA's rules keep LLaDA's computation (Gumbel on the logits, confidence = softmax of the logits at
@@ -158,7 +194,7 @@ def predict(logits: torch.Tensor, remasking: str, temperature: float, top_p, top
         if remasking == "low_confidence":
             conf = torch.softmax(logits, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
         else:  # random remasking: a uniform score per position
-            conf = torch.rand(x0.shape, generator=generator, device=x0.device, dtype=torch.float64)
+            conf = uniform(x0.shape, generator, x0.device)
         return x0, conf
     z = filter_logits(logits / temperature if temperature else logits, top_p, top_k)
     probs = torch.softmax(z, dim=-1)  # [B, n, V]
@@ -179,7 +215,7 @@ def predict(logits: torch.Tensor, remasking: str, temperature: float, top_p, top
 
 
 def select(conf: torch.Tensor, masked: torch.Tensor, k: int | None, threshold: float | None,
-           alg_temp: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+           alg_temp: float = 0.0, generator=None) -> torch.Tensor:
     """Which masked positions to commit, `[B, n]` bool (never an unmasked one).
 
     k given (an int, or a count per row `[B]`): the k most confident, or with `alg_temp > 0` k drawn

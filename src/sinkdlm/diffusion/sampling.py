@@ -26,8 +26,11 @@ What differs from LLaDA's loop, with identical tokens at temperature 0 (tests/te
     (Dream's zero-commit steps are, as Dream runs them); both are known from the schedule alone;
   * the sinks' keys/values come from the model's sink cache (`use_sink_cache`, docs/method.md §3).
 Mixed-length prompts are left-padded with an attention mask; padding is invisible to the model
-and rotary positions restart at each row's first real token, so every row gets the tokens it
-gets alone (temperature 0).
+and rotary positions restart at each row's first real token, and with `seed` (or a list of per-row
+generators) every row draws from its own random stream (`remasking.RowGenerators`), a row whose
+adaptive block is done drawing nothing: every row gets the tokens it gets alone, greedy or sampled,
+for every remasking rule and cache (tested in float64; in float32 a near-tie may round differently
+in a batch's other matmul shapes, docs/guide.md).
 
 Callback. `callback(StepState)` after each step; `key_masks_fn(step, previous_state)` before it
 (sink-masking ablation, Rulli et al. Table 1). Only the current step's tensors are alive (plus the
@@ -50,7 +53,7 @@ import torch
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
 from sinkdlm.diffusion.block_sampling import check_block_call, decode_blocks
-from sinkdlm.diffusion.remasking import check_rule, resolve_rule
+from sinkdlm.diffusion.remasking import RowGenerators, check_rule, resolve_rule
 from sinkdlm.diffusion.steps import (
     BlockPlan, DecodePlan, choose, choose_next, commit, compiled_columns, forward_step, origin_reveal, plan_decoding,
 )
@@ -220,7 +223,7 @@ def generate(
     *,
     probe: StepProbe | None = None,
     callback: StepCallback | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     attention_mask: torch.Tensor | None = None,
     pad_token_id: int | None = None,
     use_sink_cache: bool = True,
@@ -250,9 +253,12 @@ def generate(
     alg_temp, top_p, top_k: Dream's sampling controls (`sinkdlm.diffusion.remasking`).
     threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
                    confidence exceeds it, at least one per step (low_confidence / maskgit_plus).
-    generator/seed the randomness (Gumbel noise, random remasking): a `generator`, else one seeded
-                   with `seed` (SampleConfig's default 0; None: torch's global generator); a fixed
-                   seed repeats the output. Passing both `generator` and a `seed=` keyword is refused.
+    generator/seed the randomness (Gumbel noise, random remasking): with `seed` (SampleConfig's
+                   default 0) every row gets its own generator seeded with it, so a row's tokens are
+                   those it gets alone; `generator` a list of one generator per row (a server's
+                   requests, each with its seed) likewise; one `generator` is one stream for the whole
+                   batch (a row's draws then depend on the rows before it); seed=None: torch's global
+                   generator. Passing both `generator` and a `seed=` keyword is refused.
     callback       `callback(StepState)` after every step.
     probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
                    maps and values in the StepState); None is the fast path.
@@ -329,13 +335,13 @@ class GenerationPlan:
     prompt: torch.Tensor  # [B, P] ids, on the model's device
     prompt_mask: torch.Tensor | None  # [B, P] bool, True = real; None when no row is padded
     remasking: str  # the resolved rule (`remasking.resolve_rule`)
-    generator: torch.Generator | None  # None: torch's global generator
+    generator: torch.Generator | RowGenerators | None  # None: torch's global generator
     probe: StepProbe
     schedule: DecodePlan | None  # None for an autoregressive model
 
 
 def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepProbe | None, full_logits: bool,
-                    generator: torch.Generator | None, attention_mask, pad_token_id: int | None,
+                    generator, attention_mask, pad_token_id: int | None,
                     shift_logits: bool | None) -> GenerationPlan:
     """Every user error of a `generate` call, before any work, and what the call fixes before its loop.
 
@@ -360,8 +366,7 @@ def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepPro
     if settings.compile:
         check_compile(settings.compile_backend, model.device)
     prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, settings.gen_length)
-    if generator is None and settings.seed is not None:  # seed=None: torch's global generator, as before
-        generator = torch.Generator(device=model.device).manual_seed(settings.seed)
+    generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)
     shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     schedule = None if cfg.causal else plan_decoding(
         settings, schedule_name, remasking, prompt.shape[1], settings.steps, settings.gen_length // block_length,
@@ -386,6 +391,28 @@ def _checked_prompts(model, prompt_ids, attention_mask, pad_token_id: int | None
     if real.numel() and (real.min() < 0 or real.max() >= cfg.vocab_size):
         raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size})")
     return prompt, prompt_mask
+
+
+def _row_generators(generator, seed: int | None, rows: int, device):
+    """The call's randomness: a stream per row from `seed` or from a list of generators (`RowGenerators`),
+    else the one `generator` given, else (seed=None) torch's global generator (None)."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != rows or not all(isinstance(g, torch.Generator) for g in generator):
+            raise ValueError(f"generator must be one torch.Generator or a list of one per prompt ({rows}), "
+                             f"got {len(generator)} items")
+        return RowGenerators(generator)
+    if generator is None and seed is not None:
+        return RowGenerators(torch.Generator(device=device).manual_seed(seed) for _ in range(rows))
+    return generator
+
+
+def _drawing_rows(canvas: "_Canvas", blk: BlockPlan, generator) -> bool:
+    """An adaptive block's step (threshold, origin): whether a row is unfinished (one host sync). With a
+    stream per row only the unfinished rows draw: alone, a finished row's loop would be at its next block."""
+    rows = canvas.masked[:, blk.lo:blk.hi].any(-1).nonzero().squeeze(-1).tolist()
+    if isinstance(generator, RowGenerators):
+        generator.active = rows
+    return bool(rows)
 
 
 class _Observer:
@@ -453,8 +480,10 @@ def _generate_diffusion(model, plan: GenerationPlan, observer: _Observer, use_si
     canvas = _canvas(model, plan, use_sink_cache)
     step, compile_seconds = 0, 0.0
     for blk in plan.schedule.blocks:
+        if isinstance(plan.generator, RowGenerators):
+            plan.generator.active = None  # a block of fixed counts: every row runs its steps
         for i in range(blk.steps) if blk.steps is not None else itertools.count():
-            if blk.counts is None and not canvas.masked[:, blk.lo:blk.hi].any():
+            if blk.counts is None and not _drawing_rows(canvas, blk, plan.generator):
                 break
             compile_seconds += _denoise_step(model, plan, canvas, blk, i, step, observer, use_sink_cache)
             step += 1

@@ -24,7 +24,7 @@ import torch
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.diffusion.remasking import (
     add_gumbel_noise, dream_counts, dream_timesteps, filter_logits, predict, reveal_probability, select,
-    steps_per_block, transfer_schedule,
+    steps_per_block, transfer_schedule, uniform,
 )
 from sinkdlm.model.probe import Probe
 
@@ -128,7 +128,7 @@ def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: b
 def origin_reveal(masked, blk: BlockPlan, i: int, generator) -> torch.Tensor:
     """Dream's `origin` at step `i` of `blk`: which of the block's masked positions it reveals `[B, n]` bool,
     each with probability 1 - s/t; drawn before the step's noise (Dream's order)."""
-    u = torch.rand((masked.shape[0], blk.hi - blk.lo), generator=generator, device=masked.device, dtype=torch.float64)
+    u = uniform((masked.shape[0], blk.hi - blk.lo), generator, masked.device)
     return masked[:, blk.lo:blk.hi] & (u < reveal_probability(blk.timesteps, i))
 
 

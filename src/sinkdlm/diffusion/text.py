@@ -1,5 +1,6 @@
 """Text in, text out: `generate_text` encodes a prompt (through the model's chat template with `chat=True`),
-samples with `sinkdlm.generate` and decodes what came out, cut at the end of the text.
+samples with `sinkdlm.generate` and decodes what came out, cut at the end of the text; `generate_texts` does
+so for several prompts in one batch (each gets the tokens it gets alone).
 
 Where the text ends: the tokenizer's end-of-text token and, with a chat template, the tokens that open
 and close a turn (`<|im_start|>`, `<|im_end|>`), so a role name never reaches the output. An
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sinkdlm.config.checks import check_sample_settings
@@ -80,23 +82,41 @@ def generate_text(model, tokenizer, prompt: str | list[dict], config: SampleConf
     a diffusion LM's later positions become that token); False keeps all `gen_length` tokens. `system`:
     a system message before the prompt (with `chat`); `prompt` may then be the conversation so far.
     `callback` as for `sinkdlm.generate`."""
+    return generate_texts(model, tokenizer, [prompt], config, chat=chat, stop_at_eos=stop_at_eos, system=system,
+                          callback=callback, **overrides)[0]
+
+
+def generate_texts(model, tokenizer, prompts: Sequence[str | list[dict]], config: SampleConfig | None = None, *,
+                   chat: bool = TextOptions.chat, stop_at_eos: bool = TextOptions.stop_at_eos,
+                   system: str | None = TextOptions.system, callback=None, generator=None,
+                   **overrides) -> list[GeneratedText]:
+    """`generate_text` for several prompts at once: one batch (left-padded), in which every prompt gets the
+    tokens it gets alone (each row its own random stream, seeded with `seed`, or from `generator`, a list of
+    one `torch.Generator` per prompt; `sinkdlm.generate`). `seconds` is the batch's."""
     settings = with_overrides(SampleConfig, config, overrides, "generate_text")
     # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
     settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
     check_sample_settings(settings, autoregressive=model.config.causal)
-    ids = encode_prompt(tokenizer, prompt, chat, system)
+    ids = [encode_prompt(tokenizer, prompt, chat, system) for prompt in prompts]
     stops = stop_token_ids(tokenizer, chat) if stop_at_eos else ()
     if stops and model.config.causal:
         settings = dataclasses.replace(settings, stop_token_ids=stops)
     start = time.perf_counter()
-    out = generate(model, ids, settings, callback=callback, return_dict=True)
+    out = generate(model, ids, settings, callback=callback, generator=generator, return_dict=True)
     seconds = time.perf_counter() - start
-    tokens = out.sequences[0, out.prompt_length:].tolist()
+    rows = out.sequences[:, out.prompt_length:].tolist()
+    return [decode_generated(tokenizer, tokens, stops, out.steps_taken, seconds) for tokens in rows]
+
+
+def decode_generated(tokenizer, tokens: list[int], stops: Sequence[int], steps_taken: int,
+                     seconds: float) -> GeneratedText:
+    """One row's generated ids as text, cut at the first of the `stops` ids; after it the ids become the
+    end-of-text id, as LLaDA's generations pad with EOS."""
     end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
-    if end < len(tokens):  # pad after the end with end-of-text, as LLaDA's generations do
+    if end < len(tokens):
         tokens = tokens[:end] + [stops[0]] * (len(tokens) - end)
     text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
-    return GeneratedText(text=text, tokens=tokens, steps_taken=out.steps_taken, seconds=seconds,
+    return GeneratedText(text=text, tokens=tokens, steps_taken=steps_taken, seconds=seconds,
                          blank=not any(c.isalnum() for c in text), truncated=bool(stops) and end == len(tokens))
 
 

@@ -22,12 +22,14 @@ word-boundary merges are scored where a left-to-right reader would see them.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from tqdm.auto import tqdm
 
 from sinkdlm.data.tokenizer import check_tokenizer_matches, encode_texts
@@ -70,6 +72,15 @@ class Predictor(Protocol):
     def loglikelihood(self, requests: Sequence[tuple[str, str]], *, desc: str = "") -> list[float]: ...
 
     def generate(self, requests: Sequence[GenRequest], *, desc: str = "") -> list[str]: ...
+
+
+def request_seed(seed: int, *ids: Sequence[int]) -> int:
+    """A request's own seed: a function of the evaluation's `seed` and the request's token ids only (its
+    prompt, or its context and continuation), so its draws never depend on how the requests are batched."""
+    h = hashlib.blake2b(str(seed).encode(), digest_size=8)
+    for part in ids:
+        h.update(b"|" + ",".join(map(str, part)).encode())
+    return int.from_bytes(h.digest(), "little") & (2**63 - 1)
 
 
 def cut_at_stop(text: str, until: Sequence[str]) -> str:
@@ -115,8 +126,10 @@ class DLMPredictor:
     method       likelihood estimator: "mc_count" (default), "mc" (docs/method.md §1 as written) or "chain".
     batch_size   model rows per forward (likelihood samples, or prompts being sampled).
     gen_steps    denoising steps per generation; None = one token per step (LLaDA's best setting).
-    seed         seeds the ELBO's masks and times: the same requests (and batch_size) give the same
-                 numbers, and two models asked the same requests see the same draws (paired comparison).
+    seed         seeds the ELBO's masks and times and the sampler: each request draws from its own generator,
+                 seeded from this seed and its tokens (`request_seed`), so a request's numbers do not depend
+                 on batch_size, on the requests beside it or on --limit, and two models asked the same
+                 requests see the same draws (paired comparison).
     max_length   content tokens per row; default the model's positions minus its sink tokens.
     cache        Fast-dLLM KV cache for generation: None, "prefix" or "dual" (`generate(cache=...)`);
                  a request of a single block has nothing after its block, so "dual" runs it as
@@ -212,7 +225,6 @@ class DLMPredictor:
             groups[1 if self.method == "mc_count" and len(c) == 1 else mc].append(i)
         out = [0.0] * len(fitted)
         bar = tqdm(total=len(fitted), desc=desc, disable=not self.progress, leave=False)
-        call = 0
         for samples, idx in sorted(groups.items()):
             idx.sort(key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))  # similar lengths share a batch
             # Calls of about ROWS_PER_CALL forward batches ("chain" runs |y| rows per request).
@@ -227,9 +239,9 @@ class DLMPredictor:
             for chunk in chunks:
                 res = elbo(
                     self.model, [fitted[i][0] for i in chunk], [fitted[i][1] for i in chunk], mc_num=samples,
-                    method=self.method, batch_size=self.batch_size, seed=self.seed + call,
+                    method=self.method, batch_size=self.batch_size,
+                    seed=[request_seed(self.seed, *fitted[i]) for i in chunk],
                 )
-                call += 1
                 for i, v in zip(chunk, res.logprob.tolist()):
                     out[i] = float(v)
                 bar.update(len(chunk))
@@ -275,7 +287,7 @@ class DLMPredictor:
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         out: list[list[int]] = [[] for _ in rows]
         bar = tqdm(total=len(rows), desc=desc, disable=not self.progress, leave=False)
-        for k, start in enumerate(range(0, len(order), self.batch_size)):
+        for start in range(0, len(order), self.batch_size):
             chunk = order[start: start + self.batch_size]
             # an AR model decodes one token per step, left to right: the diffusion settings are not given to it
             # (generate refuses any that is, so that a user's is never silently ignored)
@@ -285,7 +297,8 @@ class DLMPredictor:
                 kv_cache_dtype=self.kv_cache_dtype if cache else None,
                 **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")))
             res = sample(self.model, [rows[i] for i in chunk], gen_length=padded, temperature=temperature,
-                         seed=self.seed + k, return_dict=True, **diffusion)
+                         generator=[torch.Generator(self.model.device).manual_seed(request_seed(self.seed, rows[i]))
+                                    for i in chunk], return_dict=True, **diffusion)
             new = res.sequences[:, res.prompt_length: res.prompt_length + gen_length].tolist()
             for i, ids in zip(chunk, new):
                 out[i] = ids
