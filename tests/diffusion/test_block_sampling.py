@@ -102,6 +102,9 @@ def test_block_model_refuses_what_does_not_apply(kw, match):
         generate(model, [[1, 2, 3]], **{"max_new_tokens": 8, "steps": 8, **kw})
 
 
-def test_max_new_tokens_on_a_whole_sequence_model_is_refused():
-    with pytest.raises(ValueError, match="gen_length"):
+def test_max_new_tokens_on_a_whole_sequence_or_autoregressive_model_is_refused():
+    with pytest.raises(ValueError, match="whole-sequence model generates exactly gen_length"):
         generate(tiny_model(), [[1, 2, 3]], max_new_tokens=8, steps=8)
+    causal = tiny_model(causal=True, shift_logits=True, mask_token_id=None)
+    with pytest.raises(ValueError, match="autoregressive.*max_new_tokens=8"):
+        generate(causal, [[1, 2, 3]], max_new_tokens=8)

@@ -22,6 +22,7 @@ class ModelKind:
     autoregressive: bool
     family: str  # the sampler family (`ModelConfig.family`): "llada" or "dream"
     chat_template: bool  # the tokenizer carries a chat template
+    block_size: int | None = None  # a block diffusion model's (`ModelConfig.block_size`, docs/method.md §13)
 
 
 def model_kind(path: str | Path, flag: str = "model") -> ModelKind | None:
@@ -44,7 +45,8 @@ def model_kind(path: str | Path, flag: str = "model") -> ModelKind | None:
     from sinkdlm.model.loader import open_source
 
     config = open_source(path, flag).config  # config.json only
-    return ModelKind(autoregressive=config.causal, family=config.family, chat_template=_has_chat_template(path))
+    return ModelKind(autoregressive=config.causal, family=config.family, chat_template=_has_chat_template(path),
+                     block_size=config.block_size)
 
 
 def _has_chat_template(directory: Path) -> bool:

@@ -35,7 +35,8 @@ def chat(model: Path = typer.Argument(..., metavar="MODEL", help="The model: a d
     causal = kind is not None and kind.autoregressive
     if not causal and cfg.steps is None and cfg.threshold is None:
         cfg = dataclasses.replace(cfg, steps=cfg.gen_length)  # one token per step
-    check_sample_settings(cfg, autoregressive=None if kind is None else causal)
+    check_sample_settings(cfg, autoregressive=None if kind is None else causal,
+                          block_model=None if kind is None else kind.block_size is not None)
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.diffusion.text import Conversation
 

@@ -173,7 +173,9 @@ def check_dtype(dtype) -> str | None:
 # The `SampleConfig` fields only diffusion decoding reads: an autoregressive model decodes one token per
 # step, left to right, and uses only gen_length, temperature, top_p, top_k and seed.
 DIFFUSION_ONLY = ("steps", "block_length", "threshold", "cache", "compile", "compile_backend", "remasking",
-                  "schedule", "eps", "alg_temp", "kv_cache_dtype")
+                  "schedule", "eps", "alg_temp", "kv_cache_dtype", "max_new_tokens")
+# What a block model (`ModelConfig.block_size`) does not take: it decodes in its own blocks with an exact cache.
+NOT_FOR_BLOCK_MODELS = ("block_length", "cache", "compile", "kv_cache_dtype")
 CACHE_CHOICES = ("prefix", "dual")
 KV_CACHE_DTYPES = ("int8",)  # --kv-cache-dtype: what the prefix/dual cache may store its keys and values in
 QUANTIZE_SCHEMES = ("int8-weight", "int8-dynamic", "int4-weight")  # --quantize (sinkdlm.model.quantize)
@@ -202,9 +204,10 @@ def check_sampler_values(settings) -> None:
         raise ValueError(f"eps must lie in (0, 1) (Dream's last timestep), got {eps!r}")
 
 
-def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
-    """Every check of a `SampleConfig` that needs no model, only its kind (`autoregressive`, read from the
-    model's header; None: not known), so a command refuses bad settings before it reads any weight.
+def check_sample_settings(settings, *, autoregressive: bool | None, block_model: bool | None = None) -> None:
+    """Every check of a `SampleConfig` that needs no model, only its kind (`autoregressive`, `block_model`: a
+    block diffusion model, docs/method.md §13; read from the model's header; None: not known), so a command
+    refuses bad settings before it reads any weight.
 
     An autoregressive model refuses every diffusion-only setting that differs from its default, all of
     them named in one line; a diffusion model needs `steps` unless `threshold`, a `block_length` that
@@ -212,6 +215,8 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
     from sinkdlm.config.fields import field_default
 
     check_int("gen_length", settings.gen_length, 1)
+    if settings.max_new_tokens is not None:
+        check_int("max_new_tokens", settings.max_new_tokens, 1)
     check_sampler_values(settings)
     if autoregressive:
         defaults = {f.name: field_default(f) for f in dataclasses.fields(settings) if f.name in DIFFUSION_ONLY}
@@ -226,6 +231,13 @@ def check_sample_settings(settings, *, autoregressive: bool | None) -> None:
                              f"{', '.join(given[:-1]) + ' and ' if not one else ''}{given[-1]} {'applies' if one else 'apply'} to diffusion decoding only; "
                              f"leave {'it' if one else 'them'} out")
         return
+    if block_model is False and settings.max_new_tokens is not None:
+        raise ValueError(f"max_new_tokens={settings.max_new_tokens} bounds a block model's generation; this "
+                         "whole-sequence model generates exactly gen_length tokens: give gen_length instead")
+    given = [f"{name}={getattr(settings, name)}" for name in NOT_FOR_BLOCK_MODELS if getattr(settings, name)]
+    if block_model and given:
+        raise ValueError(f"a block model decodes block by block with an exact cache of its finished blocks: "
+                         f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to it; leave them out")
     steps, threshold, block_length = settings.steps, settings.threshold, settings.block_length
     if block_length is not None:
         check_int("block_length", block_length, 1)

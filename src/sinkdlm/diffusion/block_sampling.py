@@ -45,17 +45,13 @@ class BlockOutput:
 
 
 def check_block_call(config, settings: SampleConfig, *, probe, callback, shift_logits) -> None:
-    """What a block model's `generate` refuses, before any work (a `max_new_tokens` on a whole-sequence model too)."""
-    if config.block_size is None:
-        raise ValueError(f"max_new_tokens={settings.max_new_tokens} bounds a block model's generation; this "
-                         "whole-sequence model generates exactly gen_length tokens: give gen_length instead")
-    asked = {"block_length": settings.block_length, "cache": settings.cache, "compile": settings.compile or None,
-             "probe": probe, "callback": callback, "shift_logits": shift_logits or None}
+    """What `generate` refuses of a block model (and `max_new_tokens` of any other model), before any work."""
+    check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None)
+    asked = {"probe": probe, "callback": callback, "shift_logits": shift_logits or None}
     given = [name for name, value in asked.items() if value is not None]
     if given:
-        raise ValueError(f"a block model (block_size={config.block_size}) decodes block by block with an exact cache "
-                         f"of its finished blocks; {', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply "
-                         "to it (yet): leave them out")
+        raise ValueError(f"a block model's decoding takes no {' or '.join(given)} yet (the analysis of a block model is "
+                         f"still to come): leave {'it' if len(given) == 1 else 'them'} out")
 
 
 @dataclass(frozen=True)
@@ -75,16 +71,14 @@ class BlockDecodePlan:
 
 
 def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig) -> BlockDecodePlan:
-    """Every check of a block model's generation and its canvas (see the module docstring), before any forward."""
+    """The canvas of a block model's generation (the module docstring) and the checks that need the prompts, before
+    any forward; the settings' own checks are `check_block_call`'s."""
     cfg = model.config
     bs, mask_id = cfg.block_size, cfg.mask_token_id
-    check_sample_settings(settings, autoregressive=False)
     schedule, remasking = resolve_rule(cfg.family, settings.schedule, settings.remasking, settings.threshold)
     check_rule(schedule, remasking, threshold=settings.threshold, temperature=settings.temperature,
                alg_temp=settings.alg_temp, top_p=settings.top_p, top_k=settings.top_k, eps=settings.eps)
     max_new = settings.gen_length if settings.max_new_tokens is None else settings.max_new_tokens
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new!r}")
     b, p = prompt.shape
     lengths = (prompt_mask.sum(-1) if prompt_mask is not None else torch.full((b,), p)).tolist()
     whole = max(n // bs for n in lengths)  # the prompt blocks every row is padded to
