@@ -3,7 +3,8 @@
 `analyze(model, tokenizer, prompts, config: AnalyzeConfig)` generates from the prompts (batched) with a
 `SinkRecorder` on the sampler callback, optionally runs the sink-masking ablation (`ablation.py`), and
 writes to `config.out`:
-  analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json");
+  analysis.json          the numbers (schema: `ANALYSIS_KEYS`, README "analysis.json"; and `outliers`, the
+                         per-layer activation outliers of `outliers.py`, measured on the prompts);
   analysis_arrays.npz    per-run arrays for `compare` (largest-sink positions, norm samples, maps);
   the PNG figures        stable names in `report.FIGURES`, listed under the `figures` key;
   report.md, report.html what was measured, on what, and the numbers (both link the PNGs).
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from sinkdlm.analysis.ablation import check_ks, run_ablation, split_continuation
+from sinkdlm.analysis.outliers import measure_outliers, prompt_batches
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.analysis.report import write_analysis_report, write_figures
 from sinkdlm.io.atomic import atomic_write, atomic_write_json
@@ -122,11 +124,17 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
     model.eval()
     samples, steps_taken, gen_seconds = _generate_recorded(model, tokenizer, plan, recorder)
     ablation, abl_seconds = _ablation(model, plan, config, ablation_task)
+    start = time.perf_counter()
+    outliers = measure_outliers(model, prompt_batches(plan.ids, plan.settings["batch_size"],
+                                                      model.config.mask_token_id or 0, model.device))  # as generate pads
+    outlier_seconds = time.perf_counter() - start
     model.train(was_training)
     summary = recorder.summary()
     arrays = recorder.arrays()
     analysis = _analysis_json(model, plan, config, recorder, summary, samples, steps_taken, ablation,
-                              {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds})
+                              {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds,
+                               "outlier_seconds": outlier_seconds})
+    analysis["outliers"] = outliers  # not in ANALYSIS_KEYS: files written before it have none
     if plan.progress:  # drawing the figures takes seconds on a CPU
         print(f"[sinkdlm] sink analysis: writing figures and the report to {plan.out_dir}", file=sys.stderr, flush=True)
     _save_arrays(plan.out_dir / ARRAYS_NAME, arrays)
@@ -275,6 +283,7 @@ def _analysis_json(model, plan: AnalysisPlan, config: AnalyzeConfig, recorder: S
             "source_format": cfg.extra.get("source_format", "sinkdlm"),
             "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."),
+            "quantization": getattr(model, "quantization", None),  # --quantize (model/quantize.py)
             "device": str(model.device),
         },
         "setup": {

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sinkdlm.analysis import outliers_report
 from sinkdlm.reporting import Document
 
 # One file per figure of an `analyze` run; analysis.json lists the ones written under "figures".
@@ -102,6 +103,10 @@ def write_figures(out_dir: Path, analysis: dict, arrays: dict) -> dict[str, str]
                                   title=f"{label}: largest sink over {step_name(analysis).split(' (')[0]}s",
                                   step_label=step_name(analysis))
     written["largest_sink_positions"] = FIGURES["largest_sink_positions"]
+    if analysis.get("outliers"):  # runs analysed before the outlier measurement have none
+        outliers_report.plot_outliers({label: analysis["outliers"]}, out_dir / outliers_report.FIGURE,
+                                      title=f"{label}: activation outliers per layer")
+        written["outliers"] = outliers_report.FIGURE
     return written
 
 
@@ -178,6 +183,7 @@ FIGURE_CAPTIONS = {
     "largest_sink_positions": "Position of the largest sink at every {step}: the colour is the share of (row, "
                               "layer, head) whose largest sink sits at that position (white: none); the red line "
                               "(right axis) is the share with no sink at ϵ.",
+    "outliers": outliers_report.CAPTION,
 }
 
 
@@ -252,6 +258,8 @@ def _analysis_doc(a: dict, sinks_per_head: float | None, out_dir: Path) -> Docum
         doc.table(["top sink token", "id", "count"], [[_text(t["text"]), t["id"], t["count"]] for t in types["top_tokens"]])
     if a["ablation"] is not None:
         _ablation_section(doc, {a["model"]["label"]: a["ablation"]}, {a["model"]["label"]: a["model"]["num_sink_tokens"]})
+    if a.get("outliers"):
+        outliers_report.outlier_section(doc, {a["model"]["label"]: a["outliers"]})
     doc.heading("Figures")
     for name, file in a["figures"].items():
         doc.image(out_dir / file, FIGURE_CAPTIONS[name].format(step=step_name(a).split(" (")[0]))
@@ -396,6 +404,11 @@ def write_comparison_figures(runs: Mapping[str, tuple[dict, dict | None]], out_d
         plot_ablation_curve(ablations, out_dir / "ablation_curve.png", title=f"{versus}: sink-masking curve",
                             extra_sinks={k: a["model"]["num_sink_tokens"] for k, a in analyses.items()})
         figs["ablation_curve"] = "ablation_curve.png"
+    outliers = {k: a["outliers"] for k, a in analyses.items() if a.get("outliers")}
+    if outliers:
+        outliers_report.plot_outliers(outliers, out_dir / outliers_report.FIGURE,
+                                      title=f"{' vs '.join(outliers)}: activation outliers per layer")
+        figs["outliers"] = outliers_report.FIGURE
     return figs
 
 
@@ -429,6 +442,9 @@ def _compare_doc(analyses: dict[str, dict], sink_mass: dict[str, float | None], 
         "heads whose largest sink is the extra sink": lambda k, a: _pct(a["moving"]["mean"].get("extra_sink_share")),
         "attention on the virtual sink column": lambda k, a: _pct((a.get("virtual_sink") or {}).get("mean_attention_mass")),
         "sinks on [MASK] tokens": lambda k, a: _pct(a["sink_token_types"]["shares"].get("mask")),
+        **{f"max ‖{outliers_report.TITLES[kind]}‖∞ over layers, {group}": (
+            lambda k, a, kind=kind, group=group: _num(outliers_report.max_over_layers(a["outliers"], kind, group), 3)
+            if a.get("outliers") else "–") for kind in ("ffn", "residual") for group in ("content", "sink")},
     }
     doc.table(["quantity", *labels], [[name, *(f(k, analyses[k]) for k in labels)] for name, f in get.items()])
     doc.heading("Non-sink fraction vs ϵ")
@@ -453,6 +469,9 @@ def _compare_doc(analyses: dict[str, dict], sink_mass: dict[str, float | None], 
                   [[label, ab["metric"], _extra_sink_setting(setting["include_extra_sink"], bool(analyses[label]["model"]["num_sink_tokens"])),
                     *(_num((setting["delta"] or {}).get(str(k))) for k in ks)]
                    for label, ab in ablations.items() for setting in ablation_settings(ab)])
+    outliers = {k: a["outliers"] for k, a in analyses.items() if a.get("outliers")}
+    if outliers:
+        outliers_report.outlier_section(doc, outliers)
     doc.heading("Figures")
     captions = {**FIGURE_CAPTIONS, "sink_mass_layers": "Per layer, every model: value norm of detected sinks vs "
                 "normal tokens, and the share of attention on detected sinks.",
