@@ -145,3 +145,43 @@ def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None
     ce = F.cross_entropy(logits, plan.target, reduction="none") * plan.weight  # [N]
     per_seq = torch.zeros(x0.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, plan.rows, ce)
     return LossOutput(loss=(per_seq / plan.norm).mean(), num_masked=plan.num_masked, t=plan.t)
+
+
+# ----------------------------------------------------------------------------- the block NELBO (likelihood)
+def block_draws(seq: torch.Tensor, prefix_length: int, block_size: int, samples: int, generator=None):
+    """`samples` draws of LLaDA's masked-count form of eq. 3-4, block by block, over the continuation
+    `seq[prefix_length:]` (`seq [L]`): in each block with M scored positions, l ~ U{1..M} of them masked (a
+    uniform l-subset), each weighted M / l. Returns (masked `[S, L]` bool, weight `[S, L]` float64)."""
+    length = len(seq)
+    blocks = torch.arange(length) // block_size  # [L]
+    scored = torch.arange(length) >= prefix_length
+    num = torch.zeros(blocks[-1] + 1, dtype=torch.long).index_add_(0, blocks, scored.long())  # [K] M per block
+    count = (torch.rand(samples, len(num), generator=generator) * num).long() + 1  # [S, K] l in 1..M
+    # one sort for every block: block k's keys lie in [4k, 4k + 3), a scored position's before an unscored one's
+    keys = torch.rand(samples, length, generator=generator).masked_fill(~scored, 2.0) + 4 * blocks  # [S, L]
+    rank = keys.argsort(dim=-1).argsort(dim=-1) - blocks * block_size  # each position's rank within its block
+    masked = scored & (rank < count[:, blocks])
+    weight = (num.double() / count.double())[:, blocks] * masked  # [S, L]
+    return masked, weight
+
+
+@torch.no_grad()
+def block_loglikelihood(model, prefixes: list[torch.Tensor], continuations: list[torch.Tensor], samples: int,
+                        generators: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(continuation | prefix) of a block model, the block NELBO (docs/method.md §13): the sum over blocks of
+    each block's eq. 3-4 bound given the clean blocks before it, all blocks in one x_t ⊕ x_0 pass per draw.
+    Returns (log-probability bound `[N]`, its Monte-Carlo standard error `[N]`), float64, per request."""
+    config = model.config
+    logprob, stderr = [], []
+    for pre, cont, generator in zip(prefixes, continuations, generators):
+        seq = torch.cat([pre, cont])
+        masked, weight = block_draws(seq, len(pre), config.block_size, samples, generator)
+        x0 = seq[None].expand(samples, -1).to(model.device)
+        rows, cols = masked.nonzero(as_tuple=True)
+        xt = x0.masked_fill(masked.to(x0.device), config.mask_token_id)
+        logits = xt_forward(model, xt, x0, logits_index=(rows.to(x0.device), cols.to(x0.device))).logits
+        ce = F.cross_entropy(logits.double(), x0[rows, cols], reduction="none").cpu()  # [N]
+        values = torch.zeros(samples, dtype=torch.float64).index_add_(0, rows, ce * weight[rows, cols])  # [S]
+        logprob.append(-values.mean())
+        stderr.append(values.std() / samples**0.5 if samples > 1 else torch.tensor(float("nan"), dtype=torch.float64))
+    return torch.stack(logprob), torch.stack(stderr)

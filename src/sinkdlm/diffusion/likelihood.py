@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from sinkdlm.config.train import TrainConfig  # the one home of eps
+from sinkdlm.diffusion.block import block_loglikelihood
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
 from sinkdlm.config.checks import check_int
@@ -190,11 +191,18 @@ def loglikelihood(
     (`with model.sink_cache_mode(False):` recomputes the sinks' keys/values; the numbers are the same).
 
     An autoregressive model (`config.causal`) gets its exact log-likelihood, one forward per request
-    (`method` is then reported as "exact", with standard error 0), docs/method.md §10.
+    (`method` is then reported as "exact", with standard error 0), docs/method.md §10. A block model
+    (`config.block_size`) gets the block NELBO (`diffusion/block.py`, docs/method.md §13) from `mc_num` draws of
+    the masked-count form in every block, one pass each request (reported as "block_nelbo"; `method` and
+    `batch_size` do not apply).
     """
     cfg = model.config
     prefixes, conts, single = _checked_requests(cfg, prefix_ids, continuation_ids, mc_num, method, batch_size, eps)
     generators = _request_generators(seed, len(prefixes))
+    if cfg.block_size is not None:  # a block model: the block NELBO, one x_t ⊕ x_0 pass a request (§13)
+        lp_t, se_t = block_loglikelihood(model, prefixes, conts, mc_num, generators)
+        return LoglikelihoodOutput(logprob=lp_t[0] if single else lp_t, stderr=se_t[0] if single else se_t,
+                                   num_forward=len(prefixes), method="block_nelbo")
     batcher = _Batcher(model, batch_size, cfg.shift_logits)
     for pre, cont, generator in zip(prefixes, conts, generators):
         batcher.add(*_request_rows(cfg, pre, cont, method, mc_num, eps, generator))
