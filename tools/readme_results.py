@@ -343,14 +343,164 @@ def _bench_env_sizes(results_root: Path) -> str | None:
             "`benchmarks/bench_env_sizes.py`).\n")
 
 
+def _load(results_root: Path, name: str) -> dict | None:
+    path = results_root / name / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _gap(est: float, low: float | None, high: float | None, digits: int) -> str:
+    """"+0.0001 [-0.0009, +0.0012]" with `digits` decimals (the interval's own, not one machine's rounding)."""
+    text = f"{est:+.{digits}f}"
+    return text + (f" [{low:+.{digits}f}, {high:+.{digits}f}]" if low is not None and high is not None else "")
+
+
+def _primary_row(r: dict, study: str, scale: str, digits: int) -> list[str]:
+    """One study's declared primary as a findings row: the answer from its stored decision and null reading
+    (experiment/endpoints.py), the gap at the end of training with the declared test's interval."""
+    from sinkdlm.experiment.endpoints import declared_decision
+
+    p = r["primary"]
+    a, b = (r["variants"][n]["label"] for n in p["pair"])
+    _, est, pval, decided = declared_decision(p)
+    iv = p["t"] if p["test"] == "t" else p["rank"]
+    if decided:
+        answer = f"lower with {a} at the end (p = {pval:.2g})" if est < 0 else f"higher with {a} at the end (p = {pval:.2g})"
+        g0, te = p.get("step0_gap"), p.get("training_effect")
+        if g0 and te and g0["high"] < 0 < te["low"]:  # started ahead, and training narrowed the lead
+            answer += (f", the rest of a head start from the conversion ({g0['mean']:+.{digits}f} at step 0) that "
+                       f"training narrowed (Δ_train {te['mean']:+.{digits}f})")
+    elif p.get("inconclusive", True):
+        answer = f"no difference detected: inconclusive (MDE {p['t']['mde']:.2g} nats)"
+    else:
+        answer = (f"no difference, bounded within ±{p['bound']:.2g} nats (MDE {p['t']['mde']:.2g}, below the "
+                  f"{p['sized_for']:g} it was sized for)")
+    return [study, scale, f"{a} − {b}: {answer}", _gap(est, iv.get("low"), iv.get("high"), digits) + " nats"]
+
+
+def _replicated(results_root: Path, t: dict) -> dict | None:
+    """The escape sizing's exploratory contrast for a declared escape pair where it was one-sided on every seed
+    (the "earlier on 5 of 5" that motivated the pair) and the declared test did not decide it: it did not replicate."""
+    sizing = results_root / "escape-sizing" / "sizing.json"
+    explored = json.loads(sizing.read_text())["contrasts"].get(" / ".join(t["pair"])) if sizing.is_file() else None
+    if explored and max(explored["minus"], explored["plus"]) == explored["seeds"] and not t.get("decided"):
+        return explored
+    return None
+
+
+def _escape_replication(results_root: Path) -> str | None:
+    """One sentence per declared escape pair whose exploratory sizing pointed one way on every seed and whose
+    declared test did not decide: the sizing's count beside the declared study's."""
+    esc = _load(results_root, "escape")
+    said = []
+    for t in (esc or {}).get("escape", {}).get("tests", []):
+        explored = _replicated(results_root, t)
+        if explored:
+            a, b = (esc["variants"][n]["label"] for n in t["pair"])
+            way = "earlier" if explored["minus"] else "later"
+            said.append(f"{a} left the plateau {way} than {b} on {explored['seeds']} of {explored['seeds']} seeds in the "
+                        f"exploratory sizing ([escape-sizing](escape-sizing/README.md), runs seen before the rule was "
+                        f"written); the declared study did not replicate it: earlier on {t['minus']}, later on "
+                        f"{t['plus']} of {t['seeds']} seeds, p = {t['p'] if t['primary'] else t['p_adjusted']:.2g}.")
+    return " ".join(said) + "\n" if said else None
+
+
+def _findings(results_root: Path) -> str | None:
+    """The front page's table of what the project has found about the paper's claim so far: one row per declared
+    question (study, scale, answer, interval), read from each study's results.json (and the escape sizing's
+    exploratory counts, for the replication row)."""
+    from sinkdlm.experiment.summary import extra_sink_mass, uniform_share
+
+    rows = []
+    study, real, late, esc = (_load(results_root, n) for n in ("study", "smollm2/dlm", "late-sink", "escape"))
+    steps = lambda r: f"{r['train']['max_steps']:,} steps"  # noqa: E731
+    if study:
+        rows.append(_primary_row(study, "[from scratch](docs/results/study/report.md)",
+                                 f"tiny DLMs, {len(study['variants'])} arms × {len(study['seeds'])} seeds × {steps(study)}", 3))
+    if real:
+        rows.append(_primary_row(real, "[SmolLM2-135M converted](docs/results/smollm2/dlm/report.md)",
+                                 f"AR → DLM, {len(real['seeds'])} seeds × {steps(real)}", 3))
+    if late:
+        rows.append(_primary_row(late, "[sink added late](docs/results/late-sink/report.md)",
+                                 f"a trained tiny DLM continued, {len(late['seeds'])} seeds × {steps(late)}", 4))
+    for r, name in ((late, "late-sink"), (real, "smollm2/dlm")):
+        for v in (r or {}).get("variants", {}).values():
+            mass, u = extra_sink_mass(v), uniform_share(v)
+            if not mass or u is None or v["label"] not in {r["variants"][n]["label"] for n in r["primary"]["pair"]}:
+                continue
+            where = ("below" if mass["high"] < u else "above" if mass["low"] > u else "about")
+            rows.append([f"[does the sink token take attention?](docs/results/{name}/report.md)", f"{v['label']}, "
+                         f"{mass['n']} seeds", f"{where} one key's uniform share 1/keys = {100 * u:.2f} %",
+                         f"{100 * mass['mean']:.1f} [{100 * mass['low']:.1f}, {100 * mass['high']:.1f}] % of the attention"])
+    for t in (esc or {}).get("escape", {}).get("tests", []):
+        a, b = (esc["variants"][n]["label"] for n in t["pair"])
+        r = t["ratio"]
+        answer = (f"{a} vs {b}: later on {t['plus']}, earlier on {t['minus']} of {t['seeds']} seeds, p = "
+                  f"{t['p_adjusted'] if not t['primary'] else t['p']:.2g}: "
+                  + (f"{a} leaves the plateau {'earlier' if t['estimate'] < 0 else 'later'}" if t.get("decided") else
+                     "no difference detected" if t.get("inconclusive", True) else
+                     f"no difference (MDE {t['mde']:.2f} log2, below the {t['sized_for']:g} it was sized for)"))
+        explored = _replicated(results_root, t)
+        if explored:
+            answer += (f"; the exploratory \"{'earlier' if explored['minus'] else 'later'} on {explored['seeds']} of "
+                       f"{explored['seeds']} seeds\" ([sizing](docs/results/escape-sizing/README.md)) did not replicate")
+        rows.append(["[leaving the unigram plateau](docs/results/escape/report.md)",
+                     f"tiny DLMs, {len(esc['variants'])} arms × {len(esc['seeds'])} seeds × {steps(esc)}", answer,
+                     f"ratio of escape steps {r['estimate']:.2f}× [{r['low']:.2f}, {r['high']:.2f}]"])
+    if not rows:
+        return None
+    return ("| study | scale | answer | interval (the declared test's, about 95 %) |\n|---|---|---|---|\n"
+            + "".join("| " + " | ".join(row) + " |\n" for row in rows))
+
+
+def _bench_quant(results_root: Path) -> str | None:
+    """`--quantize` speed and memory (issue 66): the MLP's ratios and decoding per scheme."""
+    r = _bench_result("bench_quant.json")
+    if r is None:
+        return None
+    rows = {(row["scheme"], row["mode"], row["tokens"]): row["ratio"] for row in r["mlp"]["rows"]}
+    modes = [(m, n) for m in ("eager", "compiled") for n in (1, 128) if any(k[1:] == (m, n) for k in rows)]
+    d, ff, _ = r["mlp"]["shape"]
+    lines = [f"torch {r['torch']}, torchao {r['torchao']}, {r['cpu']}, {_threads(r['threads'])}, median of "
+             f"{r['repeats']} interleaved repeats, every ratio within one process (`benchmarks/bench_quant.py`). "
+             f"sinkdlm's SwiGLU MLP at {d} → {ff} → {d}, fp32 time / quantized time (above 1: the quantized one is "
+             "faster; compiled: against compiled fp32):", "",
+             "| scheme | " + " | ".join(f"{m}, {n} token{'s' if n > 1 else ''}" for m, n in modes) + " |",
+             "|---|" + "---:|" * len(modes)]
+    for scheme in dict.fromkeys(k[0] for k in rows):
+        lines.append(f"| `{scheme}` | " + " | ".join(f"{rows[(scheme, m, n)]:.2f}" for m, n in modes) + " |")
+    s = r["decode_setting"]
+    lines += ["", f"Decoding: batch {s['batch']}, a {s['prompt']}-token prompt, {s['gen_length']} tokens in blocks of "
+              f"{s['block_length']}, one token per step, the {s['cache']} cache; peak resident memory while decoding "
+              "(VmHWM after the model is loaded), one child process per scheme:", "",
+              "| model | scheme | tokens / s | speed-up vs fp32 | weights MiB | peak RSS decoding MiB | "
+              "generated tokens equal to fp32's |", "|---|---|---:|---:|---:|---:|---:|"]
+    for m in r["decode"]:
+        for name, v in m["variants"].items():
+            peak = v.get("peak_decode_mib")
+            lines.append(f"| {m['model']} | {name} | {v['tokens_per_second']:.1f} | {v['speedup']:.2f}× | "
+                         f"{v['weight_bytes'] / 2**20:.1f} | {'–' if peak is None else f'{peak:.0f}'} | "
+                         f"{v['tokens_equal_fp32']} of {s['gen_length'] * s['batch']} |")
+    for m in r["decode"]:
+        kv = m.get("kv_cache_bytes")
+        if kv:
+            lines += ["", f"{m['model']}: the KV cache of {s['prompt'] + s['gen_length']} columns takes "
+                      f"{kv['fp32'] / 2**20:.2f} MiB in fp32 and {kv['int8'] / 2**20:.2f} MiB with `--kv-cache-dtype "
+                      f"int8` ({kv['fp32'] / kv['int8']:.2f}× less: int8 keys and values, a float32 scale per token "
+                      "and head, the sink's columns in fp32)."]
+    if r.get("int4_refusal"):
+        lines += ["", f"`int4-weight` on this CPU: \"{r['int4_refusal']}\""]
+    return "\n".join(lines) + "\n"
+
+
 # Blocks built from other files than one results folder.
 COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
             "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
-            "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode,
+            "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode, "bench/quant": _bench_quant,
             "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python,
             "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits,
-            "bench/env-sizes": _bench_env_sizes}
+            "bench/env-sizes": _bench_env_sizes, "findings": _findings,
+            "escape/replication": _escape_replication}
 
 
 def generated_block(name: str, results_root: Path = ROOT / "docs" / "results") -> str | None:

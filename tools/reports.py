@@ -3,13 +3,16 @@
 A study commits each run's `analysis/analysis.json` and `analysis_arrays.npz`, and only the figures its
 report shows (CONTRIBUTING.md, "What a study commits"); this draws every stored analysis under the given
 directories whose report.md is missing again: its figures and report.md / report.html
-(`sinkdlm.analysis.comparison.redraw`; nothing is run). The files it writes are ignored by git.
+(`sinkdlm.analysis.comparison.redraw`; nothing is run), and each escape study's per-run figures
+(`figures/escape_runs/`, `sinkdlm.experiment.escape_report.draw_escape_runs`). The files it writes are ignored
+by git.
 
     .venv/bin/python tools/reports.py [DIR ...]      # what `make reports` runs (default: docs/results)
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -33,6 +36,12 @@ def main(argv: list[str]) -> int:
         except ValueError as e:  # an analysis committed without its arrays (an older study's extra seeds)
             print(f"[{i}/{len(todo)}] skipped: {e}", flush=True)
     print(f"drew {drawn} of {len(todo)} missing report(s)")
+    from sinkdlm.experiment.escape_report import draw_escape_runs
+
+    for results in sorted(p for root in roots for p in root.rglob("results.json")):
+        if (json.loads(results.read_text()).get("declared") or {}).get("escape"):
+            paths, missing = draw_escape_runs(results.parent)
+            print(f"{results.parent}: drew {len(paths)} escape run figure(s); {missing} run(s) without probes.json")
     return 0
 
 

@@ -260,7 +260,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95, bounds: tup
     values = list(values)
     iv = paired_difference(values, [0.0] * len(values), confidence)
     if bounds is None or iv.degenerate or not (math.isfinite(iv.low) and math.isfinite(iv.high)):
-        return iv  # one seed: no interval, not the whole range [lo, hi] (issue 30)
+        return iv  # one seed: no interval, not the whole range [lo, hi] (docs/method.md §7)
     lo, hi = bounds
     if any(v < lo or v > hi for v in values):
         raise ValueError(f"mean_interval: values outside the bounds {bounds}: {values}")

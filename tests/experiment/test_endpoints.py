@@ -368,3 +368,63 @@ def test_the_answer_says_where_the_conversion_left_the_sink_model_from_the_step0
     level = answer(5.40 + rng.normal(0, 0.02, 6), np.array(van) + rng.normal(0, 0.02, 6))
     assert "at step 0, before any training, the conversion alone left a gap of" in level
     assert "(no difference detected)" in level and "started ahead" not in level and "started behind" not in level
+
+
+def test_a_null_primary_with_a_small_mde_is_bounded_not_inconclusive():
+    """The late-sink rule (docs/method.md §7): a declared test that rejects nothing is "inconclusive" only where the
+    MDE exceeds the effect the study was sized for; below it the report bounds the difference by the declared
+    interval and gives the equivalence margin TOST at 5 % would pass, the largest |end| of the 90 % t interval,
+    labelled post hoc."""
+    from sinkdlm.experiment.report import summary_part
+
+    rng = np.random.default_rng(7)
+    van = list(4.73 + rng.normal(0, 0.002, 6))
+    sink = list(np.array(van) + rng.normal(0, 0.001, 6))
+
+    def primary(sized_for):
+        res = _results({"sink": _variant("S", [4.81] * 6, sink), "vanilla": _variant("V", [4.80] * 6, van)},
+                       {"primary": {"pair": ["sink", "vanilla"], "metric": "val_loss", "test": "wilcoxon",
+                                    "sized_for": sized_for}})
+        summarise(res, [("sink", "vanilla")])
+        return res
+
+    res = primary(0.02)
+    p, d = res["primary"], np.array(sink) - np.array(van)
+    assert not p["rejects"] and p["t"]["mde"] < 0.02 and not p["inconclusive"]
+    assert p["bound"] == pytest.approx(max(abs(p["rank"]["low"]), abs(p["rank"]["high"])))
+    half = sps.t.ppf(0.95, 5) * d.std(ddof=1) / np.sqrt(6)  # the 90 % t interval: TOST at 5 % on each side
+    assert p["posthoc_margin"] == pytest.approx(max(abs(d.mean() - half), abs(d.mean() + half)))
+    verdict = summary_part(res, "verdict")
+    assert "no difference; the interval bounds it within ±" in verdict and "post-hoc margin" in verdict
+    assert "inconclusive" not in verdict and "not declared" in verdict
+    tiny = primary(1e-6)  # sized for less than the seeds detect: inconclusive, as before
+    assert tiny["primary"]["inconclusive"] and "no difference detected (inconclusive with 6 seeds)" in summary_part(tiny, "verdict")
+
+
+def test_delta_train_against_an_unconverted_arm_says_it_is_the_step0_gap_closing():
+    """An arm continued from the study's starting checkpoint has no conversion: its step 0 is the same model on every
+    seed, so Δ_train against it equals (end gap) − (step-0 gap) per seed; the comparison and the primary say so."""
+    from sinkdlm.experiment.report import comparisons_table, summary_part
+
+    rng = np.random.default_rng(9)
+    base0 = [4.804] * 6
+    sink0 = list(4.814 + rng.normal(0, 0.005, 6))  # the conversion costs about 0.01
+    van = list(4.73 + rng.normal(0, 0.002, 6))
+    sink = list(np.array(van) + rng.normal(0, 0.0005, 6))
+    vanilla = _variant("all", base0, van, start_per_seed=False)
+    vanilla["step0"]["checkpoint"] = "runs/base/checkpoints/step-6000"
+    res = _results({"sink": _variant("sink", sink0, sink), "all": vanilla},
+                   {"primary": {"pair": ["sink", "all"], "metric": "val_loss", "test": "wilcoxon"}})
+    res["base"] = {"checkpoint": "runs/base/checkpoints/step-6000"}
+    summarise(res, [("sink", "all")])
+    change = next(c for c in res["comparisons"] if c["metric"] == "val_loss_change")
+    gaps = (np.array(sink) - np.array(van)) - (np.array(sink0) - np.array(base0))
+    assert change["mean"] == pytest.approx(gaps.mean()) and change["unconverted"] == ["all"]
+    row = next(r for r in comparisons_table(res)[1] if r[1] == "`val_loss_change`")
+    assert "since all had no conversion" in row[-1] and "the end gap − the step-0 gap" in row[-1]
+    assert res["primary"]["training_effect"]["unconverted"] == ["all"]
+    assert "all had no conversion" in summary_part(res, "answer")
+    # an arm whose step 0 is a conversion of its own: nothing said
+    del res["base"]
+    summarise(res, [("sink", "all")])
+    assert next(c for c in res["comparisons"] if c["metric"] == "val_loss_change")["unconverted"] == []

@@ -168,6 +168,61 @@ def test_kaplan_meier_matches_a_hand_computed_estimate():
     assert never["survival"] == [1.0] and never["median"] is None
 
 
+def test_kaplan_meier_median_is_exact_where_the_float_estimate_rounds_above_one_half():
+    """The escape study's vanilla arm: 17 escapes, 3 runs censored at 6,000, after every escape. With no censoring
+    before it the estimate is exactly the share still on the plateau, (#escaped later) / 20, so the median is the
+    10th smallest escape step, 2,300; the float product stores S(2,300) = 0.5000000000000001 and read 2,400."""
+    from sinkdlm.experiment.escape_summary import kaplan_meier
+
+    steps = [1300, 1300, 1500, 1700, 1800, 1900, 2100, 2200, 2300, 2300, 2400, 2500, 2600, 2900, 3000, 3900, 4800]
+    km = kaplan_meier([esc(s) for s in steps] + [esc(6000, True)] * 3)
+    assert km["median"] == sorted(steps)[9] == 2300
+    assert km["survival"][km["steps"].index(2300)] == pytest.approx(0.5)  # the float one, a rounding away
+
+
+def test_the_lag_counts_every_run_by_its_known_sign_and_names_the_selection():
+    """A censored onset after an observed escape is a negative lag, a censored escape after an observed onset a
+    positive one, both censored unknown; the sign test is the exact binomial over the nonzero signs; the runs with
+    both observed escaped later than those left out (Mann-Whitney), so their mean is a selection."""
+    from sinkdlm.experiment.escape_report import escape_lag_table
+    from sinkdlm.experiment.escape_summary import escape_summary
+
+    res = _escape_study(list(range(100, 112)), list(range(100, 112)))
+    runs = res["variants"]["vanilla"]["seeds"]
+    # seeds 100-105: onset 300 before a late escape (2,000-2,500); 106-110: escape early (500-900), onset censored;
+    # 111: both censored
+    for i, rec in enumerate(runs.values()):
+        e = 2000 + 100 * i if i < 6 else 500 + 100 * (i - 6)
+        rec["escape"] = (_record(e, False, e - 300, False) if i < 6 else _record(e, False, 6000, True) if i < 11
+                         else _record(6000, True, 6000, True))
+    lag = escape_summary(res)["onset_lag"]["vanilla"]
+    assert lag["signs"] == {"positive": 6, "negative": 5, "zero": 0, "unknown": 1,
+                            "p": pytest.approx(stats.binomtest(6, 11).pvalue)}
+    sel = lag["selection"]
+    chosen, left = [2000 + 100 * i for i in range(6)], [500 + 100 * i for i in range(5)]
+    assert (sel["escape_median_observed_onset"], sel["escape_median_censored_onset"]) == (np.median(chosen), np.median(left))
+    assert sel["p"] == pytest.approx(stats.mannwhitneyu(chosen, left).pvalue)
+    # onset at or before the escape: 6 of the 11 runs that escaped, not 6 of the 6 with both observed
+    row = next(r for r in escape_lag_table({**res, "escape": escape_summary(res)})[1] if r[0] == "VANILLA")
+    assert row[-1] == "6 of 11" and "lag > 0 on 6, < 0 on 5, unknown 1 of 12 runs" in row[-3]
+
+
+def test_a_test_that_detects_nothing_is_inconclusive_only_where_its_mde_exceeds_the_sized_effect():
+    """The declared escape test sized for 1.13 log2: with an MDE below it, "no difference" bounded by the interval;
+    with none declared (sized_for None), "inconclusive" as before."""
+    from sinkdlm.experiment.escape_report import escape_tests_table
+    from sinkdlm.experiment.escape_summary import escape_summary
+
+    res = _escape_study(list(range(100, 112)), list(range(100, 112)))
+    sized = escape_summary(res)["tests"][1]  # gated: +/- 100 steps alternate, no difference
+    assert res["declared"]["escape"]["sized_for"] == 1.13 and sized["mde"] < 1.13 and not sized["inconclusive"]
+    assert sized["bound"] == pytest.approx(max(abs(sized["low"]), abs(sized["high"])))
+    words = escape_tests_table({**res, "escape": escape_summary(res)})[1][1][-1]
+    assert words.startswith(f"no difference; the interval bounds the log2 ratio within ±{sized['bound']:.2f}")
+    res["declared"]["escape"]["sized_for"] = None
+    assert escape_summary(res)["tests"][1]["inconclusive"]
+
+
 def _record(e, e_cens, o, o_cens):
     return {"escape": {"step": e, "censored": e_cens, "last_probe": 6000},
             "onset": {"step": o, "censored": o_cens, "last_probe": 6000},
@@ -223,7 +278,7 @@ def test_escape_summary_decides_only_with_every_declared_seed_and_adjusts_the_se
     # interim: 5 of the 12 declared seeds, no verdict however strong the pairs
     interim = escape_summary(_escape_study(list(range(100, 105)), list(range(100, 112))))
     assert not interim["complete"] and interim["seeds_in"] == list(range(100, 105))
-    assert not any(t["decided"] for t in interim["tests"]) and not any(x["decided"] for x in interim["lag_differences"])
+    assert not any(t["decided"] for t in interim["tests"]) and not any("decided" in x for x in full["lag_differences"])
 
 
 def test_exploratory_lag_from_the_first_reach_beside_the_declared_one(tmp_path):
@@ -255,10 +310,11 @@ def test_exploratory_lag_from_the_first_reach_beside_the_declared_one(tmp_path):
     assert "*Exploratory, not declared:*" in text and "| VANILLA | 12 | 11 of 12 | 11 of 12 |" in text
 
 
-def test_the_plain_words_answer_says_a_direction_only_when_every_seed_is_in_and_the_interval_excludes_zero():
-    """`escape_answer_line` (the README's sentence): Kaplan-Meier medians and the declared test always; a lag's
-    direction only once the declared seeds are in and its interval, Bonferroni over the arms, excludes 0; a lag
-    with no spread is inconclusive; nothing directional in an interim."""
+def test_the_plain_words_answer_gives_every_declared_test_and_no_lag_verdict():
+    """`escape_answer_line` (the results page's sentence): Kaplan-Meier medians and every declared test with its
+    counts always; the lag by its known signs, described, never a verdict (no lag test was declared); an
+    exploratory onset before the arm's first escape said to make its lag positive by construction; nothing
+    directional in an interim."""
     from sinkdlm.experiment.escape_report import escape_answer_line
     from sinkdlm.experiment.escape_summary import escape_summary
 
@@ -277,23 +333,24 @@ def test_the_plain_words_answer_says_a_direction_only_when_every_seed_is_in_and_
     # + 1 sink at half the step, 500-1,050: the 6th at 750
     assert "VANILLA 1,600 (1 of 12 runs censored)" in full and "SINK1-FRONT 750 (0 of 12 runs censored)" in full
     assert "ratio of escape steps 0.50×" in full and "leaves the plateau earlier" in full
-    # the declared lags have no spread (300 steps on every run): inconclusive, whatever their size
-    assert "VANILLA +300 steps on all 11 runs (no spread: inconclusive)" in full
-    # the exploratory lag varies (1,000-1,400 steps, one run clipped at step 100) and excludes 0: a direction
+    assert "later on 0, earlier on 12 of 12 seeds" in full and "The declared secondary, Bonferroni-adjusted, GATED" in full
+    # the declared lags: vanilla's censored escape after its onset is a positive lag too: 12 of 12
+    assert f"VANILLA lag > 0 on 12, < 0 on 0 of 12 runs (exact sign test p = {stats.binomtest(12, 12).pvalue:.2g})" in full
+    assert "the sinks form first" not in full and "no lag detected" not in full
+    # the exploratory onset (100-1,400 steps before the escape) at a median before gated's first escape (900)
     assert "Exploratory (not declared)" in full and "GATED at median step" in full
-    assert full.count(": the sinks form first, the plateau ends later") == 1
-    # every seed's lag difference the same (-200 steps): inconclusive, not "no difference detected"
-    assert "SINK1-FRONT − VANILLA -200 (no spread: no interval) steps over 11 seeds, inconclusive" in full
+    assert "before the arm's first escape (step 900): a positive lag almost by construction" in full
     interim = escape_answer_line(study(list(range(100, 105)), list(range(100, 112))))
     assert "(5 seeds; interim: 5 of 12 seeds, no verdict)" in interim
-    assert ": the sinks form first" not in interim and "no lag detected" not in interim and "earlier" not in interim
+    assert "earlier" not in interim.replace("earlier on", "")
 
 
 def test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alone(tmp_path):
     import json
 
-    from sinkdlm.experiment.report import regenerate, summary_part, write_report
+    from sinkdlm.experiment.escape_report import draw_escape_runs
     from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.report import regenerate, summary_part, write_report
     from sinkdlm.experiment.summary import summarise
 
     res = _escape_study(list(range(100, 105)), list(range(100, 120)))
@@ -314,8 +371,11 @@ def test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alo
     assert "## Escape from the unigram plateau" in text and "interim: 5 of 20 seeds" in text
     assert "**earlier**" not in text and "no verdict (interim: 5 of 20 seeds)" in text
     assert (tmp_path / "figures" / "escape_km.png").is_file()
-    assert (tmp_path / "figures" / "escape_runs" / "sink1-front-s100.png").is_file()
-    assert "figures/escape_runs/sink1-front-s100.png" in text and "14 runs with an escape record but no probes.json" in text
+    # the per-run figures are drawn on demand (`make reports`), not by the report, which links none of them
+    assert not (tmp_path / "figures" / "escape_runs").exists() and "](figures/escape_runs" not in text
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    drawn, missing = draw_escape_runs(tmp_path)
+    assert drawn == [tmp_path / "figures" / "escape_runs" / "sink1-front-s100.png"] and missing == 14
     assert summary_part(res, "escape").startswith("**Escape from the unigram plateau** (interim: 5 of 20 seeds)")
     # regenerate: from results.json alone (the run directories gone), the same escape summary and section
     import shutil

@@ -49,9 +49,9 @@ def test_smoke_analyses_the_shared_prompt_windows(smoke):
         assert abs(setup["prompt_tokens"]["mean"] - ANALYSIS_PROMPT_TOKENS) <= 2  # token windows, not characters
 
 
-def test_regenerate_finds_the_figures_of_a_moved_experiment(smoke, tmp_path):
+def test_regenerate_reads_a_moved_experiment_and_links_no_per_run_figure(smoke, tmp_path):
     """A moved (or committed) experiment no longer has the directory its runs were started in:
-    regenerate links each variant's analysis figures from the experiment directory itself."""
+    regenerate reads each run's analysis from the experiment directory itself and links none of its figures."""
     import shutil
 
     from sinkdlm.experiment.report import regenerate
@@ -66,10 +66,9 @@ def test_regenerate_finds_the_figures_of_a_moved_experiment(smoke, tmp_path):
     (moved / "results.json").write_text(json.dumps(results))
     regenerate(moved)
     md = (moved / "report.md").read_text()
-    for name, v in results["variants"].items():
-        seed = next(iter(v["seeds"]))
-        figures = json.loads((moved / "runs" / f"{name}-s{seed}" / "analysis" / "analysis.json").read_text())["figures"]
-        assert figures and all(f"](runs/{name}-s{seed}/analysis/{f})" in md for f in figures.values())
+    # each run's analysis figures are drawn on demand (`make reports`), so the report links none of them
+    assert "](runs/" not in md and "`make reports`" in md
+    assert all(rec["analysis"] for v in regenerate(moved)["variants"].values() for rec in v["seeds"].values())
 
 
 # The smoke run's results.json, committed: a refactor of the runner must leave it as it was. Left out are the
@@ -747,16 +746,19 @@ def test_smoke_records_each_runs_escape_and_the_censored_tests(smoke):
 
 
 def test_smoke_report_renders_the_escape_endpoint_and_regenerates_it_from_results_alone(smoke, tmp_path):
-    """The runner's report has the escape section, the Kaplan-Meier figure and one figure per run; the preset's
-    declared seeds are kept in the summary; a copy of results.json alone (no run directories) regenerates the
-    same escape summary, its per-run records untouched."""
+    """The runner's report has the escape section and the Kaplan-Meier figure; each run's figure is drawn on demand
+    (`make reports`: `draw_escape_runs`) from its probes; the preset's declared seeds are kept in the summary; a
+    copy of results.json alone (no run directories) regenerates the same escape summary, its per-run records
+    untouched."""
+    from sinkdlm.experiment.escape_report import draw_escape_runs
     from sinkdlm.experiment.report import regenerate
 
     out, results = smoke
     text = (out / "report.md").read_text()
     assert "## Escape from the unigram plateau" in text and (out / "figures" / "escape_km.png").is_file()
     runs = [f"{n}-s{s}" for n, v in results["variants"].items() for s in v["seeds"]]
-    assert all((out / "figures" / "escape_runs" / f"{r}.png").is_file() for r in runs)
+    drawn, missing = draw_escape_runs(out)
+    assert sorted(p.stem for p in drawn) == sorted(runs) and missing == 0
     assert results["escape"]["seeds_declared"] == list(get_preset("smoke").seeds)
     (tmp_path / "results.json").write_text((out / "results.json").read_text())
     again = regenerate(tmp_path)

@@ -123,7 +123,8 @@ def test_the_kaplan_meier_figure_draws_the_stored_estimate_and_marks_censored_ru
     marks = [ln for ln in ax.get_lines() if ln.get_marker() == "+" and len(ln.get_xdata())]
     assert [(list(m.get_xdata()), list(m.get_ydata())) for m in marks] == [([6000], [pytest.approx(0.25)])]
     assert "4 of 20 declared seeds, interim" in seen[0]._suptitle.get_text()
-    assert ax.get_ylabel() == "fraction of runs still on the unigram plateau" and ax.get_xlabel() == "training step"
+    assert ax.get_ylabel() == "fraction of runs still on the unigram plateau\n(lower: more runs have escaped)"
+    assert ax.get_xlabel() == "training step"
 
 
 def test_a_runs_escape_figure_draws_its_probes_and_its_gradient_norm(tmp_path, monkeypatch):
@@ -154,3 +155,45 @@ def test_a_runs_escape_figure_draws_its_probes_and_its_gradient_norm(tmp_path, m
         p["sink_token_mass"] = [0.5, 0.4, 0.3]
     escape_figures.plot_escape_run(record, probes, metrics, "S, seed 1", tmp_path / "s.png")
     assert len(seen[1].axes) == 4 and seen[1].axes[2].get_ylabel() == "attention on\nthe sink token"
+
+
+def test_a_trajectory_of_fewer_than_three_steps_is_points_with_intervals_and_every_axis_says_which_way_is_better(tmp_path):
+    """Two measured steps are drawn as error bars without a line (a line through two points looks measured);
+    from three on, a line with its band. The loss and gap axes say which direction is better; the forest shows
+    every compared pair, not only those against the baseline, and explains "survives BH" under its axes."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.container import ErrorbarContainer
+
+    import sinkdlm.experiment.figures as figures
+
+    drawn = {}
+
+    def keep(fig, path, palette=False):
+        drawn[Path(path).name] = fig
+        return Path(path)
+
+    def axes_of(name):
+        return drawn[name].axes
+
+    pts = lambda steps: [{"step": s, "tokens": s * 10, "mean": 0.01 / (1 + s), "low": -0.01, "high": 0.02,  # noqa: E731
+                          "per_seed": {"0": 0.0, "1": 0.02}} for s in steps]
+    comparisons = [{"pair": ["a", "b"], "variant": "A", "baseline": "B", "metric": "val_loss", "mean": 0.1, "low": 0.0,
+                    "high": 0.2, "mde": 0.05, "survives": True},
+                   {"pair": ["c", "a"], "variant": "C", "baseline": "A", "metric": "val_loss", "mean": -0.1, "low": -0.2,
+                    "high": 0.05, "mde": 0.05}]
+    for steps, line in (((0, 1500), False), ((0, 500, 1500), True)):
+        res = {"primary": {"pair": ["a", "b"], "trajectory": {"points": pts(steps), "tokens_per_step": 10}},
+               "variants": {n: {"label": n.upper(), "seeds": {}} for n in "abc"}, "comparisons": comparisons}
+        import unittest.mock as mock
+
+        with mock.patch.object(figures, "save_figure", keep):
+            figures.plot_gap_trajectory(res, tmp_path / "gap.png")
+            figures.plot_forest(res, tmp_path / "forest.png", "b")
+        ax = axes_of("gap.png")[0]
+        assert any(isinstance(c, ErrorbarContainer) for c in ax.containers) is not line
+        assert any(isinstance(c, PolyCollection) for c in ax.collections) is line
+        assert "< 0: A is better" in ax.get_ylabel()
+    forest = axes_of("forest.png")[0]
+    assert [t.get_text() for t in forest.get_yticklabels()] == ["C − A", "A − B"]  # every pair, the baseline's first
+    assert "< 0: the variant is better" in forest.get_xlabel()
+    assert "survives BH" in drawn["forest.png"].get_supxlabel()

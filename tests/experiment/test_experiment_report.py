@@ -548,3 +548,27 @@ def test_takeover_layer_table_gives_each_arms_per_layer_rates_and_shares_and_eac
     assert rows[1][1] == "moving-sink rate (sink-set change rate, content keys) (3 seeds)"
     assert summary_part(res, "takeover_layers").startswith("| arm | measure | layer 0 | layer 1 |\n|---|---|---|---|\n| A |")
     assert takeover_layer_table({"variants": {"v": {"label": "V", "seeds": {"0": {"analysis": {}}}}}}) is None
+
+
+def test_a_sink_tokens_share_is_printed_beside_one_keys_uniform_share_and_a_per_seed_control_only_when_all_are():
+    """The sink token's attention share beside 1/keys, a uniformly attended key's share (keys = the analysis's mean
+    prompt tokens + generated tokens + sink tokens, from its `setup`); a step-0 control per seed stands for every seed
+    only when every seed's was analysed, and results.json keeps one: not shown for a study of several seeds."""
+    from sinkdlm.experiment.report import summary_part
+    from sinkdlm.experiment.summary import analysis_record
+
+    def analysed(mass, prompt_mean):
+        a = {"setup": {"prompt_tokens": {"min": 31, "mean": prompt_mean, "max": 32}, "gen_length": 32},
+             "extra_sink": {"num_sink_tokens": 1, "mean_attention_mass": mass}}
+        return {"analysis": analysis_record(a)}
+
+    seeds = {"0": analysed(0.008, 31.875), "1": analysed(0.007, 31.875)}
+    sink = {"label": "S", "switches": {"num_sink_tokens": 1}, "seeds": seeds,
+            "step0": {"per_seed": True, "analysis": {"extra_sink": {"mean_attention_mass": 0.008}}}}
+    res = {"variants": {"sink": sink, "all": {"label": "A", "switches": {}, "seeds": {"0": {"analysis": {}}}}},
+           "comparisons": [{"pair": ["sink", "all"], "metric": "content_sink_set_change_rate", "verdict": "v"}]}
+    line = summary_part(res, "takeover")
+    assert f"a uniformly attended key would get 1/keys = {100 / (31.875 + 32 + 1):.2f} %" in line  # 1.54 %
+    assert "not all analysed: not shown" in line and "in its step-0 control" not in line
+    sink["seeds"] = {"0": seeds["0"]}  # one seed: its own control stands for it
+    assert "0.8 % in its step-0 control" in summary_part(res, "takeover")

@@ -78,3 +78,14 @@ def test_quickstart_sink_sentence_is_computed_from_the_measured_layers(tmp_path,
     # quartiles of 0.1..0.5 (exclusive method): 0.15, 0.30, 0.45; the AR median 0.6
     assert "median 30 % of a layer's attention (15 % to 45 % over the middle half of its 5 layers)" in text
     assert "detected sinks took a median 60 %" in text
+
+
+def test_the_readme_is_a_front_page():
+    """The README stays a front page (about 200 lines: at most 210), and no generated paragraph on it is longer than
+    400 characters: the full verdicts are on docs/results/README.md, generated from the same files."""
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 210
+    long = [(name, len(para)) for name in tool.block_names(readme)
+            for para in tool.readme_block(readme, name).split("\n\n") if not para.lstrip().startswith("|")
+            and len(para) > 400]
+    assert not long, f"generated paragraphs on the README over 400 characters (put them on the results page): {long}"

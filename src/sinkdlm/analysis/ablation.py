@@ -6,7 +6,7 @@ are -inf at every query of that head (`DiffusionLM.forward(probe=Probe(key_masks
 only the sinks are masked (a non-sink key is never masked). The extra sink token(s) are neither
 masked nor counted among the K unless `include_extra_sink=True`. K = 0 masks nothing. A model with
 extra sink tokens is scored both ways (`run_ablation`: the other setting under `alternative`): in the
-heads where the extra sink is the largest sink, sparing it makes masking look cheap (issue 30).
+heads where the extra sink is the largest sink, sparing it makes masking look cheap (docs/method.md §6).
 
 Two ways to score, both paired (the same prompts / noise for every K, K = 0 included):
 

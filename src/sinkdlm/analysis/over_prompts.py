@@ -59,7 +59,7 @@ def per_prompt_record(analysis: dict) -> dict:
 
 
 def sink_mass_argmax(records: Sequence[dict]) -> dict | None:
-    """Which layer puts the most attention on detected sinks, with an interval (issue 30): the layer with
+    """Which layer puts the most attention on detected sinks, with an interval (docs/method.md §6): the layer with
     the largest mean over prompts, the runner-up, and their paired difference within prompt (top −
     runner-up, Student t over prompts). `established` only when that interval excludes 0; both layers
     are picked on the same prompts, so the test leans towards finding a gap: a gap that it does not find

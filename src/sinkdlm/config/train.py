@@ -94,7 +94,7 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
     # ---- SFT (set by `sinkdlm sft`)
     sft: bool = option(False, cli=False)
     """Supervised fine-tuning: prompt never masked, loss normalised by the response length."""
-    # ---- what trains (issue 52)
+    # ---- what trains (docs/method.md §12)
     trainable: str = "all"
     """all | sink (only the sink embeddings and sink logits train; the rest frozen, no optimizer state for it) | lora (peft LoRA adapters on --lora-targets plus the sink parameters; checkpoints hold the adapters, `sinkdlm merge` folds them in)."""
     lora_rank: int = 8

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sinkdlm.experiment.formatting import train_setting
-from sinkdlm.experiment.metrics import seed_scalars
+from sinkdlm.experiment.metrics import seed_scalars, unconverted
 from sinkdlm.stats import equivalence_test, mean_interval, rank_test
 
 
@@ -138,6 +138,24 @@ def primary_verdict(entry: dict[str, Any], primary: dict[str, Any]) -> None:
         entry["verdict"] = f"no difference detected ({where})"
 
 
+def null_reading(d: list[float], mde: float | None, interval: dict[str, Any], rejects: bool,
+                 sized_for: float | None, confidence: float = 0.95) -> dict[str, Any]:
+    """What a declared test that rejects nothing can still say (docs/method.md §7): `bound`, the largest |end| of
+    its interval (the difference lies within ±bound); `posthoc_margin`, the largest |end| of the paired t interval
+    at 1 - 2α, the smallest margin at which TOST at α would call the pair equivalent (post hoc: no margin was
+    declared); and `inconclusive`, only where the MDE exceeds the effect the seeds were `sized_for` (or either
+    is unknown)."""
+    if rejects:
+        return {"inconclusive": False}
+    low, high = interval.get("low"), interval.get("high")
+    out: dict[str, Any] = {"bound": None if low is None or high is None else max(abs(low), abs(high)),
+                           "sized_for": sized_for,
+                           "inconclusive": sized_for is None or mde is None or mde > sized_for}
+    iv = mean_interval(d, 1 - 2 * (1 - confidence)) if len(d) >= 2 else None
+    out["posthoc_margin"] = None if iv is None or iv.degenerate else max(abs(iv.low), abs(iv.high))
+    return out
+
+
 def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any] | None:
     """results.json's `primary`: the declared comparison measured (see the module docstring)."""
     declared = (results.get("declared") or {}).get("primary")
@@ -165,6 +183,9 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
     out["t_rejects"], out["rank_rejects"] = bool(t_says), bool(r_says)
     out["rejects"] = bool(t_says if test == "t" else r_says)  # what the declared test says
     out["agree"] = t_says == r_says
+    out.update(null_reading(d, out["t"].get("mde") if entry is not None else None,
+                            out["t"] if test == "t" else (rank or {}), out["rejects"], declared.get("sized_for"),
+                            confidence))
     if metric == "val_loss" and any((rec.get("step0") or {}) for rec in a["seeds"].values()):
         d0 = list(paired_seed_differences(a, b, "step0").values())
         gap0 = _iv(d0, confidence)
@@ -179,6 +200,7 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
         change = _iv(dc, confidence)
         out["training_effect"] = {k: change.get(k) for k in ("mean", "low", "high", "p", "n", "degenerate")}
         out["training_effect"]["rank"] = rank_test(dc, rank_name, confidence) if dc else None
+        out["training_effect"]["unconverted"] = [n for n, v in ((a_name, a), (b_name, b)) if unconverted(results, v)]
     # tokens per step: results.json keeps only what the preset set, the rest are TrainConfig's defaults
     traj = trajectory(a, b, train_setting(results, "batch_size") * train_setting(results, "seq_len"), confidence)
     if traj:

@@ -1,4 +1,4 @@
-"""The escape endpoint (issue 54, docs/method.md §11): when a run leaves the unigram plateau, and its paired test.
+"""The escape endpoint (docs/method.md §11): when a run leaves the unigram plateau, and its paired test.
 
 A tiny masked-diffusion LM first learns the unigram marginal (its loss sits at the corpus's unigram cross-entropy,
 ~6 nats for the tiny tokenizer on Shakespeare) and leaves that plateau at a step that varies from seed to seed;

@@ -1,4 +1,4 @@
-"""Figures of the escape endpoint (issue 54, docs/method.md §11), drawn from what was stored; nothing is estimated here:
+"""Figures of the escape endpoint (docs/method.md §11), drawn from what was stored; nothing is estimated here:
 
 * `plot_escape_km`: per arm, the Kaplan-Meier fraction of runs still on the unigram plateau against the training
   step (results.json's `escape.km`, computed by `experiment.escape_summary.kaplan_meier`), censored runs marked;
@@ -50,7 +50,7 @@ def plot_escape_km(results: dict[str, Any], path, *, title: str | None = None) -
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlim(0, last * 1.02)  # a run censored at the last step keeps its mark in view
     ax.set_xlabel("training step")
-    ax.set_ylabel("fraction of runs still on the unigram plateau")
+    ax.set_ylabel("fraction of runs still on the unigram plateau\n(lower: more runs have escaped)")
     integer_ticks(ax)  # steps are integers: no tick between two probes of a short run
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.grid(alpha=0.3)

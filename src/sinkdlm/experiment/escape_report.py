@@ -1,11 +1,11 @@
-"""The escape endpoint in the report (issue 54, docs/method.md §11): formats results.json's `escape`
+"""The escape endpoint in the report (docs/method.md §11): formats results.json's `escape`
 (`experiment.escape_summary` computed every number) and draws its figures (`experiment.escape_figures`).
 
 `escape_verdict_line` is the one sentence (a direction only where the adjusted test rejects and its interval
 excludes 0, and only once the declared seeds are in: "interim: k of N seeds" before); `escape_section` adds to
-the report the declared tests, the Kaplan-Meier figure, the onset / lag tables and one figure per run (linked,
-not embedded: a study has dozens of runs), each drawn from the run's `probes.json` and metrics log where they
-are still on disk.
+the report the declared tests, the Kaplan-Meier figure and the onset / lag tables; `draw_escape_runs` draws one
+figure per run from its `probes.json` and metrics log, on demand (`make reports`: a study has dozens of runs,
+and their figures are not committed).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.reporting import Document
-from sinkdlm.stats import mean_interval, signed
+from sinkdlm.stats import signed
 
 
 def _label(results: dict[str, Any], name: str) -> str:
@@ -59,7 +59,11 @@ def _test_words(results: dict[str, Any], t: dict[str, Any], esc: dict[str, Any])
     if t.get("decided"):
         return f"{a} leaves the plateau **{'earlier' if t['estimate'] < 0 else 'later'}**"
     mde = f"; MDE {t['mde']:.2f} log2" if t.get("mde") is not None else ""
-    return f"no difference detected (inconclusive with {t['seeds']} seeds{mde})"
+    if t.get("inconclusive", True):  # the MDE exceeds the effect the seeds were sized for (or either is unknown)
+        return f"no difference detected (inconclusive with {t['seeds']} seeds{mde})"
+    bound = f"; the interval bounds the log2 ratio within ±{t['bound']:.2f}" if t.get("bound") is not None else ""
+    return (f"no difference{bound} (MDE {t['mde']:.2f} log2, below the {t['sized_for']:g} the seeds were "
+            "sized for)")
 
 
 def escape_verdict_line(results: dict[str, Any]) -> str | None:
@@ -81,41 +85,51 @@ def escape_verdict_line(results: dict[str, Any]) -> str | None:
     return head + ": " + "; ".join(said) + "."
 
 
-def _lag_words(g: dict[str, Any], arms: int, decide: bool) -> str:
-    """One arm's lag in words: its mean with a t interval over its runs (both steps observed) at 95 % Bonferroni-
-    adjusted over the `arms` it is said beside, and, where `decide` (every declared seed in), what that interval
-    says: a direction only where it excludes 0; no spread is inconclusive."""
-    d = list(g.get("per_seed") or [])
-    if not d:
-        return "no run with both steps"
-    if len(d) == 1:
-        return f"{d[0]:+,.0f} steps (one run: no interval)"
-    iv = mean_interval(d, 1 - 0.05 / arms)
-    if iv.degenerate:
-        return f"{iv.mean:+,.0f} steps on all {len(d)} runs (no spread: inconclusive)"
-    text = _lag_ci({"mean": iv.mean, "low": iv.low, "high": iv.high}) + f" steps ({len(d)} runs)"
-    if decide:
-        text += (": the sinks form first, the plateau ends later" if iv.low > 0 else
-                 ": the plateau ends first, the sinks form later" if iv.high < 0 else ": no lag detected")
+def _sign_words(g: dict[str, Any]) -> str:
+    """"lag > 0 on 12, < 0 on 8 of 20 runs (exact sign test p = 0.503)": every run by its known sign."""
+    sg = g.get("signs")
+    if not sg:  # a results.json summarised before the signs were kept
+        return "signs not recorded"
+    n = sg["positive"] + sg["negative"] + sg["zero"] + sg["unknown"]
+    extra = "".join(f", {k} {sg[k]}" for k in ("zero", "unknown") if sg[k])
+    p = "–" if sg.get("p") is None else f"{sg['p']:.2g}"
+    return f"lag > 0 on {sg['positive']}, < 0 on {sg['negative']}{extra} of {n} runs (exact sign test p = {p})"
+
+
+def _selection_words(g: dict[str, Any]) -> str:
+    """Why the mean over the runs with both steps observed is no verdict: those runs' escapes against the escaped
+    runs whose onset was censored (their lags are negative and left out of the mean)."""
+    sel = g.get("selection")
+    if not sel:
+        return ""
+    return (f"the mean over the {sel['observed_onset']} runs with an observed onset, {_lag_ci(g)} steps, leaves out "
+            f"{sel['censored_onset']} escaped runs with a censored onset (negative lags), which escaped at median "
+            f"{_steps(sel['escape_median_censored_onset'])} against {_steps(sel['escape_median_observed_onset'])} "
+            f"(Mann-Whitney p = {sel['p']:.2g}): a selection, no verdict")
+
+
+def _early_onset_words(g: dict[str, Any]) -> str:
+    """Whether an exploratory onset came before the arm's first escape (then its lag is positive almost by
+    construction), from the stored medians."""
+    onset, first = g.get("onset_median"), g.get("first_escape")
+    text = f"at median step {_steps(onset)}"
+    if onset is not None and first is not None and onset < first:
+        text += f", before the arm's first escape (step {_steps(first)}): a positive lag almost by construction"
     return text
 
 
-def _lag_difference_words(d: dict[str, Any], a: str, bold: bool = False) -> str:
-    """What a paired lag difference says once every seed is in: a direction where it is decided; no spread
-    (every seed the same difference) is inconclusive, not "no difference"."""
-    if d.get("decided"):
-        word = "shorter" if d["mean"] < 0 else "longer"
-        return f"the lag is {'**' + word + '**' if bold else word} with {a}"
-    if d.get("low") is None and d.get("seeds", 0) >= 2:
-        return "inconclusive (no spread over the seeds: no interval)"
-    return "no difference detected"
+def _lag_difference_words(d: dict[str, Any], seeds: int) -> str:
+    """What a paired lag difference says: described only, since the seeds with both lags observed in both arms
+    are a selection on the onset (`escape_summary._lags`)."""
+    return f"described, not tested: {d['seeds']} of {seeds} seeds have both lags (a selection on the onset)"
 
 
 def escape_answer_line(results: dict[str, Any]) -> str | None:
     """The question the escape study asks, answered in plain words from results.json's `escape` alone: when each
     arm leaves the plateau (Kaplan-Meier medians, runs still on it), what the declared primary says, whether the
     plateau ends when the sinks form (the lag under the declared onset and under the exploratory first-reach
-    onset, labelled so) and whether a sink token moves that moment; then what is not known."""
+    onset, labelled so; by their known signs, described, not tested) and whether a sink token moves that moment;
+    then what is not known."""
     esc = results.get("escape") or {}
     km, lags = esc.get("km") or {}, esc.get("onset_lag") or {}
     if not km or not esc.get("tests"):
@@ -129,34 +143,27 @@ def escape_answer_line(results: dict[str, Any]) -> str | None:
         f"({k['n'] - k['escaped']} of {k['n']} runs censored)" for n, k in km.items())
     text = head + (f"Median escape step (Kaplan-Meier; a censored run was still on the plateau at its last probe): "
                    f"{medians}. ")
-    primary = next((t for t in esc["tests"] if t["primary"]), None)  # None: a shard without the primary's arms
-    if primary is not None:
-        a, b = (_label(results, x) for x in primary["pair"])
-        text += (f"The declared test, {a} against {b}: ratio of escape steps {_ratio_ci(primary)}, "
-                 f"{_test_words(results, primary, esc).replace('**', '')}. ")
+    for t in esc["tests"]:  # the primary first, then the secondaries (a shard may lack some arms)
+        a, b = (_label(results, x) for x in t["pair"])
+        p = "–" if t.get("p") is None else f"{t['p'] if t['primary'] else t.get('p_adjusted'):.2g}"
+        text += (f"The declared {'test' if t['primary'] else 'secondary, Bonferroni-adjusted'}, {a} against {b}: "
+                 f"ratio of escape steps {_ratio_ci(t)}, later on {t['plus']}, earlier on {t['minus']}"
+                 + (f", tied or undetermined on {t['ties'] + t['undetermined']}" if t['ties'] + t['undetermined'] else "")
+                 + f" of {t['seeds']} seeds (p = {p}), {_test_words(results, t, esc).replace('**', '')}. ")
     reached = esc.get("onset_lag_exploratory") or {}
     declared = results.get("declared", {}).get("escape") or {}
     mark = declared.get("onset_mass", "–")
-    level = f"mean [t interval over the runs, 95 % Bonferroni-adjusted over {len(lags)} arms]"
     if lags:
         seen = ", ".join(f"{_label(results, n)} {g['runs'] - g.get('onset_censored', 0)} of {g['runs']}"
                          for n, g in lags.items())
         text += (f"The declared sink onset (the largest attention mass on detected sinks in a layer ≥ "
                  f"{declared.get('onset_first_layer', 0)} staying at or above {mark}) was seen on {seen} runs; "
-                 f"the lag escape − onset ({level}): "
-                 + "; ".join(f"{_label(results, n)} {_lag_words(g, len(lags), not interim)}" for n, g in lags.items())
-                 + ". ")
+                 "the lag escape − onset, every run by its known sign (a censored onset after an escape is a "
+                 "negative lag), described, not tested: "
+                 + "; ".join(f"{_label(results, n)} {_sign_words(g)}" for n, g in lags.items()) + ". ")
     if reached:
         text += (f"Exploratory (not declared), the onset as the first probe where that mass reaches {mark}: "
-                 + "; ".join(f"{_label(results, n)} at median step {_steps(g.get('onset_median'))}, lag "
-                             f"{_lag_words(g, len(reached), not interim)}" for n, g in reached.items()) + ". ")
-    moved = [d for d in esc.get("lag_differences") or [] if d.get("seeds")]
-    if moved:
-        text += "Does a sink token move that moment (paired lag difference, declared onset, Bonferroni): " + "; ".join(
-            f"{_label(results, d['pair'][0])} − {_label(results, d['pair'][1])} {_lag_ci(d)} steps over {d['seeds']} "
-            f"seed{'s' if d['seeds'] != 1 else ''}, "
-            + (f"no verdict ({interim})" if interim else _lag_difference_words(d, _label(results, d["pair"][0])))
-            for d in moved) + ". "
+                 + "; ".join(f"{_label(results, n)} {_early_onset_words(g)}" for n, g in reached.items()) + ". ")
     text += ("Not known: whether any of this holds beyond the tiny model, this corpus and this schedule (one of "
              "each here), and what sets the escape step when it is not the sinks.")
     return text
@@ -214,15 +221,18 @@ def escape_lag_table(results: dict[str, Any], key: str = "onset_lag") -> tuple[l
     for name, g in lags.items():
         n = g.get("runs", len(g.get("per_seed") or []))
         iv = _lag_ci(g)
-        rows.append([_label(results, name), str(n), f"{n - g.get('escape_censored', 0)} of {n}",
+        escaped = g.get("escaped", n - g.get("escape_censored", 0))
+        rows.append([_label(results, name), str(n), f"{escaped} of {n}",
                      f"{n - g.get('onset_censored', 0)} of {n}", _steps(g.get("onset_median")),
                      _steps(g.get("escape_median")), _steps((km.get(name) or {}).get("median")),
-                     iv + (f" ({_runs(len(g['per_seed']))})" if len(g.get("per_seed") or []) != 1 else ""), f"{g.get('onset_first', 0)} of {len(g.get('per_seed') or [])}"])
+                     _sign_words(g), iv + (f" ({_runs(len(g['per_seed']))})" if len(g.get("per_seed") or []) != 1 else ""),
+                     f"{g.get('onset_first', 0)} of {escaped}"])
     if not rows:
         return None
     return (["arm", "runs", "escaped", "sink onset seen", "median onset step", "median escape step (escaped runs)",
-             "Kaplan-Meier median escape step", "lag escape − onset, mean [95 % CI] (steps)",
-             "onset at or before the escape"], rows)
+             "Kaplan-Meier median escape step", "sign of the lag escape − onset, every run (described)",
+             "lag, mean [95 % CI] over the runs with both observed: a selection, no verdict (steps)",
+             "escaped runs whose onset came at or before the escape"], rows)
 
 
 def escape_lag_difference_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
@@ -232,26 +242,26 @@ def escape_lag_difference_rows(results: dict[str, Any]) -> tuple[list[str], list
     for d in esc.get("lag_differences") or []:
         a, b = (_label(results, n) for n in d["pair"])
         iv = _lag_ci(d)
-        if _interim(esc):
-            word = f"no verdict ({_interim(esc)})"
-        else:
-            word = _lag_difference_words(d, a, bold=True)
-        rows.append([f"{a} − {b}", str(d["seeds"]), iv, f"{100 * d['confidence']:.1f} %", word])
+        rows.append([f"{a} − {b}", str(d["seeds"]), iv, f"{100 * d['confidence']:.1f} %",
+                     _lag_difference_words(d, len(esc.get("seeds_in") or []))])
     if not rows:
         return None
-    return ["lag difference (steps)", "seeds", "mean [interval] (t over seeds)", "level (Bonferroni)", "verdict"], rows
+    return ["lag difference (steps)", "seeds", "mean [interval] (t over seeds)", "level (Bonferroni)", "reading"], rows
 
 
-def _draw_runs(results: dict[str, Any], out: Path, fig_dir: Path) -> tuple[list[str], int]:
-    """One figure per run with an escape record whose probes.json is still on disk: markdown links, and how
-    many runs had none to draw from."""
+def draw_escape_runs(out: Path) -> tuple[list[Path], int]:
+    """One figure per run of the study in `out` (its results.json) with an escape record whose probes.json is on
+    disk, into figures/escape_runs/ (`make reports`; not committed): the paths, and how many runs had none to
+    draw from."""
+    out = Path(out)
+    results = json.loads((out / "results.json").read_text())
+    fig_dir = out / "figures"
     from sinkdlm.experiment.escape_figures import plot_escape_run
     from sinkdlm.training.rundir import read_metrics
 
     declared = (results.get("declared") or {}).get("escape") or {}
-    links, missing = [], 0
+    drawn, missing = [], 0
     for name, v in results["variants"].items():
-        drawn = []
         for seed, rec in sorted(v["seeds"].items(), key=lambda kv: int(kv[0])):
             if not rec.get("escape"):
                 continue
@@ -265,10 +275,8 @@ def _draw_runs(results: dict[str, Any], out: Path, fig_dir: Path) -> tuple[list[
                                    onset_mass=declared.get("onset_mass"),
                                    onset_first_layer=declared.get("onset_first_layer", 0))
             if path:
-                drawn.append(f"[{seed}]({path.relative_to(out).as_posix()})")
-        if drawn:
-            links.append(f"{v['label']}: seeds " + ", ".join(drawn))
-    return links, missing
+                drawn.append(path)
+    return drawn, missing
 
 
 def escape_section(doc: Document, results: dict[str, Any], out: Path) -> None:
@@ -311,30 +319,35 @@ def escape_section(doc: Document, results: dict[str, Any], out: Path) -> None:
         doc.heading("Does the plateau end when sinks form?", 3)
         doc.paragraph(f"Sink onset: the first probe from which the largest attention mass on detected sinks over "
                       f"layers {declared.get('onset_first_layer', 0)} and up stays at or above "
-                      f"{declared.get('onset_mass', '–')}. The lag is escape − onset per run (both observed; a "
-                      "censored run has no lag and is counted in the columns before it): a lag near 0 says the "
-                      "plateau ends when sinks form, a positive one that sinks form first. Described per arm "
-                      "(t interval over seeds), not tested; the paired difference of lags between arms below is "
-                      f"adjusted by {esc.get('adjustment', {}).get('lags', 'Bonferroni')}.")
+                      f"{declared.get('onset_mass', '–')}. The lag is escape − onset per run: a lag near 0 says the "
+                      "plateau ends when sinks form, a positive one that sinks form first. Every run counts by its "
+                      "known sign (an onset censored after an observed escape is a negative lag, an escape censored "
+                      "after an observed onset a positive one; both censored: unknown), with the exact sign test "
+                      "over them. Described, not tested: no lag test was declared. The mean over the runs with both "
+                      "steps observed is shown, but those runs are a selection (the runs left out, with a censored "
+                      "onset, escaped earlier), so no verdict is read from it, nor from the paired difference of "
+                      "lags between arms below, taken on the seeds with both lags.")
         doc.table(*lag)
+        selected = [f"{_label(results, n)}: {_selection_words(g)}" for n, g in (esc.get("onset_lag") or {}).items()
+                    if g.get("selection")]
+        if selected:
+            doc.paragraph("Why the mean over the runs with both steps observed is no verdict: " + "; ".join(selected) + ".")
         diff = escape_lag_difference_rows(results)
         if diff:
             doc.table(*diff)
     reached = escape_lag_table(results, "onset_lag_exploratory")
     if reached:
+        first = "; ".join(f"{_label(results, n)}: onset {_early_onset_words(g)}"
+                          for n, g in (esc.get("onset_lag_exploratory") or {}).items())
         doc.paragraph(f"*Exploratory, not declared:* the same table with the onset taken as the first probe at which "
                       f"that largest mass over layers {declared.get('onset_first_layer', 0)} and up *reaches* "
                       f"{declared.get('onset_mass', '–')}, whether or not it stays (the declared rule censors the "
                       "onset of a run whose sinks form, fade and form again). Read from the same probes; no test, "
-                      "raw intervals.")
+                      f"raw intervals. Where this onset comes before any run has escaped, a positive lag under it is "
+                      f"nearly automatic: {first}.")
         doc.table(*reached)
-    links, missing = _draw_runs(results, out, out / "figures")
-    if links or missing:
-        doc.heading("Each run", 3)
-        note = (f" {missing} run{'s' if missing != 1 else ''} with an escape record but no probes.json here: not drawn."
-                if missing else "")
-        doc.paragraph("One figure per run: its probe loss (plateau, threshold, escape step), the attention on detected "
-                      "sinks per layer (and on the sink token for a sink arm) and its pre-clip gradient norm, against "
-                      "the training step." + note)
-        if links:
-            doc.bullets(links)
+    doc.heading("Each run", 3)
+    doc.paragraph("One figure per run, its probe loss (plateau, threshold, escape step), the attention on detected "
+                  "sinks per layer (and on the sink token for a sink arm) and its pre-clip gradient norm against the "
+                  "training step, is drawn on demand from the run's `escape/probes.json` and `train/metrics.jsonl` "
+                  "by `make reports` into `figures/escape_runs/<variant>-s<seed>.png` (not committed).")

@@ -37,8 +37,17 @@ def fmt_diff(c: dict, bold: bool = True) -> str:
     if c["low"] is not None:
         cell += f" [{signed(scale * c['low'], digits)}, {signed(scale * c['high'], digits)}]"
     if bold and c.get("survives"):
-        cell += f" **{c['verdict'].split(' ')[0]}**"
+        cell += f" **{c['verdict'].split(' ')[0]}**" + unconverted_note(c)
     return cell
+
+
+def unconverted_note(c: dict) -> str:
+    """What a Δ_train (`val_loss_change`) direction means when an arm of the pair had no conversion
+    (`metrics.unconverted`): the step-0 gap closing, not a benefit of the change."""
+    if not c.get("unconverted"):
+        return ""
+    return (f" (= the end gap − the step-0 gap, since {' and '.join(c['unconverted'])} had no conversion, one step-0 "
+            "model for every seed: how the converted arm's step-0 gap changed, not by itself what the change bought)")
 
 
 def short_verdict(c: dict) -> str:
@@ -53,7 +62,7 @@ def short_verdict(c: dict) -> str:
     if c.get("degenerate"):
         return "no variance estimate"
     if c.get("survives"):
-        return c["verdict"].split(" (")[0].split(" by ")[0]
+        return c["verdict"].split(" (")[0].split(" by ")[0] + unconverted_note(c)
     if c.get("excludes_zero"):
         return f"inconclusive after BH (adjusted p = {c['p_adjusted']:.2g})" if c.get("p_adjusted") is not None else "inconclusive"
     return f"no difference detected ({c['n']} seeds)"

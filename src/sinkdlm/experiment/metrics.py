@@ -62,6 +62,14 @@ def has_extra_sinks(variant: dict[str, Any]) -> bool:
     return bool(variant.get("switches", {}).get("num_sink_tokens", 0))
 
 
+def unconverted(results: dict[str, Any], variant: dict[str, Any]) -> bool:
+    """Whether an arm's step-0 control is the study's starting checkpoint itself (`base`): no conversion, the same
+    model on every seed. Then Δ_train against it is the gap at the end minus the step-0 gap: how much of the other
+    arm's conversion gap training closed, not what training with the change bought (docs/method.md §7)."""
+    start = (results.get("base") or {}).get("checkpoint")
+    return bool(start) and (variant.get("step0") or {}).get("checkpoint") == start
+
+
 def seed_values(variant: dict[str, Any], metric: str) -> dict[str, float | None]:
     """{seed: value or None (not recorded)} of one per-seed scalar metric, for every seed of the variant;
     `step0` is the run's step-0 control's val_loss (the converted model before training)."""

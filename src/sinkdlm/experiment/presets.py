@@ -11,9 +11,9 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `study`      — the paper's from-scratch claims (front/end, 1/2/4 sinks, zero-value sink, gated
                    attention) on the pilot's protocol: 7 variants x 5 seeds x 12,000 steps, the "≈" claims
                    tested for equivalence; about 6 hours on a 2-core CPU.
-  * `escape`     — when each run leaves the unigram plateau (issue 54): vanilla, + 1 sink, gated attention, 20 fresh
+  * `escape`     — when each run leaves the unigram plateau (docs/method.md §11): vanilla, + 1 sink, gated attention, 20 fresh
                    seeds x 6,000 steps probed every 100; ~7-8 min per run on a 2-core CPU (docs/method.md §11).
-  * `late-sink`  — a sink added after pretraining (issue 52): one tiny vanilla DLM continued five ways (all
+  * `late-sink`  — a sink added after pretraining (docs/method.md §12): one tiny vanilla DLM continued five ways (all
                    weights, + 1 sink sink-only, LoRA, LoRA + 1 sink, + 1 sink all weights), 10 seeds, paired;
                    ~4 h on one CPU thread (docs/method.md §12).
   * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
@@ -71,7 +71,7 @@ SINK_ZERO = Variant("sink1-zero", "DLM + 1 zero-value sink", {"num_sink_tokens":
 # (gpt-oss), and the same column with its logit fixed at 0 (softmax-off-by-one).
 SINK_LOGIT = Variant("sink-logit", "DLM + sink logit", {"sink_logit": True})
 SOFTMAX_ONE = Variant("softmax1", "DLM + softmax₁", {"softmax_one": True})
-# A sink added after pretraining (issue 52): arms continuing one trained DLM, which differ in what they add and
+# A sink added after pretraining (docs/method.md §12): arms continuing one trained DLM, which differ in what they add and
 # what trains. The LoRA arms merge their adapters at the end (`TrainConfig.merge`), so every arm is scored alike.
 _ONE_SINK = {"num_sink_tokens": 1, "sink_position": "front"}
 LATE_ALL = Variant("all", "continued, all weights", {"num_sink_tokens": 0, "gated_attention": False})
@@ -109,7 +109,7 @@ class Validation:
 
 @dataclass(frozen=True)
 class Escape:
-    """The escape endpoint (issue 54, docs/method.md §11), declared before a study's runs: every `every` training
+    """The escape endpoint (docs/method.md §11), declared before a study's runs: every `every` training
     steps the run is probed on a fixed set, the first `sequences` rows of the packed validation split, each with
     `draws` masked-count draws from `noise_seed` (`diffusion.likelihood.validation_elbo`, the study's estimator),
     and its attention is read on the same forwards (sinks at `epsilon`, docs/method.md §6). The escape step is the
@@ -133,6 +133,9 @@ class Escape:
     epsilon: float = 3.0
     onset_mass: float = 0.3
     onset_first_layer: int = 1
+    sized_for: float | None = None
+    """The log2 ratio the seeds were sized to detect (docs/method.md §11): a test that detects nothing is called
+    inconclusive only where its MDE exceeds this; None: not sized."""
 
     def __post_init__(self):
         if self.every < 1 or self.sequences < 1 or self.draws < 2 or self.draws % 2 or self.margin <= 0:
@@ -141,7 +144,7 @@ class Escape:
 
 @dataclass(frozen=True)
 class Base:
-    """The DLM every arm of a study continues from (issue 52, a sink added after pretraining): trained once,
+    """The DLM every arm of a study continues from (docs/method.md §12, a sink added after pretraining): trained once,
     before any arm, into OUT/base with `train` (its own recipe and seed). Its last checkpoint is every arm's
     starting point, converted per arm as any DLM is (`model.hf.convert_hf_checkpoint`: the arm's switches
     added, every other weight bitwise the base's), so the arms differ only in what they add and what trains;
@@ -160,6 +163,9 @@ class Primary:
     pair: tuple[str, str]
     metric: str = "val_loss"
     test: str = "wilcoxon"
+    sized_for: float | None = None
+    """The difference (in the metric's units) the seeds were sized to detect, declared with the study: a test that
+    detects nothing is called inconclusive only where its MDE exceeds this (docs/method.md §7); None: not sized."""
 
     def __post_init__(self):
         if self.test not in ("wilcoxon", "sign", "t"):
@@ -362,10 +368,10 @@ def study() -> ExperimentPreset:
 
 
 def escape() -> ExperimentPreset:
-    """When does a run leave the unigram plateau, and does a sink token or gated attention move that moment? (issue 54)
+    """When does a run leave the unigram plateau, and does a sink token or gated attention move that moment? (docs/method.md §11)
     Vanilla vs + 1 front sink vs gated attention, tiny preset on shakespeare, 20 fresh seeds, 6,000 steps, probed
     every 100 steps; primary: + 1 sink vs vanilla, the log2 ratio of escape steps (docs/method.md §11)."""
-    # Declared before any of its runs (issue 54). Sized from the 35 runs of docs/results/study (7 variants x 5
+    # Declared before any of its runs (docs/method.md §11). Sized from the 35 runs of docs/results/study (7 variants x 5
     # seeds x 12,000 steps), their escape steps recomputed from the logged training loss under this rule as nearly
     # as a 50-step single-batch log allows (tools/escape_sizing.py -> docs/results/escape-sizing/, exploratory):
     #   * threshold: the unigram plateau minus 0.4 nats. The tiny tokenizer's training-split unigram entropy is
@@ -397,17 +403,17 @@ def escape() -> ExperimentPreset:
         analysis=pilot.analysis,
         comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
         validation=Validation(tokens=32_768, draws=8),  # the loss at the last step (secondary); the probes are the curve
-        escape=Escape(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),)),
+        escape=Escape(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),), sized_for=1.13),
     )
 
 
 def late_sink() -> ExperimentPreset:
-    """What a sink added after pretraining buys (issue 52): one tiny vanilla DLM trained here (6,000 steps, seed
+    """What a sink added after pretraining buys (docs/method.md §12): one tiny vanilla DLM trained here (6,000 steps, seed
     200), then continued 1,500 steps five ways, 10 fresh seeds: (a) all weights, nothing added; (b) + 1 sink, the
     sink alone trains; (c) LoRA; (d) LoRA + 1 sink; (e) + 1 sink, all weights. Primary: (e) - (a) fixed
     validation loss at the last step (exact Wilcoxon); the sink's attention share and the moving-sink rate per
     layer from every seed's analysis, each arm's step-0 control beside it (docs/method.md §12)."""
-    # Declared before any of its runs (issue 52 part 4).
+    # Declared before any of its runs (docs/method.md §12).
     #   * the base: the `escape` study's recipe (tiny, shakespeare, 8 x 128 tokens, lr 5e-3 cosine to 5e-4 over
     #     6,000 steps), seed 200, which no preset used before. 32 of the 35 committed from-scratch runs had left
     #     the unigram plateau by 4,450 steps (docs/results/escape-sizing), so the base is a model that learned.
@@ -439,13 +445,13 @@ def late_sink() -> ExperimentPreset:
         comparisons=((LATE_SINK_ALL.name, LATE_ALL.name), (LATE_LORA_SINK.name, LATE_LORA.name),
                      (LATE_SINK_ONLY.name, LATE_ALL.name)),
         validation=Validation(tokens=32_768, draws=8),
-        primary=Primary((LATE_SINK_ALL.name, LATE_ALL.name)),
+        primary=Primary((LATE_SINK_ALL.name, LATE_ALL.name), sized_for=0.019),
         base=Base(dataclasses.replace(escape().train, seed=200)),
     )
 
 
 def study_pilot() -> ExperimentPreset:
-    """The pilot that sizes the study (issue 41): vanilla vs + 1 front sink, 3 seeds, 4x the study's steps,
+    """The pilot that sizes the study (docs/method.md §7): vanilla vs + 1 front sink, 3 seeds, 4x the study's steps,
     the fixed validation scored at every fifth of training: the plateau and the spread of the paired differences."""
     # What it measures, before the study is sized: (1) where the fixed val_loss plateaus (the declared
     # criterion: the last fifth of training lowers it by less than `plateau_nats`), (2) the spread over seeds
@@ -564,7 +570,7 @@ def real_bf16() -> ExperimentPreset:
     # ran at 290-330 tokens/s vs 245 and validation at 2.2 s vs 4.45 per sequence (the rest is not matmul). Same
     # recipe, seeds and noise as `real`, so only the precision differs; results are not pooled with `real`'s
     # (the fixed validation's pairing key includes bf16).
-    # Round 4 (issue 40): the paper's question is the gap at the end of training, so that is the declared primary
+    # Round 4 (docs/method.md §7): the paper's question is the gap at the end of training, so that is the declared primary
     # endpoint (exact Wilcoxon signed-rank test with the Hodges-Lehmann estimate, beside the t interval), reported
     # with the step-0 gap and the training effect, each seed converted with its own sink draw and scored at step 0,
     # T/2 and T. Sizes from the measured costs of round 3 (7 seeds, 200 steps, 36 draws; this AMX CPU):

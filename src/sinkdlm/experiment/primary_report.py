@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sinkdlm.experiment.endpoints import declared_decision, declared_test_name
@@ -38,6 +39,28 @@ def _level(rank: dict[str, Any]) -> str:
     """"exact 96.9 %" of a rank interval: its exact coverage, not the nominal level (a discrete test)."""
     exact = rank.get("exact_confidence")
     return f"exact {100 * exact:.1f} %" if exact is not None else f"nominal {100 * rank.get('confidence', 0.95):g} %"
+
+
+def _up(x: float, digits: int = 2) -> str:
+    """x rounded *up* to `digits` significant digits: a bound or margin said in words never claims more."""
+    scale = 10 ** (math.floor(math.log10(abs(x))) - digits + 1) if x else 1
+    return f"{math.ceil(abs(x) / scale) * scale:.{max(0, -math.floor(math.log10(scale)))}f}"
+
+
+def null_words(p: dict[str, Any]) -> str:
+    """What a declared test that rejects nothing says (`endpoints.null_reading`): "inconclusive" only where the
+    MDE exceeds the effect the study was sized for; otherwise no difference, the bound its interval puts on it,
+    and the equivalence margin it would pass at, labelled post hoc."""
+    n_seeds = f"{p['seeds']} seed{'' if p['seeds'] == 1 else 's'}"
+    if p.get("inconclusive", True):
+        return f"no difference detected (inconclusive with {n_seeds})"
+    text = "no difference"
+    if p.get("bound") is not None:
+        text += f"; the interval bounds it within ±{_up(p['bound'])}"
+    if p.get("posthoc_margin") is not None:
+        text += f"; equivalence at a post-hoc margin of ±{_up(p['posthoc_margin'], 1)}, not declared"
+    mde = (p.get("t") or {}).get("mde")
+    return text + (f" (MDE {mde:.2g}, below the {p['sized_for']:g} the study was sized for)" if mde is not None else "")
 
 
 def _at(step: int, traj: dict[str, Any]) -> str:
@@ -92,7 +115,8 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     if decided and estimate is not None:  # the declared test's answer, which a head start alone can give
         head = f"the declared test says **{'lower' if estimate < 0 else 'higher'}** with {a} than with {b}{after}"
     else:
-        head = f"no difference detected{after} (inconclusive with {n_seeds})"
+        head = (f"no difference detected{after} (inconclusive with {n_seeds})" if p.get("inconclusive", True)
+                else f"{after.strip()}: {null_words(p)}" if after else null_words(p))
     rank_ci = (f"[{signed(rank['low'], 3)}, {signed(rank['high'], 3)}] ({_level(rank)} interval)"
                if rank.get("low") is not None
                else f"(no {conf} interval: the smallest p with {rank.get('n')} seeds is {rank.get('min_p', 1):.3g})")
@@ -117,11 +141,21 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"Before training (step 0, {controls}) the gap was {_ci(g0)}; training changed it by "
                      f"{_ci(te)} (Δ_train = ({a}(T) − {a}(0)) − ({b}(T) − {b}(0)), paired per seed, p = "
                      f"{_p(te.get('p'))}). A head start is not a training effect: only Δ_train says what "
-                     "training with the change did.")
+                     "training with the change did" + _unconverted_words(results, te) + ".")
     moved = gap_movement(p)
     if moved:
         lines.append(f"How the gap moved over training: {moved}.")
     return lines
+
+
+def _unconverted_words(results: dict[str, Any], te: dict[str, Any]) -> str:
+    """Where an arm had no conversion (`metrics.unconverted`), what Δ_train is there instead."""
+    names = [results["variants"][n]["label"] for n in te.get("unconverted") or []]
+    if not names:
+        return ""
+    return (f"; but {' and '.join(names)} had no conversion (its step 0 is the starting checkpoint, the same model "
+            "on every seed), so here Δ_train is the gap at the end minus the step-0 gap: how much of the "
+            "conversion's step-0 gap training closed, not a gain from the sink")
 
 
 def verdict_line(results: dict[str, Any]) -> str | None:
@@ -147,11 +181,13 @@ def verdict_line(results: dict[str, Any]) -> str | None:
         level = f", {_level(rank)} interval" if rank.get("low") is not None else ""
         how = f"{est}{level}, {name} test over {n_seeds}, p = {_p(p_value)}"
     word = (f"the declared test says **{'lower' if estimate < 0 else 'higher'}** with {a} at this checkpoint"
-            if decided and estimate is not None else "no difference detected")
+            if decided and estimate is not None else null_words(p))
     text = f"**Verdict of the declared test**: {a} − {b} `{p['metric']}`{after}: {gap} ({how}): {word}"
     if p.get("step0_gap"):
         text += (f"; before training (step 0) the gap was {_ci(p['step0_gap'])}; training changed it by "
-                 f"{_ci(p['training_effect'])} (Δ_train, p = {_p(p['training_effect'].get('p'))})")
+                 f"{_ci(p['training_effect'])} (Δ_train, p = {_p(p['training_effect'].get('p'))}"
+                 + ("; an arm without conversion: the step-0 gap closing, not a gain from the sink"
+                    if p["training_effect"].get("unconverted") else "") + ")")
     moved = gap_movement(p, short=True)
     if moved:
         text += f"; {moved}"
@@ -173,7 +209,7 @@ def answer_line(results: dict[str, Any]) -> str | None:
     change = next((c for c in results.get("comparisons") or []
                    if c["pair"] == list(p["pair"]) and c["metric"] == "val_loss_change"), {})
     name, estimate, p_value, decided = declared_decision(p)
-    # where the conversion alone left the sink model (a sink added to a trained DLM may start behind: issue 52)
+    # where the conversion alone left the sink model (a sink added to a trained DLM may start behind: docs/method.md §12)
     ahead = g0.get("low") is not None and g0["high"] < 0
     behind = g0.get("low") is not None and g0["low"] > 0
     text = f"**The paper's question in plain words** ({a} − {b} `{p['metric']}`, {p['seeds']} seeds): "
@@ -191,7 +227,7 @@ def answer_line(results: dict[str, Any]) -> str | None:
         text += f"Training changed it by {_ci(te)} (Δ_train: no direction detected after the adjustment)"
     if points:
         text += ": the mean gap was " + ", ".join(f"{_ci(q)} at {_at(q['step'], traj)}" for q in points)
-    text += ". "
+    text += _unconverted_words(results, te) + ". "
     last = points[-1] if points else None
     where = f"the last checkpoint, {_at(last['step'], traj)}," if last else "the end of training"
     rank = p.get("rank") or {}
@@ -206,7 +242,7 @@ def answer_line(results: dict[str, Any]) -> str | None:
                  else f"At {where} the gap is {remains}: the declared test finds {a} "
                       f"{'lower' if estimate < 0 else 'higher'} ({name}, p = {_p(p_value)}). ")
     else:
-        text += f"At {where} the gap is {remains}: the declared test detects no difference ({name}, p = {_p(p_value)}). "
+        text += f"At {where} the gap is {remains}: {null_words(p)} ({name}, p = {_p(p_value)}). "
     unknown = [f"what happens after {_at(last['step'], traj)}" if last else "what happens with more training"]
     if not traj.get("slope_per_decade"):
         n = traj.get("scored_steps", 0)

@@ -317,7 +317,7 @@ def time_line(results: dict[str, Any]) -> str | None:
 
 def arm_cost_line(results: dict[str, Any]) -> str | None:
     """What training one run of each arm took (the runs' own `train_seconds`: median and range over the seeds), for
-    a study whose arms train different parameters on equal steps and tokens (`--trainable`; issue 52's "at equal
+    a study whose arms train different parameters on equal steps and tokens (`--trainable`; docs/method.md §12's "at equal
     compute"). Described, not compared: the runs shared the machine with other runs, so the step cost of each mode
     is measured in benchmarks/ instead. None unless the arms differ in what they train."""
     variants = results.get("variants") or {}
@@ -479,9 +479,13 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     baseline = (results.get("primary") or {}).get("pair", [None, next(iter(variants))])[1]
     forest = plot_forest(results, fig_dir / "forest.png", baseline)
     if forest:
-        doc.image(forest, f"Every variant against {variants[baseline]['label']}: the paired val_loss difference with its "
-                          "95 % CI over seeds, ± the study's MDE (the smallest difference it would detect with 80 % "
-                          "power) and, where the preset declared a claim of \"≈\", ± its margin with the TOST verdict")
+        doc.image(forest, "Every compared pair: the paired val_loss difference with its 95 % CI over seeds (< 0: the "
+                          "first arm is better), ± the study's MDE (the smallest difference it would detect with 80 % "
+                          "power) and, where the preset declared a claim of \"≈\", ± its margin with the TOST verdict. "
+                          "\"Survives BH\": the difference stays significant after the Benjamini-Hochberg adjustment "
+                          "over the report's family of paired comparisons (false discovery rate 5 %), so its direction "
+                          "is stated; \"not after BH\": the raw interval excludes 0, the adjusted p does not stay "
+                          "below 5 %")
     curves_fig = plot_val_curves(results, fig_dir / "val_curves.png", baseline)
     if curves_fig:
         doc.image(curves_fig, "The fixed validation loss at the scored steps (`val_curve`), mean and 95 % CI over seeds: "
@@ -559,7 +563,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     if bars:
         doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean and 95 % CI over seeds and items, clipped to [0, 1])")
 
-    _analysis_section(doc, results, out)
+    _analysis_section(doc, results)
     doc.heading("Files")
     doc.bullets([
         "`results.json`: every number above, per seed (analysis summaries and per-item outcomes included)",
@@ -570,7 +574,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     return doc.write(out)
 
 
-def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None:
+def _analysis_section(doc: Document, results: dict[str, Any]) -> None:
     sinks = sinks_table(results)
     if sinks is None:
         return
@@ -621,19 +625,10 @@ def _analysis_section(doc: Document, results: dict[str, Any], out: Path) -> None
             doc.paragraph(f"{label}, seed {seed}: repetition rate {rate}; over seeds "
                           f"{fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
             doc.bullets([f"`{x[:160]!r}`" for x in a["samples"][:4]])
-    for name, v in results["variants"].items():
-        seed, first = next(iter(v["seeds"].items()))
-        # The experiment's own copy first: the stored `analysis_dir` is the path the run was started
-        # with (relative to its working directory), which a moved or committed experiment no longer has.
-        adir = out / "runs" / f"{name}-s{seed}" / "analysis"
-        if not (adir / "analysis.json").is_file():
-            adir = Path(first.get("analysis_dir") or adir)
-        if not (adir / "analysis.json").is_file():
-            continue
-        figures = json.loads((adir / "analysis.json").read_text()).get("figures", {})
-        names = figures.values() if isinstance(figures, dict) else figures
-        for file in names:
-            doc.image(adir / file, f"{v['label']}: {Path(file).stem.replace('_', ' ')}")
+    doc.paragraph("Each analysed run's own figures (attention maps, sinks per layer, value norms, moving sinks) and "
+                  "report are drawn on demand from its committed `analysis/analysis.json` and `analysis_arrays.npz` "
+                  "by `make reports` into `runs/<variant>-s<seed>/analysis/` (not committed); the analyses side by "
+                  "side are in `compare/`.")
 
 
 def v_summary(results: dict[str, Any], label: str) -> dict[str, Any]:
@@ -671,6 +666,13 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
         complete = [sp for sp in splits if not (seq_len and tokens) or sp["sequences"] * seq_len == tokens]
         if complete:
             results["val_loss_splits"] = complete
+    from sinkdlm.experiment.presets import PRESETS
+
+    preset = PRESETS.get(results.get("preset", ""))
+    for key in ("primary", "escape"):  # the effect the seeds were sized for, declared with the study in its preset
+        stored, now = (results.get("declared") or {}).get(key), preset and getattr(preset(), key)
+        if stored and now and "sized_for" not in stored:
+            stored["sized_for"] = now.sized_for
     results["regenerated"] = {"analysis_records_refreshed": refreshed,
                               "note": "statistics recomputed from the stored per-seed records; no model was re-run"}
     summarise(results, pairs or [tuple(p) for p in results.get("comparison_pairs", [])] or None)

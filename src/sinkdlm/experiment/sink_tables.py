@@ -11,7 +11,7 @@ from typing import Any
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, short_verdict, train_setting
 from sinkdlm.experiment.summary import (
     SINK_TOKEN_TYPES, epsilon_intervals, extra_sink_mass, interval_of, masking_intervals, pooled_value_norm_difference,
-    seed_interval, token_type_intervals,
+    seed_interval, step0_analysis, token_type_intervals, uniform_share,
 )
 from sinkdlm.stats import signed
 
@@ -26,12 +26,19 @@ def sinks_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | 
             v["label"], fmt_interval(s.get("non_sink_fraction"), 100.0, 1),
             fmt_interval(s.get("content_sink_set_change_rate")), fmt_interval(s.get("content_sink_set_jaccard")),
             f"{fmt_interval(s.get('sink_set_change_rate'))} / {fmt_interval(s.get('sink_set_jaccard'))}",
-            fmt_interval(extra_sink_mass(v), 100.0, 1),
+            fmt_interval(extra_sink_mass(v), 100.0, 1) + _uniform(v),
         ])
     if not rows:
         return None
     return (["variant", "non-sink fraction %", "sink-set change rate (content keys)", "consecutive Jaccard (content keys)",
-             "change rate / Jaccard over every key", "attention on the extra sink %"], rows)
+             "change rate / Jaccard over every key", "attention on the extra sink % (one key's uniform share 1/keys)"],
+            rows)
+
+
+def _uniform(v: dict[str, Any], percent: bool = True) -> str:
+    """" (1/keys 1.54 %)": the yardstick printed beside a share of one token, where the keys were recorded."""
+    u = uniform_share(v) if v.get("switches", {}).get("num_sink_tokens") else None
+    return "" if u is None else f" (1/keys {100 * u:.2f} %)" if percent else f" (1/keys {u:.4f})"
 
 
 def epsilon_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
@@ -292,9 +299,9 @@ def ar_vs_dlm_markdown(ar: dict, dlm: dict) -> str:
                              "[seeds × prompts]"] + [masking_cell(v, include, k, "delta") for v in variants])
             dlm_rows.append([f"keys masked per (row, layer, head) at K = {k}, {which}"]
                             + [masking_cell(v, include, k, "masked") for v in variants])
-    dlm_rows.append(["share of all attention on the extra sink token"]
+    dlm_rows.append(["share of all attention on the extra sink token (one key's uniform share 1/keys)"]
                     + [over_seeds(v, lambda a: (a.get("extra_sink") or {}).get("mean_attention_mass"), True)
-                       if v["switches"].get("num_sink_tokens") else "–" for v in variants])
+                       + _uniform(v, percent=False) if v["switches"].get("num_sink_tokens") else "–" for v in variants])
     dlm_rows.append(["share of heads whose largest sink is the extra sink"]
                     + [over_seeds(v, lambda a: (a.get("moving") or {}).get("extra_sink_share"), True)
                        if v["switches"].get("num_sink_tokens") else "–" for v in variants])
@@ -320,11 +327,18 @@ def takeover_line(results: dict[str, Any]) -> str | None:
         mass = extra_sink_mass(a)
         if mass is None:
             continue
-        m0 = ((((a.get("step0") or {}).get("analysis") or {}).get("extra_sink") or {}).get("mean_attention_mass"))
-        step0 = "" if m0 is None else f"; {100 * m0:.1f} % in its step-0 control"
+        m0 = ((step0_analysis(a) or {}).get("extra_sink") or {}).get("mean_attention_mass")
+        if m0 is not None:
+            step0 = f"; {100 * m0:.1f} % in its step-0 control"
+        elif (a.get("step0") or {}).get("per_seed"):  # one seed's control would stand for all
+            step0 = "; its step-0 controls, one per seed, were not all analysed: not shown"
+        else:
+            step0 = ""
+        u = uniform_share(a)
+        uniform = "" if u is None else f"; a uniformly attended key would get 1/keys = {100 * u:.2f} %"
         said.append(f"{a['label']}: the sink token holds {fmt_interval(mass, 100.0, 1)} % of the attention (all layers"
-                    f"{step0}); its moving-sink rate (sink-set change rate, content keys) against {b['label']}: "
-                    f"{c['verdict']}")
+                    f"{uniform}{step0}); its moving-sink rate (sink-set change rate, content keys) against "
+                    f"{b['label']}: {c['verdict']}")
     if not said:
         return None
     return "**Does the sink token take over the moving sinks?** " + "; ".join(said) + "."
@@ -339,7 +353,7 @@ LAYER_MEASURES = (
 
 
 def takeover_layer_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    """Does the sink token take over the moving sinks, layer by layer (issue 52: a sink added late may take over in
+    """Does the sink token take over the moving sinks, layer by layer (docs/method.md §12: a sink added late may take over in
     some layers only): per arm, the moving-sink rate and the attention on the sink token in each layer, mean [95 %
     CI, Student t over the analysed seeds, kept in [0, 1]], and each step-0 control's (one model, no interval) once.
     Described, not tested: the declared comparisons are the all-layer rates of the paired-comparison table."""
@@ -361,14 +375,16 @@ def takeover_layer_table(results: dict[str, Any]) -> tuple[list[str], list[list[
     for v in results["variants"].values():
         recs = [rec["analysis"] for rec in v["seeds"].values() if rec.get("analysis")]
         for what, get, scale, digits in LAYER_MEASURES:
+            what += _uniform(v) if scale == 100.0 else ""  # a share beside its yardstick
             add(v["label"], f"{what} ({len(recs)} seeds)", [get(a) for a in recs if get(a)], scale, digits)
         step0 = v.get("step0") or {}
         where = step0.get("analysis_dir") or step0.get("checkpoint")
-        if step0.get("analysis") and where not in controls:  # arms that share a control print it once
+        control = step0_analysis(v)  # only a control that stands for every seed
+        if control and where not in controls:  # arms that share a control print it once
             controls.add(where)
             for what, get, scale, digits in LAYER_MEASURES:
-                if get(step0["analysis"]):
-                    add(f"{v['label']}: its step-0 control", what, [get(step0["analysis"])], scale, digits)
+                if get(control):
+                    add(f"{v['label']}: its step-0 control", what, [get(control)], scale, digits)
     if not rows:
         return None
     return ["arm", "measure", *(f"layer {i}" for i in range(n_layers))], [r + ["–"] * (n_layers + 2 - len(r)) for r in rows]

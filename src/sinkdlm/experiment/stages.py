@@ -110,7 +110,7 @@ class Units:
 
 
 def train_base(plan: ExperimentPlan, resume_command: str | None) -> ExperimentPlan:
-    """Stage 0, for a preset with a `base` (a sink added after pretraining, issue 52): the DLM every arm continues
+    """Stage 0, for a preset with a `base` (a sink added after pretraining, docs/method.md §12): the DLM every arm continues
     from, trained once into OUT/base (resumed like any run), whose last checkpoint then stands where --init-from
     would. A --init-from given on the command line is the user's own DLM: it replaces the base, which is not
     trained."""

@@ -35,7 +35,7 @@ from sinkdlm.experiment.endpoints import (attach_equivalence, declared_primary_e
                                           primary_endpoint, primary_verdict, trajectory)
 from sinkdlm.experiment.formatting import train_setting
 from sinkdlm.experiment.metrics import (ALTERNATIVES, ANALYSIS_METRICS, LOWER_IS_BETTER, METHOD_ITEMS, METHOD_SEEDS,
-                                        NEUTRAL, SHARES, TRAINING_METRICS, has_extra_sinks, seed_scalars,
+                                        NEUTRAL, SHARES, TRAINING_METRICS, has_extra_sinks, seed_scalars, unconverted,
                                         seed_values)
 from sinkdlm.stats import (
     Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
@@ -69,7 +69,13 @@ def analysis_record(a: dict[str, Any]) -> dict[str, Any]:
     abl = a.get("ablation")
     samples = [x for x in a.get("samples") or [] if isinstance(x, str)]
     rates = [r for r in map(repetition_rate, samples) if r is not None]
+    setup = a.get("setup") or {}
+    prompt = (setup.get("prompt_tokens") or {}).get("mean")
     return {
+        # the keys a query attends to (prompt + generation + extra sinks): 1/keys is a uniformly attended key's
+        # share, the yardstick of every attention share (docs/method.md §6)
+        "keys_per_sequence": None if prompt is None or setup.get("gen_length") is None
+        else prompt + setup["gen_length"] + (extra or {}).get("num_sink_tokens", 0),
         "non_sink_fraction": a.get("non_sink_fraction"),
         "non_sink_fraction_by_epsilon": a.get("non_sink_fraction_by_epsilon"),
         "moving": dict(moving),
@@ -584,6 +590,9 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
             c = compare_variants(variants[a], variants[b], m, confidence)
             if c is not None:
                 comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
+    for c in comparisons:
+        if c["metric"] == "val_loss_change":
+            c["unconverted"] = [variants[n]["label"] for n in c["pair"] if unconverted(results, variants[n])]
     results["comparisons"] = comparisons
     results["constant_metrics"] = constant_metrics(results)
     with_equivalence = attach_equivalence(results, comparisons)  # declared "≈" claims: TOST, in the family
@@ -662,6 +671,23 @@ def extra_sink_mass(variant: dict[str, Any]) -> dict | None:
     extra = [rec.get("analysis", {}).get("extra_sink") for rec in variant["seeds"].values()]
     return interval_of([e["mean_attention_mass"] for e in extra if e and e.get("mean_attention_mass") is not None],
                        share=True)
+
+
+def uniform_share(variant: dict[str, Any]) -> float | None:
+    """1/keys, the attention share of one key under uniform attention, averaged over the analysed seeds (their
+    mean keys per sequence): what an attention share of a single token is read against."""
+    keys = [rec["analysis"]["keys_per_sequence"] for rec in variant["seeds"].values()
+            if (rec.get("analysis") or {}).get("keys_per_sequence")]
+    return statistics.fmean(1 / k for k in keys) if keys else None
+
+
+def step0_analysis(variant: dict[str, Any]) -> dict[str, Any] | None:
+    """The step-0 control's analysis where it stands for every seed: a control shared by all seeds, or a study of
+    one seed. Per-seed controls keep one analysis in results.json, so one seed's would stand for all: None."""
+    step0 = variant.get("step0") or {}
+    if not step0.get("analysis") or (step0.get("per_seed") and len(variant["seeds"]) > 1):
+        return None
+    return step0["analysis"]
 
 
 def _recorded(variant: dict[str, Any], key: str) -> list:

@@ -34,7 +34,7 @@ DONE = "DONE.json"
 DONE_PREVIOUS = "DONE.previous.json"  # a retrained run's first summary, until it is reproduced
 METRICS_PREVIOUS = "metrics.previous.jsonl"  # and its first metrics log
 VAL_CHUNK = 16  # sequences per saved chunk
-TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should reach (issue 30)
+TARGET_SE = 0.01  # nats: the Monte-Carlo standard error a run's val_loss should reach (docs/method.md §7)
 
 
 def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str | None = None, *,

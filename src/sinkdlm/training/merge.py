@@ -1,4 +1,4 @@
-"""`sinkdlm merge`: a `--trainable lora` checkpoint folded into a plain sinkdlm checkpoint (issue 52).
+"""`sinkdlm merge`: a `--trainable lora` checkpoint folded into a plain sinkdlm checkpoint (docs/method.md §12).
 
 The base is the model the run trained on: rebuilt from the checkpoint's own training config, as the run
 built it (`model_init.build_model`, the same seed drawing the same initialisation), or `--base`, any DLM

@@ -1,4 +1,4 @@
-"""What a run trains (`TrainConfig.trainable`, issue 52): every weight, the sink parameters only, or LoRA.
+"""What a run trains (`TrainConfig.trainable`, docs/method.md §12): every weight, the sink parameters only, or LoRA.
 
 * `all`: every parameter (the default, as before).
 * `sink`: only the sink parameters (`sink_embeddings` [n, d], every layer's `sink_logit` [H]) keep

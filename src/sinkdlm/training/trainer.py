@@ -568,7 +568,7 @@ class _Progress:
 
     def stepped(self, grad_norm: torch.Tensor) -> None:
         # The largest pre-clip norm since the last logged row: a spike between log steps is not lost
-        # (issue 30); a tensor until logged, so no host sync per step.
+        # (docs/method.md §5); a tensor until logged, so no host sync per step.
         self.grad_norm_max = (grad_norm.detach().clone() if self.grad_norm_max is None
                               else torch.maximum(self.grad_norm_max, grad_norm))
         self.bar.update(1)
