@@ -27,6 +27,7 @@ from sinkdlm.data import PackedTokens, batch_for_step, pack_corpus, train_bpe_to
 from sinkdlm.diffusion.loss import diffusion_loss
 from sinkdlm.diffusion.noise import MaskNoise
 from sinkdlm.training import TrainConfig
+from sinkdlm.experiment.gpu_cost import flops_per_token
 from sinkdlm.training.trainer import build_optimizer, global_noise
 
 
@@ -43,11 +44,8 @@ def matmul_rate(n: int = 1024, repeats: int = 20) -> float:
 
 
 def model_flops_per_step(cfg: ModelConfig, tokens: int, seq_len: int) -> float:
-    n_params = sum(p.numel() for n, p in DiffusionLM(cfg).named_parameters() if n != "embed_tokens.weight")
-    if cfg.tie_word_embeddings:  # the head matmul still happens
-        n_params += cfg.vocab_size * cfg.hidden_size
-    s = seq_len + cfg.num_sink_tokens
-    return tokens * (6 * n_params + 12 * cfg.num_hidden_layers * cfg.hidden_size * s)
+    """Training FLOPs of one step of `tokens` tokens (the library's count, experiment/gpu_cost.py)."""
+    return tokens * flops_per_token(cfg, seq_len)
 
 
 def main() -> None:

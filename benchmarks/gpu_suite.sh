@@ -9,6 +9,7 @@
 #   3. benchmarks/bench_cache.py, qwen2.5-0.5b, bf16  (KV caches; compiled tokens agreeing with eager)
 #   4. benchmarks/bench_gpu_decode.py                 (~1B decoding, batch 1 and 8, eager and compiled,
 #                                                      tok/s and the fraction of the weight-read bound)
+#   5. sinkdlm experiment --launcher local            (a smoke run and its report as two jobs on the GPU)
 # and writes OUTDIR/gpu_suite.json (the card, each step's exit status and seconds, and every results
 # file). The results files are also copied into benchmarks/results/, and docs/benchmarks.md is
 # regenerated from them (tools/readme_results.py), naming the card; commit both. Without a CUDA GPU
@@ -53,6 +54,9 @@ step bench_gpu_train 110 "$PY" benchmarks/bench_gpu_train.py --out "$OUT/bench_g
 step bench_cache 160 "$PY" benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16 \
     --out "$OUT/bench_cache_gpu.json"
 step bench_gpu_decode 170 "$PY" benchmarks/bench_gpu_decode.py --out "$OUT/bench_gpu_decode.json"
+# the local launcher on the GPU: one smoke run as a job on cuda:0, then the report job (experiment/launch.py)
+step launcher_local 120 "$PY" -m sinkdlm experiment --preset smoke --variants vanilla --seeds 0 \
+    --out "$OUT/launcher_smoke" --launcher local --gpus-per-run 1 --device cuda
 
 "$PY" - "$OUT" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, shutil, subprocess, sys

@@ -14,7 +14,7 @@ from pathlib import Path
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-EXTRAS = ("lora", "quant")  # optional extras whose floors are installed too (peft: `train --trainable lora`, `merge`; torchao: `--quantize`)
+EXTRAS = ("lora", "quant", "cluster")  # optional extras whose floors are installed too (peft: `train --trainable lora`, `merge`; torchao: `--quantize`; submitit: `experiment --launcher`)
 
 
 def floor_pins(pyproject: Path = PYPROJECT) -> list[str]:

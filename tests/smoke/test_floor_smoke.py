@@ -106,3 +106,25 @@ def test_two_training_steps_save_a_checkpoint_that_loads_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
     model = load_checkpoint(tmp_path / "run" / "checkpoints" / "step-2")
     assert model.config.num_sink_tokens == 1
+
+
+def test_submitit_local_jobs_get_their_ranks_and_a_job_record(tmp_path):
+    """`experiment --launcher local` rests on submitit's LocalExecutor, its JobEnvironment and
+    TorchDistributedEnvironment: a job of 2 tasks sees ranks 0 and 1 of world size 2 (what the launcher exports
+    for FSDP2), and the launcher's job callable (a Checkpointable) round-trips through submitit's pickling."""
+    import submitit
+
+    from sinkdlm.config import ExperimentConfig
+    from sinkdlm.experiment import run_experiment
+    from sinkdlm.experiment.launch import ExperimentJob, Job
+
+    def ranks() -> tuple[int, int]:
+        env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        return env.rank, env.world_size
+
+    executor = submitit.LocalExecutor(folder=tmp_path / "%j")
+    executor.update_parameters(timeout_min=2, tasks_per_node=2)
+    job = executor.submit(ranks)
+    assert sorted(job.results()) == [(0, 2), (1, 2)]
+    assert isinstance(ExperimentJob(ExperimentConfig(preset="smoke"), Job("report", "report"), 1, run_experiment),
+                      submitit.helpers.Checkpointable)

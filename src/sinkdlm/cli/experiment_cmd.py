@@ -17,6 +17,12 @@ def experiment(ctx: typer.Context, cfg: ExperimentConfig) -> None:
     """Train the preset's variants under one budget, evaluate, analyse and write report.md/.html."""
     from sinkdlm.io.out_dir import check_out
 
+    cfg.check()  # the launch settings, one line each, before anything else
+    if cfg.status:  # a launched study's jobs: pending, running, done or failed (experiment/launch.py)
+        from sinkdlm.experiment.launch import status_lines
+
+        typer.echo("\n".join(status_lines(Path(cfg.out))))
+        return
     # what --out holds (another preset's experiment, unrelated files), said before the seconds of imports
     # the experiment needs; run_experiment checks it again for callers from Python
     check_out(cfg.out, "experiment", overwrite=cfg.overwrite, resumable=True, preset=cfg.preset,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sinkdlm.config.fields import DeviceOption, option
+from sinkdlm.config.launch import LaunchConfig
 from sinkdlm.config.model import switch_fields, switch_values
 
 ELBO_SAMPLES = 16  # Monte-Carlo samples of an ELBO, the default of `analyze` and `eval` (`--mc-num`)
@@ -105,7 +106,15 @@ class TextOptions:
 
 
 @dataclass(kw_only=True)
-class GenerateConfig(ModelOptions, SampleConfig, TextOptions):
+class TextSampleConfig(SampleConfig):
+    """The decoding settings of the commands that print text (`generate`, `chat`): their one default length."""
+
+    gen_length: int = 128
+    """Tokens to generate at most (the text ends where the model ends it: at the end-of-text token, or at the end of the assistant's turn in a chat)."""
+
+
+@dataclass(kw_only=True)
+class GenerateConfig(ModelOptions, TextSampleConfig, TextOptions):
     """`sinkdlm generate`: a prompt, a model and the decoding settings."""
 
     prompt: str | None = None
@@ -121,11 +130,9 @@ class GenerateConfig(ModelOptions, SampleConfig, TextOptions):
 
 
 @dataclass(kw_only=True)
-class ChatConfig(ModelOptions, SampleConfig):
+class ChatConfig(ModelOptions, TextSampleConfig):
     """`sinkdlm chat MODEL`: a conversation through the model's chat template, one line from you, one reply."""
 
-    gen_length: int = 128
-    """Tokens per reply at most (a reply ends at the end of the assistant's turn)."""
     system: str | None = None
     """A system message that opens the conversation."""
 
@@ -311,12 +318,12 @@ class MergeConfig:
 
 
 @dataclass(kw_only=True)
-class ExperimentConfig(DeviceOption, RemaskingOptions):
+class ExperimentConfig(DeviceOption, RemaskingOptions, LaunchConfig):
     """`sinkdlm experiment`: a preset of the paper's comparison, with the few things a run may change (the
     remasking settings, when given, replace the preset's in its analysis and generation tasks)."""
 
     preset: str = "demo"
-    """smoke | demo | study | escape | late-sink | study-pilot | study-pilot-long | study-gpu | real | real-bf16 | real-gpu | ablation | paper-0.5b"""
+    """smoke | demo | study | escape | late-sink | study-pilot | study-pilot-long | study-gpu | real | real-bf16 | real-gpu | ablation | paper-0.5b | paper-1.5b"""
     out: str = "runs/demo"
     """Experiment directory (re-run the same command to resume)."""
     overwrite: bool = False
@@ -337,3 +344,32 @@ class ExperimentConfig(DeviceOption, RemaskingOptions):
     dry_run: bool = False
     """Print the plan (runs, shard, validation, declared endpoints, runs measured already, the time left) and exit:
     nothing is trained or written."""
+
+
+@dataclass(kw_only=True)
+class ServeConfig(ModelOptions):
+    """`sinkdlm serve MODEL`: an OpenAI-compatible HTTP server (`sinkdlm.serving`); the decoding settings are each
+    request's own (body fields, checked by the code that checks `generate`'s flags)."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on; any other than 127.0.0.1, localhost or ::1 needs --api-key."""
+    port: int = 8000
+    """TCP port (0: a free one, printed at start)."""
+    api_key: str | None = None
+    """Key every request must send (Authorization: Bearer KEY); default the SINKDLM_API_KEY environment variable."""
+    model_name: str | None = None
+    """The model id that /v1/models lists and requests name (default: the model's file or directory name)."""
+    max_batch_size: int = 8
+    """Rows (prompts x n) decoded together at most; requests with other settings go in other batches."""
+    batch_window_ms: float = 10.0
+    """How long a batch waits for more requests with its settings before it starts, in milliseconds."""
+    max_queue: int = 64
+    """Requests waiting at most; one more is answered 503 with Retry-After."""
+    max_tokens: int = 1024
+    """The largest max_tokens a request may ask for."""
+    default_max_tokens: int = 16
+    """max_tokens of a request that gives none (OpenAI's completions default)."""
+    max_body_kb: int = 1024
+    """The largest request body, in KiB (413 beyond)."""
+    timeout: float = 600.0
+    """Seconds a request may wait and run; then 504 and its work is dropped (also how long SIGTERM waits for the requests in flight)."""

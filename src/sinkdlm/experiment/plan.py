@@ -237,7 +237,16 @@ class ExperimentPlan:
             f"declared endpoints: {', '.join(declared) or 'none'}",
             f"compared: {', '.join(f'{a} - {b}' for a, b in self.compared) or 'nothing (one variant)'}",
             self.cost_line(list(measured), finished),
+            *([self.gpu_line()] if p.gpu_model else []),
         ])
+
+    def gpu_line(self) -> str:
+        """A GPU-scale preset's cost in GPU-hours per run and for this call's runs, and its MDE."""
+        from sinkdlm.experiment.gpu_cost import cost_line, study_cost
+
+        train = dataclasses.replace(self.preset.train, max_steps=self.steps)
+        runs = len(self.preset.variants) * len(self.seeds)
+        return cost_line(study_cost(self.preset.gpu_model, train, self.preset.sft, runs), self.preset.paper_mde or "unknown")
 
 
 def make_plan(config: ExperimentConfig, *, skip_analysis: bool = False) -> ExperimentPlan:

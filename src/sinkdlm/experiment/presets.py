@@ -4,7 +4,7 @@ Every variant of one experiment shares the training budget, the data and the see
 model switches differ (docs/method.md §3-4). Each preset is a function (a recipe) returning an
 `ExperimentPreset` built from the typed configs (`TrainConfig`, `EvalConfig`, `AnalyzeConfig`);
 `PRESETS` maps the names `sinkdlm experiment --preset` takes to these functions:
-  * `smoke`      — the whole path in seconds (test suite): micro model, a few steps.
+  * `smoke`      — the whole path in about a minute of CPU (measured: its description), for the test suite.
   * `demo`       — vanilla DLM vs + 1 front sink, tiny preset, shakespeare, 3 seeds, paired;
                    `make demo`, as fast as the machine: docs/results/demo/results.json records the committed run's
                    time (the README's set-up section and docs/guide.md show it, generated from that file).
@@ -209,6 +209,10 @@ class ExperimentPreset:
     equivalence: Equivalence | None = None
     escape: Escape | None = None  # probe every run as it trains; the escape endpoint (docs/method.md §11)
     base: Base | None = None  # the trained DLM every arm continues from (trained first, into OUT/base)
+    # A GPU-scale study: the model preset its --init-from has (its --dry-run prices the runs in GPU-hours,
+    # experiment/gpu_cost.py) and its minimum detectable effect from the paper's own spread, or why unknown
+    gpu_model: str | None = None
+    paper_mde: str | None = None
 
     def __post_init__(self):
         by_name = {v.name: v for v in self.variants}
@@ -277,10 +281,12 @@ ANALYSIS_PROMPT_TOKENS = 32
 
 # ----------------------------------------------------------------------------- the presets (recipes)
 def smoke() -> ExperimentPreset:
-    """The whole experiment path in seconds (micro model, 3 steps): for tests, not for conclusions."""
+    """The whole experiment path (micro model, 3 steps), its measured time in its description: for tests."""
     return ExperimentPreset(
         name="smoke",
-        description="the whole experiment path in seconds (micro model, 3 steps): for tests, not for conclusions",
+        description=("the whole experiment path in about a minute of CPU (measured with `time`: 51 s user+sys on "
+                     "one thread of a 2-core AMD EPYC, 3.4 min wall while other jobs shared the cores; micro model, "
+                     "3 steps): for tests, not for conclusions"),
         variants=(VANILLA, SINK, GATED),
         seeds=(0, 1),
         train=TrainConfig(preset="tiny", model_overrides=MICRO, data="shakespeare", max_steps=3, batch_size=4,
@@ -614,6 +620,10 @@ def real_gpu() -> ExperimentPreset:
     )
 
 
+# The paper's Table 1 reports one run per arm and no spread: an MDE cannot be computed from it
+PAPER_MDE = "unknown (the paper reports one run per arm and no spread; a pilot of 2 seeds per arm sizes it)"
+
+
 def paper_0_5b() -> ExperimentPreset:
     """Tables 1-2: Qwen2.5-0.5B init, FineWeb, lm-eval zero-shot tasks, GSM8K after SFT (GPUs)."""
     return ExperimentPreset(
@@ -631,12 +641,27 @@ def paper_0_5b() -> ExperimentPreset:
         sft=TrainConfig(data="gsm8k", max_steps=5000, batch_size=64, seq_len=512, lr=1e-5, eval_every=500,
                         save_every=1000),
         needs=("init_from", "data", "gsm8k"),
+        gpu_model="qwen2.5-0.5b",
+        paper_mde=PAPER_MDE,
+    )
+
+
+def paper_1_5b() -> ExperimentPreset:
+    """Table 1's 1.5 B block: Qwen2.5-1.5B init, 100 B FineWeb tokens at a batch of 4,096 (GPUs)."""
+    p = paper_0_5b()
+    return dataclasses.replace(
+        p, name="paper-1.5b",
+        description=("Table 1 (1.5 B): Qwen2.5-1.5B init, FineWeb, vanilla vs 1 sink vs gated attention; lm-eval "
+                     "zero-shot tasks, GSM8K after SFT (GPUs)"),
+        # 100 B tokens / (4,096 x 1,024) = 23,842 steps; the paper's peak and minimum learning rates
+        train=dataclasses.replace(p.train, max_steps=23_842, batch_size=4096),
+        gpu_model="qwen2.5-1.5b",
     )
 
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
     "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "study-pilot": study_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
-    "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b,
+    "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b, "paper-1.5b": paper_1_5b,
 }
 
 

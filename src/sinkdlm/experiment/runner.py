@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.config.commands import ExperimentConfig
-from sinkdlm.experiment.plan import ExperimentPlan, make_plan
+from sinkdlm.experiment.plan import ExperimentPlan, log, make_plan
 from sinkdlm.experiment.presets import ExperimentPreset
 from sinkdlm.experiment.records import (collect_records, compare_analyses, mark_started, results_header,
                                         summarise_results, write_results)
-from sinkdlm.experiment.stages import Session, measure_controls, measure_runs, prepare_units, train_base
+from sinkdlm.experiment.stages import (Session, measure_controls, measure_runs, prepare_units, run_products,
+                                      train_base, train_run)
+from sinkdlm.experiment.variance import VAL
 from sinkdlm.io.files import ensure_writable_dir
 from sinkdlm.training.rundir import TrainingStopped
 
@@ -89,14 +91,27 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
                 raise ValueError(f"--gsm8k {gsm8k}: {split}.jsonl is missing; the folder must hold train.jsonl and test.jsonl")
 
 
+PARTS = ("all", "base", "train", "runs", "controls", "report")
+
+
 def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
-                   resume_command: str | None = None) -> dict[str, Any]:
+                   resume_command: str | None = None, part: str = "all") -> dict[str, Any]:
     """Run the experiment an `ExperimentConfig` describes (its preset, out, seeds, ...: the settings of
     `sinkdlm experiment`); re-running the same config resumes.
 
     `resume_command`: what an interrupted training stage tells the user to run (the CLI's command).
-    `config.variants`: run only these of the preset's variants (by name), e.g. to split an experiment over
-    two processes on the same `out`; a last call without it finds every stage done and writes the report."""
+    `config.variants`/`config.seeds`: run only these of the preset's variants and seeds, e.g. one job's run;
+    a last call without them finds every stage done and writes the report. `config.launcher` local or slurm:
+    each run, control and the report become submitit jobs (`experiment/launch.py`), each calling this with
+    its `part`: base (the base model), train (every rank of a multi-process run: training only), runs,
+    controls, or report (from what is on disk, naming the runs that are missing)."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+    config.check()  # the launch settings (config/launch.py), one line each
+    if config.launched() and not config.dry_run:  # sbatch on the PATH, the sbatch keys, the GPUs: before --out
+        from sinkdlm.experiment.launch import check_launch
+
+        check_launch(config)
     plan = make_plan(config, skip_analysis=skip_analysis)  # every input check that reads no file
     if config.dry_run:  # the plan only (`describe_experiment`): nothing trained or written
         return {"dry_run": True, "plan": describe_experiment(config)}
@@ -117,12 +132,38 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
             raise stopped
         return result
     plan = checked_inputs(plan)
+    if config.launched():  # every run a submitit job (local or Slurm), each calling this with its part
+        from sinkdlm.experiment.launch import launch_experiment
+
+        return launch_experiment(config, run_experiment)
+    with writing_out(plan.out, mode, "experiment", lock=False):  # --out keeps its record of what it wrote
+        return _run_part(plan, resume_command, part)
+
+
+def _run_part(plan: ExperimentPlan, resume_command: str | None, part: str) -> dict[str, Any]:
+    """The stages of `run_experiment` that `part` names, in order (all of them for "all")."""
     plan = train_base(plan, resume_command)  # stage 0: the base model every arm continues from (presets with one)
+    if part == "base":
+        return {}
+    missing: list[str] = []
+    if part == "report":  # a launched study's last job: the report over the runs that ended measured
+        plan, missing = measured_only(plan)
     results = results_header(plan)
     session = Session(plan, resume_command, tty=sys.stderr.isatty(), started=mark_started(plan))
     units = prepare_units(plan)  # stage 1: conversion and the step-0 controls
-    measure_runs(session, units)  # stage 2: each run trained, fine-tuned, evaluated, analysed, validated
-    measure_controls(session, units)  # stage 3: the step-0 controls
+    if part == "train":  # every rank of one run on several processes: FSDP2/DDP training (rank 0 scores)
+        for unit in units.ordered:
+            train_run(session, unit, distributed=True)
+        return {}
+    # the report's call finds its seeds measured: these stages only read each run's record back
+    if part in ("all", "runs", "report"):
+        measure_runs(session, units)  # stage 2: each run trained, fine-tuned, evaluated, analysed, validated
+    if part in ("all", "controls", "report"):
+        measure_controls(session, units)  # stage 3: the step-0 controls
+    if part in ("runs", "controls"):
+        return {}
+    if missing:  # never dropped silently: results.json and the report name them (docs/method.md §14)
+        results["missing_runs"] = missing
     analysis_dirs = collect_records(plan, units, results)  # the records, read back from disk
     compare_analyses(session, analysis_dirs, results)
     summarise_results(session, results)
@@ -171,3 +212,21 @@ def checked_inputs(plan: ExperimentPlan) -> ExperimentPlan:
 
     flush_denormals()  # before the first parallel op (conversion, validation, training): training/cpu.py
     return dataclasses.replace(plan, init_from=init_from)
+
+
+def measured_only(plan: ExperimentPlan) -> tuple[ExperimentPlan, list[str]]:
+    """The plan restricted to the seeds whose every run and step-0 control is measured (a comparison stays
+    paired), and the runs and controls left out (a job that failed for good); none measured: one line."""
+    missing = [f"{v.name}-s{s}" for s in plan.seeds for v in plan.preset.variants
+               if not all(f.is_file() for f in run_products(plan, plan.out / "runs" / f"{v.name}-s{s}", s))]
+    missing += [f"step0/{n}" for n in plan.step0_names() if not (plan.out / "step0" / n / VAL).is_file()]
+    complete = [s for s in plan.seeds if not any(m.endswith(f"-s{s}") for m in missing)
+                and all((plan.out / "step0" / n / VAL).is_file() for n in plan.step0_names(seeds=[s]))]
+    if not complete:
+        raise ValueError(f"no seed of {plan.out} has every run measured (missing: {', '.join(missing)}): see "
+                         f"`sinkdlm experiment --status --out {plan.out}` for their logs, then submit again to resume them")
+    if missing:
+        log(f"the report leaves out seed(s) {', '.join(str(s) for s in plan.seeds if s not in complete)}: not every "
+            f"run of them was measured ({', '.join(missing)})")
+    return dataclasses.replace(plan, seeds=tuple(complete)), missing
+

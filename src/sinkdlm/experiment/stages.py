@@ -20,6 +20,7 @@ stages after these (records, summary, report) are in `experiment/records.py`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -214,12 +215,15 @@ def measure_controls(s: Session, units: Units) -> None:
         validate(s, u0)
 
 
-def train_run(s: Session, unit: Unit) -> None:
+def train_run(s: Session, unit: Unit, *, distributed: bool = False) -> None:
     """A run's training, once: with the fixed validation at each declared step before the last (scored as
     training passes it) and the escape probe; trained again only when its weights are gone and a
-    measurement still needs them."""
+    measurement still needs them. `distributed`: this process is one rank of the run (a launched job on
+    several processes, docs/method.md §14): FSDP2 (DDP for LoRA), rank 0 alone scoring the curve steps."""
     p, run = s.plan, unit.dir
     curve_dirs = _curve_dirs(p, run)
+    main = not distributed or os.environ.get("RANK", "0") == "0"
+    kwargs = {**unit.kwargs, "fsdp": unit.kwargs.get("trainable") != "lora"} if distributed else unit.kwargs
     products = run_products(p, run, unit.seed)
     prober = None
     if p.preset.escape is not None:  # the escape probe, every `escape.every` steps as the run trains
@@ -229,11 +233,15 @@ def train_run(s: Session, unit: Unit) -> None:
     if not (run / "train" / DONE).is_file():
         log(f"{unit.label}: training -> {run / 'train'}")
     t0 = time.perf_counter()
-    summary = train_stage(run / "train", unit.kwargs, s.resume_command,
+    # every rank stops at the curve steps; rank 0 scores there while the others wait at the next rendezvous
+    summary = train_stage(run / "train", kwargs, s.resume_command,
                           need_weights=not all(f.is_file() for f in products),
                           on_retrained=lambda record: discard_if_other_weights(unit, record),
-                          at_steps={st: _scorer(s, unit, d, st) for st, d in curve_dirs.items() if not (d / VAL).is_file()},
+                          at_steps={st: _scorer(s, unit, d, st) if main else _no_score
+                                    for st, d in curve_dirs.items() if not (d / VAL).is_file()},
                           probe=prober)
+    if not main:
+        return
     s.stage_seconds["train"] += time.perf_counter() - t0
     unit.timing["train"] = summary.get("seconds")
     # a LoRA arm is scored on its adapters folded in (`TrainConfig.merge`: OUT/merged), like any checkpoint
@@ -241,6 +249,10 @@ def train_run(s: Session, unit: Unit) -> None:
     unit.summary = summary
     unit.save_timing()
     s.progress.page()
+
+
+def _no_score(ckpt: str) -> None:
+    """A curve step on a rank other than 0: rank 0 scores it."""
 
 
 def _curve_dirs(p: ExperimentPlan, run: Path) -> dict[int, Path]:

@@ -433,7 +433,7 @@ def check_resume_matches(cfg, saved_config: dict[str, Any] | None, model_config)
 
 # ----------------------------------------------------------------------------- signals
 class StopRequest:
-    """SIGINT/SIGTERM -> a flag checked after each step; in one process a second signal stops at once.
+    """SIGINT/SIGTERM/SIGUSR2 -> a flag checked after each step; in one process a second signal stops at once.
 
     Handlers are installed only in the main thread (Python allows no other) and the previous
     ones are restored on exit, so a library caller's own handlers survive `train()`. Until `arm()`
@@ -441,7 +441,9 @@ class StopRequest:
     as it would without us.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # SIGUSR2: Slurm's warning before a time limit or a preemption (submitit's default `--signal`): the run saves
+    # at the end of its step and its job is requeued (experiment/launch.py)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGUSR2,) if hasattr(signal, "SIGUSR2") else ()))
 
     def __init__(self, env):
         self.env = env
