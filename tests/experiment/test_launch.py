@@ -192,3 +192,28 @@ def test_the_launched_smoke_study_reports_what_the_in_process_one_does(tmp_path,
     _, tol = _smoke_tolerance()
     mismatches = _golden_mismatches(got, json.loads(GOLDEN.read_text()), tol["rtol"], tol["atol"])
     assert not mismatches, mismatches[:10]
+
+
+def test_the_report_keeps_the_seeds_measured_whole_and_names_the_missing_runs(tmp_path):
+    """A job that failed for good: `measured_only` keeps the seeds whose every run is on disk (pairs stay paired)
+    and names the runs left out; the report says so in words; no seed measured whole is one line."""
+    from sinkdlm.experiment.plan import make_plan
+    from sinkdlm.experiment.report import missing_line
+    from sinkdlm.experiment.runner import measured_only
+    from sinkdlm.experiment.stages import run_products
+
+    plan = make_plan(ExperimentConfig(preset="smoke", out=str(tmp_path / "study")))
+    for s in plan.seeds:
+        for v in plan.preset.variants:
+            if (v.name, s) == ("gated", 1):
+                continue  # its job failed
+            for f in run_products(plan, plan.out / "runs" / f"{v.name}-s{s}", s):
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text("{}")
+    kept, missing = measured_only(plan)
+    assert kept.seeds == (0,) and missing == ["gated-s1"]
+    line = missing_line({"missing_runs": missing, "seeds": list(kept.seeds)})
+    assert "gated-s1" in line and "seeds 0," in line
+    (plan.out / "runs" / "vanilla-s0" / "val.json").unlink()
+    with pytest.raises(ValueError, match="no seed of .* has every run measured .*vanilla-s0, gated-s1"):
+        measured_only(plan)

@@ -439,6 +439,15 @@ def markdown_summary(results: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- the report
+def missing_line(results: dict[str, Any]) -> str:
+    """The runs a launched study's report leaves out, and that its seeds are the ones measured whole."""
+    missing = results["missing_runs"]
+    return (f"**Not measured: {', '.join(missing)}** (their jobs failed; `sinkdlm experiment --status` shows their "
+            f"logs). Every number here is over seeds {', '.join(map(str, results['seeds']))}, the ones whose every "
+            "run and control was measured, so the comparisons stay paired; submitting the same command again "
+            "resumes the missing runs and rewrites this report.")
+
+
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from sinkdlm.analysis.figures import plot_paired_differences, plot_score_bars, plot_training_curves
 
@@ -454,6 +463,8 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         f"seeds, so the comparisons are paired. Machine: {machine_words(m)}, {m['cpu_count']} cores, torch {m['torch']}, "
         f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
     )
+    if results.get("missing_runs"):  # a launched study whose jobs failed for good (docs/method.md §14)
+        doc.paragraph(missing_line(results))
     arm_cost = arm_cost_line(results)
     if arm_cost:  # arms that train different parameters: what each one's runs took
         doc.paragraph(arm_cost)
