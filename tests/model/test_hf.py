@@ -166,6 +166,22 @@ def test_sink_parity_with_hf_on_joined_sequence(tmp_path, arch, position, n):
     assert not torch.allclose(got, vanilla, atol=1e-3)
 
 
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_block_model_converted_from_ar_is_hf_under_a_block_causal_mask(tmp_path, block_size):
+    """`convert --block-size` (docs/method.md §13): the block model's logits are transformers' under a
+    block-causal mask written here; block size 1 is the causal LM itself."""
+    hf = hf_model("qwen2")
+    ours = convert(save_hf(hf, tmp_path / "hf"), tmp_path / "dlm", block_size=block_size)
+    assert ours.config.block_size == block_size and not ours.config.causal
+    ids = ids_batch()
+    blocks = torch.arange(ids.shape[1]) // block_size
+    with torch.no_grad():
+        got = ours(ids).logits[..., :VOCAB]
+    assert_model_close(got, hf_logits(hf, ids, allowed=blocks[:, None] >= blocks[None, :]), ours.config)
+    if block_size == 1:
+        assert_model_close(got, hf_logits(hf, ids), ours.config)  # transformers' own causal mask
+
+
 def test_sharded_safetensors_source(tmp_path):
     hf = hf_model("qwen2", tie=False)
     src = save_hf(hf, tmp_path / "hf", max_shard_size="40KB")
