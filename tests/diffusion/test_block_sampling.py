@@ -83,6 +83,20 @@ def test_a_row_that_stops_early_leaves_every_other_row_its_own_tokens():
     assert seen[0] == 3 and seen[-1] < 3  # the stopped row left the batch
 
 
+@pytest.mark.parametrize("kw", [dict(temperature=1.0, steps=12), dict(remasking="random", steps=5),
+                                dict(threshold=0.3, temperature=0.5), dict(schedule="dream", remasking="entropy",
+                                                                           steps=6, temperature=0.7)])
+def test_sampled_rows_get_their_own_tokens_in_a_batch(kw):
+    """With `seed` every row draws from its own stream, and only at the steps it would run alone (a row whose
+    block is done, or whose even split commits nothing, draws nothing): sampled rows too are their own."""
+    model = tiny_model(block_size=4, num_sink_tokens=1)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (3, 6, 9)]
+    alone = [generate(model, [p], max_new_tokens=10, seed=5, **kw)[0, len(p):].tolist() for p in prompts]
+    batch = generate(model, prompts, max_new_tokens=10, seed=5, return_dict=True, **kw)
+    assert [batch.sequences[i, batch.prompt_length:].tolist() for i in range(3)] == alone
+
+
 def test_threshold_and_random_remasking_run_and_fill_the_bound():
     model = tiny_model(block_size=4)
     for kw in (dict(threshold=0.0), dict(steps=6, remasking="random", temperature=1.0)):

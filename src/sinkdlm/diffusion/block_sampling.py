@@ -28,7 +28,9 @@ import torch
 
 from sinkdlm.config.checks import check_sample_settings
 from sinkdlm.config.commands import SampleConfig
-from sinkdlm.diffusion.remasking import check_rule, dream_counts, dream_timesteps, resolve_rule, transfer_schedule
+from sinkdlm.diffusion.remasking import (
+    RowGenerators, check_rule, dream_counts, dream_timesteps, resolve_rule, transfer_schedule,
+)
 from sinkdlm.diffusion.steps import BlockPlan, choose, origin_reveal
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.cache import KVCache
@@ -114,12 +116,15 @@ class _Canvas:
     starts: torch.Tensor  # [b]
     rows: torch.Tensor  # [b] each row's index in the batch
     kv: KVCache
+    generator: RowGenerators | torch.Generator | None  # a stream per row: a finished row's leaves with it
 
     def keep(self, keep: torch.Tensor) -> None:
         """Only the rows `keep [b]` go on: every tensor, the cache's buffers included, loses the others."""
         idx = keep.nonzero().squeeze(-1)
         for name in ("x", "real", "todo", "starts", "rows"):
             setattr(self, name, getattr(self, name)[idx])
+        if isinstance(self.generator, RowGenerators):
+            self.generator = RowGenerators([self.generator.generators[i] for i in idx.tolist()])
         kv, per_row = self.kv, self.kv.cos.shape[0] > 1  # [B|1, W, hd]: per row with a padded batch
         self.kv = KVCache([k[idx] for k in kv.keys], [v[idx] for v in kv.values],
                           kv.cos[idx] if per_row else kv.cos, kv.sin[idx] if per_row else kv.sin, None, kv.offset)
@@ -164,6 +169,14 @@ def _counts(plan: BlockDecodePlan, blk: BlockPlan, masked: torch.Tensor) -> torc
     return torch.tensor(counts, dtype=torch.long, device=masked.device).view(len(per_row), -1)
 
 
+def _drawing(plan: BlockDecodePlan, masked: torch.Tensor, counts: torch.Tensor | None, i: int) -> torch.Tensor:
+    """`[b]` the rows that run step `i` of the block alone: those with masks left (adaptive), those whose own
+    even split has a commit at `i` (LLaDA's zero-commit steps are not run), or all (Dream runs every step)."""
+    if counts is None:
+        return masked.any(-1)
+    return (counts[:, i] > 0) | (plan.schedule == "dream")
+
+
 def _finish(canvas: _Canvas, hi: int, stops: torch.Tensor, out: torch.Tensor, max_new: int) -> torch.Tensor:
     """After a block ending at `hi`: each row that produced a stop id gets the first stop id after it; the
     finished rows (stopped, or at their bound) are written into `out [B, P + max_new]`. Returns `[b]` the rows
@@ -185,12 +198,12 @@ def _finish(canvas: _Canvas, hi: int, stops: torch.Tensor, out: torch.Tensor, ma
 
 @torch.no_grad()
 def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig,
-                  generator: torch.Generator | None, use_sink_cache: bool = True) -> BlockOutput:
+                  generator: RowGenerators | torch.Generator | None, use_sink_cache: bool = True) -> BlockOutput:
     """Generate after each prompt (`[B, P]` left-padded ids with its mask, as `sampling.prepare_prompts` gives)
-    block by block (the module docstring): `[B, P + max_new_tokens]` in a `BlockOutput`."""
+    block by block (the module docstring): `[B, P + max_new_tokens]` in a `BlockOutput`. `generator`: a stream
+    per row (`RowGenerators`, what `generate` makes of `seed`: every row then gets the tokens it gets alone,
+    sampled too), one stream for the batch, or None (torch's global generator)."""
     plan = plan_blocks(model, prompt, prompt_mask, settings)
-    if generator is None and settings.seed is not None:
-        generator = torch.Generator(device=model.device).manual_seed(settings.seed)
     mask_id = model.config.mask_token_id
     stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
     b, p = prompt.shape
@@ -198,7 +211,8 @@ def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
     model.fuse_projections()
     with model.sink_cache_mode(use_sink_cache):
         kv = model.allocate_cache(b, plan.x.shape[1], plan.real)
-    canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv)
+    canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv,
+                     generator)
     passes = 0
     if plan.prefill:  # the prompts' whole blocks, once
         _pass(model, canvas, 0, plan.prefill, causal=True, head=False)
@@ -211,10 +225,12 @@ def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
         for i in range(steps) if steps is not None else itertools.count():
             if counts is None and not masked.any():
                 break
+            if isinstance(canvas.generator, RowGenerators):  # only the rows that, alone, would run this step draw
+                canvas.generator.active = _drawing(plan, masked, counts, i).nonzero().squeeze(-1).tolist()
             logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
-            reveal = origin_reveal(masked, local, i, generator) if plan.remasking == "origin" else None
+            reveal = origin_reveal(masked, local, i, canvas.generator) if plan.remasking == "origin" else None
             x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
-                              plan.remasking, mask_id, model.dtype, generator)
+                              plan.remasking, mask_id, model.dtype, canvas.generator)
             canvas.x[:, blk.lo:blk.hi] = torch.where(pick, x0, canvas.x[:, blk.lo:blk.hi])
             masked &= ~pick
             passes += 1

@@ -314,6 +314,7 @@ def generate(
     if model.config.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
         check_block_call(model.config, settings, probe=probe, callback=callback, shift_logits=shift_logits)
         prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, 0)
+        generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
         out = decode_blocks(model, prompt, prompt_mask, settings, generator, use_sink_cache)
         return GenerationOutput(**vars(out)) if return_dict else out.sequences
     plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=callback is not None,

@@ -296,6 +296,8 @@ class DLMPredictor:
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
                 kv_cache_dtype=self.kv_cache_dtype if cache else None,
                 **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")))
+            if self.model.config.block_size is not None:  # decodes in its own blocks, with its exact cache (§13)
+                diffusion.update(block_length=None, cache=None, kv_cache_dtype=None)
             res = sample(self.model, [rows[i] for i in chunk], gen_length=padded, temperature=temperature,
                          generator=[torch.Generator(self.model.device).manual_seed(request_seed(self.seed, rows[i]))
                                     for i in chunk], return_dict=True, **diffusion)
