@@ -287,6 +287,65 @@ def test_sinkdlm_lm_eval_command_forwards_to_lm_eval_with_the_model_registered(m
     assert get_model("dummy").__name__ == "DummyLM"  # lm-eval's own models are still there
 
 
+def _lm_eval(args: list[str], monkeypatch, capsys, raises: Exception | None = None) -> tuple[int, str, list | None]:
+    """`sinkdlm lm-eval ARGS` with lm-eval's own command line replaced (it records its argv, or raises `raises`, as
+    a Hub that cannot be reached would): (exit code, stderr, the argv lm-eval got, None if it never ran)."""
+    import lm_eval.__main__
+
+    from sinkdlm.cli import main
+
+    seen = []
+
+    def fake_cli():
+        seen.append(list(sys.argv))
+        if raises is not None:
+            raise raises
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", fake_cli)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["lm-eval", *args])
+    return exc.value.code, capsys.readouterr().err, (seen[0] if seen else None)
+
+
+def test_a_dataset_not_in_the_cache_is_refused_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    """Offline (the switches unset: sinkdlm sets them, and says so), a task whose dataset is in no local cache is
+    one error line before lm-eval runs (its model, a path that does not exist, is never opened): it names the
+    dataset, the cache, a local task YAML, and the command with the switches at 0 (not the one just run)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    code, err, ran = _lm_eval(["--model_args", f"pretrained={tmp_path / 'nope'}", "--tasks", "arc_easy"],
+                              monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and ran is None and len(lines) == 2, err
+    assert lines[0] == ("[sinkdlm] lm-eval runs offline here: set HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 "
+                        "(export =0 to let it download)")
+    assert lines[1].startswith("error: lm-eval task arc_easy needs the dataset 'allenai/ai2_arc', which is not in "
+                               f"the local cache ({tmp_path / 'datasets'} or {tmp_path / 'hub'})")
+    assert "--include_path" in lines[1] and lines[1].endswith("run it with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0")
+
+
+def test_online_by_choice_is_kept_and_never_told_to_go_online(monkeypatch, capsys, tmp_path):
+    """HF_DATASETS_OFFLINE=0 set by the user stays 0 (no cache check, lm-eval runs); a Hub that cannot be reached
+    then is said as such, without suggesting the switch the user already set; lm-eval gets `--device auto` when no
+    device was asked for, so no CUDA line appears on a machine without one."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    unreachable = ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (LocalEntryNotFoundError)")
+    code, err, ran = _lm_eval(["--model_args", f"pretrained={tmp_path / 'nope'}", "--tasks", "arc_easy"],
+                              monkeypatch, capsys, raises=unreachable)
+    assert code == 2 and ran[-2:] == ["--device", "auto"] and os.environ["HF_DATASETS_OFFLINE"] == "0"
+    line = err.strip()
+    assert line.startswith("error: lm-eval task arc_easy needs the dataset 'allenai/ai2_arc'") and "\n" not in line
+    assert "the Hub could not be reached (HF_DATASETS_OFFLINE=0 here: no network?)" in line
+    assert "HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0" not in line and "lm-eval runs offline" not in err
+
+
 @pytest.mark.slow
 def test_command_line_wrapper_runs_lm_eval(setup, tmp_path):
     """`python -m sinkdlm.evaluation.lm_eval_model` = lm-eval's CLI with `--model sinkdlm` registered."""

@@ -331,12 +331,23 @@ def main(argv: list[str] | None = None) -> None:
         if model == "sinkdlm" and "--tasks" in given and "pretrained=" not in (_value(argv, "--model_args") or ""):
             raise ValueError("--tasks needs a model to score: give --model_args pretrained=PATH (a sinkdlm model "
                              "directory or a .gguf file)")
-    # sinkdlm runs offline: a dataset not in the local cache is one clear error, not a network wait
+    # sinkdlm runs offline unless told otherwise: a dataset not in the local cache is one clear error, before the
+    # model loads, not a network wait after it; what it sets, it says (a value the user set is left as it is)
+    unset = [name for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if name not in os.environ]
     for name, module, constant in (("HF_DATASETS_OFFLINE", "datasets.config", "HF_DATASETS_OFFLINE"),
                                    ("HF_HUB_OFFLINE", "huggingface_hub.constants", "HF_HUB_OFFLINE")):
         os.environ.setdefault(name, "1")
         if os.environ[name] == "1" and module in sys.modules:  # read at import: already imported in this process
             setattr(sys.modules[module], constant, True)
+    offline = os.environ["HF_DATASETS_OFFLINE"] == "1"
+    tasks = _value(argv, "--tasks") if not given & {"-h", "--help"} else None  # None: nothing is run
+    if unset and tasks:
+        print(f"[sinkdlm] lm-eval runs offline here: set {' and '.join(f'{n}=1' for n in unset)} (export =0 to let "
+              "it download)", file=sys.stderr, flush=True)
+    if offline and tasks:
+        _check_cached(tasks.split(","), _value(argv, "--include_path"))
+    if "--device" not in given and "device=" not in (_value(argv, "--model_args") or "") and tasks:
+        argv += ["--device", "auto"]  # lm-eval's own default is cuda:0: the model picks, and says nothing
     sys.argv = ["lm_eval", *argv]
     try:
         cli_evaluate()
@@ -344,12 +355,64 @@ def main(argv: list[str] | None = None) -> None:
         dataset = _unreachable_dataset(e)
         if dataset is None:
             raise
-        tasks = next((argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--tasks"), "the task")
-        raise ValueError(
-            f"lm-eval task {tasks} needs the dataset {dataset!r}, which is not in the local Hugging Face cache, and "
-            f"sinkdlm runs offline (HF_DATASETS_OFFLINE=1); use a local copy: download it once on a machine online "
-            f"(`HF_DATASETS_OFFLINE=0 sinkdlm lm-eval ...`, or `datasets.load_dataset({dataset!r})`) and copy "
-            f"~/.cache/huggingface over, or give --include_path a task YAML that reads local files") from None
+        raise ValueError(_not_cached(tasks or "the task", dataset, offline)) from None
+
+
+def _not_cached(task: str, dataset: str, offline: bool) -> str:
+    """The refusal of a task whose dataset is not in the local cache: what it needs, where the cache is, the ways out
+    (never the command just run)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    where = f"{datasets.config.HF_DATASETS_CACHE} or {huggingface_hub.constants.HF_HUB_CACHE}"
+    why = ("lm-eval runs offline here (HF_DATASETS_OFFLINE=1)" if offline else
+           "the Hub could not be reached (HF_DATASETS_OFFLINE=0 here: no network?)")
+    online = "; or, where the network is reachable, run it with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0" if offline else ""
+    return (f"lm-eval task {task} needs the dataset {dataset!r}, which is not in the local cache ({where}) and {why}; "
+            f"copy a cache that holds it there (one where `datasets.load_dataset({dataset!r})` ran), or give "
+            f"--include_path a task YAML that reads local files{online}")
+
+
+def _check_cached(tasks: list[str], include_path: str | None) -> None:
+    """Refuse, before any model is loaded, a task whose dataset (its YAML's dataset_path) is in neither local cache
+    (the datasets cache, the Hub cache); a group, tag or task without a dataset_path is left to lm-eval."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    for task in tasks:
+        path = _dataset_of(task.strip(), include_path)
+        if path is None or Path(path).exists():  # a local dataset reads no cache
+            continue
+        found = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
+                 Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")
+        if not any(p.is_dir() for p in found):
+            raise ValueError(_not_cached(task.strip(), path, offline=True))
+
+
+def _dataset_of(task: str, include_path: str | None) -> str | None:
+    """The dataset_path of lm-eval task `task`, read from its YAML as text (lm-eval's own task index parses every
+    YAML it ships: seconds): the file named after the task first, else the one whose `task:` is it; its `include:`
+    followed where it holds the dataset_path. None: no such task file (a group, a tag, a Python task)."""
+    import re
+
+    import lm_eval.tasks
+
+    roots = [Path(lm_eval.tasks.__file__).parent, *([Path(include_path)] if include_path else [])]
+    named = re.compile(rf"^task:\s*{re.escape(task)}\s*$", re.M)
+    for candidates in ([p for r in roots for p in r.rglob(f"{task}.yaml")], [p for r in roots for p in r.rglob("*.yaml")]):
+        for file in candidates:
+            text = file.read_text(errors="ignore")
+            if not named.search(text):
+                continue
+            for _ in range(3):  # a task YAML, then what it includes
+                found = re.search(r"^dataset_path:\s*['\"]?([^'\"\s#]+)", text, re.M)
+                include = re.search(r"^include:\s*['\"]?([^'\"\s#]+)", text, re.M)
+                if found or not include or not (file.parent / include.group(1)).is_file():
+                    return found.group(1) if found else None
+                file = file.parent / include.group(1)
+                text = file.read_text(errors="ignore")
+            return None
+    return None
 
 
 def _value(argv: list[str], flag: str) -> str | None:
