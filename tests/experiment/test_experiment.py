@@ -187,6 +187,11 @@ def test_smoke_writes_every_file_and_key(smoke):
         assert saved["sizing"]["compute_parts"] == timing["compute_parts"]
         assert saved["sizing"]["per_run_compute_s"] == pytest.approx(timing["compute_s"] / timing["runs_timed"])
     assert set(saved["variants"]) == {v.name for v in preset.variants}
+    # --out's record of what the study wrote (sinkdlm.io.out_dir: what --overwrite may replace): every entry there
+    record = json.loads((out / ".sinkdlm-out.json").read_text())
+    there = {str(p.relative_to(out)) + "/" * p.is_dir() for p in out.rglob("*")
+             if p.name not in (".sinkdlm-out.json", ".train.lock")}
+    assert record["command"] == "experiment" and set(record["entries"]) == there
     # the fixed validation (docs/method.md §1): one set and one noise for every run, recorded
     assert set(saved["validation"]) == {"tokens", "draws", "noise_seed", "estimator", "bf16"}
     assert saved["validation"]["draws"] == preset.validation.draws
@@ -795,6 +800,7 @@ def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
     on their merged checkpoints."""
     from safetensors.torch import load_file
 
+    from sinkdlm.checkpoint.manager import load_checkpoint
     from sinkdlm.experiment import presets
 
     pytest.importorskip("peft")
@@ -806,7 +812,11 @@ def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
     assert json.loads((out / "base" / "DONE.json").read_text())["steps"] == 3
     assert sorted(p.name for p in (out / "step0").iterdir()) == ["all", "sink-only-s0"]  # 3 arms, 2 conversions
     base = load_file(str(next((out / "base" / "checkpoints").glob("step-3")) / "model.safetensors"))
-    sink_only = load_file(str(out / "runs" / "sink-only-s0" / "train" / "checkpoints" / "step-2" / "model.safetensors"))
+    sink_dir = out / "runs" / "sink-only-s0" / "train" / "checkpoints" / "step-2"
+    assert not (sink_dir / "model.safetensors").exists()  # the sinks and a reference to the converted base only
+    sink_only = load_checkpoint(sink_dir).state_dict()
+    if "lm_head.weight" not in base:  # tied to the embedding: saved once, as the base saved it
+        sink_only.pop("lm_head.weight")
     assert set(sink_only) - set(base) == {"sink_embeddings"}
     assert all(torch.equal(sink_only[k], base[k]) for k in base)  # frozen: bitwise the base's
     assert (out / "runs" / "lora-sink-s0" / "train" / "merged" / "model.safetensors").is_file()

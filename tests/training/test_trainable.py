@@ -114,6 +114,67 @@ def test_exact_resume_is_bitwise_with_frozen_weights_and_adapters(tmp_path, corp
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), name
 
 
+def test_a_sink_only_checkpoint_stores_the_sinks_and_a_reference_to_its_base(tmp_path, corpus, start):
+    """--trainable sink from a DLM on disk: the checkpoint holds the sink parameters, their optimizer state and the
+    base's path and sha256 (hashlib over its model.safetensors, here); it opens as the base with the trained sinks
+    over it (the reference: the base's tensors and the sink file, assembled by hand), `merge` writes it whole with
+    merged_from.json, and a base that is gone or changed is refused in one line."""
+    import hashlib
+    import shutil
+
+    from sinkdlm.training.trainable import sink_parameters
+
+    ckpt = Path(train(from_start(tmp_path, corpus, start, trainable="sink"))["checkpoint"])
+    names = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("tokenizer") and p.suffix != ".txt")
+    assert "model.safetensors" not in names and {"sink_parameters.safetensors", "sink_base.json", "config.json",
+                                                  "optimizer.safetensors"} <= set(names), names
+    ref = json.loads((ckpt / "sink_base.json").read_text())
+    assert ref == {"base": str(start.resolve()),
+                   "sha256": hashlib.sha256((start / "model.safetensors").read_bytes()).hexdigest()}
+    sinks = load_file(str(ckpt / "sink_parameters.safetensors"))
+    want = DiffusionLM.from_pretrained(start).state_dict()
+    want.update(sinks)
+    got = DiffusionLM.from_pretrained(ckpt)
+    assert sorted(sinks) == sorted(sink_parameters(got)) and want.keys() == got.state_dict().keys()
+    assert all(torch.equal(want[k], v) for k, v in got.state_dict().items())  # the same bytes, read back
+    whole = sum(f.stat().st_size for f in start.iterdir() if f.suffix == ".safetensors")
+    assert (ckpt / "sink_parameters.safetensors").stat().st_size < whole / 20
+
+    merged = tmp_path / "merged"
+    result = CliRunner().invoke(app, ["merge", "--adapter", str(ckpt), "--out", str(merged)])
+    assert result.exit_code == 0, result.output
+    assert "sinks over their base" in result.output
+    again = DiffusionLM.from_pretrained(merged).state_dict()
+    assert all(torch.equal(again[k], v) for k, v in got.state_dict().items())
+    provenance = json.loads((merged / "merged_from.json").read_text())
+    assert provenance["base"] == ref["base"] and provenance["base_sha256"] == ref["sha256"]
+    assert provenance["adapter"] == str(ckpt.resolve()) and provenance["checkpoint"] == ckpt.name
+    assert provenance["adapter_sha256"] == hashlib.sha256((ckpt / "sink_parameters.safetensors").read_bytes()).hexdigest()
+    assert "sinkdlm" in provenance
+
+    moved = tmp_path / "moved"
+    shutil.copytree(ckpt, moved)
+    (moved / "sink_base.json").write_text(json.dumps({**ref, "sha256": "0" * 64}))
+    with pytest.raises(CheckpointError, match=r"now holds other weights"):
+        DiffusionLM.from_pretrained(moved)
+    (moved / "sink_base.json").write_text(json.dumps({**ref, "base": str(tmp_path / "gone")}))
+    with pytest.raises(CheckpointError, match=r"over the base .*gone, which is gone; put the base back"):
+        DiffusionLM.from_pretrained(moved)
+
+
+def test_exact_resume_of_a_sink_only_checkpoint_is_bitwise(tmp_path, corpus, start):
+    """A sink-only run stopped after its step-8 checkpoint and resumed from it (its base read again, its sinks and
+    AdamW moments from the checkpoint) equals the run that never stopped, loss for loss and bit for bit."""
+    full, part = interrupted_and_resumed(tmp_path, corpus, trainable="sink", init_from=str(start), lr=1e-2)
+    want, got = read_metrics(full.out), read_metrics(part.out)
+    assert [r["step"] for r in got] == list(range(1, 13))
+    assert all(a["loss"] == b["loss"] and a.get("val_loss") == b.get("val_loss") for a, b in zip(want, got))
+    for name in ("sink_parameters.safetensors", "optimizer.safetensors"):
+        wa, wb = (load_file(str(latest_checkpoint(out) / name)) for out in (full.out, part.out))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), name
+    assert not (latest_checkpoint(part.out) / "model.safetensors").exists()
+
+
 def test_merge_at_the_end_writes_what_sinkdlm_merge_writes(tmp_path, corpus, start):
     """`--merge`: the last step's adapters folded in, at OUT/merged, once; --overwrite removes it with the run."""
     cfg = from_start(tmp_path, corpus, start, trainable="lora", lora_rank=4, merge=True)

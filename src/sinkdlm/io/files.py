@@ -10,6 +10,7 @@ pickle. Every failure names the file and what to do.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -106,13 +107,17 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
     for f in files:
         if not f.is_file():
             raise CheckpointError(f"{f} is missing (listed in {index.name})")
-        try:
-            loaded = safetensors.torch.load_file(str(f))
-        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-            raise CheckpointError(f"{f} is corrupt or truncated ({e}); re-save or re-download it") from e
-        for name in list(loaded):  # one at a time: peak memory grows by one tensor, not the model
-            tensors[name] = aligned(loaded.pop(name))
+        tensors.update(read_weights_file(f))
     return tensors
+
+
+def read_weights_file(f: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file's tensors (aligned); a missing, corrupt or truncated file is a `CheckpointError`."""
+    try:
+        loaded = safetensors.torch.load_file(str(f))
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{f} is missing, corrupt or truncated ({e}); re-save or re-download it") from e
+    return {name: aligned(loaded.pop(name)) for name in list(loaded)}  # one at a time: the peak grows by one tensor
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -142,6 +147,33 @@ def model_state_dict(model, state_dict: dict[str, torch.Tensor] | None = None) -
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     return sd
+
+
+SINKS_NAME = "sink_parameters.safetensors"  # trained sink parameters (a --trainable sink or lora checkpoint)
+SINK_BASE_NAME = "sink_base.json"  # a --trainable sink checkpoint's frozen base: {"base": path, "sha256": ...}
+
+
+def sha256_of(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weights_sha256(path: str | Path) -> str:
+    """The sha256 that names a model's weights: of its .gguf file, its model.safetensors, or (shards) of the
+    shards' own sha256s in order; a --trainable sink checkpoint's: of its sink parameters (its base has its own)."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_of(path)
+    for name in (WEIGHTS_NAME, SINKS_NAME):
+        if (path / name).is_file():
+            return sha256_of(path / name)
+    index = read_json(path / WEIGHTS_INDEX_NAME)
+    shards = sorted(set(index.get("weight_map", {}).values()))
+    return hashlib.sha256("".join(sha256_of(path / s) for s in shards).encode()).hexdigest()
 
 
 # what `from_pretrained` was called with, which transformers keeps in a tokenizer's `init_kwargs` and would save

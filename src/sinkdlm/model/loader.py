@@ -20,6 +20,8 @@ from sinkdlm.config import ModelConfig
 from sinkdlm.config.fields import check_device
 from sinkdlm.io.files import (
     CONFIG_NAME,
+    SINK_BASE_NAME,
+    SINKS_NAME,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
@@ -27,7 +29,9 @@ from sinkdlm.io.files import (
     model_state_dict,
     read_json,
     read_weights,
+    read_weights_file,
     resolve_dtype,
+    weights_sha256,
 )
 from sinkdlm.model import formats
 
@@ -41,6 +45,7 @@ class ModelSource:
     config: ModelConfig
     raw: dict = field(default_factory=dict)  # config.json as read (empty for GGUF)
     gguf: object | None = None  # the opened `GGUFFile` for a .gguf source
+    base: "ModelSource | None" = None  # a --trainable sink checkpoint's frozen base (`open_sink_checkpoint`)
 
     @property
     def is_autoregressive(self) -> bool:
@@ -50,6 +55,8 @@ class ModelSource:
     def weights_file(self) -> Path:
         if self.gguf is not None:
             return self.path
+        if self.base is not None:
+            return self.path / SINKS_NAME
         single = self.path / WEIGHTS_NAME
         return single if single.is_file() else self.path / WEIGHTS_INDEX_NAME
 
@@ -84,7 +91,31 @@ def open_source(path: str | Path, flag: str = "model") -> ModelSource:
         )
     raw = read_json(config_path)
     config, fmt = formats.config_from_raw(raw, config_path)  # any layout (docs/method.md §10)
-    return ModelSource(path, fmt, config, raw=raw)
+    base = open_sink_base(path, flag) if (path / SINK_BASE_NAME).is_file() else None
+    return ModelSource(path, fmt, config, raw=raw, base=base)
+
+
+def open_sink_base(path: Path, flag: str) -> ModelSource:
+    """The frozen base of a `--trainable sink` checkpoint `path` (its `sink_base.json`: the base's path and the
+    sha256 of its weights, checked when they are read); refused in one line when it is gone."""
+    ref = read_json(path / SINK_BASE_NAME)
+    base = ref.get("base")
+    if not isinstance(base, str) or not isinstance(ref.get("sha256"), str):
+        raise CheckpointError(f"{path / SINK_BASE_NAME} must name the base model and its sha256 ('base', 'sha256')")
+    if not Path(base).exists():
+        raise CheckpointError(f"{flag} {path} holds trained sink parameters over the base {base}, which is gone; put "
+                              f"the base back there (sha256 {ref['sha256'][:12]}...), or use a checkpoint folded with "
+                              f"`sinkdlm merge` while it was there")
+    return open_source(base, flag=flag)
+
+
+def _check_base(source: ModelSource) -> None:
+    """The base's weights are the ones the sink parameters were trained over (their sha256, sink_base.json)."""
+    want = read_json(source.path / SINK_BASE_NAME)["sha256"]
+    got = weights_sha256(source.base.path)
+    if got != want:
+        raise CheckpointError(f"{source.path}: its base {source.base.path} now holds other weights (sha256 {got[:12]}..., "
+                              f"trained over {want[:12]}...); put the original base back, or choose another checkpoint")
 
 
 def read_tensors(source: ModelSource, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -92,6 +123,12 @@ def read_tensors(source: ModelSource, dtype: torch.dtype | None = None) -> dict[
 
     A GGUF is dequantised tensor by tensor, in blocks of rows, straight into `dtype` (float32 by
     default), so the peak stays near one float model plus one block."""
+    if source.base is not None:  # the base's weights (its own format's names mapped), the trained sinks over them
+        _check_base(source)
+        tensors = read_tensors(source.base, dtype)
+        for name, value in read_weights_file(source.path / SINKS_NAME).items():
+            tensors[name] = value.to(dtype) if dtype is not None else value.to(tensors.get(name, value).dtype)
+        return tensors
     adapter = formats.ADAPTERS[source.fmt](source.config, source.path)
     if source.gguf is not None:
         return adapter.convert(source.gguf.tensors(dtype or torch.float32))

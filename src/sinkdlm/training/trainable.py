@@ -4,7 +4,13 @@
 * `sink`: only the sink parameters (`sink_embeddings` [n, d], every layer's `sink_logit` [H]) keep
   `requires_grad`; the optimizer (`trainer.build_optimizer`) skips the frozen rest, so it holds no state
   for it and AdamW's weight decay never touches it: the frozen weights stay bitwise the initial ones.
-  Checkpoints are whole models, as for `all`.
+  A run from a diffusion LM (`--init-from` a DLM that has its sinks: the base, loaded as it is) stores
+  what it trains (`save_sinks`): the sink parameters (`sink_parameters.safetensors`), the model's
+  config.json, and the base's path and sha256 (`sink_base.json`); the optimizer state beside them holds the
+  sinks' alone. The loader (`model.loader`) opens it as a model everywhere (the base's weights, checked by
+  their sha256, with the trained sinks over them); `sinkdlm merge` writes it as a plain checkpoint. A run
+  whose frozen weights are made on the fly (a preset's new model, an AR model converted on load) has no
+  base on disk to refer to, so its checkpoints are whole models, as for `all`.
 * `lora`: peft's LoRA adapters (`peft.get_peft_model`, public API) on the projections named by
   `--lora-targets`, rank `--lora-rank`, scale `--lora-alpha / --lora-rank`, no dropout (a step stays a pure
   function of `(seed, step)`), plus the sink parameters, trainable as they are. A checkpoint holds the
@@ -20,17 +26,18 @@ Every refusal here comes before a weight is read: `check_trainable` takes the mo
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 
 from sinkdlm.config import ModelConfig
 from sinkdlm.config.train import TrainConfig
-from sinkdlm.io.files import CheckpointError, save_state_dict
+from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.files import CONFIG_NAME, SINK_BASE_NAME, SINKS_NAME, CheckpointError, save_state_dict, weights_sha256
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's names (PeftModel.save_pretrained)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-SINKS_NAME = "sink_parameters.safetensors"
 
 
 def check_trainable(cfg: TrainConfig, base: ModelConfig) -> None:
@@ -73,6 +80,37 @@ def apply_trainable(model, cfg: TrainConfig, adapter: Path | None = None):
     for p in sink_parameters(model).values():
         p.requires_grad_(True)
     return peft_model
+
+
+def sink_base(cfg: TrainConfig) -> Path | None:
+    """The frozen base a `--trainable sink` run's checkpoints refer to: its `--init-from` diffusion LM, which the
+    run loads as it is (`model_init.build_model`); None where the run stores whole models (module docstring)."""
+    if cfg.trainable != "sink" or cfg.init_from is None or cfg.fsdp:
+        return None
+    return _non_ar_path(str(cfg.init_from))
+
+
+@functools.lru_cache(maxsize=8)
+def _non_ar_path(init_from: str) -> Path | None:
+    from sinkdlm.checkpoint.manager import open_source
+
+    return None if open_source(init_from, flag="init_from").is_autoregressive else Path(init_from).resolve()
+
+
+@functools.lru_cache(maxsize=8)
+def _base_sha256(path: str, mtime_ns: int, size: int) -> str:
+    return weights_sha256(path)  # once per run (and again if the base changes), not per checkpoint
+
+
+def save_sinks(model: torch.nn.Module, directory: Path, base: Path) -> None:
+    """A `--trainable sink` checkpoint's model: the trained sink parameters, the model's config.json and its
+    frozen base's path and weights sha256 (`sink_base.json`), written into `directory`."""
+    sinks = sink_parameters(model)
+    save_state_dict({k: v.detach().cpu() for k, v in sinks.items()}, Path(directory) / SINKS_NAME)
+    stat = base.stat()  # a directory's changes when its weights are replaced (written beside, then renamed)
+    atomic_write_json(Path(directory) / SINK_BASE_NAME,
+                      {"base": str(base), "sha256": _base_sha256(str(base), stat.st_mtime_ns, stat.st_size)})
+    atomic_write_json(Path(directory) / CONFIG_NAME, model.config.to_dict())  # last: the directory is whole
 
 
 def save_adapter(peft_model, directory: Path) -> None:

@@ -59,7 +59,8 @@ from sinkdlm.config.train import TrainConfig
 from sinkdlm.training.rundir import (CONFIG_NAME, MERGED_DIR, MERGED_MARK, METRICS_NAME, RunDir, StopRequest,
                                      check_resume_matches, paused_at)
 from sinkdlm.training.sharded import is_sharded, load_sharded_checkpoint, save_sharded_checkpoint
-from sinkdlm.training.trainable import apply_trainable, check_adapter_fits, check_trainable, is_adapter_checkpoint, save_adapter
+from sinkdlm.training.trainable import (apply_trainable, check_adapter_fits, check_trainable, is_adapter_checkpoint,
+                                        save_adapter, save_sinks, sink_base)
 from sinkdlm.model.loader import resolve_device
 from sinkdlm.training.model_init import build_model, open_init_source, with_run_settings
 
@@ -329,8 +330,7 @@ def merged_checkpoint(cfg: TrainConfig, checkpoint: str | Path) -> Path:
         return target
     shutil.rmtree(target, ignore_errors=True)  # a merge cut short, or one of an earlier last step
     print(f"[sinkdlm] merging the adapters of {checkpoint} into {target} (--merge)", file=sys.stderr, flush=True)
-    merge_adapter(checkpoint, target)
-    atomic_write_json(done, {"checkpoint": Path(checkpoint).name})
+    merge_adapter(checkpoint, target)  # its merged_from.json (`done`, with the checkpoint's name) written last
     return target
 
 
@@ -532,10 +532,14 @@ def _save(cfg: TrainConfig, env, out: Path, done: int, tr: TrainRun, row: dict |
             keep_last=cfg.keep_last,
         )
     elif env.is_main:
-        peft_model = tr.peft_model
+        peft_model, base = tr.peft_model, sink_base(cfg)
         write_model = None if peft_model is None else (lambda d: save_adapter(peft_model, d))
+        tokenizer = tr.tokenizer
+        if base is not None:  # --trainable sink over a DLM on disk: the sinks and a reference to it (trainable.py)
+            write_model = lambda d: save_sinks(tr.model, d, base)  # noqa: E731
+            tokenizer = tokenizer if cfg.tokenizer is not None else None  # the base's own, read from the base
         save_training_checkpoint(
-            out, done, tr.model, tr.optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tr.tokenizer,
+            out, done, tr.model, tr.optimizer, {"config": cfg.to_dict(), "metrics": row}, tokenizer=tokenizer,
             keep_last=cfg.keep_last, write_model=write_model,
         )
     dist_utils.barrier(env)
@@ -627,7 +631,8 @@ def _load_resume_point(ckpt: Path, cfg: TrainConfig):
     unreadable (then `RunDir.resume_point` falls back to the previous checkpoint). A sharded (FSDP)
     checkpoint holds the consolidated weights too; its optimizer shards are loaded after wrapping
     (`load_sharded_checkpoint`), so its optimizer state here is None."""
-    tokenizer = load_tokenizer(ckpt)
+    # a sink-only checkpoint without tokenizer files has its base's (load_tokenizer_for)
+    tokenizer = load_tokenizer(ckpt) if is_adapter_checkpoint(ckpt) else load_tokenizer_for(ckpt)
     if is_adapter_checkpoint(ckpt):  # --trainable lora: the base as the run built it; adapters loaded by apply_trainable
         model = build_model(cfg, tokenizer)
         check_adapter_fits(model, ckpt)
