@@ -200,3 +200,16 @@ def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_pat
     assert missing_inputs(get_preset("paper-0.5b"), "m.gguf", None, "g") == ["data"]
     assert missing_inputs(get_preset("smoke"), None, None, None) == []
     assert not (tmp_path / "p").exists()
+
+
+def test_a_preset_that_states_a_time_says_it_was_measured():
+    """A preset's description (what `--help` and the plan show) states no time it did not measure: one that names
+    seconds, minutes or hours says "measured" and gives a number."""
+    import re
+
+    from sinkdlm.experiment.presets import PRESETS
+
+    for name, recipe in PRESETS.items():
+        text = recipe().description
+        if re.search(r"\d[\d,.]*\s*(s|seconds?|min|minutes?|h|hours?)\b|\b(in|a|an) (seconds|minutes?|hours?)\b", text):
+            assert "measured" in text and re.search(r"\d", text), (name, text)
