@@ -37,3 +37,34 @@ def test_refused_from_the_header(command, block_size, extra, words, tmp_path, mo
         main([*argv, "--gen-length", "8", "--steps", "8", *extra])
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
     assert exit_.value.code == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+def test_chat_and_generate_chat_run_a_block_model(tmp_path, monkeypatch):
+    """`sinkdlm chat` (a transcript of two messages through stdin: two replies) and `generate --chat
+    --max-new-tokens` on a block model with a ChatML template, each reply decoded block by block."""
+    import torch
+
+    import fuzz_world
+    from sinkdlm import DiffusionLM
+    from sinkdlm.cli import main
+    from sinkdlm.data import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(fuzz_world.TEXTS * 4, 300)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = fuzz_world.CHATML
+    torch.manual_seed(0)
+    model = tmp_path / "chat"
+    DiffusionLM(fuzz_world._tiny_config(tok, block_size=4, num_sink_tokens=1)).save_pretrained(model, tokenizer=tok)
+    monkeypatch.setattr("sys.stdin", io.StringIO("to be or not\nthe slings and arrows\n"))
+
+    def run(argv):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main([*argv, "--steps", "6", "--device", "cpu"])
+            except SystemExit as e:
+                assert not e.code, err.getvalue()
+        return out.getvalue()
+
+    assert len(run(["chat", str(model), "--max-new-tokens", "6"]).split("\n")[:-1]) == 2
+    run(["generate", "--model", str(model), "--prompt", "hi", "--chat", "--max-new-tokens", "6"])
