@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
+from sinkdlm.experiment.packed import read_run_json
 from sinkdlm.io.atomic import atomic_write_json
 
 PROBES = "probes.json"
@@ -58,10 +59,8 @@ class Prober:
     again (the same weights, the same numbers) and overwrites them."""
 
     def __init__(self, path: Path, x0: torch.Tensor, escape, plateau: dict[str, float]):
-        import json
-
         self.path, self.x0, self.escape = path, x0, escape
-        old = json.loads(path.read_text()) if path.is_file() else {}
+        old = read_run_json(path) if path.is_file() else {}  # a packed study's probes too (experiment/packed.py)
         self.record = {"plateau": plateau, "threshold": plateau["probe_cross_entropy"] - escape.margin,
                        "probes": old.get("probes", {})}
 
@@ -260,11 +259,9 @@ def escape_record(probes_path: Path, metrics: list[dict[str, Any]], escape) -> d
     """A run's results.json `escape` record: its plateau and threshold, the escape step (`escape_step`), the sink
     onset (`sink_onset`) and their lag, the probe-loss curve, and its largest pre-clip gradient norm with when
     (`metrics`: the run's `read_metrics` rows); the per-layer probe numbers stay in `probes.json`."""
-    import json
-
     from sinkdlm.training.rundir import grad_norm_peaks
 
-    record = json.loads(probes_path.read_text())
+    record = read_run_json(probes_path)  # a packed study's probes too (experiment/packed.py)
     curve = probe_curve(record)
     esc = escape_step(curve, record["threshold"])
     onset = sink_onset(record, escape.onset_mass, escape.onset_first_layer)

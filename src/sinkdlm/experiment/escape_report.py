@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sinkdlm.experiment.packed import read_run_json
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
 
@@ -270,7 +271,7 @@ def draw_escape_runs(out: Path) -> tuple[list[Path], int]:
             if not probes.is_file():
                 missing += 1
                 continue
-            path = plot_escape_run(rec["escape"], json.loads(probes.read_text()), read_metrics(run / "train"),
+            path = plot_escape_run(rec["escape"], read_run_json(probes), read_metrics(run / "train"),
                                    f"{v['label']}, seed {seed}", fig_dir / "escape_runs" / f"{name}-s{seed}.png",
                                    onset_mass=declared.get("onset_mass"),
                                    onset_first_layer=declared.get("onset_first_layer", 0))

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from sinkdlm.diffusion.likelihood import stratified_se
+from sinkdlm.experiment.packed import read_run_json
 from sinkdlm.experiment.presets import Validation
 from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, minimum_detectable_effect, seeds_for_mde
 from sinkdlm.stats import mean_interval, paired_difference
@@ -110,7 +111,7 @@ def validation_values(run_dir: Path, validation: Validation | None = None) -> li
     for name in (VAL, VAL_PARTIAL):
         path = run_dir / name
         if path.is_file():
-            record = json.loads(path.read_text())
+            record = read_run_json(path) if name == VAL else json.loads(path.read_text())  # a packed study's too
             key = record if name == VAL else record.get("key", {})
             if validation is not None and not same_validation(key, validation):
                 return []
