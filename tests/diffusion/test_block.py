@@ -194,3 +194,15 @@ def test_block_nelbo_is_unbiased_for_the_enumerated_bound():
     many = loglikelihood(model, pre, cont, mc_num=512, seed=2)
     assert abs(float(many.logprob) + exact) < 4 * float(many.stderr)
     assert 0.5 < float(few.stderr) / float(many.stderr) / 4 < 2  # sqrt(512 / 32) = 4
+
+
+def test_whole_sequence_elbos_refuse_a_block_model():
+    """The fixed validation and the sink-masking ELBO score x_t alone, which is no bound for a block model."""
+    from sinkdlm.analysis.ablation import continuation_elbo
+    from sinkdlm.diffusion.likelihood import validation_elbo
+
+    model = tiny_model(block_size=4)
+    with pytest.raises(ValueError, match="block model"):
+        validation_elbo(model, torch.randint(0, 40, (2, 8)), draws=2, noise_seed=0)
+    with pytest.raises(ValueError, match="block model"):
+        continuation_elbo(model, [[1, 2]], [[3, 4]], [0])

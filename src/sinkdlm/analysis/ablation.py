@@ -231,6 +231,9 @@ def continuation_elbo(
     shift_logits = cfg.shift_logits
     if len(prefixes) != len(continuations) or not continuations:
         raise ValueError("give one prefix per continuation, and at least one pair")
+    if cfg.block_size is not None:  # a whole-sequence ELBO would score its blocks without their clean context
+        raise ValueError(f"the sink-masking ELBO scores a whole-sequence DLM or an AR model; the analysis of a block "
+                         f"model (block_size={cfg.block_size}) is not there yet")
     mask_id = cfg.mask_token_id
     generator = torch.Generator().manual_seed(settings.seed)
     device = model.device

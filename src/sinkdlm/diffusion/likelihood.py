@@ -375,6 +375,9 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
     cfg = model.config
     if cfg.mask_token_id is None:
         raise ValueError("the fixed validation scores a diffusion LM; this model is autoregressive (no [MASK])")
+    if cfg.block_size is not None:  # its noisy x_t alone is not a block model's bound: blocks need clean context
+        raise ValueError(f"the fixed validation scores a whole-sequence DLM; this is a block model (block_size="
+                         f"{cfg.block_size}), whose bound is the block NELBO (diffusion/block.py), not yet a study's")
     check_int("batch_size", batch_size, 1)
     shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     n, length = x0.shape
