@@ -358,3 +358,17 @@ def test_overwrite_of_a_study_names_its_preset_runs_and_file_count(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"[sinkdlm] --overwrite replaced --out {out}: the `demo` experiment: 2 runs (a-s0, b-s0), 6 files"]
     assert sorted(p.name for p in out.iterdir()) == [RECORD, "STARTED.json"]
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_run_beside_foreign_entries_is_refused_without_offering_overwrite(command, world, tmp_path):
+    """A training run of its own, with a user's file beside it, and no --resume: the trainer's refusal would offer
+    --overwrite, which would not replace that file; the line names it and offers --resume or another --out."""
+    out = own(tmp_path / "out", command, {"thesis.txt": "mine\n"})
+    before = snapshot(out)
+    code, err = run(argv_for(command, world, out))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0] == (f"error: --out {out} holds a `sinkdlm {command}` run and 1 entry it did not write (thesis.txt); "
+                        "pass --resume to continue it, or choose another --out")
+    assert snapshot(out) == before

@@ -91,7 +91,7 @@ def test_heartbeat_logs_while_the_body_runs_and_stops_with_it():
 def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, monkeypatch, capsys):
     """Validation, evaluation and analysis print no line of their own without a terminal: each one, made slow
     here (it returns only once its heartbeat line was printed), says it is still running, through the
-    runner's log (stdout, `[experiment]`)."""
+    runner's log (stderr, `[experiment]`)."""
     import dataclasses
 
     import sinkdlm.analysis
@@ -120,7 +120,7 @@ def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, mo
     smoke = get_preset("smoke")
     preset = dataclasses.replace(smoke, variants=(VANILLA,), seeds=(0,), comparisons=())
     run_experiment(ExperimentConfig(preset=preset, out=str(tmp_path / "exp")))
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # progress: stderr
     for stage in ("fixed validation", "evaluation", "attention-sink analysis"):
         assert f"[experiment] (1/1) DLM, seed 0: {stage}: still running (" in out
 

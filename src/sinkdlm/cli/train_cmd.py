@@ -48,6 +48,14 @@ def _run(ctx: typer.Context, cfg) -> None:
     command = "sft" if cfg.sft else "train"
     mode = check_out(cfg.out, command, overwrite=cfg.overwrite, resumable=True,
                      inputs=(cfg.init_from, cfg.tokenizer, cfg.data))
+    if mode == "resume" and not cfg.resume:  # the trainer refuses a run it is not told to resume
+        from sinkdlm.io.out_dir import foreign, listed
+
+        strangers = foreign(cfg.out, command)
+        if strangers:  # ... offering --overwrite, which would not replace these: say what they are instead
+            n = len(strangers)
+            raise ValueError(f"--out {cfg.out} holds a `sinkdlm {command}` run and {n} entr{'y' if n == 1 else 'ies'} it "
+                             f"did not write ({listed(strangers)}); pass --resume to continue it, or choose another --out")
     from sinkdlm.training import train
     from sinkdlm.training.rundir import TrainingStopped
     stopped = None

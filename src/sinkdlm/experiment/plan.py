@@ -119,11 +119,11 @@ def heartbeat(what: str, log: Callable[[str], None], every: float | None = None)
 
 
 def log(msg: str) -> None:
-    """One line of the experiment's console, `[experiment] ...` on stdout."""
+    """One line of the experiment's console, `[experiment] ...` on stderr (progress; stdout is for results)."""
     from tqdm import tqdm
 
-    tqdm.write(f"[experiment] {msg}")  # above a stage's progress bar on a terminal, never through it
-    sys.stdout.flush()
+    tqdm.write(f"[experiment] {msg}", file=sys.stderr)  # above a stage's progress bar on a terminal, never through it
+    sys.stderr.flush()
 
 
 def draws_at_conversion(variant: Variant) -> bool:

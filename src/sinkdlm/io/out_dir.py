@@ -177,8 +177,6 @@ def check_out(path: str | Path, command: str, *, overwrite: bool = False, resuma
 def _foreign_refusal(path: Path, command: str, strangers: list[str], flag: str) -> str:
     """The refusal of a directory holding entries `command` did not write: all of them named (or the first
     `SHOWN` and a count), and the two safe ways out; never --overwrite, which would delete them."""
-    n = len(strangers)
-    names = ", ".join(strangers[:SHOWN]) + (f" and {n - SHOWN} more" if n > SHOWN else "")
     record, who = written(path), owner(path)
     if record is not None and record["command"] != command:
         why = f" (the output of `sinkdlm {record['command']}`)"
@@ -189,9 +187,14 @@ def _foreign_refusal(path: Path, command: str, strangers: list[str], flag: str) 
         why = f" ({describe(path).split(' (')[0]})"
     else:
         why = ""
-    them = "it" if n == 1 else "them"
+    n = len(strangers)
     return (f"{flag} {path} holds {n} entr{'y' if n == 1 else 'ies'} that `sinkdlm {command}` did not write "
-            f"({names}){why}; choose another {flag}, or move {them} out of it")
+            f"({listed(strangers)}){why}; choose another {flag}, or move {'it' if n == 1 else 'them'} out of it")
+
+
+def listed(entries: list[str]) -> str:
+    """The first `SHOWN` entries named, the rest counted: "a, b/ and 3 more"."""
+    return ", ".join(entries[:SHOWN]) + (f" and {len(entries) - SHOWN} more" if len(entries) > SHOWN else "")
 
 
 def written(path: str | Path) -> dict | None:
@@ -258,9 +261,8 @@ def _replaced(path: Path, command: str) -> str:
     files = sum(not e.endswith("/") for e in _walk(path))
     if command == "experiment":
         runs = sorted(p.name for p in (path / "runs").iterdir() if p.is_dir()) if (path / "runs").is_dir() else []
-        shown = ", ".join(runs[:SHOWN]) + (f" and {len(runs) - SHOWN} more" if len(runs) > SHOWN else "")
         return (f"the `{experiment_preset(path)}` experiment: {len(runs)} run{'' if len(runs) == 1 else 's'}"
-                f"{f' ({shown})' if runs else ''}, {files} files")
+                f"{f' ({listed(runs)})' if runs else ''}, {files} files")
     names = _contents(path)
     shown = ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
     return f"the output of `sinkdlm {command}`: {files} file{'' if files == 1 else 's'} ({shown})"
@@ -355,7 +357,7 @@ def writing_out(path: str | Path, mode: str, command: str, *, lock: bool = True,
     strangers = foreign(old, command)
     if strangers:  # written into it while the command ran: kept beside, and said
         print(f"[sinkdlm] note: {old} holds the replaced {flag} {path}, kept because it came to hold entries "
-              f"`sinkdlm {command}` did not write ({', '.join(strangers[:SHOWN])}); move them, then delete it",
+              f"`sinkdlm {command}` did not write ({listed(strangers)}); move them, then delete it",
               file=sys.stderr, flush=True)
         return
     shutil.rmtree(old, ignore_errors=True)
