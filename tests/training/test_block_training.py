@@ -34,6 +34,16 @@ def test_block_model_trains_and_resumes_bitwise(tmp_path, corpus):
     assert all(torch.equal(wa.state_dict()[k], v) for k, v in wb.state_dict().items())  # bitwise resume
 
 
+def test_resume_with_the_other_block_noise_is_refused(tmp_path, corpus):
+    from sinkdlm.training import train
+
+    from helpers import cfg_for
+
+    train(cfg_for(tmp_path, corpus, block_size=4, max_steps=1, save_every=1, eval_every=1))
+    with pytest.raises(ValueError, match="block_noise='block' in the checkpoint, 'sequence' now"):
+        train(cfg_for(tmp_path, corpus, block_size=4, max_steps=2, resume=True, block_noise="sequence"))
+
+
 @pytest.mark.parametrize("block_noise", ["block", "sequence"])
 def test_step_noise_is_per_block_or_per_sequence(block_noise):
     cfg = TrainConfig.resolve(block_size=4, seq_len=30, block_noise=block_noise, seed=1)

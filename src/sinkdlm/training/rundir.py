@@ -103,7 +103,7 @@ CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)(\.\d+)?$")
 # Settings that define the batches and the model of a run: changing one on resume would silently
 # splice two different runs together (the batch of step s is a function of these, see trainer).
 RESUME_MUST_MATCH = ("data", "text_field", "max_tokens", "seq_len", "batch_size", "seed", "sft", "tokenizer", "init_from",
-                     "trainable", "lora_rank", "lora_alpha", "lora_targets")
+                     "trainable", "lora_rank", "lora_alpha", "lora_targets", "block_noise")
 
 T = TypeVar("T")
 
