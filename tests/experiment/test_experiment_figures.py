@@ -147,6 +147,7 @@ def test_a_runs_escape_figure_draws_its_probes_and_its_gradient_norm(tmp_path, m
     assert list(loss.get_xdata()) == [100, 200, 300] and list(loss.get_ydata()) == pytest.approx([6.3, 6.2, 6.1])
     labels = [ln.get_label() for ln in loss_ax.get_lines()]
     assert "escape censored (> 300)" in labels and "sink onset step 200" in labels and "threshold 5.95" in labels
+    assert loss_ax.get_ylabel().endswith("lower is better)")  # the trajectory's axis says which way is better
     layer2 = next(ln for ln in sink_ax.get_lines() if ln.get_label() == "layer 2")
     assert list(layer2.get_ydata()) == pytest.approx([0.3, 0.4, 0.5])
     grad = next(ln for ln in grad_ax.get_lines() if ln.get_label().startswith("largest pre-clip"))

@@ -89,7 +89,7 @@ def plot_escape_run(record: dict[str, Any], probes: dict[str, Any], metrics: lis
             a.axvline(e["step"], color=colour, linestyle=style, linewidth=1.1, alpha=0.8)
         ax.plot([], [], color=colour, linestyle=style,
                 label=f"{what} step {e['step']:,}" if not e["censored"] else f"{what} censored (> {e['step']:,})")
-    ax.set_ylabel("probe loss (nats / token)")
+    ax.set_ylabel("probe loss (nats / token;\nlower is better)")
     ax.legend(fontsize=7, loc="upper right")
     layers = len(points[-1][1]["detected_sink_mass"])
     colours = [f"C{i % 10}" for i in range(layers)]
