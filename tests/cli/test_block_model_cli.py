@@ -41,7 +41,8 @@ def test_refused_from_the_header(command, block_size, extra, words, tmp_path, mo
 
 def test_chat_and_generate_chat_run_a_block_model(tmp_path, monkeypatch):
     """`sinkdlm chat` (a transcript of two messages through stdin: two replies) and `generate --chat
-    --max-new-tokens` on a block model with a ChatML template, each reply decoded block by block."""
+    --max-new-tokens` on a block model with a ChatML template, each reply decoded block by block; generate's
+    notes name --max-new-tokens."""
     import torch
 
     import fuzz_world
@@ -61,10 +62,11 @@ def test_chat_and_generate_chat_run_a_block_model(tmp_path, monkeypatch):
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
             try:
-                main([*argv, "--steps", "6", "--device", "cpu"])
+                main([*argv, "--device", "cpu"])
             except SystemExit as e:
                 assert not e.code, err.getvalue()
-        return out.getvalue()
+        return out.getvalue(), err.getvalue()
 
-    assert len(run(["chat", str(model), "--max-new-tokens", "6"]).split("\n")[:-1]) == 2
-    run(["generate", "--model", str(model), "--prompt", "hi", "--chat", "--max-new-tokens", "6"])
+    assert len(run(["chat", str(model), "--max-new-tokens", "6", "--steps", "6"])[0].split("\n")[:-1]) == 2
+    _, err = run(["generate", "--model", str(model), "--prompt", "hi", "--chat", "--max-new-tokens", "6", "--steps", "9"])
+    assert "--steps 9 > --max-new-tokens 6" in err  # the notes name the bound a block model was given

@@ -82,20 +82,26 @@ def generate(cfg: GenerateConfig) -> None:
                 which = f" prompt {first + row + 1}" if several else ""
                 print(f"[step {state.step:>4} block {state.block}{which}] {text!r}", file=out_stream, flush=True)
 
-    steps = cfg.gen_length if net.config.causal or cfg.steps is None else min(cfg.steps, cfg.gen_length)
+    length, flag = _length(cfg)
+    steps = length if net.config.causal or cfg.steps is None else min(cfg.steps, length)
     for first in range(0, len(prompts), cfg.batch_size):
         batch = prompts[first:first + cfg.batch_size]
-        with progress_when_slow(lambda s: f"generating {cfg.gen_length} tokens ({steps} steps) for {len(batch)} "
+        with progress_when_slow(lambda s: f"generating {length} tokens ({steps} steps) for {len(batch)} "
                                           f"prompt(s): {s:.0f} s so far ..."):
             outs = generate_texts(net, tokenizer, batch, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos,
                                   system=cfg.system, callback=callback)
         for i, out in enumerate(outs, first + 1):
             _print_answer(out, cfg, f"prompt {i}: " if several else "", several)
-    if cfg.steps is not None and cfg.threshold is None and cfg.steps > cfg.gen_length:
+    if cfg.steps is not None and cfg.threshold is None and cfg.steps > length:
         # The schedule commits at least one token per step; the surplus steps would commit nothing. Said
         # after the run, so that no note comes before an error.
-        typer.echo(f"note: --steps {cfg.steps} > --gen-length {cfg.gen_length}: at most one token is committed per "
-                   f"step, so {cfg.gen_length} steps ran", err=True)
+        typer.echo(f"note: --steps {cfg.steps} > {flag} {length}: at most one token is committed per "
+                   f"step, so {length} steps ran", err=True)
+
+
+def _length(cfg: GenerateConfig) -> tuple[int, str]:
+    """How many tokens are generated at most, and the flag that said so (a block model's --max-new-tokens)."""
+    return (cfg.gen_length, "--gen-length") if cfg.max_new_tokens is None else (cfg.max_new_tokens, "--max-new-tokens")
 
 
 def _print_answer(out, cfg: GenerateConfig, which: str, several: bool) -> None:
@@ -107,8 +113,9 @@ def _print_answer(out, cfg: GenerateConfig, which: str, several: bool) -> None:
                    "budget often cannot yet (see README, Quick start), and `sinkdlm analyze` shows what its attention "
                    "does", err=True)
     elif out.truncated:
-        typer.echo(f"note: {which}the text was cut at --gen-length {cfg.gen_length} tokens, before the model ended it; "
-                   "raise --gen-length for the whole answer", err=True)
+        length, flag = _length(cfg)
+        typer.echo(f"note: {which}the text was cut at {flag} {length} tokens, before the model ended it; "
+                   f"raise {flag} for the whole answer", err=True)
     if cfg.as_json:
         typer.echo(json.dumps({"text": out.text, "tokens": out.tokens, "steps_taken": out.steps_taken,
                                "seconds": out.seconds}))
