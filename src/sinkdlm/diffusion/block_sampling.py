@@ -230,7 +230,7 @@ def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
             logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
             reveal = origin_reveal(masked, local, i, canvas.generator) if plan.remasking == "origin" else None
             x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
-                              plan.remasking, mask_id, model.dtype, canvas.generator)
+                              plan.remasking, mask_id, canvas.generator)
             canvas.x[:, blk.lo:blk.hi] = torch.where(pick, x0, canvas.x[:, blk.lo:blk.hi])
             masked &= ~pick
             passes += 1

@@ -354,7 +354,6 @@ def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepPro
         raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     probe = probe or StepProbe()
     check_sample_settings(settings, autoregressive=bool(cfg.causal))
-    block_length = settings.gen_length if settings.block_length is None else settings.block_length
     schedule_name, remasking = resolve_rule(cfg.family, settings.schedule, settings.remasking, settings.threshold)
     check_rule(schedule_name, remasking, threshold=settings.threshold, temperature=settings.temperature,
                alg_temp=settings.alg_temp, top_p=settings.top_p, top_k=settings.top_k, eps=settings.eps)
@@ -370,8 +369,8 @@ def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepPro
     generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)
     shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     schedule = None if cfg.causal else plan_decoding(
-        settings, schedule_name, remasking, prompt.shape[1], settings.steps, settings.gen_length // block_length,
-        block_length, shift=1 if shift else 0, full_logits=full_logits and settings.cache is None)
+        settings, schedule_name, remasking, prompt.shape[1], shift=1 if shift else 0,
+        full_logits=full_logits and settings.cache is None)
     return GenerationPlan(settings, prompt, prompt_mask, remasking, generator, probe, schedule)
 
 
@@ -508,8 +507,7 @@ def _denoise_step(model, plan: GenerationPlan, canvas: _Canvas, blk: BlockPlan, 
     with model.sink_cache_mode(use_sink_cache):
         logits, out, seconds = forward_step(model, plan.schedule, blk, x, canvas.attn, canvas.kv, cached, settings,
                                             step_probe, canvas.columns)
-    x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, plan.remasking, mask_id,
-                      model.dtype, plan.generator)
+    x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, plan.remasking, mask_id, plan.generator)
     masked_before = masked.clone() if observer.wants_state else None
     commit(x, masked, blk, x0, pick)
     if observer.wants_state:

@@ -59,10 +59,13 @@ class DecodePlan:
         return self.total if self.cache == "prefix" else blk.hi
 
 
-def plan_decoding(settings: SampleConfig, schedule_name: str, remasking: str, p: int, steps: int | None,
-                  num_blocks: int, block_length: int, *, shift: int, full_logits: bool) -> DecodePlan:
+def plan_decoding(settings: SampleConfig, schedule_name: str, remasking: str, p: int, *, shift: int,
+                  full_logits: bool) -> DecodePlan:
     """The schedule of every block, before any forward (docs/method.md §2): the counts come from the
-    schedule alone, since every row commits exactly its step's count under a confidence rule."""
+    schedule alone, since every row commits exactly its step's count under a confidence rule. The blocks
+    are `settings.block_length`'s (default: one), after a prompt of `p` columns."""
+    block_length = settings.gen_length if settings.block_length is None else settings.block_length
+    num_blocks, steps = settings.gen_length // block_length, settings.steps
     blocks = []
     for blk, block_steps in enumerate(steps_per_block(steps or num_blocks, num_blocks)):
         lo = p + blk * block_length
@@ -132,11 +135,10 @@ def origin_reveal(masked, blk: BlockPlan, i: int, generator) -> torch.Tensor:
     return masked[:, blk.lo:blk.hi] & (u < reveal_probability(blk.timesteps, i))
 
 
-def choose(logits, masked, k: int | None, reveal, settings: SampleConfig, remasking: str, mask_id: int,
-           model_dtype, generator):
+def choose(logits, masked, k: int | None, reveal, settings: SampleConfig, remasking: str, mask_id: int, generator):
     """The step's predictions `x0 [B, n]` and which masked positions it commits `pick [B, n]` bool
     (remasking.py): k by confidence, or every one above the threshold, or origin's revealed ones."""
-    logits = logits.to(torch.promote_types(model_dtype, torch.float32), copy=True)  # [B, n, V]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)  # [B, n, V]; fp64 stays
     logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
     x0, conf = predict(logits, remasking, settings.temperature, settings.top_p, settings.top_k, generator)
     if reveal is not None:
