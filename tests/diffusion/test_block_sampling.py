@@ -122,3 +122,24 @@ def test_max_new_tokens_on_a_whole_sequence_or_autoregressive_model_is_refused()
     causal = tiny_model(causal=True, shift_logits=True, mask_token_id=None)
     with pytest.raises(ValueError, match="autoregressive.*max_new_tokens=8"):
         generate(causal, [[1, 2, 3]], max_new_tokens=8)
+
+
+def test_generate_text_gives_a_block_model_its_stop_ids(monkeypatch):
+    """The text path (generate, chat, lm-eval's generate_until) hands a block model the end-of-text ids, so that it
+    stops decoding a row there, as an autoregressive model does."""
+    import sinkdlm.diffusion.text as text
+
+    from helpers import word_tokenizer
+
+    tok = word_tokenizer()
+    tok.add_special_tokens({"eos_token": "w3"})
+    model = tiny_model(block_size=4, mask_token_id=46)
+    seen, real = {}, text.generate
+
+    def spy(model, ids, settings, **kw):
+        seen["stops"] = settings.stop_token_ids
+        return real(model, ids, settings, **kw)
+
+    monkeypatch.setattr(text, "generate", spy)
+    out = text.generate_text(model, tok, "w1 w2", gen_length=8, steps=8)  # a block model: an upper bound
+    assert seen["stops"] == (tok.eos_token_id,) and len(out.tokens) == 8

@@ -96,10 +96,11 @@ def generate_texts(model, tokenizer, prompts: Sequence[str | list[dict]], config
     settings = with_overrides(SampleConfig, config, overrides, "generate_text")
     # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
     settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
-    check_sample_settings(settings, autoregressive=model.config.causal)
+    block_model = model.config.block_size is not None
+    check_sample_settings(settings, autoregressive=model.config.causal, block_model=block_model)
     ids = [encode_prompt(tokenizer, prompt, chat, system) for prompt in prompts]
     stops = stop_token_ids(tokenizer, chat) if stop_at_eos else ()
-    if stops and model.config.causal:
+    if stops and (model.config.causal or block_model):  # these stop decoding a row at its end (§10, §13)
         settings = dataclasses.replace(settings, stop_token_ids=stops)
     start = time.perf_counter()
     out = generate(model, ids, settings, callback=callback, generator=generator, return_dict=True)
