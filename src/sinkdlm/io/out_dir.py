@@ -242,7 +242,7 @@ def _walk(path: Path) -> set[str]:
     return found
 
 
-def _record(path: Path, command: str, before: set[str]) -> None:
+def keep_record(path: Path, command: str, before: set[str]) -> None:
     """Keep `path`'s record of what `command` wrote: what its record already lists, and every entry now there
     but those that were there, not written by it, when it started (`before`: `foreign`'s list)."""
     if not path.is_dir():
@@ -330,7 +330,7 @@ def writing_out(path: str | Path, mode: str, command: str, *, lock: bool = True,
             with exclusive_out(path, command, flag) if lock else _as_is(path) as held:
                 yield held
         finally:
-            _record(path, command, before)
+            keep_record(path, command, before)
         return
     new = path.with_name(f".{path.name}.new-{os.getpid()}")
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -345,7 +345,7 @@ def writing_out(path: str | Path, mode: str, command: str, *, lock: bool = True,
             try:
                 yield held
             finally:
-                _record(held, command, set())
+                keep_record(held, command, set())
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         if in_place:

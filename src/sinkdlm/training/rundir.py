@@ -11,7 +11,9 @@
   `metrics.jsonl`, `checkpoints/`, `tensorboard/`) is refused unless `resume` (continue it) or
   `overwrite` (delete it) is set. `overwrite` deletes only what the trainer writes
   (`RUN_FILES`, `step-N` / `.tmp-step-N` / `corrupt-step-N` checkpoint directories, TensorBoard
-  event files), after every input check has passed, so a typo never costs the old run.
+  event files), after every input check has passed, so a typo never costs the old run. However the run
+  ends, `OUT` keeps its record of what training wrote (`io.out_dir.keep_record`): what the command line's
+  `--overwrite` may replace.
 * **Stale temporaries.** `.tmp-step-N` directories left by a save that was killed are removed at
   the next start (under the lock, so no live save is touched).
 * **Explained resume.** `resume_point` names the checkpoint it resumes from; a corrupt newest
@@ -40,6 +42,7 @@ from typing import Any, Callable, TypeVar
 
 from sinkdlm.config import MODEL_SWITCHES
 from sinkdlm.io.files import ensure_writable_dir
+from sinkdlm.io.out_dir import foreign, keep_record
 from sinkdlm.training.checkpointing import STATE_NAME, STEP_DIR
 
 try:  # POSIX; Windows has no flock, and a run there goes on unlocked (said once)
@@ -187,16 +190,17 @@ def _step_of(path: Path) -> int:
 class RunDir:
     """`OUT` for the duration of one `train()` call; use as a context manager (`RunDir.open`)."""
 
-    def __init__(self, out: Path, env, resume: bool, overwrite: bool):
-        self.out, self.env, self.resume, self.overwrite = out, env, resume, overwrite
+    def __init__(self, out: Path, env, resume: bool, overwrite: bool, command: str = "train"):
+        self.out, self.env, self.resume, self.overwrite, self.command = out, env, resume, overwrite, command
         self.ckpt_root = out / "checkpoints"
         self.lock = RunLock(out)
         self._created: list[Path] = []  # what a refused run removes again: the lock file, new folders
+        self._before: set[str] | None = None  # what OUT held that this command did not write (io.out_dir.foreign)
 
     @classmethod
     def open(cls, cfg, env) -> "RunDir":
         """Lock `cfg.out` and refuse to start over an existing run without resume/overwrite."""
-        run = cls(Path(cfg.out), env, cfg.resume, cfg.overwrite)
+        run = cls(Path(cfg.out), env, cfg.resume, cfg.overwrite, "sft" if cfg.sft else "train")
         error = None
         if env.is_main:
             missing = run.out
@@ -214,6 +218,7 @@ class RunDir:
                 run._undo()
             else:
                 run._remove_stale_temporaries()
+                run._before = set(foreign(run.out, run.command))
         _agree_or_raise(env, error)
         return run
 
@@ -223,6 +228,8 @@ class RunDir:
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None and issubclass(exc_type, ValueError):
             self._undo()  # an input refused inside train(): leave --out as it was found
+        if self._before is not None:  # OUT's record of what training wrote: what --overwrite may replace
+            keep_record(self.out, self.command, self._before)
         self.lock.release()
 
     def _undo(self) -> None:
