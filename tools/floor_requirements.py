@@ -14,12 +14,15 @@ from pathlib import Path
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-EXTRAS = ("lora", "quant", "cluster")  # optional extras whose floors are installed too (peft: `train --trainable lora`, `merge`; torchao: `--quantize`; submitit: `experiment --launcher`)
+EXTRAS = ("lora", "quant", "cluster", "serve")  # optional extras whose floors are installed too (peft: `train --trainable lora`, `merge`; torchao: `--quantize`; submitit: `experiment --launcher`; fastapi, uvicorn: `serve`)
+DEV_FOR_TESTS = ("openai", "httpx", "hypothesis")  # the dev extra's test clients the floor tests run (tests/serving)
 
 
 def floor_pins(pyproject: Path = PYPROJECT) -> list[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
-    deps = [*project["dependencies"], *(d for extra in EXTRAS for d in project["optional-dependencies"][extra])]
+    extras = project["optional-dependencies"]
+    deps = [*project["dependencies"], *(d for extra in EXTRAS for d in extras[extra]),
+            *(d for d in extras["dev"] if re.split(r"[<>=\s\[]", d)[0] in DEV_FOR_TESTS)]
     pins = []
     for dep in deps:
         m = re.fullmatch(r"\s*([A-Za-z0-9_.\-\[\]]+)\s*>=\s*([0-9][0-9A-Za-z.]*)\s*", dep)

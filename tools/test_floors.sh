@@ -44,6 +44,6 @@ FLOOR_TESTS="tests/smoke tests/model/test_model.py tests/model/test_forward_api.
   tests/model/test_hf.py tests/model/test_fused.py tests/model/test_init.py tests/model/test_formats.py
   tests/diffusion/test_loss.py tests/diffusion/test_sampling.py tests/diffusion/test_sampling_cache.py
   tests/diffusion/test_sampling_dream.py tests/diffusion/test_likelihood.py tests/checkpoint
-  tests/training/test_training.py tests/training/test_trainable.py"
+  tests/training/test_training.py tests/training/test_trainable.py tests/serving"
 # shellcheck disable=SC2086  # FLOOR_TESTS is a list of paths
 PYTHONPATH="$ROOT/src" "$FLOORS_DIR/venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" -k "not transformers_gguf" $FLOOR_TESTS

@@ -375,3 +375,53 @@ def test_harness_scores_keep_lm_evals_numbers_and_per_item_outcomes(setup):
         assert s["items"]
     with pytest.raises(ValueError, match="no lm-eval task"):
         evaluate_harness(setup["ckpt"], [])
+
+
+@pytest.mark.slow  # two lm-eval runs and a server: about 30 s on a busy 2-core machine
+def test_lm_evals_local_completions_against_sinkdlm_serve_gives_sinkdlm_lm_evals_answers(setup, tmp_path):
+    """lm-eval's OpenAI-compatible model pointed at `sinkdlm serve` (issue 67): the same `generate_until` answers
+    as `sinkdlm lm-eval` on the same model and settings (greedy, one token per step, one block: max_gen_toks 16
+    fits lm-eval's blocks of 32). A float64 copy of the model, so the two paths' batch shapes cannot round a
+    near-tie apart."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("tenacity")  # lm-eval's API models (lm-eval[api])
+    import threading
+    import time
+
+    from lm_eval.tasks import TaskManager
+
+    from sinkdlm.config.commands import ServeConfig
+    from sinkdlm.serving.server import bind, build_server
+
+    model = DiffusionLM.from_pretrained(setup["ckpt"]).double().eval()
+    f64 = tmp_path / "f64"
+    model.save_pretrained(f64, tokenizer=setup["tok"])
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    src = (setup["tasks"] / "local_gen.yaml").read_text()
+    (tasks / "local_gen16.yaml").write_text(src.replace("task: local_gen", "task: local_gen16")
+                                            .replace("max_gen_toks: 40", "max_gen_toks: 16"))
+    sock = bind("127.0.0.1", 0)
+    server = build_server(model, setup["tok"], ServeConfig(model_name="tiny"), None, "tiny")
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        manager = TaskManager(include_path=str(tasks), include_defaults=False)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/completions"
+        served = lm_eval.simple_evaluate(
+            model="local-completions", tasks=["local_gen16"], task_manager=manager, log_samples=True,
+            model_args=f"model=tiny,base_url={url},tokenizer_backend=huggingface,tokenizer={f64},"
+                       "tokenized_requests=False,max_retries=1")
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+    import sinkdlm.evaluation.lm_eval_model  # noqa: F401  (registers "sinkdlm")
+
+    direct = lm_eval.simple_evaluate(model="sinkdlm", model_args=f"pretrained={f64}", tasks=["local_gen16"],
+                                     task_manager=manager, log_samples=True)
+    answers = [[s["resps"][0][0] for s in sorted(out["samples"]["local_gen16"], key=lambda s: s["doc_id"])]
+               for out in (served, direct)]
+    assert answers[0] == answers[1] and any(answers[0]), answers

@@ -259,7 +259,9 @@ def generate(
                    requests, each with its seed) likewise; one `generator` is one stream for the whole
                    batch (a row's draws then depend on the rows before it); seed=None: torch's global
                    generator. Passing both `generator` and a `seed=` keyword is refused.
-    callback       `callback(StepState)` after every step.
+    callback       `callback(StepState)` after every step. Without a cache it receives every column's
+                   logits, unless it has an attribute `full_logits = False` (a server's streaming:
+                   then only the block's are computed, as without a callback, so the tokens are the same).
     probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
                    maps and values in the StepState); None is the fast path.
     use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step
@@ -317,7 +319,8 @@ def generate(
         generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
         out = decode_blocks(model, prompt, prompt_mask, settings, generator, use_sink_cache)
         return GenerationOutput(**vars(out)) if return_dict else out.sequences
-    plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=callback is not None,
+    full_logits = callback is not None and getattr(callback, "full_logits", True)
+    plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=full_logits,
                            generator=generator, attention_mask=attention_mask, pad_token_id=pad_token_id,
                            shift_logits=shift_logits)
     if model.config.causal:
