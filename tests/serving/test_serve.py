@@ -277,3 +277,28 @@ def test_the_example_model_chats_and_batches_as_alone():
     for (q, temperature), answer in zip(questions, answers):
         # the same float32 kernels on other batch shapes: identical here (docs/guide.md on what rounding may change)
         assert answer == generate_text(model, tok, q, chat=True, gen_length=12, temperature=temperature, seed=5).text
+
+
+def test_a_client_that_leaves_cancels_its_work(tiny):
+    """A request whose client disconnects while it waits is dropped: the worker never decodes it."""
+    import httpx
+
+    running = Running(*tiny, batch_window_ms=0)
+    engine = running.server.config.app.state.engine
+    try:
+        gate = threading.Event()
+        held = _hold_the_worker(running, gate)
+        url = f"http://127.0.0.1:{running.port}/v1/completions"
+        body = dict(model=NAME, prompt="To be", max_tokens=8)
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, url, json=body, timeout=30)  # decoded, once the gate opens
+            time.sleep(0.3)
+            with pytest.raises(httpx.ReadTimeout):  # waits in the queue, then its client leaves
+                httpx.post(url, json={**body, "prompt": "No more"}, timeout=0.5)
+            time.sleep(0.5)  # the server notices (it polls every 0.1 s)
+            gate.set()
+            assert first.result().status_code == 200
+        time.sleep(0.3)
+        assert held == [1] and engine.rows == 1 and not engine.pending  # the second was never decoded
+    finally:
+        running.stop()

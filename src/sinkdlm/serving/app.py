@@ -48,18 +48,7 @@ def create_app(engine: Engine, cfg: ServeConfig, served: str, api_key: str | Non
     async def http_error(request, exc):
         return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return JSONResponse(APIError(401, "Incorrect API key provided", code="invalid_api_key").body(),
-                                    status_code=401)
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > cfg.max_body_kb * 1024):
-            return JSONResponse(APIError(413, f"the request body is over {cfg.max_body_kb} KiB (--max-body-kb)").body(),
-                                status_code=413)
-        return await call_next(request)
+    app.add_middleware(_Guard, api_key=api_key, max_bytes=cfg.max_body_kb * 1024)
 
     @app.get("/health")
     async def health():
@@ -93,6 +82,30 @@ def create_app(engine: Engine, cfg: ServeConfig, served: str, api_key: str | Non
         return await complete(request, "chat.completion")
 
     return app
+
+
+class _Guard:
+    """The API key (every path but /health) and the declared body size, checked before a route runs. A plain ASGI
+    middleware: Starlette's `BaseHTTPMiddleware` would hide a client's disconnect from `request.is_disconnected`."""
+
+    def __init__(self, app, api_key: str | None, max_bytes: int):
+        self.app, self.api_key, self.max_bytes = app, api_key, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        error = None
+        if self.api_key is not None and scope["path"] != "/health":
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
+                error = APIError(401, "Incorrect API key provided", code="invalid_api_key")
+        size = headers.get(b"content-length")
+        if error is None and size is not None and (not size.isdigit() or int(size) > self.max_bytes):
+            error = APIError(413, f"the request body is over {self.max_bytes // 1024} KiB (--max-body-kb)")
+        if error is None:
+            return await self.app(scope, receive, send)
+        await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
 
 
 def _timeout(seconds: float) -> APIError:
