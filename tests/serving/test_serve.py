@@ -302,3 +302,28 @@ def test_a_client_that_leaves_cancels_its_work(tiny):
         assert held == [1] and engine.rows == 1 and not engine.pending  # the second was never decoded
     finally:
         running.stop()
+
+
+def test_a_block_model_is_served_and_batched_as_alone(tiny):
+    """A block diffusion model (docs/method.md §13): max_tokens bounds it; two concurrent requests of other prompt
+    lengths and seeds each get what `generate` gives them alone (its answer comes whole: block decoding takes no
+    step callback yet, so a stream holds one chunk)."""
+    _, tok = tiny
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, initializer_range=0.3,
+                      mask_token_id=tok.mask_token_id, num_sink_tokens=1, block_size=4)
+    model = DiffusionLM(cfg).double().eval()
+    running = Running(model, tok, batch_window_ms=300)
+    asks = [("To be or not", 1), ("The slings and arrows of outrageous fortune", 2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda a: running.client.completions.create(
+                model=NAME, prompt=a[0], max_tokens=8, seed=a[1], temperature=0.9).choices[0].text, asks))
+        assert running.health()["batches"] == 1
+    finally:
+        running.stop()
+    for (prompt, seed), answer in zip(asks, answers):
+        ids = encode_prompt(tok, prompt, False)
+        out = generate(model, ids, max_new_tokens=8, steps=8, seed=seed, temperature=0.9)[0, len(ids):].tolist()
+        assert answer == decode_generated(tok, out, stop_token_ids(tok, False), 0, 0.0).text

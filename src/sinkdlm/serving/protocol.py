@@ -147,8 +147,10 @@ def parse_job(body, kind: str, model, tokenizer, served: str, cfg: ServeConfig) 
         given = {k: body[k] for k in (*SAMPLING_FIELDS, *DLM_FIELDS) if body.get(k) is not None}
         if not causal and given.get("steps") is None and given.get("threshold") is None:
             given["steps"] = max_tokens  # one token per step (LLaDA's best setting), as `sinkdlm chat`
-        settings = SampleConfig(gen_length=max_tokens, seed=0, **given)
-        check_sample_settings(settings, autoregressive=causal)
+        block_model = model.config.block_size is not None  # max_tokens bounds it: it stops at its end-of-text
+        settings = SampleConfig(gen_length=max_tokens, max_new_tokens=max_tokens if block_model else None, seed=0,
+                                **given)
+        check_sample_settings(settings, autoregressive=causal, block_model=block_model)
         if not causal:
             schedule, remasking = resolve_rule(model.config.family, settings.schedule, settings.remasking,
                                                settings.threshold)
