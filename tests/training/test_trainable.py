@@ -140,6 +140,10 @@ def test_a_sink_only_checkpoint_stores_the_sinks_and_a_reference_to_its_base(tmp
     whole = sum(f.stat().st_size for f in start.iterdir() if f.suffix == ".safetensors")
     assert (ckpt / "sink_parameters.safetensors").stat().st_size < whole / 20
 
+    assert not (ckpt / "tokenizer.json").exists()  # the base's tokenizer, which every command then reads
+    said = CliRunner().invoke(app, ["generate", "--model", str(ckpt), "--prompt", "To be", "--gen-length", "4",
+                                    "--steps", "4", "--device", "cpu", "--json"])
+    assert said.exit_code == 0 and len(json.loads(said.stdout)["tokens"]) <= 4, said.output
     merged = tmp_path / "merged"
     result = CliRunner().invoke(app, ["merge", "--adapter", str(ckpt), "--out", str(merged)])
     assert result.exit_code == 0, result.output
