@@ -86,3 +86,15 @@ def test_refusals():
         generate(model, torch.tensor([[1, 2]]), gen_length=4, steps=4, cache="prefix", kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="kv_cache_dtype must be int8 or None"):
         model.allocate_cache(1, 4, kv_cache_dtype="int4")
+
+
+def test_the_compiled_step_writes_the_int8_cache_as_the_eager_one():
+    """The compiled step's tensor start and "prefix"'s write_from window (`Int8KVCache._write`'s second path;
+    "dual" takes the same path without the window)."""
+    cache = "prefix"
+    model = tiny_model(num_sink_tokens=1, initializer_range=0.02).float()
+    prompt = torch.randint(0, 40, (1, 6), generator=torch.Generator().manual_seed(5))
+    settings = dict(gen_length=16, steps=16, block_length=4, cache=cache, kv_cache_dtype="int8")
+    eager = generate(model, prompt, **settings)
+    compiled = generate(model, prompt, **settings, compile=True, compile_backend="aot_eager")
+    assert torch.equal(compiled, eager)  # aot_eager runs the same ATen ops: the same tokens

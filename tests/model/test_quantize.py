@@ -199,3 +199,14 @@ def test_train_has_no_quantize():
     code, err = _cli(["train", "--quantize", "int8-weight", "--max-steps", "1"])
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "--quantize" in lines[0], err
+
+
+def test_the_lm_eval_model_args_carry_both_options():
+    pytest.importorskip("lm_eval")
+    from sinkdlm.evaluation.lm_eval_model import lm_eval_config
+
+    config = lm_eval_config({"pretrained": "m", "quantize": "int8-dynamic", "cache": "dual", "kv_cache_dtype": "int8"})
+    assert (config.quantize, config.cache, config.kv_cache_dtype) == ("int8-dynamic", "dual", "int8")
+    assert lm_eval_config({"pretrained": "m", "quantize": "none"}).quantize is None
+    with pytest.raises(ValueError, match="no cache is in use"):
+        lm_eval_config({"pretrained": "m", "kv_cache_dtype": "int8"})

@@ -12,7 +12,7 @@ from sinkdlm.reporting import Document
 FIGURE = "outliers.png"
 CAPTION = ("Per layer (Bondarenko et al. 2023): the ∞-norm (top, log scale) and the mean per-position kurtosis "
            "(bottom; 3 = Gaussian) of the residual stream, the attention output and the FFN output, on the content "
-           "positions (solid) and on the extra sink token(s) (dashed), one colour per model.")
+           "positions (solid, dots) and on the extra sink token(s) (dashed, open squares), one colour per model.")
 TITLES = {"residual": "residual stream", "attention": "attention output", "ffn": "FFN output"}
 
 
@@ -28,15 +28,17 @@ def plot_outliers(runs: Mapping[str, dict], path, *, title: str | None = None) -
     for col, kind in enumerate(KINDS):
         top, bottom = axes[0][col], axes[1][col]
         for colour, (label, o) in zip(colours, runs.items()):
-            for group, style in (("content", "-"), ("sink", "--")):
+            for group, style in (("content", dict(linestyle="-", marker="o", markersize=3)),
+                                 ("sink", dict(linestyle=(0, (4, 2)), marker="s", markersize=5, markerfacecolor="none",
+                                               linewidth=1.8))):
                 per = o["per_layer"][kind][group]
                 if per is None:
                     continue
                 layers = range(len(per["inf_norm"]))
                 name = f"{label} {group}".strip()
-                top.plot(layers, per["inf_norm"], style, color=colour, marker="o", markersize=3, label=name)
-                bottom.plot(layers, [float("nan") if k is None else k for k in per["kurtosis"]], style, color=colour,
-                            marker="o", markersize=3, label=name)
+                top.plot(layers, per["inf_norm"], color=colour, label=name, **style)
+                bottom.plot(layers, [float("nan") if k is None else k for k in per["kurtosis"]], color=colour,
+                            label=name, **style)
         top.set_title(TITLES[kind])
         plain_log_ticks(top)
         top.set_ylabel("∞-norm max |x|" if col == 0 else "")

@@ -30,7 +30,7 @@ class ModelOptions(DeviceOption):
     dtype: str | None = None
     """float32 | bfloat16 | float16 (default: as stored)."""
     quantize: str | None = None
-    """Quantize the model's linear layers after loading, for inference (torchao, `pip install 'sinkdlm[quant]'`): int8-weight (a quarter of the memory) | int8-dynamic (W8A8; on a CPU the fast one under --compile) | int4-weight (CUDA, --dtype bfloat16). The sink embeddings, token embeddings, norms and LM head keep their dtype."""
+    """Quantize the model's linear layers after loading, for inference (torchao, `pip install 'sinkdlm[quant]'`): int8-weight (a quarter of the block weights' memory) | int8-dynamic (W8A8: activations too) | int4-weight (CUDA, --dtype bfloat16). The sink embeddings, token embeddings, norms and LM head keep their dtype."""
 
 
 @dataclass(kw_only=True)

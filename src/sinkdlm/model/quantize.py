@@ -2,10 +2,10 @@
 
 Schemes (`QUANTIZE_SCHEMES`, torchao's public configs):
   int8-weight   `Int8WeightOnlyConfig`: int8 weights, one symmetric scale per output row; activations stay
-                float. Saves memory (a quarter of float32); on a CPU its matmul is slower than fp32.
+                float. Saves memory (the block linears take a quarter of float32's bytes), not time.
   int8-dynamic  `Int8DynamicActivationInt8WeightConfig` (W8A8): the weights as above, and every activation row
-                quantized to int8 on the fly (a scale per token), an int8 x int8 matmul. On a CPU the fast path
-                under `torch.compile` (benchmarks/bench_quant.py).
+                quantized to int8 on the fly (a scale per token), an int8 x int8 matmul; on this project's CPU
+                (torch 2.13, torchao 0.18) slower than float32, eager and compiled (benchmarks/bench_quant.py).
   int4-weight   `Int4WeightOnlyConfig` in the tile-packed layout of torch's tinygemm kernel: CUDA with compute
                 capability >= 8.0 and bfloat16 weights only (torchao 0.18 has no int4 kernel for a CPU outside
                 its prototypes); groups of 128 (or the largest of 64, 32 dividing the input width).
@@ -77,8 +77,8 @@ def check_quantize(scheme: str | None, device, dtype=None) -> None:
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"--quantize int4-weight has no torchao kernel on {device.type} (torchao "
-                         f"{torchao_version()}: tinygemm, CUDA only); on a CPU use int8-dynamic (fastest under "
-                         "--compile) or int8-weight (a quarter of the memory)")
+                         f"{torchao_version()}: tinygemm, CUDA only); on a CPU use int8-weight (a quarter of the "
+                         "block weights' memory)")
     if torch.cuda.get_device_capability(device)[0] < 8:
         raise ValueError(f"--quantize int4-weight needs a GPU of compute capability >= 8.0 (torchao's tinygemm "
                          f"kernel); {device} has {torch.cuda.get_device_capability(device)}: use int8-weight")
@@ -92,7 +92,8 @@ def quantized_linears(model: nn.Module) -> list[str]:
             if isinstance(module, nn.Linear) and name.startswith("layers.")]
 
 
-def _config(scheme: str, in_features: int):
+def torchao_config(scheme: str, in_features: int):
+    """torchao's public config of `scheme` for linears of `in_features` inputs (int4: the group that divides it)."""
     with _quiet_import():
         from torchao.quantization import (
             Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
@@ -127,7 +128,7 @@ def quantize_model(model: nn.Module, scheme: str | None) -> nn.Module:
     names = set(quantized_linears(model))
     widths = sorted({model.get_submodule(n).in_features for n in names})
     for width in widths:  # one config per input width (int4's group divides it)
-        quantize_(model, _config(scheme, width),
+        quantize_(model, torchao_config(scheme, width),
                   filter_fn=lambda m, fqn, w=width: fqn in names and m.in_features == w)
     model.quantization = scheme
     return model
