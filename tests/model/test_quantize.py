@@ -195,6 +195,23 @@ def test_cli_refuses_before_any_weight(extra, words, tmp_path, monkeypatch):
     assert code == 2 and len(lines) == 1 and words in lines[0], err
 
 
+@pytest.mark.parametrize("command", ["analyze", "eval"])  # chat: the same load (and a chat template first)
+def test_every_loading_command_refuses_an_unknown_scheme_before_any_weight(command, tmp_path, monkeypatch):
+    import sinkdlm.checkpoint.manager as manager
+    from helpers import word_tokenizer
+
+    tiny_model(vocab_size=47, mask_token_id=46).float().save_pretrained(tmp_path / "m", tokenizer=word_tokenizer())
+    monkeypatch.setattr(manager, "load_checkpoint", lambda *a, **k: pytest.fail("the weights were read"))
+    (tmp_path / "p.txt").write_text("w1 w2 w3\n")
+    model = str(tmp_path / "m")
+    argv = {"analyze": ["analyze", "--model", model, "--prompts", str(tmp_path / "p.txt"), "--gen-length", "2",
+                        "--out", str(tmp_path / "a")],
+            "eval": ["eval", "--model", model, "--tasks", "shakespeare_cloze", "--out", str(tmp_path / "e.json")]}[command]
+    code, err = _cli([*argv, "--quantize", "int3"])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--quantize must be one of" in lines[0], err
+
+
 def test_train_has_no_quantize():
     code, err = _cli(["train", "--quantize", "int8-weight", "--max-steps", "1"])
     lines = err.strip().splitlines()
