@@ -492,8 +492,35 @@ def _bench_quant(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def _bench_serve(results_root: Path) -> str | None:
+    r = _bench_result("bench_serve.json")
+    if r is None:
+        return None
+    su = r["setup"]
+    lines = ["`max_tokens` = steps (one token per step), temperature 0.8 with a seed per request, prompts of 4-24 words, "
+             f"{su['rounds']} requests per client one after another, {_threads(su['threads'])} on {su['machine']} "
+             f"({su['cores']} cores; load average {su['load_at_start']:.1f} at the start, {su['load_at_end']:.1f} at "
+             "the end, so the absolute figures carry the machine's other work; both servers ran alternately in one "
+             "process). Batched: `--max-batch-size 16 --batch-window-ms 10`; one at a time: `--max-batch-size 1`.", ""]
+    for m in r["models"].values():
+        lines += [f"*{m['description']}*, `max_tokens` {m['gen']}:", "",
+                  "| clients | tokens/s batched | one at a time | batched / one at a time | p50 / p95 latency batched "
+                  "| one at a time | answers differing |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for clients, v in m["by_clients"].items():
+            a, b = v["batched"], v["one at a time"]
+            lines.append(f"| {clients} | {a['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | {v['throughput_ratio']:.2f}× "
+                         f"| {a['p50_s']:.2f} / {a['p95_s']:.2f} s | {b['p50_s']:.2f} / {b['p95_s']:.2f} s "
+                         f"| {v['answers_differing']} of {a['requests']} |")
+        lines.append("")
+    lines.append("At 1 client both servers do the same work, so that row's ratio is the noise of this shared machine. On "
+                 "a CPU a batch's forward costs about the sum of its rows' (every step runs the whole sequence), and a "
+                 "batch pads its prompts to the longest: batching mostly shares the wait, not the work. Answers "
+                 "differing: each batched answer against the same request's from the one-at-a-time server.")
+    return "\n".join(lines) + "\n"
+
+
 # Blocks built from other files than one results folder.
-COMBINED = {"smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
+COMBINED = {"bench/serve": _bench_serve, "smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
             "bench/gpu-train": _bench_gpu_train, "bench/cache-gpu": _bench_cache_gpu,
             "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode, "bench/quant": _bench_quant,
