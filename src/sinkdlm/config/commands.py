@@ -374,32 +374,3 @@ class ServeConfig(ModelOptions):
     """The largest request body, in KiB (413 beyond)."""
     timeout: float = 600.0
     """Seconds a request may wait and run; then 504 and its work is dropped (also how long SIGTERM waits for the requests in flight)."""
-
-
-@dataclass(kw_only=True)
-class ServeConfig(ModelOptions):
-    """`sinkdlm serve MODEL`: an OpenAI-compatible HTTP server (`sinkdlm.serving`); the decoding settings are each
-    request's own (body fields, checked by the code that checks `generate`'s flags)."""
-
-    host: str = "127.0.0.1"
-    """Address to listen on; any other than 127.0.0.1, localhost or ::1 needs --api-key."""
-    port: int = 8000
-    """TCP port (0: a free one, printed at start)."""
-    api_key: str | None = None
-    """Key every request must send (Authorization: Bearer KEY); default the SINKDLM_API_KEY environment variable."""
-    model_name: str | None = None
-    """The model id that /v1/models lists and requests name (default: the model's file or directory name)."""
-    max_batch_size: int = 8
-    """Rows (prompts x n) decoded together at most; requests with other settings go in other batches."""
-    batch_window_ms: float = 10.0
-    """How long a batch waits for more requests with its settings before it starts, in milliseconds."""
-    max_queue: int = 64
-    """Requests waiting at most; one more is answered 503 with Retry-After."""
-    max_tokens: int = 1024
-    """The largest max_tokens a request may ask for."""
-    default_max_tokens: int = 16
-    """max_tokens of a request that gives none (OpenAI's completions default)."""
-    max_body_kb: int = 1024
-    """The largest request body, in KiB (413 beyond)."""
-    timeout: float = 600.0
-    """Seconds a request may wait and run; then 504 and its work is dropped (also how long SIGTERM waits for the requests in flight)."""
