@@ -237,7 +237,7 @@ class ScoringOptions(RemaskingOptions, KVCacheDtypeOption):
     gen_steps: int | None = None
     """Denoising steps per generation (default: one per token)."""
     batch_size: int = 64
-    """Model rows per forward."""
+    """Model rows per forward: speed only (every item's result is the same at any batch size; each request draws its own numbers)."""
     cache: str | None = None
     """Fast-dLLM KV cache for generation tasks: prefix | dual."""
     threshold: float | None = None
