@@ -4,7 +4,8 @@
 #   benchmarks/gpu_suite.sh OUTDIR          # at most about 9 minutes (each step has a time limit)
 #
 # Runs, each under its own time limit, logging to OUTDIR/gpu_suite.log:
-#   1. tests/model/test_cuda.py                       (the CUDA tests: sink path, no host sync)
+#   1. tests/model/test_cuda.py                       (the CUDA tests: sink path, no host sync; and
+#      tests/model/test_quantize.py's CUDA tests       --quantize int8 and int4-weight on the GPU)
 #   2. benchmarks/bench_gpu_train.py                  (training MFU at 0.5B, eager and compiled)
 #   3. benchmarks/bench_cache.py, qwen2.5-0.5b, bf16  (KV caches; compiled tokens agreeing with eager)
 #   4. benchmarks/bench_gpu_decode.py                 (~1B decoding, batch 1 and 8, eager and compiled,
@@ -49,7 +50,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit, log it, rec
 }
 
 "$PY" -c "import torch; print('card:', torch.cuda.get_device_name(0), '| torch', torch.__version__)" | tee -a "$LOG"
-step test_cuda 100 "$PY" -m pytest -q -p no:randomly -n 0 tests/model/test_cuda.py
+step test_cuda 100 "$PY" -m pytest -q -p no:randomly -n 0 tests/model/test_cuda.py tests/model/test_quantize.py \
+    -k "not test_quantize or cuda"  # and --quantize on CUDA: int8 within its step bound, int4-weight (tinygemm)
 step bench_gpu_train 110 "$PY" benchmarks/bench_gpu_train.py --out "$OUT/bench_gpu_train.json"
 step bench_cache 160 "$PY" benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16 \
     --out "$OUT/bench_cache_gpu.json"

@@ -58,10 +58,15 @@ def test_kept_parts_are_bitwise_untouched_and_the_block_linears_quantized(scheme
     assert model.quantization == scheme
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="needs a CUDA GPU")])
+
+
 @needs_torchao
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("scheme", INT8)
-def test_each_quantized_linear_is_within_its_int8_step_bound(scheme):
-    model = _model()
+def test_each_quantized_linear_is_within_its_int8_step_bound(scheme, device):
+    model = _model().to(device)
     weights = {name: model.get_submodule(name).weight.detach().clone() for name in quantized_linears(model)}
     quantize_model(model, scheme)
     seen = []
@@ -73,7 +78,7 @@ def test_each_quantized_linear_is_within_its_int8_step_bound(scheme):
 
     handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in weights]
     with torch.no_grad():
-        model(_ids(model))
+        model(_ids(model).to(device))
     for h in handles:
         h.remove()
     assert {n for n, _, _ in seen} == set(weights)
