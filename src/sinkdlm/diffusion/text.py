@@ -103,7 +103,8 @@ def generate_texts(model, tokenizer, prompts: Sequence[str | list[dict]], config
     if stops and (model.config.causal or block_model):  # these stop decoding a row at its end (§10, §13)
         settings = dataclasses.replace(settings, stop_token_ids=stops)
     start = time.perf_counter()
-    out = generate(model, ids, settings, callback=callback, generator=generator, return_dict=True)
+    per_row = {} if generator is None else {"generator": generator}  # None: the rows' streams come from `seed`
+    out = generate(model, ids[0] if len(ids) == 1 else ids, settings, callback=callback, return_dict=True, **per_row)
     seconds = time.perf_counter() - start
     rows = out.sequences[:, out.prompt_length:].tolist()
     return [decode_generated(tokenizer, tokens, stops, out.steps_taken, seconds) for tokens in rows]
