@@ -123,6 +123,15 @@ def test_analyze_writes_them_and_compare_sets_them_side_by_side(tmp_path, monkey
     assert result["figures"]["outliers"] == "outliers.png" and (tmp_path / "c" / "outliers.png").is_file()
     report = (tmp_path / "c" / "report.md").read_text()
     assert "max ‖FFN output‖∞ over layers, content" in report and "**b**" in report
+    from sinkdlm.model.quantize import quantize_model, torchao_version
+
+    if torchao_version() is not None:  # a quantized model's analysis says so (and still measures its outliers)
+        quantized = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=1, hidden_size=64,
+                               intermediate_size=128).float()
+        analyze(quantize_model(quantized, "int8-weight"), word_tokenizer(), ["w1 w2 w3"],
+                AnalyzeConfig(sample=SampleConfig(gen_length=2, steps=2), out=tmp_path / "q", quiet=True))
+        assert json.loads((tmp_path / "q" / "analysis.json").read_text())["model"]["quantization"] == "int8-weight"
+        assert "`--quantize int8-weight`" in (tmp_path / "q" / "report.md").read_text()
     # a model without sink tokens draws its content lines only
     monkeypatch.setattr(figures, "save_figure", real_save)
     vanilla = measure_outliers(tiny_model(), prompt_batches(_prompts(), 3, 0, "cpu"))

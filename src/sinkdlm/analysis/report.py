@@ -196,7 +196,9 @@ def _setup_text(a: dict) -> str:
             f"{s['gen_length']} generated tokens, {s['steps_taken']} steps, block length {s['block_length']}) "
             f"of `{m['label']}` ({m['num_hidden_layers']} layers × {m['num_attention_heads']} heads, {sinks}). "
             f"Key j is a sink of a (step, layer, head) when its received attention c_j > mean_(k≠j) c_k + ϵ "
-            f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (docs/method.md §6).")
+            f"(Rulli et al. eq. 3) with ϵ = {a['epsilon']:g} on the column-**{a['scale']}** scale (docs/method.md §6)."
+            + (f" The model ran quantized: `--quantize {m['quantization']}` (torchao; the sink rows, embeddings, norms "
+               "and head in their own dtype)." if m.get("quantization") else ""))
 
 
 def write_analysis_report(analysis: dict, out_dir: Path, sinks_per_head: float | None) -> tuple[Path, Path]:
