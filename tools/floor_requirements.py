@@ -14,7 +14,9 @@ from pathlib import Path
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-EXTRAS = ("lora", "quant", "cluster", "serve")  # optional extras whose floors are installed too (peft: `train --trainable lora`, `merge`; torchao: `--quantize`; submitit: `experiment --launcher`; fastapi, uvicorn: `serve`)
+# torchao (`quant`) is left out: 0.18, its floor and newest release, needs torch >= 2.11 and breaks transformers'
+# import beside torch 2.6 (torch.utils._pytree.register_constant); the main environment tests it at exactly 0.18.0
+EXTRAS = ("lora", "cluster", "serve")  # optional extras whose floors are installed too (peft: `train --trainable lora`, `merge`; submitit: `experiment --launcher`; fastapi, uvicorn: `serve`)
 DEV_FOR_TESTS = ("openai", "httpx", "hypothesis")  # the dev extra's test clients the floor tests run (tests/serving)
 
 

@@ -143,3 +143,27 @@ def test_generate_text_gives_a_block_model_its_stop_ids(monkeypatch):
     monkeypatch.setattr(text, "generate", spy)
     out = text.generate_text(model, tok, "w1 w2", gen_length=8, steps=8)  # a block model: an upper bound
     assert seen["stops"] == (tok.eos_token_id,) and len(out.tokens) == 8
+
+
+def test_a_callback_is_told_each_finished_block_and_changes_no_token():
+    """generate(callback=) on a block model: one call per finished block, rows of different prompt lengths; each
+    call's newly final columns follow the last, its tokens there are the final answer's, every generated column is
+    final by the end, and the tokens equal a call without a callback."""
+    model = tiny_model(block_size=4, num_sink_tokens=1)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (3, 6)]
+    settings = dict(max_new_tokens=10, steps=10, temperature=0.8, seed=5)
+    plain = generate(model, prompts, **settings)
+    states = []
+    out = generate(model, prompts, callback=states.append, **settings)
+    assert torch.equal(out, plain)
+    p = out.shape[1] - 10
+    seen = torch.zeros_like(out, dtype=torch.bool)
+    seen[:, :p] = True
+    assert len(states) >= 3 and [s.block for s in states] == sorted(s.block for s in states)
+    for s in states:
+        assert torch.equal(s.masked, ~seen)  # not final before this block
+        assert not (s.committed & seen).any()  # only new columns become final
+        seen |= s.committed
+        assert torch.equal(s.x[seen], out[seen])  # what is final is the answer
+    assert seen.all()

@@ -306,8 +306,7 @@ def test_a_client_that_leaves_cancels_its_work(tiny):
 
 def test_a_block_model_is_served_and_batched_as_alone(tiny):
     """A block diffusion model (docs/method.md §13): max_tokens bounds it; two concurrent requests of other prompt
-    lengths and seeds each get what `generate` gives them alone (its answer comes whole: block decoding takes no
-    step callback yet, so a stream holds one chunk)."""
+    lengths and seeds each get what `generate` gives them alone; a stream grows block by block to the same text."""
     _, tok = tiny
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -321,6 +320,9 @@ def test_a_block_model_is_served_and_batched_as_alone(tiny):
             answers = list(pool.map(lambda a: running.client.completions.create(
                 model=NAME, prompt=a[0], max_tokens=8, seed=a[1], temperature=0.9).choices[0].text, asks))
         assert running.health()["batches"] == 1
+        chunks = [c.choices[0].text for c in running.client.completions.create(
+            model=NAME, prompt=asks[1][0], max_tokens=8, seed=asks[1][1], temperature=0.9, stream=True) if c.choices]
+        assert "".join(chunks) == answers[1]
     finally:
         running.stop()
     for (prompt, seed), answer in zip(asks, answers):

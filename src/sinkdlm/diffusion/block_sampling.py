@@ -15,7 +15,8 @@ A plan, then its loop:
   * after each block, a row that has produced a stop id (`stop_token_ids`, set by `generate_text`) or reached its
     bound is finished: what follows its stop id is the first stop id, and it leaves the batch (its cache rows are
     dropped), so it is not computed further while the others go on.
-Not yet here: a probe or callback (the analysis of a block model), `cache`/`compile` (the cache is always on).
+A callback hears of each finished block (what a server streams). Not yet here: a probe (the analysis of a block
+model), `cache`/`compile` (the cache is always on).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -46,10 +48,10 @@ class BlockOutput:
     steps_taken: int  # model forward passes (the prefill, the denoising steps and each block's final pass)
 
 
-def check_block_call(config, settings: SampleConfig, *, probe, callback, shift_logits) -> None:
+def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> None:
     """What `generate` refuses of a block model (and `max_new_tokens` of any other model), before any work."""
     check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None)
-    asked = {"probe": probe, "callback": callback, "shift_logits": shift_logits or None}
+    asked = {"probe": probe, "shift_logits": shift_logits or None}
     given = [name for name, value in asked.items() if value is not None]
     if given:
         raise ValueError(f"a block model's decoding takes no {' or '.join(given)} yet (the analysis of a block model is "
@@ -196,13 +198,36 @@ def _finish(canvas: _Canvas, hi: int, stops: torch.Tensor, out: torch.Tensor, ma
     return ~done
 
 
+def _report_block(on_block: Callable, canvas: _Canvas, going: torch.Tensor, out: torch.Tensor, before: torch.Tensor,
+                  passes: int, index: int, hi: int, max_new: int) -> torch.Tensor:
+    """Tell `on_block` what this block made final (before the finished rows leave the canvas); returns the
+    columns final now."""
+    p = out.shape[1] - max_new
+    x, now = out.clone(), before.clone()  # a row that left in an earlier block is final in both already
+    for i, row in enumerate(canvas.rows.tolist()):
+        if not going[i]:  # finished: `_finish` wrote its whole answer
+            now[row, p:] = True
+            continue
+        start = int(canvas.starts[i])
+        n = max(0, min(hi - start, max_new))
+        x[row, p:p + n] = canvas.x[i, start:start + n]
+        now[row, p:p + n] = True
+    on_block(passes, index, x, ~before, now & ~before)
+    return now
+
+
 @torch.no_grad()
 def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig,
-                  generator: RowGenerators | torch.Generator | None, use_sink_cache: bool = True) -> BlockOutput:
+                  generator: RowGenerators | torch.Generator | None, use_sink_cache: bool = True,
+                  on_block: Callable[[int, int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+                  ) -> BlockOutput:
     """Generate after each prompt (`[B, P]` left-padded ids with its mask, as `sampling.prepare_prompts` gives)
     block by block (the module docstring): `[B, P + max_new_tokens]` in a `BlockOutput`. `generator`: a stream
     per row (`RowGenerators`, what `generate` makes of `seed`: every row then gets the tokens it gets alone,
-    sampled too), one stream for the batch, or None (torch's global generator)."""
+    sampled too), one stream for the batch, or None (torch's global generator). `on_block(passes, block, x,
+    masked, committed)` after each finished block: `x [B, P + N]` every row's final tokens so far (the rest
+    [MASK]), `masked` the columns not final before this block, `committed` those this block made final (a
+    server streams the finished prefix; the tokens are the same with or without it)."""
     plan = plan_blocks(model, prompt, prompt_mask, settings)
     mask_id = model.config.mask_token_id
     stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
@@ -214,6 +239,8 @@ def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
     canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv,
                      generator)
     passes = 0
+    final = torch.zeros_like(out, dtype=torch.bool)  # [B, P + N] the columns final so far (`on_block`)
+    final[:, :p] = True
     if plan.prefill:  # the prompts' whole blocks, once
         _pass(model, canvas, 0, plan.prefill, causal=True, head=False)
         passes += 1
@@ -235,6 +262,8 @@ def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
             masked &= ~pick
             passes += 1
         going = _finish(canvas, blk.hi, stops, out, plan.max_new)
+        if on_block is not None:
+            final = _report_block(on_block, canvas, going, out, final, passes, blk.index, blk.hi, plan.max_new)
         if not going.any():
             break
         if not going.all():

@@ -314,10 +314,15 @@ def generate(
         overrides["gen_length"] = overrides["max_new_tokens"]  # a block model's bound is its only length
     settings = with_overrides(SampleConfig, config, overrides, "generate")
     if model.config.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
-        check_block_call(model.config, settings, probe=probe, callback=callback, shift_logits=shift_logits)
+        check_block_call(model.config, settings, probe=probe, shift_logits=shift_logits)
         prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, 0)
         generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
-        out = decode_blocks(model, prompt, prompt_mask, settings, generator, use_sink_cache)
+        on_block = None
+        if callback is not None:  # told once per finished block (the tokens are the same without it)
+            def on_block(step, index, x, masked, committed):
+                callback(StepState(step=step, block=index, x=x, masked=masked, committed=committed,
+                                   prompt_length=prompt.shape[1]))
+        out = decode_blocks(model, prompt, prompt_mask, settings, generator, use_sink_cache, on_block)
         return GenerationOutput(**vars(out)) if return_dict else out.sequences
     full_logits = callback is not None and getattr(callback, "full_logits", True)
     plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=full_logits,

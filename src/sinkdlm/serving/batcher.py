@@ -143,11 +143,9 @@ class Engine:
                     p.sent[j] = text
 
         callback.full_logits = False  # only the block's logits: the tokens of a call without a callback
-        # a block model's decoding takes no callback yet (diffusion/block_sampling.py): its answer comes whole
-        block_model = self.model.config.block_size is not None
-        try:
+        try:  # a block model calls it once per finished block (diffusion/block_sampling.py)
             out = generate(self.model, [p.job.rows[j] for p, j in owners], batch[0].job.settings,
-                           generator=generators, callback=None if block_model else callback, return_dict=True)
+                           generator=generators, callback=callback, return_dict=True)
         except _Abandoned:
             return
         except Exception:  # a bug, not a request's fault: the requests learn of it, the log keeps the traceback
