@@ -182,12 +182,12 @@ def test_packing_says_what_it_does_once(tmp_path, capsys):
     corpus.write_text("\n\n".join(f"paragraph {i} " + "word " * 40 for i in range(20)))
     tok = train_bpe_tokenizer(["word paragraph " * 50], 300)
     path = pack_corpus(str(corpus), tok, 16, "train", cache_dir=tmp_path / "cache")
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # progress goes to stderr
     assert "[sinkdlm] packing the train split of" in out and "16-token rows" in out
     rows = np.load(path).shape[0]
     assert f"packed {rows} rows ({rows * 16} tokens)" in out
     pack_corpus(str(corpus), tok, 16, "train", cache_dir=tmp_path / "cache")
-    assert "packing" not in capsys.readouterr().out  # cached: nothing to say
+    assert "packing" not in capsys.readouterr().err  # cached: nothing to say
 
 
 def test_sft_truncation_names_the_flag():
@@ -205,7 +205,7 @@ def test_missing_tensorboard_is_said(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     log = MetricsLog(tmp_path, 0, True, True)
     assert log.writer is None
-    assert "TensorBoard is not installed" in capsys.readouterr().out
+    assert "TensorBoard is not installed" in capsys.readouterr().err
 
 
 def test_prompts_jsonl_errors_name_the_flag_the_file_and_the_line(tmp_path):

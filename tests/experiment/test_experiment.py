@@ -220,7 +220,8 @@ def test_smoke_writes_every_file_and_key(smoke):
         for s in v["seeds"].values():
             a = s["analysis"]
             assert set(a) == {"non_sink_fraction", "non_sink_fraction_by_epsilon", "moving", "moving_per_layer",
-                              "value_norm", "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate"}
+                              "value_norm", "extra_sink", "sink_token_types", "ablation", "samples", "repetition_rate",
+                              "keys_per_sequence"}
             per_layer = json.loads((Path(s["analysis_dir"]) / "analysis.json").read_text())["moving"]
             assert a["moving_per_layer"]["content_sink_set_change_rate"] == per_layer["content_sink_set_change_rate"]
             assert len(a["moving_per_layer"]["content_sink_set_change_rate"]) == 2  # the micro model's layers

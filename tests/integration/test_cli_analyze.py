@@ -84,13 +84,16 @@ def test_analyze_command_writes_json_figures_and_reports(checkpoints, tmp_path, 
         assert a["sink_token_types"]["counts"]["sink"] >= 0
     else:
         assert a["extra_sink"] is None
-    assert a["figures"] == FIGURES  # stable names, all five written
+    from sinkdlm.analysis.outliers_report import FIGURE as OUTLIERS
+
+    shown = {**FIGURES, "outliers": OUTLIERS}  # the per-layer activation outliers too (docs/method.md)
+    assert a["figures"] == shown  # stable names, all six written
     for file in a["figures"].values():
         check_png(out / file)
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "ϵ = 1" in md and "column-**sum**" in md and "Sink-masking ablation" in md
     # the page links each figure beside it (a committed report adds no second copy of its figures)
-    assert sorted(re.findall(r'<img src="([^"]+)"', page)) == sorted(FIGURES.values()) and "<table>" in page
+    assert sorted(re.findall(r'<img src="([^"]+)"', page)) == sorted(shown.values()) and "<table>" in page
     assert "data:image" not in page
     with open(out / "analysis_arrays.npz", "rb") as f:
         assert f.read(2) == b"PK"
@@ -150,7 +153,7 @@ def test_analyze_from_data_and_compare(checkpoints, tmp_path):
     info = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert info["models"] == ["vanilla", "sink"]
     assert {"non_sink_fraction", "sink_mass_layers", "layer_bars", "value_norm_scatter",
-            "largest_sink_positions", "attention_maps", "ablation_curve"} == set(info["figures"])
+            "largest_sink_positions", "attention_maps", "ablation_curve", "outliers"} == set(info["figures"])
     for file in info["figures"].values():
         check_png(tmp_path / "cmp" / file)
     page = (tmp_path / "cmp" / "report.html").read_text()
