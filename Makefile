@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-numerics test-slow test-floors demo bench clean readme-results reports example-model
+.PHONY: install test test-numerics test-quant test-slow test-floors demo bench clean readme-results reports example-model
 
 install: $(STAMP)
 
@@ -49,6 +49,19 @@ NUMERICS_TESTS := $(addprefix tests/model/,test_model.py test_forward_api.py tes
 	test_sampling_cache.py test_validation_elbo.py test_block.py test_block_sampling.py) tests/checkpoint/test_gguf.py tests/checkpoint/test_gguf_diffusion.py
 test-numerics: install
 	SINKDLM_TEST_THREADS=2 ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -n 2 -p no:cacheprovider $(NUMERICS_TESTS)
+
+# torchao (`--quantize`, the `quant` extra) is kept out of .venv: installed, it is imported by every import of
+# transformers' models (its quantizers), 5-6 s a process here, which would double the default suite's time. Its
+# tests run here, in .venv-quant: .venv's packages (a .pth adding its site directory, the editable sinkdlm
+# included) plus torchao at the quant extra's floor.
+QUANT_VENV := .venv-quant
+QUANT_TESTS := tests/model/test_quantize.py tests/analysis/test_outliers.py
+test-quant: install
+	test -x $(QUANT_VENV)/bin/python || python3 -m venv $(QUANT_VENV)
+	$(PY) -c "import sysconfig; print('import site; site.addsitedir(%r)' % sysconfig.get_paths()['purelib'])" > \
+		"$$($(QUANT_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/sinkdlm-venv.pth"
+	$(QUANT_VENV)/bin/python -m pip install -q --no-deps "$$($(PY) tools/floor_requirements.py --extra quant)"
+	$(QUANT_VENV)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(QUANT_TESTS)
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

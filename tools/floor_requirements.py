@@ -20,11 +20,14 @@ EXTRAS = ("lora", "cluster", "serve")  # optional extras whose floors are instal
 DEV_FOR_TESTS = ("openai", "httpx", "hypothesis")  # the dev extra's test clients the floor tests run (tests/serving)
 
 
-def floor_pins(pyproject: Path = PYPROJECT) -> list[str]:
+def floor_pins(pyproject: Path = PYPROJECT, extra: str | None = None) -> list[str]:
+    """The floors pinned; `extra`: that extra's alone (`make test-quant` installs the quant extra's)."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
     deps = [*project["dependencies"], *(d for extra in EXTRAS for d in extras[extra]),
             *(d for d in extras["dev"] if re.split(r"[<>=\s\[]", d)[0] in DEV_FOR_TESTS)]
+    if extra is not None:
+        deps = extras[extra]
     pins = []
     for dep in deps:
         m = re.fullmatch(r"\s*([A-Za-z0-9_.\-\[\]]+)\s*>=\s*([0-9][0-9A-Za-z.]*)\s*", dep)
@@ -35,4 +38,5 @@ def floor_pins(pyproject: Path = PYPROJECT) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.stdout.write("\n".join(floor_pins()) + "\n")
+    only = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--extra" else None
+    sys.stdout.write("\n".join(floor_pins(extra=only)) + "\n")
