@@ -97,6 +97,13 @@ def test_bad_launch_settings_are_one_line_before_anything(tmp_path, monkeypatch,
     assert not out.exists()
 
 
+def test_an_unknown_pinned_commit_is_one_line_before_anything(tmp_path, capsys):
+    out = tmp_path / "study"
+    err = _refused(capsys, ["experiment", "--preset", "smoke", "--out", str(out), "--launcher", "local",
+                            "--pin-commit", "no-such-commit"])
+    assert "--pin-commit no-such-commit: no such commit" in err and not out.exists(), err
+
+
 def _refused(capsys, argv: list[str]) -> str:
     """`sinkdlm ARGV` exits 2 with one line on stderr and nothing on stdout; that line."""
     with pytest.raises(SystemExit) as exc:
@@ -217,3 +224,16 @@ def test_the_report_keeps_the_seeds_measured_whole_and_names_the_missing_runs(tm
     (plan.out / "runs" / "vanilla-s0" / "val.json").unlink()
     with pytest.raises(ValueError, match="no seed of .* has every run measured .*vanilla-s0, gated-s1"):
         measured_only(plan)
+
+
+def test_a_control_jobs_status_reads_its_own_directory(tmp_path):
+    """`--status` has no --init-from, so its plan lists no step-0 controls: a control job is done when its own
+    directory holds its validation, and not before."""
+    from sinkdlm.experiment.launch import Job, job_config, part_done
+
+    cfg = ExperimentConfig(preset="late-sink", out=str(tmp_path / "study"))
+    job = Job("step0-sink-all-s300", "control", "sink-all", 300)
+    assert not part_done(job_config(cfg, job), job)
+    (tmp_path / "study" / "step0" / "sink-all-s300").mkdir(parents=True)
+    (tmp_path / "study" / "step0" / "sink-all-s300" / "val.json").write_text("{}")
+    assert part_done(job_config(cfg, job), job)

@@ -38,13 +38,14 @@ import submitit
 from sinkdlm.config.commands import ExperimentConfig
 from sinkdlm.config.launch import LaunchConfig
 from sinkdlm.experiment.plan import ExperimentPlan, log, make_plan, step0_name
-from sinkdlm.experiment.stages import run_products
+from sinkdlm.experiment.stages import run_measured
 from sinkdlm.experiment.units import DONE
 from sinkdlm.experiment.variance import VAL
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.out_dir import LAUNCH_DIR
 
 STATES = ("pending", "running", "done", "failed")
+CONTROL_PREFIX = "step0-"  # a step-0 control's job name: the prefix, then its directory under OUT/step0
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def study_jobs(plan: ExperimentPlan) -> list[Job]:
                 name = step0_name(v, s)
                 if name not in seen:
                     seen.add(name)
-                    jobs.append(Job(f"step0-{name}", "control", v.name, s))
+                    jobs.append(Job(CONTROL_PREFIX + name, "control", v.name, s))
     return jobs + [Job("report", "report")]
 
 
@@ -81,6 +82,11 @@ def job_config(config: ExperimentConfig, job: Job) -> ExperimentConfig:
 
 def _state_path(out: Path, name: str) -> Path:
     return out / LAUNCH_DIR / "state" / f"{name}.json"
+
+
+def _logs(out: Path) -> Path:
+    """submitit's folder of a study's jobs: one folder per job id (its stdout, stderr and submission)."""
+    return out / LAUNCH_DIR / "logs" / "%j"
 
 
 def _preempt_signal() -> int:
@@ -99,10 +105,8 @@ class ExperimentJob(submitit.helpers.Checkpointable):
     def __call__(self) -> str:
         from sinkdlm.training.rundir import TrainingStopped
 
-        run_experiment = self.run
-
         env = submitit.JobEnvironment()
-        out, state = Path(self.config.out), _state_path(Path(self.config.out), self.job.name)
+        state = _state_path(Path(self.config.out), self.job.name)
         if self.world_size > 1:  # RANK, WORLD_SIZE, MASTER_ADDR/PORT for the trainer's process group
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         main = env.global_rank == 0
@@ -117,11 +121,11 @@ class ExperimentJob(submitit.helpers.Checkpointable):
         cfg = job_config(self.config, self.job)
         try:
             if self.job.kind == "run" and self.world_size > 1:  # every rank trains; rank 0 measures the rest
-                run_experiment(cfg, part="train")
+                self.run(cfg, part="train")
                 if not main:
                     return "trained"
             part = {"base": "base", "run": "runs", "control": "controls", "report": "report"}[self.job.kind]
-            run_experiment(cfg, part=part)
+            self.run(cfg, part=part)
         except TrainingStopped as stopped:
             if stopped.signum == _preempt_signal():  # saved at the end of its step: requeue (the handler exits)
                 if main:
@@ -129,7 +133,8 @@ class ExperimentJob(submitit.helpers.Checkpointable):
                                               "checkpoint": str(stopped.checkpoint), "time": time.time()})
                 os.kill(os.getpid(), stopped.signum)  # submitit's handler, restored by the trainer: checkpoint()
                 time.sleep(60)  # the handler exits this process (requeue); never reached in practice
-            self._failed(state, env, attempt, f"stopped by signal {stopped.signum}")
+            if main:
+                self._failed(state, env, attempt, f"stopped by signal {stopped.signum}")
             raise
         except BaseException as e:
             if main:
@@ -146,8 +151,8 @@ class ExperimentJob(submitit.helpers.Checkpointable):
 
 # ----------------------------------------------------------------------------- executors
 def check_launch(config: ExperimentConfig) -> None:
-    """Every launch setting, before anything is submitted: one line each."""
-    config.check()
+    """Every launch setting that needs submitit or the machine (`LaunchConfig.check` has the rest), before anything
+    is submitted: one line each."""
     if config.launcher == "slurm":
         missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
         if missing:
@@ -162,8 +167,11 @@ def check_launch(config: ExperimentConfig) -> None:
             raise ValueError(f"--launcher local with --gpus-per-run {config.gpus_per_run} x --jobs {config.jobs} needs "
                              f"{need} GPUs; this machine has {have}: lower --jobs or --gpus-per-run (0 trains on CPUs)")
     if config.pin_commit:
-        subprocess.run(["git", "rev-parse", "--verify", f"{config.pin_commit}^{{commit}}"], check=True,
-                       capture_output=True, cwd=Path(__file__).resolve().parent)
+        found = subprocess.run(["git", "rev-parse", "--verify", f"{config.pin_commit}^{{commit}}"],
+                               capture_output=True, cwd=Path(__file__).resolve().parent)
+        if found.returncode:
+            raise ValueError(f"--pin-commit {config.pin_commit}: no such commit in this checkout's repository; give a "
+                             "commit hash or tag it has (git log), or leave --pin-commit out")
 
 
 def _slurm_parameters(config: LaunchConfig) -> dict[str, Any]:
@@ -180,7 +188,7 @@ def _slurm_parameters(config: LaunchConfig) -> dict[str, Any]:
 
 def _slurm_executor(config: ExperimentConfig) -> submitit.SlurmExecutor:
     """A Slurm executor with the launch settings; submitit's own check refuses a key sbatch does not know."""
-    executor = submitit.SlurmExecutor(folder=Path(config.out) / LAUNCH_DIR / "logs" / "%j", max_num_timeout=10)
+    executor = submitit.SlurmExecutor(folder=_logs(Path(config.out)), max_num_timeout=10)
     try:
         executor.update_parameters(**_slurm_parameters(config))
     except ValueError as e:  # submitit lists the valid keys: say which one is wrong, in one line
@@ -192,13 +200,12 @@ def _slurm_executor(config: ExperimentConfig) -> submitit.SlurmExecutor:
 
 def make_executor(config: ExperimentConfig) -> submitit.Executor:
     """The submitit executor of the launch config: local or Slurm, each job's resources and time limit."""
-    folder = Path(config.out) / LAUNCH_DIR / "logs" / "%j"
     if config.launcher == "slurm":
         executor = _slurm_executor(config)
         if config.pin_commit:
             executor.update_parameters(setup=[f"export PYTHONPATH={pinned_tree(config.pin_commit)}/src"])
     else:
-        executor = submitit.LocalExecutor(folder=folder)
+        executor = submitit.LocalExecutor(folder=_logs(Path(config.out)))
         executor.update_parameters(timeout_min=config.timeout_minutes(), tasks_per_node=config.processes_per_node(),
                                    gpus_per_node=config.gpus_per_run)
     return executor
@@ -233,15 +240,9 @@ def launch_experiment(config: ExperimentConfig, run: Callable[..., Any]) -> dict
     """Submit the study as jobs (`run_experiment` has checked the launch settings and --out): Slurm returns
     once they are queued; local runs `--jobs` at once and waits. Each job calls `run` (`run_experiment`)."""
     plan = make_plan(job_config(config, Job("report", "report")))
-    out = plan.out
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = study_jobs(plan)
-    executor = make_executor(config)
-    if config.launcher == "slurm":
-        record = _submit_slurm(config, executor, jobs, run)
-    else:
-        record = _run_local(config, executor, jobs, run)
-    return record
+    plan.out.mkdir(parents=True, exist_ok=True)
+    submit = _submit_slurm if config.launcher == "slurm" else _run_local
+    return submit(config, make_executor(config), study_jobs(plan), run)
 
 
 def _job_entry(job: Job, submitted: Any) -> dict[str, Any]:
@@ -336,7 +337,7 @@ def job_states(out: Path) -> list[dict[str, Any]]:
         job = Job(e["name"], e["kind"], e.get("variant"), e.get("seed"))
         state_file = _state_path(out, job.name)
         said = json.loads(state_file.read_text()) if state_file.is_file() else {}
-        if part_done(job_config(config, job), job.kind):
+        if part_done(job_config(config, job), job):
             state = "done"
         elif said.get("state") == "failed":
             state = "failed"
@@ -350,23 +351,23 @@ def job_states(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def part_done(config: ExperimentConfig, kind: str) -> bool:
-    """Whether a job's part of the study is on disk: the base trained, its runs or controls measured, the report."""
+def part_done(config: ExperimentConfig, job: Job) -> bool:
+    """Whether a job's part of the study is on disk: the base trained, its run or control measured, the report.
+    A control is read from its own directory: a status call has no --init-from, so its plan lists no controls."""
     plan = make_plan(config)
-    if kind == "base":
+    if job.kind == "base":
         return (plan.out / "base" / DONE).is_file()
-    if kind == "report":
+    if job.kind == "report":
         return (plan.out / "report.md").is_file()
-    if kind == "control":
-        return all((plan.out / "step0" / n / VAL).is_file() for n in plan.step0_names())
-    return all(f.is_file() for s in plan.seeds for v in plan.preset.variants
-               for f in run_products(plan, plan.out / "runs" / f"{v.name}-s{s}", s))
+    if job.kind == "control":
+        return (plan.out / "step0" / job.name.removeprefix(CONTROL_PREFIX) / VAL).is_file()
+    return run_measured(plan, job.variant, job.seed)
 
 
 def _slurm_ended(out: Path, job_id: str) -> bool:
     """Slurm says the job ended without finishing (failed, cancelled, out of time or memory)."""
     try:
-        state = submitit.SlurmJob(folder=out / LAUNCH_DIR / "logs" / "%j", job_id=job_id).state
+        state = submitit.SlurmJob(folder=_logs(out), job_id=job_id).state
     except Exception:  # no sacct here: the job's own record is all there is
         return False
     return state.split()[0] in ("FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL")

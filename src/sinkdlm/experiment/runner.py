@@ -32,7 +32,7 @@ from sinkdlm.experiment.plan import ExperimentPlan, log, make_plan
 from sinkdlm.experiment.presets import ExperimentPreset
 from sinkdlm.experiment.records import (collect_records, compare_analyses, mark_started, results_header,
                                         summarise_results, write_results)
-from sinkdlm.experiment.stages import (Session, measure_controls, measure_runs, prepare_units, run_products,
+from sinkdlm.experiment.stages import (Session, measure_controls, measure_runs, prepare_units, run_measured,
                                       train_base, train_run)
 from sinkdlm.experiment.variance import VAL
 from sinkdlm.io.files import ensure_writable_dir
@@ -178,11 +178,9 @@ def describe_experiment(config: ExperimentConfig) -> str:
     import json
 
     from sinkdlm.experiment.plan import run_seconds
-    from sinkdlm.experiment.stages import run_products
 
     plan = make_plan(config)
-    finished = sum(all(f.is_file() for f in run_products(plan, plan.out / "runs" / f"{v.name}-s{s}", s))
-                   for s in plan.seeds for v in plan.preset.variants)
+    finished = sum(run_measured(plan, v.name, s) for s in plan.seeds for v in plan.preset.variants)
     timings = [json.loads(t.read_text()) for t in plan.out.glob("runs/*/timing.json")]
     measured = tuple(x for t in timings if (x := run_seconds(t)) is not None)
     lines = [plan.describe(measured, finished)]
@@ -217,11 +215,13 @@ def checked_inputs(plan: ExperimentPlan) -> ExperimentPlan:
 def measured_only(plan: ExperimentPlan) -> tuple[ExperimentPlan, list[str]]:
     """The plan restricted to the seeds whose every run and step-0 control is measured (a comparison stays
     paired), and the runs and controls left out (a job that failed for good); none measured: one line."""
-    missing = [f"{v.name}-s{s}" for s in plan.seeds for v in plan.preset.variants
-               if not all(f.is_file() for f in run_products(plan, plan.out / "runs" / f"{v.name}-s{s}", s))]
-    missing += [f"step0/{n}" for n in plan.step0_names() if not (plan.out / "step0" / n / VAL).is_file()]
-    complete = [s for s in plan.seeds if not any(m.endswith(f"-s{s}") for m in missing)
-                and all((plan.out / "step0" / n / VAL).is_file() for n in plan.step0_names(seeds=[s]))]
+    def control_measured(name: str) -> bool:
+        return (plan.out / "step0" / name / VAL).is_file()
+
+    missing = [f"{v.name}-s{s}" for s in plan.seeds for v in plan.preset.variants if not run_measured(plan, v.name, s)]
+    missing += [f"step0/{n}" for n in plan.step0_names() if not control_measured(n)]
+    complete = [s for s in plan.seeds if all(run_measured(plan, v.name, s) for v in plan.preset.variants)
+                and all(control_measured(n) for n in plan.step0_names(seeds=[s]))]
     if not complete:
         raise ValueError(f"no seed of {plan.out} has every run measured (missing: {', '.join(missing)}): see "
                          f"`sinkdlm experiment --status --out {plan.out}` for their logs, then submit again to resume them")

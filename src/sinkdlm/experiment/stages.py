@@ -260,6 +260,11 @@ def _curve_dirs(p: ExperimentPlan, run: Path) -> dict[int, Path]:
     return {st: run / "curve" / f"step-{st}" for st in p.preset.validation.curve_steps(p.steps)[:-1]}
 
 
+def run_measured(p: ExperimentPlan, variant: str, seed: int) -> bool:
+    """Whether the run of `variant` and `seed` has every product on disk (`run_products`)."""
+    return all(f.is_file() for f in run_products(p, p.out / "runs" / f"{variant}-s{seed}", seed))
+
+
 def run_products(p: ExperimentPlan, run: Path, seed: int) -> list[Path]:
     """What the stages leave in a run's directory `run`: its validation (and at each declared curve step), task
     scores, analysis (the analysed seeds) and escape probes. A run with all of them is measured: it is not
