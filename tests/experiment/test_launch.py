@@ -237,3 +237,31 @@ def test_a_control_jobs_status_reads_its_own_directory(tmp_path):
     (tmp_path / "study" / "step0" / "sink-all-s300").mkdir(parents=True)
     (tmp_path / "study" / "step0" / "sink-all-s300" / "val.json").write_text("{}")
     assert part_done(job_config(cfg, job), job)
+
+
+def test_a_launched_job_analyses_what_the_in_process_study_analyses(tmp_path):
+    """A preset that analyses its first seed only: each job runs one seed, yet analyses a run or a step-0 control
+    exactly where the whole study's in-process plan does (the study's first seed), not every job's own first."""
+    import dataclasses
+
+    from sinkdlm.experiment.launch import job_config, study_jobs
+    from sinkdlm.experiment.plan import make_plan
+
+    preset = dataclasses.replace(get_preset("late-sink"), analyse_every_seed=False)
+    cfg = ExperimentConfig(preset=preset, out=str(tmp_path / "study"), init_from=str(tmp_path / "base"),
+                           seeds="302,300,301")
+    plan = make_plan(cfg)
+    assert plan.first_seed == 302 and {s for s in plan.seeds if plan.analysed(s)} == {302}
+    runs = controls = 0
+    analysed_controls: dict[str, str] = {}
+    for job in study_jobs(plan):
+        jp = make_plan(job_config(cfg, job))
+        if job.kind == "run":
+            runs += 1
+            assert jp.seeds == (job.seed,) and jp.analysed(job.seed) == (job.seed == 302), job.name
+        elif job.kind == "control":
+            controls += 1
+            analysed_controls |= {n: v.name for n, v in jp.analysed_controls().items()}
+    assert runs == 15 and controls > 0
+    assert analysed_controls == {n: v.name for n, v in plan.analysed_controls().items()} != {}
+    assert all(n.endswith("-s302") or "-s3" not in n for n in analysed_controls)  # a shared control has no seed

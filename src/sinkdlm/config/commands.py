@@ -342,6 +342,9 @@ class ExperimentConfig(DeviceOption, RemaskingOptions, LaunchConfig):
     variants: str | None = None
     """Comma-separated variant names to run (a shard; default: all the preset's). Shards may run at once on one
     --out."""
+    analysed_seed: int | None = option(None, cli=False)
+    """The seed whose runs and step-0 controls are analysed where the preset analyses one seed (None: the first of
+    --seeds). A launched job runs one seed and carries its study's first here, so it analyses what an in-process run does."""
     dry_run: bool = False
     """Print the plan (runs, shard, validation, declared endpoints, runs measured already, the time left) and exit:
     nothing is trained or written."""

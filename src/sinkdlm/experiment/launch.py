@@ -77,7 +77,9 @@ def job_config(config: ExperimentConfig, job: Job) -> ExperimentConfig:
     """The in-process config of a job: its own variant and seed, no launcher of its own."""
     inline = {f.name: f.default for f in dataclasses.fields(LaunchConfig)}
     shard = {"variants": job.variant, "seeds": str(job.seed)} if job.variant is not None else {}
-    return dataclasses.replace(config, **inline, **shard, overwrite=False, dry_run=False)
+    # the job runs one seed, but analyses what the whole study's in-process run analyses (`ExperimentPlan.analysed`)
+    first = make_plan(config).first_seed
+    return dataclasses.replace(config, **inline, **shard, analysed_seed=first, overwrite=False, dry_run=False)
 
 
 def _state_path(out: Path, name: str) -> Path:

@@ -161,6 +161,13 @@ class ExperimentPlan:
     gsm8k: str | None
     rule: dict[str, Any]  # the sampler settings the command line set (empty: the preset's)
     skip_analysis: bool = False
+    analysed_seed: int | None = None  # ExperimentConfig.analysed_seed: a launched job's study's first seed
+
+    @property
+    def first_seed(self) -> int:
+        """The seed analysed where the preset analyses one: the study's first (a launched job's own config carries
+        it), else this call's first."""
+        return self.seeds[0] if self.analysed_seed is None else self.analysed_seed
 
     @property
     def steps(self) -> int:
@@ -206,7 +213,18 @@ class ExperimentPlan:
 
     def analysed(self, seed: int) -> bool:
         """Whether a run of this seed is analysed: the first seed always, every seed where the preset asks."""
-        return (seed == self.seeds[0] or self.preset.analyse_every_seed) and not self.skip_analysis
+        return (seed == self.first_seed or self.preset.analyse_every_seed) and not self.skip_analysis
+
+    def analysed_controls(self) -> dict[str, Variant]:
+        """The step-0 controls this call analyses, each with its variant (the first, where `Variant.step0` shares
+        one): each variant's first seed's (`first_seed`), where this call measures it."""
+        if self.skip_analysis:
+            return {}
+        controls: dict[str, Variant] = {}
+        for variant in self.preset.variants:  # none without --init-from (or a base)
+            if (name := step0_name(variant, self.first_seed)) in self.step0_names((variant,)):
+                controls.setdefault(name, variant)
+        return controls
 
     def cost_line(self, measured: list[float], finished: int = 0) -> str:
         """The plan's console line: runs x steps and the expected time (`plan_line`)."""
@@ -285,4 +303,5 @@ def make_plan(config: ExperimentConfig, *, skip_analysis: bool = False) -> Exper
                                      evaluation=dataclasses.replace(preset.evaluation, **rule))
     return ExperimentPlan(preset=preset, study=study, out=Path(config.out), seeds=tuple(seeds or preset.seeds),
                           max_steps=config.max_steps, init_from=config.init_from, data=config.data,
-                          device=config.device, gsm8k=config.gsm8k, rule=rule, skip_analysis=skip_analysis)
+                          device=config.device, gsm8k=config.gsm8k, rule=rule, skip_analysis=skip_analysis,
+                          analysed_seed=config.analysed_seed)

@@ -70,7 +70,7 @@ def collect_records(plan: ExperimentPlan, units: Units, results: dict[str, Any])
         per_seed: dict[str, Any] = {}
         for unit in units.runs[variant.name]:
             per_seed[str(unit.seed)] = record = run_record(plan, unit)
-            if "analysis_dir" in record and unit.seed == plan.seeds[0]:
+            if "analysis_dir" in record and unit.seed == plan.first_seed:
                 analysis_dirs[variant.label] = Path(record["analysis_dir"])
             results["validation"]["tokens"] = json.loads((unit.dir / VAL).read_text())["tokens"]
         results["variants"][variant.name] = {"label": variant.label, "switches": variant.switches, "seeds": per_seed}
@@ -86,7 +86,7 @@ def control_record(plan: ExperimentPlan, units: Units, variant: Variant) -> dict
     """A variant's step-0 record (from an AR checkpoint): the first seed's control, which is the analysed one."""
     if not plan.init_from:
         return None
-    u0 = units.controls[step0_name(variant, plan.seeds[0])]
+    u0 = units.controls[step0_name(variant, plan.first_seed)]
     val0 = json.loads((u0.dir / VAL).read_text())
     step0 = {"checkpoint": u0.ckpt, "val_loss": val0["val_loss"], "val_loss_se": val0["val_loss_se"],
              "per_seed": draws_at_conversion(variant)}

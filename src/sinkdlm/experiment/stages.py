@@ -200,13 +200,10 @@ def measure_runs(s: Session, units: Units) -> None:
 def measure_controls(s: Session, units: Units) -> None:
     """Stage 3: the step-0 controls: each variant's first (its first seed's) analysed, every one validated."""
     p = s.plan
-    analysed_as: dict[str, Any] = {}  # a variant's first control -> that variant (the first, where shared)
-    for variant in p.preset.variants:
-        for name in p.step0_names((variant,))[:1]:  # none without --init-from (or a base)
-            analysed_as.setdefault(name, variant)
+    analysed_as = p.analysed_controls()
     for u0 in claimed([units.controls[name] for name in p.step0_names()]):  # each once (`Variant.step0` shares)
         variant = analysed_as.get(u0.dir.name)
-        if variant and not p.skip_analysis and not (u0.dir / "analysis" / "analysis.json").is_file():
+        if variant and not (u0.dir / "analysis" / "analysis.json").is_file():
             t0 = time.perf_counter()
             with heartbeat(f"{u0.label}: attention-sink analysis", log):
                 analyse_checkpoint(u0.ckpt, u0.dir / "analysis", f"{variant.label} (step 0)", p.preset, p.device,
