@@ -45,7 +45,7 @@ test: install example-model
 # The files whose float comparisons cross shapes, kernels or implementations (the rest compare integers or the
 # same path): 3.4 min for all of tests/model, diffusion and checkpoint on 2 quiet cores, this list 52 s.
 NUMERICS_TESTS := $(addprefix tests/model/,test_model.py test_forward_api.py test_sink_logit.py test_hf.py \
-	test_fused.py test_formats.py test_quantize.py test_kv_int8.py) $(addprefix tests/diffusion/,test_loss.py test_likelihood.py \
+	test_fused.py test_formats.py test_block_formats.py test_quantize.py test_kv_int8.py) $(addprefix tests/diffusion/,test_loss.py test_likelihood.py \
 	test_sampling_cache.py test_validation_elbo.py test_block.py test_block_sampling.py) tests/checkpoint/test_gguf.py tests/checkpoint/test_gguf_diffusion.py
 test-numerics: install
 	SINKDLM_TEST_THREADS=2 ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -n 2 -p no:cacheprovider $(NUMERICS_TESTS)

@@ -50,6 +50,8 @@ class ModelConfig:
     """The LM head shares the embedding matrix."""
     qkv_bias: bool = False
     """Biases on the q/k/v projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm of each head's query and key before the rotary embedding (Qwen3, SDAR)."""
     initializer_range: float = 0.02
     """Standard deviation of the initial weights."""
 
@@ -136,9 +138,9 @@ class ModelConfig:
                 f"ModelConfig.mask_token_id={self.mask_token_id} must lie in [0, vocab_size="
                 f"{self.vocab_size})"
             )
-        if self.block_size is not None and (self.causal or self.shift_logits):
-            raise ValueError("block_size (block diffusion) applies to a diffusion model without shift_logits; this "
-                             f"one has causal={self.causal}, shift_logits={self.shift_logits}: leave block_size unset")
+        if self.block_size is not None and self.causal:  # a shifted block model (Fast-dLLM v2) is a diffusion model
+            raise ValueError("block_size (block diffusion) applies to a diffusion model; this one is autoregressive "
+                             "(causal=True): leave block_size unset")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError("ModelConfig.rope_theta and ModelConfig.rms_norm_eps must be > 0")
 

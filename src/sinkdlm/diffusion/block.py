@@ -53,6 +53,14 @@ def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0
     return mask
 
 
+def check_unshifted(config, what: str) -> None:
+    """Refuse a block model with shifted logits (Fast-dLLM v2: block k's first token comes from block k-1's last
+    position) where only the unshifted rule is written (docs/method.md §13)."""
+    if config.shift_logits:
+        raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is still to come: "
+                         "its forward is mapped, its block decoding, NELBO and loss are written for unshifted models")
+
+
 def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None):
     """The model's output over x_t ⊕ x_0 (`[B, 2L]`, positions repeated) under `block_diffusion_mask`; its
     logits are `[B, 2L, V]` (the x_t half first), or those of `logits_index` (as `DiffusionLM.forward`)."""
@@ -132,6 +140,7 @@ def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None
     config = getattr(model, "config", None) or model.module.config
     if config.block_size is None:
         raise ValueError("block_diffusion_loss needs a block model (ModelConfig.block_size); use diffusion_loss")
+    check_unshifted(config, "training")
     if attention_mask is not None or shift_logits:
         raise ValueError("a block model's loss takes no attention_mask (annealing, padding) and no shift_logits: "
                          "its attention is block-causal by construction")
@@ -172,6 +181,7 @@ def block_loglikelihood(model, prefixes: list[torch.Tensor], continuations: list
     each block's eq. 3-4 bound given the clean blocks before it, all blocks in one x_t ⊕ x_0 pass per draw.
     Returns (log-probability bound `[N]`, its Monte-Carlo standard error `[N]`), float64, per request."""
     config = model.config
+    check_unshifted(config, "scoring")
     logprob, stderr = [], []
     for pre, cont, generator in zip(prefixes, continuations, generators):
         seq = torch.cat([pre, cont])

@@ -33,6 +33,7 @@ from sinkdlm.config.commands import SampleConfig
 from sinkdlm.diffusion.remasking import (
     RowGenerators, check_rule, dream_counts, dream_timesteps, resolve_rule, transfer_schedule,
 )
+from sinkdlm.diffusion.block import check_unshifted
 from sinkdlm.diffusion.steps import BlockPlan, choose, origin_reveal
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.cache import KVCache
@@ -51,6 +52,8 @@ class BlockOutput:
 def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> None:
     """What `generate` refuses of a block model (and `max_new_tokens` of any other model), before any work."""
     check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None)
+    if config.block_size is not None:
+        check_unshifted(config, "decoding")  # Fast-dLLM v2: mapped, not yet decoded
     asked = {"probe": probe, "shift_logits": shift_logits or None}
     given = [name for name, value in asked.items() if value is not None]
     if given:

@@ -13,14 +13,18 @@ as they open a sinkdlm checkpoint (docs/method.md §10):
 | `llada`      | LLaDA / LLaDA-1.5 (OLMo names)| bidirectional | not shifted                   |
 | `Dream`      | Dream-v0 (Qwen2 names)        | bidirectional | shifted (i predicts i+1)      |
 | `qwen2`, `llama` | autoregressive causal LMs | causal        | shifted (next-token head)     |
+| `Fast_dLLM_Qwen` | Fast-dLLM v2 (Qwen2.5 names) | block-causal, `bd_size` | shifted (i predicts i+1) |
+| `sdar`       | SDAR (Qwen3 names, QK norm)   | block-causal, `block_size` | not shifted            |
 | `gguf`       | a llama.cpp `.gguf` file of architecture llama or qwen2: causal, shifted, dequantised |
 |              | or dream / llada (llama-diffusion-cli's): bidirectional, `diffusion.shift_logits`, the file's mask id |
 
 Only `config.json`, `tokenizer*.json`, safetensors and GGUF are read. A checkpoint's `auto_map` (its
 own Python modeling files) is never imported or run: the layouts are mapped here by name. Whatever a
-layout can hold that the sinkdlm model cannot compute exactly (ALiBi, QK norm, biases in the MLP,
-logit scaling, a non-llama LLaDA block, sliding windows, RoPE scaling) is refused before any weight
-is read, instead of being silently turned into a different function.
+layout can hold that the sinkdlm model cannot compute exactly (ALiBi, LLaDA's attention layer norm, biases in
+the MLP, logit scaling, a non-llama LLaDA block, sliding windows, RoPE scaling, a head_dim other than
+hidden_size / heads) is refused before any weight is read, instead of being silently turned into a different
+function. The block layouts (Fast-dLLM v2, SDAR) open as block models (`ModelConfig.block_size`, §13): their
+block-causal attention is the one sinkdlm computes; SDAR's QK norm is `ModelConfig.qk_norm`.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import torch
 from sinkdlm.config import MODEL_TYPE, ModelConfig
 from sinkdlm.io.files import CONFIG_NAME, CheckpointError
 
-# model_type as written in config.json -> our format name (Dream writes "Dream").
-FORMATS = {"sinkdlm": "sinkdlm", "llada": "llada", "dream": "dream", "qwen2": "qwen2", "llama": "llama"}
+# model_type as written in config.json, lower-cased -> our format name (Dream writes "Dream", Fast-dLLM v2
+# "Fast_dLLM_Qwen").
+FORMATS = {"sinkdlm": "sinkdlm", "llada": "llada", "dream": "dream", "qwen2": "qwen2", "llama": "llama",
+           "fast_dllm_qwen": "fast_dllm_v2", "sdar": "sdar"}
 # The [MASK] ids of the released models, quoted in the error for a config that lacks one.
-RELEASED_MASK_IDS = {"llada": 126336, "dream": 151666}
+RELEASED_MASK_IDS = {"llada": 126336, "dream": 151666, "fast_dllm_v2": 151665, "sdar": 151669}
 
 
 def _error(message: str) -> CheckpointError:
@@ -51,7 +57,7 @@ def detect_format(raw: dict, path: Path | str = CONFIG_NAME) -> str:
     if fmt is None:
         raise _error(
             f"{path}: model_type {model_type!r} is not supported; sinkdlm opens "
-            f"{sorted(set(FORMATS) - {'dream'}) + ['Dream']} checkpoints directly"
+            f"{sorted(set(FORMATS) - {'dream', 'fast_dllm_qwen'}) + ['Dream', 'Fast_dLLM_Qwen']} checkpoints directly"
         )
     return fmt
 
@@ -109,6 +115,33 @@ def _mask_id(raw: dict, fmt: str, path) -> int:
             f"{RELEASED_MASK_IDS[fmt]}); add it to {CONFIG_NAME}"
         )
     return mask
+
+
+# ----------------------------------------------------------------------------- block diffusion (Fast-dLLM v2, SDAR)
+# Each layout's config key for its block size (both attend block-causally from position 0 at inference) and the
+# released models' value, quoted when a config lacks it.
+BLOCK_KEYS = {"fast_dllm_v2": ("bd_size", 32), "sdar": ("block_size", 4)}
+_BLOCK_NAMES = {"fast_dllm_v2": "Fast-dLLM v2", "sdar": "SDAR"}
+
+
+def block_layout_config(raw: dict, fmt: str, path) -> ModelConfig:
+    """A Fast-dLLM v2 (Qwen2.5 with QKV bias, shifted logits: a token's logits are read one position earlier)
+    or SDAR (Qwen3: QK norm, no bias, not shifted) `config.json` -> a block model (`block_size`,
+    docs/method.md §13). Refused, before any weight is read, without its block size."""
+    key, released = BLOCK_KEYS[fmt]
+    size = raw.get(key)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise _error(f"{path}: a {_BLOCK_NAMES[fmt]} config needs its block size, a positive integer {key} (the "
+                     f"released models use {released}); got {size!r}: add it to {CONFIG_NAME}")
+    mask = raw.get("mask_token_id", RELEASED_MASK_IDS[fmt])  # the modeling code's own id when the config has none
+    if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < raw.get("vocab_size", 0):
+        raise _error(f"{path}: a {_BLOCK_NAMES[fmt]} model needs an integer mask_token_id inside its vocabulary (the "
+                     f"released models use {RELEASED_MASK_IDS[fmt]}); add it to {CONFIG_NAME}")
+    if fmt == "fast_dllm_v2":  # Fast_dLLM_QwenAttention: q/k/v biases always on, as Qwen2
+        return qwen2_config(raw, qkv_bias=True, mask_token_id=mask, shift_logits=True, block_size=size,
+                            extra={"source_format": fmt})
+    return qwen2_config(raw, qkv_bias=bool(raw.get("attention_bias", False)), qk_norm=True, mask_token_id=mask,
+                        block_size=size, extra={"source_format": fmt})
 
 
 # ----------------------------------------------------------------------------- LLaDA
@@ -300,7 +333,7 @@ class GGUFAdapter(StateDictAdapter):
 
 ADAPTERS: dict[str, type[StateDictAdapter]] = {
     "sinkdlm": StateDictAdapter, "llada": LLaDAAdapter, "dream": HFAdapter, "qwen2": HFAdapter,
-    "llama": HFAdapter, "gguf": GGUFAdapter,
+    "llama": HFAdapter, "gguf": GGUFAdapter, "fast_dllm_v2": HFAdapter, "sdar": HFAdapter,  # Qwen2 / Qwen3 names
 }
 
 
@@ -314,6 +347,8 @@ def config_from_raw(raw: dict, path: Path | str = CONFIG_NAME) -> tuple[ModelCon
         if fmt == "llada":
             return llada_config(raw, path), fmt
         check_qwen2_fields(raw, path)
+        if fmt in BLOCK_KEYS:
+            return block_layout_config(raw, fmt, path), fmt
         if fmt == "dream":  # Qwen2 layout, QKV bias always on (DreamAttention), logits shifted
             return qwen2_config(raw, qkv_bias=True, mask_token_id=_mask_id(raw, "dream", path), shift_logits=True,
                                 family="dream", extra={"source_format": "dream"}), fmt

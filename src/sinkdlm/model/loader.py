@@ -41,7 +41,7 @@ class ModelSource:
     """A model on disk, its format detected and its config parsed once."""
 
     path: Path
-    fmt: str  # "sinkdlm", "llada", "dream", "qwen2", "llama" or "gguf"
+    fmt: str  # "sinkdlm", "llada", "dream", "qwen2", "llama", "fast_dllm_v2", "sdar" or "gguf" (`formats.FORMATS`)
     config: ModelConfig
     raw: dict = field(default_factory=dict)  # config.json as read (empty for GGUF)
     gguf: object | None = None  # the opened `GGUFFile` for a .gguf source

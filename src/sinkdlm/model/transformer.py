@@ -71,6 +71,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, kvh * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(d, kvh * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
+        # Qwen3's QK norm: one RMSNorm over each head's hd channels of q and of k, before the rotary
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         # eq. 9: an element-wise gate per head channel, computed from the layer input X.
         self.g_proj = nn.Linear(d, h * hd, bias=False) if cfg.gated_attention else None
         # The virtual sink column's score per head: learned (gpt-oss) or fixed at 0 (softmax_1).
@@ -177,6 +180,8 @@ class Block(nn.Module):
         n, where = sinks.rows, sinks.position
         q, k, v, qk = attn.project_qkv(x)
         q, k, v = q.view(b, r, nh, hd), k.view(b, r, nkv, hd), v.view(b, r, nkv, hd)
+        if attn.q_norm is not None:  # QK norm (Qwen3): the joint q|k no longer holds the normed values
+            q, k, qk = attn.q_norm(q), attn.k_norm(k), None
         if sinks.keep is not None:  # Table 5: the sinks' value vectors are zero at every layer
             v = v * sinks.keep.to(v.dtype)  # in v's dtype: under autocast v stays bf16, as q and k
         column = attn.sink_column(x)
