@@ -88,8 +88,7 @@ def generate(cfg: GenerateConfig) -> None:
         batch = prompts[first:first + cfg.batch_size]
         with progress_when_slow(lambda s: f"generating {length} tokens ({steps} steps) for {len(batch)} "
                                           f"prompt(s): {s:.0f} s so far ..."):
-            outs = generate_texts(net, tokenizer, batch, cfg, chat=cfg.chat, stop_at_eos=cfg.stop_at_eos,
-                                  system=cfg.system, callback=callback)
+            outs = generate_texts(net, tokenizer, batch, cfg, text=cfg, callback=callback)
         for i, out in enumerate(outs, first + 1):
             _print_answer(out, cfg, f"prompt {i}: " if several else "", several)
     if cfg.steps is not None and cfg.threshold is None and cfg.steps > length:

@@ -1,17 +1,19 @@
 """Decoding a block model (docs/method.md §13): block by block, with an exact key/value cache of the finished
-blocks, each row stopping at its end-of-text. `sampling.generate` hands a block model here.
+blocks, each row stopping at its end-of-text. `sampling.generate`'s plan of a block model is `plan_blocks`'s, its
+loop `decode_blocks`.
 
 A plan, then its loop:
   * `plan_blocks` fixes everything before any forward: the canvas, in which each row's prompt is left-padded by
     whole blocks, so that every row's prompt ends inside the same block and a column's block is its position's
     block in every row (a row gets the tokens it gets alone); the columns each row generates (`max_new_tokens`,
     an upper bound; default `gen_length`); the blocks and their steps (`steps` in all over the bound's blocks);
-  * `decode_blocks` prefills the prompts' whole blocks once into the static cache (`DiffusionLM.allocate_cache`:
-    the sinks' columns written once, each row's rotary positions and its end sinks' positions), then denoises
-    each later block with the whole-sequence rules (`steps.choose`: LLaDA's low-confidence / random, Dream's,
-    Fast-dLLM's threshold), one pass over the block alone a step: its queries see the finished blocks' cached
-    keys, the sinks and the block itself (a key mask per pass). One more pass over the block's final tokens writes
-    its exact keys and values: attention is block-causal, so no later block changes them;
+  * `decode_blocks`, its loop, prefills the prompts' whole blocks once into the static cache
+    (`DiffusionLM.allocate_cache`: the sinks' columns written once, each row's rotary positions and its end sinks'
+    positions), then denoises each later block with the whole-sequence rules (`steps.choose`: LLaDA's
+    low-confidence / random, Dream's, Fast-dLLM's threshold), one pass over the block alone a step: its queries
+    see the finished blocks' cached keys, the sinks and the block itself (a key mask per pass). One more pass over
+    the block's final tokens writes its exact keys and values: attention is block-causal, so no later block
+    changes them;
   * after each block, a row that has produced a stop id (`stop_token_ids`, set by `generate_text`) or reached its
     bound is finished: what follows its stop id is the first stop id, and it leaves the batch (its cache rows are
     dropped), so it is not computed further while the others go on.
@@ -68,6 +70,8 @@ class BlockDecodePlan:
     settings: SampleConfig
     remasking: str  # the resolved rule
     schedule: str  # llada | dream
+    prompt: torch.Tensor  # [B, P] left-padded ids, as `sampling.prepare_prompts` gives them
+    prompt_mask: torch.Tensor | None  # [B, P] bool, True = real; None when no row is padded
     x: torch.Tensor  # [B, W] the canvas: whole blocks of left padding, the prompt, [MASK] to the end
     real: torch.Tensor  # [B, W] bool: the row's prompt and the columns it may generate (False: padding, past its bound)
     todo: torch.Tensor  # [B, W] bool: the columns it generates
@@ -108,7 +112,8 @@ def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, s
     steps = None if settings.threshold is not None else math.ceil(settings.steps / math.ceil(max_new / bs))
     timesteps = dream_timesteps(steps, settings.eps) if steps is not None and schedule == "dream" else None
     blocks = tuple(BlockPlan(j, (whole + j) * bs, (whole + j + 1) * bs, None, steps, timesteps) for j in range(num_blocks))
-    return BlockDecodePlan(settings, remasking, schedule, x, real, todo, starts, whole * bs, blocks, max_new)
+    return BlockDecodePlan(settings, remasking, schedule, prompt, prompt_mask, x, real, todo, starts, whole * bs,
+                           blocks, max_new)
 
 
 @dataclass
@@ -202,10 +207,10 @@ def _finish(canvas: _Canvas, hi: int, stops: torch.Tensor, out: torch.Tensor, ma
 
 
 def _report_block(on_block: Callable, canvas: _Canvas, going: torch.Tensor, out: torch.Tensor, before: torch.Tensor,
-                  passes: int, index: int, hi: int, max_new: int) -> torch.Tensor:
-    """Tell `on_block` what this block made final (before the finished rows leave the canvas); returns the
+                  passes: int, blk: BlockPlan, max_new: int) -> torch.Tensor:
+    """Tell `on_block` what block `blk` made final (before the finished rows leave the canvas); returns the
     columns final now."""
-    p = out.shape[1] - max_new
+    p, hi = out.shape[1] - max_new, blk.hi
     x, now = out.clone(), before.clone()  # a row that left in an earlier block is final in both already
     for i, row in enumerate(canvas.rows.tolist()):
         if not going[i]:  # finished: `_finish` wrote its whole answer
@@ -215,24 +220,23 @@ def _report_block(on_block: Callable, canvas: _Canvas, going: torch.Tensor, out:
         n = max(0, min(hi - start, max_new))
         x[row, p:p + n] = canvas.x[i, start:start + n]
         now[row, p:p + n] = True
-    on_block(passes, index, x, ~before, now & ~before)
+    on_block(passes, blk.index, x, ~before, now & ~before)
     return now
 
 
 @torch.no_grad()
-def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig,
-                  generator: RowGenerators | torch.Generator | None, use_sink_cache: bool = True,
+def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch.Generator | None,
+                  use_sink_cache: bool = True,
                   on_block: Callable[[int, int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
                   ) -> BlockOutput:
-    """Generate after each prompt (`[B, P]` left-padded ids with its mask, as `sampling.prepare_prompts` gives)
-    block by block (the module docstring): `[B, P + max_new_tokens]` in a `BlockOutput`. `generator`: a stream
+    """Generate after each of `plan.prompt`'s rows block by block (`plan_blocks`' plan, the module docstring):
+    `[B, P + max_new_tokens]` in a `BlockOutput`. `generator`: a stream
     per row (`RowGenerators`, what `generate` makes of `seed`: every row then gets the tokens it gets alone,
     sampled too), one stream for the batch, or None (torch's global generator). `on_block(passes, block, x,
     masked, committed)` after each finished block: `x [B, P + N]` every row's final tokens so far (the rest
     [MASK]), `masked` the columns not final before this block, `committed` those this block made final (a
     server streams the finished prefix; the tokens are the same with or without it)."""
-    plan = plan_blocks(model, prompt, prompt_mask, settings)
-    mask_id = model.config.mask_token_id
+    prompt, prompt_mask, settings, mask_id = plan.prompt, plan.prompt_mask, plan.settings, model.config.mask_token_id
     stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
     b, p = prompt.shape
     out = torch.cat([prompt, prompt.new_full((b, plan.max_new), mask_id)], dim=1)  # [B, P + N]
@@ -266,7 +270,7 @@ def decode_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
             passes += 1
         going = _finish(canvas, blk.hi, stops, out, plan.max_new)
         if on_block is not None:
-            final = _report_block(on_block, canvas, going, out, final, passes, blk.index, blk.hi, plan.max_new)
+            final = _report_block(on_block, canvas, going, out, final, passes, blk, plan.max_new)
         if not going.any():
             break
         if not going.all():

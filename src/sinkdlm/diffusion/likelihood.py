@@ -23,7 +23,7 @@ the `_Batcher`, then reduces them per request (`_estimates`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -362,12 +362,11 @@ def stratified_se(values: torch.Tensor) -> float:
 
 @torch.no_grad()
 def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, batch_size: int = 8,
-                    shift_logits: bool | None = None, progress: Callable[[int, int], None] | None = None,
-                    first_sequence: int = 0, probe=None) -> ValidationELBO:
+                    shift_logits: bool | None = None, first_sequence: int = 0, probe=None) -> ValidationELBO:
     """The per-token ELBO bound of `x0 [N, L]` with the fixed noise `validation_noise(N, L, draws, noise_seed)`.
 
     Every model scored with the same (x0, draws, noise_seed) sees the same masked inputs, whatever its
-    variant (extra sinks are the model's own, outside x0). `progress(done, total)` after each batch.
+    variant (extra sinks are the model's own, outside x0).
     `first_sequence`: the index of x0's first row in the whole set (a slice scored on its own).
     `probe`: a `model.probe.Probe` handed to every forward (rows `n * draws + d` in order, `batch_size` at a
     time): the escape probe reads the attention of the very forwards it scores (experiment/escape.py).
@@ -403,8 +402,6 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
         rows = msk.nonzero()[:, 0]
         per_row = torch.zeros(len(x), dtype=torch.float64, device=ce.device).index_add_(0, rows, ce)
         values[lo: lo + len(x)] = (per_row / msk.sum(-1)).cpu()
-        if progress is not None:
-            progress(min(lo + batch_size, n * draws), n * draws)
     model.train(was_training)
     values = values.view(n, draws)
     return ValidationELBO(values=values, val_loss=float(values.mean()), val_loss_se=stratified_se(values))

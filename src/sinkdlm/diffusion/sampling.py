@@ -36,13 +36,17 @@ Callback. `callback(StepState)` after each step; `key_masks_fn(step, previous_st
 (sink-masking ablation, Rulli et al. Table 1). Only the current step's tensors are alive (plus the
 previous state when `key_masks_fn` is given), so memory stays flat across steps.
 
-Shape. `generate` is a plan, then a loop: `plan_generation` (every check, the prompts, the rule, the
-randomness, the block schedule) once, then `_generate_diffusion` over blocks and steps calling the named
-pieces of `diffusion/steps.py`, or `_generate_autoregressive`; both report through one `_Observer`.
+Shape. `generate` is a plan, then its loop: `plan_generation` (every check, the path, the prompts, the rule, the
+randomness, the schedule) once, into a `GenerationPlan`, then the loop of its path (`LOOPS`): `_generate_diffusion`
+over a whole sequence's blocks and steps, calling the named pieces of `diffusion/steps.py` (which also says how
+the cache, compile, the logits and host syncs work); `_generate_blocks`, a block model's (`block_sampling.py`:
+`plan_blocks` is its plan, `decode_blocks` its loop); or `_generate_autoregressive`. The whole-sequence and
+autoregressive loops report through one `_Observer`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -52,10 +56,11 @@ import torch
 
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.config.fields import with_overrides
-from sinkdlm.diffusion.block_sampling import check_block_call, decode_blocks
+from sinkdlm.diffusion.block_sampling import BlockDecodePlan, check_block_call, decode_blocks, plan_blocks
 from sinkdlm.diffusion.remasking import RowGenerators, check_rule, resolve_rule
 from sinkdlm.diffusion.steps import (
-    BlockPlan, DecodePlan, choose, choose_next, commit, compiled_columns, forward_step, origin_reveal, plan_decoding,
+    BlockPlan, Canvas, DecodePlan, choose, choose_next, commit, compiled_columns, forward_step, origin_reveal,
+    plan_decoding,
 )
 from sinkdlm.model.compile import check_compile
 from sinkdlm.model.probe import Probe
@@ -215,6 +220,24 @@ def prepare_prompts(
 
 
 # ----------------------------------------------------------------------------- the sampler
+@dataclass(frozen=True)
+class InputOptions:
+    """How a `generate` call reads its prompts and its model, beside the decoding settings (`SampleConfig`):
+    given as keywords of `generate`, as the settings are (`generate(model, ids, attention_mask=m,
+    use_sink_cache=False)`)."""
+
+    attention_mask: torch.Tensor | None = None
+    """`[B, P]` the left padding of a tensor prompt, True = real (a list of prompts is padded by `generate`)."""
+    pad_token_id: int | None = None
+    """The id a list of prompts of different lengths is left-padded with (default: the mask id)."""
+    use_sink_cache: bool = True
+    """Reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step (with a cache:
+    once per call, into the static KV cache)."""
+    shift_logits: bool | None = None
+    """Position i-1 predicts token i (AR-initialised head, docs/method.md §5); None: the model's own
+    `config.shift_logits` (True for Dream), a bool overrides it."""
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -224,10 +247,6 @@ def generate(
     probe: StepProbe | None = None,
     callback: StepCallback | None = None,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    pad_token_id: int | None = None,
-    use_sink_cache: bool = True,
-    shift_logits: bool | None = None,
     return_dict: bool = False,
     **overrides,
 ) -> torch.Tensor | GenerationOutput:
@@ -236,128 +255,93 @@ def generate(
     The decoding settings are a `SampleConfig` (`sinkdlm.config`, the one home of their defaults),
     given whole as `config`, as keyword overrides of its fields (`generate(model, ids, gen_length=32,
     steps=32)`), or both (the overrides replace the config's values), as transformers'
-    `generate(generation_config=..., **kwargs)`. An unknown keyword is a TypeError naming the fields.
+    `generate(generation_config=..., **kwargs)`; how the prompts and the model are read are keywords too,
+    the fields of `InputOptions` (`attention_mask`, `pad_token_id`, `use_sink_cache`, `shift_logits`).
+    An unknown keyword is a TypeError naming the fields. The settings (SampleConfig's docstrings say more):
 
     prompt_ids     `[P]`/`[B, P]` tensor, a list of ints, or a list of prompts of different lengths
-                   (left-padded with `pad_token_id`, default the mask id; see `attention_mask`
-                   of the `return_dict` output).
-    gen_length     tokens to generate (required).
-    steps          denoising steps in all, split evenly over the blocks (>= number of blocks);
-                   not used with `threshold` (then the step count adapts, at most gen_length).
-    block_length   semi-autoregressive blocks (default: one block); each is finished before the
-                   next may commit. Must divide gen_length.
-    temperature    0 = argmax; > 0 samples with float64 Gumbel noise (LLaDA).
-    remasking      "low_confidence" | "random" (LLaDA) | "maskgit_plus" | "topk_margin" | "entropy" |
-                   "origin" (Dream's alg); None: the model family's (`ModelConfig.family`).
-    schedule       "llada" (even split per block) | "dream" (Dream's timesteps, `eps`); None: the family's.
-    alg_temp, top_p, top_k: Dream's sampling controls (`sinkdlm.diffusion.remasking`).
-    threshold      Fast-dLLM parallel decoding: commit every masked position of the block whose
-                   confidence exceeds it, at least one per step (low_confidence / maskgit_plus).
-    generator/seed the randomness (Gumbel noise, random remasking): with `seed` (SampleConfig's
-                   default 0) every row gets its own generator seeded with it, so a row's tokens are
-                   those it gets alone; `generator` a list of one generator per row (a server's
-                   requests, each with its seed) likewise; one `generator` is one stream for the whole
-                   batch (a row's draws then depend on the rows before it); seed=None: torch's global
-                   generator. Passing both `generator` and a `seed=` keyword is refused.
+                   (left-padded with `pad_token_id`; see `attention_mask` of the `return_dict` output).
+    gen_length     tokens to generate (required); steps: denoising steps in all, split evenly over the
+                   blocks (not used with `threshold`); block_length: semi-autoregressive blocks (default one).
+    temperature, remasking, schedule, alg_temp, top_p, top_k, threshold: the rule of a step (the module
+                   docstring); remasking/schedule None: the model family's (`ModelConfig.family`).
+    generator/seed the randomness: with `seed` (default 0) every row gets its own generator seeded with it,
+                   so a row's tokens are those it gets alone; `generator` a list of one generator per row
+                   (a server's requests) likewise; one `generator` is one stream for the whole batch (a
+                   row's draws then depend on the rows before it); seed=None: torch's global generator.
+                   Passing both `generator` and `seed=` is refused.
     callback       `callback(StepState)` after every step. Without a cache it receives every column's
                    logits, unless it has an attribute `full_logits = False` (a server's streaming:
                    then only the block's are computed, as without a callback, so the tokens are the same).
     probe          a `StepProbe`: what the analysis asks of every step (key masks, a per-layer hook,
                    maps and values in the StepState); None is the fast path.
-    use_sink_cache reuse the sinks' constant keys/values (docs/method.md §3); False recomputes them per step
-                   (with a cache: once per call, into the static KV cache).
-    shift_logits   position i-1 predicts token i (AR-initialised head, docs/method.md §5); None (default):
-                   the model's own `config.shift_logits` (True for Dream), a bool overrides it.
     return_dict    return a `GenerationOutput` (sequences, attention_mask, steps_taken).
-    cache          Fast-dLLM KV caching (their `generate_with_prefix_cache` / `_dual_cache`):
-                   every block starts with a full forward (its logits make that step's commits)
-                   that writes each layer's content keys/values into the call's static cache
-                   (`DiffusionLM.allocate_cache`, allocated once for prompt + gen_length and written
-                   in place, so no shape ever changes); the other steps of the block run
-                   only the block and what follows it ("prefix": the keys/values before the block
-                   are reused) or only the block ("dual": those before and after it are reused).
-                   Keys are cached after rotation, at their absolute positions (which never change
-                   during a call); each row keeps its own padding mask and positions, so a
-                   left-padded row gets what it gets alone. The sinks' keys/values are the exact,
-                   global sink cache's, written into it once. With shift_logits the column before the block is run too
-                   (it predicts the block's first token). Cached steps see stale keys/values
-                   outside the block, so the tokens may differ from `cache=None` (Fast-dLLM's
-                   approximation); with one step per block they are identical. Under a cache only
-                   the block's queries run, so a `probe` (whose maps and key masks cover the whole
-                   sequence) is refused: analyse with cache=None.
-    compile        run the cached steps' forward through `torch.compile` (`compile_backend`; CUDA graphs
-                   on a GPU): one graph per generation (`steps.compiled_step`), and the tokens are
-                   the eager cached loop's (tested with aot_eager). The first calls' seconds (the
-                   compile time) are logged and returned as `compile_seconds`.
+    cache, kv_cache_dtype, compile: Fast-dLLM's KV caching and its compiled step (`diffusion/steps.py`):
+                   only the block's queries run, so a `probe` is refused (analyse with cache=None).
+    max_new_tokens a block model (`block_size`, docs/method.md §13): its bound (default gen_length), each
+                   row ending at its end-of-text (`diffusion/block_sampling.py`).
 
     Autoregressive models (`config.causal`, a Qwen2/LLaMA checkpoint opened as is): greedy (or, with
     temperature, sampled) left-to-right decoding, one token per step and `gen_length` steps; `steps`,
     `block_length` and `remasking` do not apply; callbacks, hooks and key masks see the causal maps
     of each step's input (the prompt and the tokens so far), docs/method.md §10.
 
-    Logits. The LM head runs on the current block's columns (a slice: which of them are still masked
-    would be a question to the device), except that a callback without a cache receives every
-    column's logits, as the analysis expects.
-
-    Host syncs. With a fixed step count the loop never waits for the device: every step's count comes
-    from the schedule, planned before the loop (`plan_decoding`), and the commits write slices. Threshold
-    decoding and Dream's `origin` ask the device once a step whether the block is done (docs/guide.md).
-    The call is a plan, then a loop: `plan_generation` checks everything and fixes the prompts, the rule,
-    the randomness and the schedule (`plan_decoding`) before any forward; the loop's pieces, shared by the
-    eager and compiled paths, are `forward_step` (one forward), `choose` (predictions and picks) and `commit`
-    (`diffusion/steps.py`); the autoregressive loop shares the probe and callback handling and picks with
-    `choose_next`.
+    The call is a plan, then its loop: `plan_generation` checks everything and fixes the path (a whole
+    sequence, a block model's blocks, or left to right), the prompts, the rule, the randomness and the
+    schedule before any forward; `LOOPS[plan.path]` runs it.
     """
+    settings, inputs = _call_settings(config, overrides, generator)
+    full_logits = callback is not None and getattr(callback, "full_logits", True)
+    plan = plan_generation(model, prompt_ids, settings, inputs, probe=probe, generator=generator,
+                           full_logits=full_logits)
+    out = LOOPS[plan.path](model, plan, callback)
+    return out if return_dict else out.sequences
+
+
+def _call_settings(config: SampleConfig | None, overrides: dict, generator) -> tuple[SampleConfig, InputOptions]:
+    """`generate`'s keywords: the `SampleConfig` (`config` with the overrides of its fields) and the `InputOptions`."""
     if generator is not None and "seed" in overrides:
         raise ValueError("pass either generator or seed, not both")
+    inputs = InputOptions(**{f.name: overrides.pop(f.name) for f in dataclasses.fields(InputOptions)
+                             if f.name in overrides})
     if config is None and "gen_length" not in overrides and overrides.get("max_new_tokens") is not None:
         overrides["gen_length"] = overrides["max_new_tokens"]  # a block model's bound is its only length
-    settings = with_overrides(SampleConfig, config, overrides, "generate")
-    if model.config.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
-        check_block_call(model.config, settings, probe=probe, shift_logits=shift_logits)
-        prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, 0)
-        generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
-        on_block = None
-        if callback is not None:  # told once per finished block (the tokens are the same without it)
-            def on_block(step, index, x, masked, committed):
-                callback(StepState(step=step, block=index, x=x, masked=masked, committed=committed,
-                                   prompt_length=prompt.shape[1]))
-        out = decode_blocks(model, prompt, prompt_mask, settings, generator, use_sink_cache, on_block)
-        return GenerationOutput(**vars(out)) if return_dict else out.sequences
-    full_logits = callback is not None and getattr(callback, "full_logits", True)
-    plan = plan_generation(model, prompt_ids, settings, probe=probe, full_logits=full_logits,
-                           generator=generator, attention_mask=attention_mask, pad_token_id=pad_token_id,
-                           shift_logits=shift_logits)
-    if model.config.causal:
-        with model.sink_cache_mode(use_sink_cache):
-            return _generate_autoregressive(model, plan, _Observer(plan.probe, callback), return_dict)
-    return _generate_diffusion(model, plan, _Observer(plan.probe, callback), use_sink_cache, return_dict)
+    return with_overrides(SampleConfig, config, overrides, "generate"), inputs
 
 
 # ----------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class GenerationPlan:
-    """What one `generate` call fixes before any forward: the checked settings, the prompts, the rule,
-    the randomness, the probe and (for a DLM) every block's schedule (`steps.DecodePlan`)."""
+    """What one `generate` call fixes before any forward: the path, the checked settings, the prompts, the
+    rule, the randomness, the probe, and the path's schedule (`steps.DecodePlan` for a whole sequence,
+    `block_sampling.BlockDecodePlan` for a block model)."""
 
+    path: str  # "sequence": a whole-sequence DLM | "blocks": a block model (§13) | "autoregressive"
     settings: SampleConfig
     prompt: torch.Tensor  # [B, P] ids, on the model's device
     prompt_mask: torch.Tensor | None  # [B, P] bool, True = real; None when no row is padded
     remasking: str  # the resolved rule (`remasking.resolve_rule`)
     generator: torch.Generator | RowGenerators | None  # None: torch's global generator
     probe: StepProbe
-    schedule: DecodePlan | None  # None for an autoregressive model
+    use_sink_cache: bool
+    schedule: DecodePlan | BlockDecodePlan | None  # None for an autoregressive model
 
 
-def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepProbe | None, full_logits: bool,
-                    generator, attention_mask, pad_token_id: int | None,
-                    shift_logits: bool | None) -> GenerationPlan:
+def plan_generation(model, prompt_ids, settings: SampleConfig, inputs: InputOptions = InputOptions(), *,
+                    probe: StepProbe | None = None, generator=None, full_logits: bool = False) -> GenerationPlan:
     """Every user error of a `generate` call, before any work, and what the call fixes before its loop.
 
     The settings' own checks have one home (config/checks.py), which the command line runs before any
     weight is read; an AR model refuses every diffusion-only setting given. `full_logits`: a callback is
     given (without a cache it receives every column's logits)."""
     cfg = model.config
+    if cfg.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
+        check_block_call(cfg, settings, probe=probe, shift_logits=inputs.shift_logits)
+        prompt, prompt_mask = _checked_prompts(model, prompt_ids, inputs, 0)
+        generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
+        blocks = plan_blocks(model, prompt, prompt_mask, settings)
+        return GenerationPlan("blocks", settings, prompt, prompt_mask, blocks.remasking, generator, StepProbe(),
+                              inputs.use_sink_cache, blocks)
     if probe is not None and not isinstance(probe, StepProbe):
         raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     probe = probe or StepProbe()
@@ -373,21 +357,22 @@ def plan_generation(model, prompt_ids, settings: SampleConfig, *, probe: StepPro
         )
     if settings.compile:
         check_compile(settings.compile_backend, model.device)
-    prompt, prompt_mask = _checked_prompts(model, prompt_ids, attention_mask, pad_token_id, settings.gen_length)
+    prompt, prompt_mask = _checked_prompts(model, prompt_ids, inputs, settings.gen_length)
     generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)
-    shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
+    shift = cfg.shift_logits if inputs.shift_logits is None else bool(inputs.shift_logits)
     schedule = None if cfg.causal else plan_decoding(
         settings, schedule_name, remasking, prompt.shape[1], shift=1 if shift else 0,
         full_logits=full_logits and settings.cache is None)
-    return GenerationPlan(settings, prompt, prompt_mask, remasking, generator, probe, schedule)
+    return GenerationPlan("autoregressive" if cfg.causal else "sequence", settings, prompt, prompt_mask, remasking,
+                          generator, probe, inputs.use_sink_cache, schedule)
 
 
-def _checked_prompts(model, prompt_ids, attention_mask, pad_token_id: int | None, gen_length: int):
-    """`prepare_prompts` on the model's device (padded with the mask id unless `pad_token_id`), checked
+def _checked_prompts(model, prompt_ids, inputs: InputOptions, gen_length: int):
+    """`prepare_prompts` on the model's device (padded with the mask id unless `inputs.pad_token_id`), checked
     against the model: prompt + gen_length within its positions, every real id within its vocabulary."""
     cfg = model.config
-    pad = (cfg.mask_token_id or 0) if pad_token_id is None else pad_token_id
-    prompt, prompt_mask = prepare_prompts(prompt_ids, attention_mask, pad, model.device)
+    pad = (cfg.mask_token_id or 0) if inputs.pad_token_id is None else inputs.pad_token_id
+    prompt, prompt_mask = prepare_prompts(prompt_ids, inputs.attention_mask, pad, model.device)
     p = prompt.shape[1]
     total = p + gen_length
     if total > cfg.max_content_length:
@@ -414,7 +399,7 @@ def _row_generators(generator, seed: int | None, rows: int, device):
     return generator
 
 
-def _drawing_rows(canvas: "_Canvas", blk: BlockPlan, generator) -> bool:
+def _drawing_rows(canvas: Canvas, blk: BlockPlan, generator) -> bool:
     """An adaptive block's step (threshold, origin): whether a row is unfinished (one host sync). With a
     stream per row only the unfinished rows draw: alone, a finished row's loop would be at its next block."""
     rows = canvas.masked[:, blk.lo:blk.hi].any(-1).nonzero().squeeze(-1).tolist()
@@ -450,18 +435,7 @@ class _Observer:
 
 
 # ----------------------------------------------------------------------------- the diffusion loop
-@dataclass
-class _Canvas:
-    """The diffusion loop's state: the sequence, what is still masked, and the call's static cache."""
-
-    x: torch.Tensor  # [B, L] prompt + gen_length, [MASK] where not yet committed
-    attn: torch.Tensor | None  # [B, L] bool of a padded batch, else None
-    masked: torch.Tensor  # [B, L] bool, True where still masked (the prompt never is)
-    kv: object | None  # the static KV cache (model/cache.py); None for the plain forward
-    columns: torch.Tensor | None  # compiled: `steps.compiled_columns`
-
-
-def _canvas(model, plan: GenerationPlan, use_sink_cache: bool) -> _Canvas:
+def _canvas(model, plan: GenerationPlan) -> Canvas:
     """The start of the reverse process: `prompt + [MASK] * gen_length`, all of the generation masked."""
     (b, p), gen_length, mask_id = plan.prompt.shape, plan.settings.gen_length, model.config.mask_token_id
     total = p + gen_length
@@ -475,17 +449,17 @@ def _canvas(model, plan: GenerationPlan, use_sink_cache: bool) -> _Canvas:
     # One static KV cache for every pass of the call, except where the plain forward is asked for: a
     # probe's maps and key masks, and use_sink_cache=False without a cache (the sinks at every step).
     kv = None
-    if plan.probe == StepProbe() and (use_sink_cache or plan.settings.cache is not None):
-        with model.sink_cache_mode(use_sink_cache):
+    if plan.probe == StepProbe() and (plan.use_sink_cache or plan.settings.cache is not None):
+        with model.sink_cache_mode(plan.use_sink_cache):
             kv = model.allocate_cache(b, total, attn, kv_cache_dtype=plan.settings.kv_cache_dtype)
     columns = compiled_columns(plan.schedule, model.device) if plan.settings.compile else None
-    return _Canvas(x, attn, masked, kv, columns)
+    return Canvas(x, attn, masked, kv, columns)
 
 
-def _generate_diffusion(model, plan: GenerationPlan, observer: _Observer, use_sink_cache: bool, return_dict: bool):
+def _generate_diffusion(model, plan: GenerationPlan, callback: StepCallback | None) -> GenerationOutput:
     """The loop over blocks and their steps (`plan.schedule`); each step is `_denoise_step`. A block with an
     adaptive count (threshold, origin) ends when none of its positions is masked: one host sync a step."""
-    canvas = _canvas(model, plan, use_sink_cache)
+    canvas, observer = _canvas(model, plan), _Observer(plan.probe, callback)
     step, compile_seconds = 0, 0.0
     for blk in plan.schedule.blocks:
         if isinstance(plan.generator, RowGenerators):
@@ -493,18 +467,16 @@ def _generate_diffusion(model, plan: GenerationPlan, observer: _Observer, use_si
         for i in range(blk.steps) if blk.steps is not None else itertools.count():
             if blk.counts is None and not _drawing_rows(canvas, blk, plan.generator):
                 break
-            compile_seconds += _denoise_step(model, plan, canvas, blk, i, step, observer, use_sink_cache)
+            compile_seconds += _denoise_step(model, plan, canvas, blk, i, step, observer)
             step += 1
     if compile_seconds:
         log.info("generate(compile=True): %.1f s in first calls of the compiled step (compiling)", compile_seconds)
-    if return_dict:
-        return GenerationOutput(sequences=canvas.x, attention_mask=canvas.attn, prompt_length=plan.prompt.shape[1],
-                                steps_taken=step, compile_seconds=compile_seconds if plan.settings.compile else None)
-    return canvas.x
+    return GenerationOutput(sequences=canvas.x, attention_mask=canvas.attn, prompt_length=plan.prompt.shape[1],
+                            steps_taken=step, compile_seconds=compile_seconds if plan.settings.compile else None)
 
 
-def _denoise_step(model, plan: GenerationPlan, canvas: _Canvas, blk: BlockPlan, i: int, step: int,
-                  observer: _Observer, use_sink_cache: bool) -> float:
+def _denoise_step(model, plan: GenerationPlan, canvas: Canvas, blk: BlockPlan, i: int, step: int,
+                  observer: _Observer) -> float:
     """Step `i` of block `blk` (global `step`): forward, choose, commit (`diffusion/steps.py`), then the
     StepState; returns the compile seconds of its forward."""
     settings, mask_id, x, masked = plan.settings, model.config.mask_token_id, canvas.x, canvas.masked
@@ -512,9 +484,8 @@ def _denoise_step(model, plan: GenerationPlan, canvas: _Canvas, blk: BlockPlan, 
     reveal = origin_reveal(masked, blk, i, plan.generator) if plan.remasking == "origin" else None
     step_probe = observer.step_probe(step, lambda: x.masked_fill(masked, mask_id), canvas.attn)
     cached = settings.cache is not None and i > 0  # a block's first step is a full forward
-    with model.sink_cache_mode(use_sink_cache):
-        logits, out, seconds = forward_step(model, plan.schedule, blk, x, canvas.attn, canvas.kv, cached, settings,
-                                            step_probe, canvas.columns)
+    with model.sink_cache_mode(plan.use_sink_cache):
+        logits, out, seconds = forward_step(model, plan.schedule, blk, canvas, cached, settings, step_probe)
     x0, pick = choose(logits, masked[:, blk.lo:blk.hi], k, reveal, settings, plan.remasking, mask_id, plan.generator)
     masked_before = masked.clone() if observer.wants_state else None
     commit(x, masked, blk, x0, pick)
@@ -535,11 +506,17 @@ def _denoise_step(model, plan: GenerationPlan, canvas: _Canvas, blk: BlockPlan, 
 
 
 # ----------------------------------------------------------------------------- the autoregressive loop
-def _generate_autoregressive(model, plan: GenerationPlan, observer: _Observer, return_dict: bool):
+def _generate_autoregressive(model, plan: GenerationPlan, callback: StepCallback | None) -> GenerationOutput:
     """Left-to-right decoding of a causal model, one token per step (no KV cache: every step runs the
-    whole prefix, so the analysis sees each step's complete causal maps). The caller sets the sink-cache
-    mode. With `stop_token_ids`, decoding stops once every row has produced one of them and the
-    remaining positions get the first, so the output keeps its `[B, P + gen_length]` shape."""
+    whole prefix, so the analysis sees each step's complete causal maps). With `stop_token_ids`, decoding
+    stops once every row has produced one of them and the remaining positions get the first, so the output
+    keeps its `[B, P + gen_length]` shape."""
+    with model.sink_cache_mode(plan.use_sink_cache):
+        return _autoregressive_loop(model, plan, _Observer(plan.probe, callback))
+
+
+def _autoregressive_loop(model, plan: GenerationPlan, observer: _Observer) -> GenerationOutput:
+    """`_generate_autoregressive`'s steps, under its sink-cache mode."""
     gen_length = plan.settings.gen_length
     stops = torch.tensor(plan.settings.stop_token_ids or (), dtype=torch.long, device=plan.prompt.device)
     ended = torch.zeros(plan.prompt.shape[0], dtype=torch.bool, device=plan.prompt.device)  # [B]
@@ -575,6 +552,21 @@ def _generate_autoregressive(model, plan: GenerationPlan, observer: _Observer, r
         x = torch.cat([x, x.new_full((b, gen_length - taken), int(stops[0]))], dim=1)
         if attn is not None:
             attn = torch.cat([attn, attn.new_ones(b, gen_length - taken)], dim=1)
-    if return_dict:
-        return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=taken)
-    return x
+    return GenerationOutput(sequences=x, attention_mask=attn, prompt_length=p, steps_taken=taken)
+
+
+# ----------------------------------------------------------------------------- a block model's loop
+def _generate_blocks(model, plan: GenerationPlan, callback: StepCallback | None) -> GenerationOutput:
+    """A block model's blocks (`block_sampling.decode_blocks` over `plan.schedule`); a callback is told once per
+    finished block (the tokens are the same without it)."""
+    on_block = None
+    if callback is not None:
+        def on_block(step, index, x, masked, committed):
+            callback(StepState(step=step, block=index, x=x, masked=masked, committed=committed,
+                               prompt_length=plan.prompt.shape[1]))
+    out = decode_blocks(model, plan.schedule, plan.generator, plan.use_sink_cache, on_block)
+    return GenerationOutput(**vars(out))
+
+
+# The loop of each path of `GenerationPlan`: `(model, plan, callback) -> GenerationOutput`.
+LOOPS = {"sequence": _generate_diffusion, "blocks": _generate_blocks, "autoregressive": _generate_autoregressive}

@@ -11,6 +11,31 @@
   * `choose_next`: an autoregressive step's next token (the same filters and Gumbel noise).
 `sampling.generate` plans a call (`plan_generation`, which calls `plan_decoding`), then loops over
 these pieces.
+
+The cache (`SampleConfig.cache`): Fast-dLLM's KV caching (their `generate_with_prefix_cache` / `_dual_cache`).
+Every block starts with a full forward (its logits make that step's commits) that writes each layer's content
+keys/values into the call's static cache (`DiffusionLM.allocate_cache`, allocated once for prompt + gen_length
+and written in place, so no shape ever changes); the other steps of the block run only the block and what
+follows it ("prefix": the keys/values before the block are reused) or only the block ("dual": those before and
+after it are reused). Keys are cached after rotation, at their absolute positions (which never change during a
+call); each row keeps its own padding mask and positions, so a left-padded row gets what it gets alone. The
+sinks' keys/values are the exact, global sink cache's, written into it once. With shift_logits the column
+before the block is run too (it predicts the block's first token). Cached steps see stale keys/values outside
+the block, so the tokens may differ from `cache=None` (Fast-dLLM's approximation); with one step per block they
+are identical. Under a cache only the block's queries run, so a probe (whose maps and key masks cover the
+whole sequence) is refused: analyse with cache=None.
+
+`compile`: the cached steps' forward through `torch.compile` (`compile_backend`; CUDA graphs on a GPU): one graph
+per generation (`compiled_step`), and the tokens are the eager cached loop's (tested with aot_eager). The first
+calls' seconds (the compile time) are logged and returned as `compile_seconds`.
+
+Logits. The LM head runs on the current block's columns (a slice: which of them are still masked would be a
+question to the device), except that a callback without a cache receives every column's logits, as the
+analysis expects.
+
+Host syncs. With a fixed step count the loop never waits for the device: every step's count comes from the
+schedule, planned before the loop (`plan_decoding`), and the commits write slices. Threshold decoding and
+Dream's `origin` ask the device once a step whether the block is done (docs/guide.md).
 """
 
 from __future__ import annotations
@@ -91,16 +116,28 @@ def compiled_columns(plan: DecodePlan, device) -> torch.Tensor:
                          for b in plan.blocks], device=device)
 
 
-def forward_step(model, plan: DecodePlan, blk: BlockPlan, x, attn, kv, cached: bool, settings: SampleConfig,
-                 step_probe: Probe | None, columns: torch.Tensor | None = None):
-    """One step's forward: (logits `[B, n, V]` of the block's columns (or `[B, L, V]` for a callback
-    without a cache, shifted as predictions of their columns), the model output, compile seconds).
+@dataclass
+class Canvas:
+    """The diffusion loop's state: the sequence, what is still masked, and the call's static cache."""
 
-    Without a cache, or at a block's first step, every column runs (written into `kv` from column 0);
+    x: torch.Tensor  # [B, L] prompt + gen_length, [MASK] where not yet committed
+    attn: torch.Tensor | None  # [B, L] bool of a padded batch, else None
+    masked: torch.Tensor  # [B, L] bool, True where still masked (the prompt never is)
+    kv: object | None  # the static KV cache (model/cache.py); None for the plain forward
+    columns: torch.Tensor | None  # compiled: `compiled_columns`
+
+
+def forward_step(model, plan: DecodePlan, blk: BlockPlan, canvas: Canvas, cached: bool, settings: SampleConfig,
+                 step_probe: Probe | None):
+    """One step's forward over `canvas.x`: (logits `[B, n, V]` of the block's columns (or `[B, L, V]` for a
+    callback without a cache, shifted as predictions of their columns), the model output, compile seconds).
+
+    Without a cache, or at a block's first step, every column runs (written into `canvas.kv` from column 0);
     a cached step runs the block and what follows it ("prefix") or the block alone ("dual"), from
     the column before it with shift_logits. Compiled, the shapes never depend on the block: "prefix" then
     runs a fixed window from the first block's start and writes only the columns from the block's;
-    `columns` (`compiled_columns`) hold what moves with the block."""
+    `canvas.columns` (`compiled_columns`) hold what moves with the block."""
+    x, attn, kv, columns = canvas.x, canvas.attn, canvas.kv, canvas.columns
     start = blk.lo - plan.shift if cached else 0
     ids = x[:, start:(plan.window_end(blk) if cached else plan.total)]
     head = None if plan.full_logits else slice(blk.lo - plan.shift - start, blk.hi - plan.shift - start)

@@ -82,24 +82,25 @@ def generate_text(model, tokenizer, prompt: str | list[dict], config: SampleConf
     a diffusion LM's later positions become that token); False keeps all `gen_length` tokens. `system`:
     a system message before the prompt (with `chat`); `prompt` may then be the conversation so far.
     `callback` as for `sinkdlm.generate`."""
-    return generate_texts(model, tokenizer, [prompt], config, chat=chat, stop_at_eos=stop_at_eos, system=system,
-                          callback=callback, **overrides)[0]
+    text = TextOptions(chat=chat, stop_at_eos=stop_at_eos, system=system)
+    return generate_texts(model, tokenizer, [prompt], config, text=text, callback=callback, **overrides)[0]
 
 
 def generate_texts(model, tokenizer, prompts: Sequence[str | list[dict]], config: SampleConfig | None = None, *,
-                   chat: bool = TextOptions.chat, stop_at_eos: bool = TextOptions.stop_at_eos,
-                   system: str | None = TextOptions.system, callback=None, generator=None,
+                   text: TextOptions | None = None, callback=None, generator=None,
                    **overrides) -> list[GeneratedText]:
     """`generate_text` for several prompts at once: one batch (left-padded), in which every prompt gets the
     tokens it gets alone (each row its own random stream, seeded with `seed`, or from `generator`, a list of
-    one `torch.Generator` per prompt; `sinkdlm.generate`). `seconds` is the batch's."""
+    one `torch.Generator` per prompt; `sinkdlm.generate`). `seconds` is the batch's. `text`: `chat`,
+    `stop_at_eos` and `system` as for `generate_text` (a `GenerateConfig` is one; None: their defaults)."""
+    text = text or TextOptions()
     settings = with_overrides(SampleConfig, config, overrides, "generate_text")
     # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
     settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
     block_model = model.config.block_size is not None
     check_sample_settings(settings, autoregressive=model.config.causal, block_model=block_model)
-    ids = [encode_prompt(tokenizer, prompt, chat, system) for prompt in prompts]
-    stops = stop_token_ids(tokenizer, chat) if stop_at_eos else ()
+    ids = [encode_prompt(tokenizer, prompt, text.chat, text.system) for prompt in prompts]
+    stops = stop_token_ids(tokenizer, text.chat) if text.stop_at_eos else ()
     if stops and (model.config.causal or block_model):  # these stop decoding a row at its end (§10, §13)
         settings = dataclasses.replace(settings, stop_token_ids=stops)
     start = time.perf_counter()

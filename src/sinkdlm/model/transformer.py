@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 import zlib
 
 import torch
@@ -152,6 +153,17 @@ class SinkRows:
     keep: torch.Tensor | None = None
 
 
+class Attending(NamedTuple):
+    """How one pass's layers attend, the same at every layer: the attention backend (`attention.get_backend`;
+    None: no content query, the sink stream), whether it returns the probabilities (a probe's maps), and the
+    static `KVCache` the content's keys/values are written to and read from (None: none). A named tuple, which
+    `torch.compile` traces through (the compiled decoding step, `diffusion/steps.py`)."""
+
+    backend: object | None = None
+    need_probs: bool = False
+    cache: KVCache | None = None
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -160,14 +172,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, rope, sinks: SinkRows, sink_kv, mask, backend, need_probs, cache=None, index=0):
+    def forward(self, h, rope, sinks: SinkRows, sink_kv, mask, attending: Attending, index=0):
         """h `[B, R, d]`: `sinks.rows` sink rows and L content columns, in layout order.
 
         rope: (cos, sin) `[B|1, R, hd]` for the keys of all rows and `[B|1, L, hd]` for the content
         queries, or None: no rotation (the sink cache keeps keys before rotation). sink_kv: the sinks'
-        rotated constant keys/values `[B|1, KVH, n, hd]`, when they do not ride in `h`. cache: the static
-        `KVCache` (layer `index`): the content rows are its columns `cache.start .. +L`, written there in
-        place, and attention reads its whole buffer (the sinks' columns included: then sink_kv is None).
+        rotated constant keys/values `[B|1, KVH, n, hd]`, when they do not ride in `h`. attending: the pass's
+        backend, maps and `cache`, the static `KVCache` (layer `index`): the content rows are its columns
+        `cache.start .. +L`, written there in place, and attention reads its whole buffer (the sinks' columns
+        included: then sink_kv is None).
         Returns (h, probs `[B, H, L, S]` | None (S + 1 columns with a virtual sink column, last),
         values `[B, KVH, S, hd]` in layout order, kv, p_self `[B, H, rows]` | None), where kv is the
         sink rows' (k before rotation, v) when `h` holds sinks only (the sink cache), else None.
@@ -206,15 +219,16 @@ class Block(nn.Module):
         elif rope is not None:
             cos, sin, cos_q, sin_q = rope
             q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
-        if cache is not None:  # keys are cached after rotation, at their absolute positions
-            k, v = cache.write(index, k, v)  # [B, KVH, S, hd], layout order, sinks included
+        if attending.cache is not None:  # keys are cached after rotation, at their absolute positions
+            k, v = attending.cache.write(index, k, v)  # [B, KVH, S, hd], layout order, sinks included
         if sink_kv is not None:
             ks, vs = sink_kv
             k = sinklib.join(ks.expand(b, -1, -1, -1), k, where, dim=2)
             v = sinklib.join(vs.expand(b, -1, -1, -1), v, where, dim=2)
         probs = None
         if l:
-            y, probs = backend(q, k, v, mask=mask, need_probs=need_probs, sink_logit=column)  # [B, H, L, hd]
+            y, probs = attending.backend(q, k, v, mask=mask, need_probs=attending.need_probs,
+                                         sink_logit=column)  # [B, H, L, hd]
             y = y.transpose(1, 2)  # [B, L, H, hd]
             # with sink rows the join copies once; without, the reshape does (as any attention layer)
             y = sinklib.join(y_sink, y.view(b, l, nkv, groups, hd), where, dim=1) if n else y.reshape(b, l, nh, hd)
@@ -298,7 +312,7 @@ class DiffusionLM(nn.Module):
         rows = self._sink_rows(n, hs)
         ks, vs, ps = [], [], []
         for layer in self.layers:
-            hs, _, _, (k, v), p_self = layer(hs, None, rows, None, None, None, False)
+            hs, _, _, (k, v), p_self = layer(hs, None, rows, None, None, Attending())
             ks.append(k)
             vs.append(v)
             ps.append(p_self)
@@ -478,11 +492,12 @@ class DiffusionLM(nn.Module):
         layout = self._sink_rows(rows, h)
 
         seen = ProbePass(probe, cfg, l, b, sinks) if probe is not None else None
+        attending = Attending(backend, need_maps, cache)
         for i, layer in enumerate(self.layers):
             if sinks is not None:
                 sink_kv = (apply_rope(sinks.k[i].to(act_dtype), cos_s, sin_s), sinks.v[i].to(act_dtype))
             layer_mask = mask if probe is None else probe.mask(i, mask, l, n, cfg.sink_position)
-            h, probs, v, kv, _ = layer(h, rope, layout, sink_kv, layer_mask, backend, need_maps, cache, i)
+            h, probs, v, kv, _ = layer(h, rope, layout, sink_kv, layer_mask, attending, i)
             if seen is not None:
                 maps = seen.maps(i, probs) if need_maps else None
                 del probs  # before the hook runs: one layer's maps alive, not two copies

@@ -312,7 +312,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
     if cfg.compile:
         dist_utils.check_compile(cfg.compile_backend, device)
     with RunDir.open(cfg, env) as run, StopRequest(env) as stop:
-        summary = _train(cfg, env, device, run, stop, on_step, resume_command, stop_at or cfg.max_steps, probe)
+        summary = _train(cfg, env, device, run, stop, _Asks(stop_at or cfg.max_steps, on_step, probe, resume_command))
     if stop_at is not None and stop_at < cfg.max_steps and summary["checkpoint"]:
         paused_at(summary["checkpoint"])  # the next train() goes on from here: a continuation, not a resume
     if cfg.merge and summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step-{cfg.max_steps}":
@@ -450,10 +450,21 @@ def _ready_to_train(cfg: TrainConfig, env, device: torch.device, model: Diffusio
 
 
 # ----------------------------------------------------------------------------- the loop
-def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, on_step,
-           resume_command, stop_at: int, probe=None) -> dict[str, Any]:
-    """`open_run`, then steps `start .. stop_at`: each an optimizer step, its metrics row, and a checkpoint
+@dataclass(frozen=True)
+class _Asks:
+    """What `train`'s caller asks of the loop (`train`'s docstring): where it stops, `on_step(row)` after each step,
+    the probe `(every, fn)`, and the command that resumes the run (said when a signal stops it)."""
+
+    stop_at: int
+    on_step: Callable[[dict], None] | None
+    probe: tuple[int, Callable[[DiffusionLM, int], None]] | None
+    resume_command: str | None
+
+
+def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopRequest, asks: _Asks) -> dict[str, Any]:
+    """`open_run`, then steps `start .. asks.stop_at`: each an optimizer step, its metrics row, and a checkpoint
     every `save_every` steps, at `stop_at` and on a signal (then `TrainingStopped`)."""
+    stop_at, on_step, probe = asks.stop_at, asks.on_step, asks.probe
     out = Path(cfg.out)
     tr = open_run(cfg, env, device, run)
     run.remove_previous_run()  # --overwrite: only now that every input check has passed
@@ -482,7 +493,7 @@ def _train(cfg: TrainConfig, env, device: torch.device, run: RunDir, stop: StopR
             _save(cfg, env, out, done, tr, row)
         if signum and done < cfg.max_steps:
             _close(env, tr, meter)
-            raise run.stopped(done, cfg.max_steps, signum, resume_command)
+            raise run.stopped(done, cfg.max_steps, signum, asks.resume_command)
     final = latest_checkpoint(out)
     _close(env, tr, meter)
     return {"out": str(out), "checkpoint": str(final) if final else None, "last": meter.last, "steps": cfg.max_steps}
