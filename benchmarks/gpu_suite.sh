@@ -10,7 +10,9 @@
 #   3. benchmarks/bench_cache.py, qwen2.5-0.5b, bf16  (KV caches; compiled tokens agreeing with eager)
 #   4. benchmarks/bench_gpu_decode.py                 (~1B decoding, batch 1 and 8, eager and compiled,
 #                                                      tok/s and the fraction of the weight-read bound)
-#   5. sinkdlm experiment --launcher local            (a smoke run and its report as two jobs on the GPU)
+#   5. benchmarks/bench_block.py, qwen2.5-0.5b, bf16  (block decoding with its cache vs no cache / dual;
+#                                                      a BD3-LM training step vs a whole-sequence one, per token)
+#   6. sinkdlm experiment --launcher local            (a smoke run and its report as two jobs on the GPU)
 # and writes OUTDIR/gpu_suite.json (the card, each step's exit status and seconds, and every results
 # file). The results files are also copied into benchmarks/results/, and docs/benchmarks.md is
 # regenerated from them (tools/readme_results.py), naming the card; commit both. Without a CUDA GPU
@@ -53,9 +55,12 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit, log it, rec
 step test_cuda 100 "$PY" -m pytest -q -p no:randomly -n 0 tests/model/test_cuda.py tests/model/test_quantize.py \
     -k "not test_quantize or cuda"  # and --quantize on CUDA: int8 within its step bound, int4-weight (tinygemm)
 step bench_gpu_train 110 "$PY" benchmarks/bench_gpu_train.py --out "$OUT/bench_gpu_train.json"
-step bench_cache 160 "$PY" benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16 \
+step bench_cache 150 "$PY" benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16 \
     --out "$OUT/bench_cache_gpu.json"
-step bench_gpu_decode 170 "$PY" benchmarks/bench_gpu_decode.py --out "$OUT/bench_gpu_decode.json"
+step bench_gpu_decode 130 "$PY" benchmarks/bench_gpu_decode.py --out "$OUT/bench_gpu_decode.json"
+# writes its JSON after each part: a run cut by the limit keeps its decoding table
+step bench_block 50 "$PY" benchmarks/bench_block.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16 --repeats 2 \
+    --prompt 448 --seq-len 512 --batch 4 --out "$OUT/bench_block_gpu.json"
 # the local launcher on the GPU: one smoke run as a job on cuda:0, then the report job (experiment/launch.py)
 step launcher_local 60 "$PY" -m sinkdlm experiment --preset smoke --variants vanilla --seeds 0 \
     --out "$OUT/launcher_smoke" --launcher local --gpus-per-run 1 --device cuda
@@ -71,7 +76,7 @@ results = Path("benchmarks/results")
 steps = [dict(zip(("name", "exit", "seconds"), line.split("\t"))) for line in (out / "steps.tsv").read_text().splitlines()]
 suite = {"card": torch.cuda.get_device_name(0), "torch": torch.__version__,
          "steps": [{**s, "exit": int(s["exit"]), "seconds": int(s["seconds"])} for s in steps], "results": {}}
-for name in ("bench_gpu_train.json", "bench_cache_gpu.json", "bench_gpu_decode.json"):
+for name in ("bench_gpu_train.json", "bench_cache_gpu.json", "bench_gpu_decode.json", "bench_block_gpu.json"):
     if (out / name).is_file():
         suite["results"][name] = json.loads((out / name).read_text())
         shutil.copyfile(out / name, results / name)  # what docs/benchmarks.md is generated from

@@ -216,6 +216,31 @@ def _bench_cache_gpu(results_root: Path) -> str | None:
         "benchmarks/bench_cache.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16", "bench_cache_gpu.json")
 
 
+def _bench_block(results_root: Path, file: str = "bench_block.json") -> str | None:
+    r = _bench_result(file)
+    if r is None or "training" not in r:  # (a run cut after its decoding part is not a table yet)
+        return None
+    d, t = r["decoding"], r["training"]
+    lines = [f"{d['prompt_length']}-token prompt, {d['gen_length']} new tokens one per step, blocks of {r['block_size']}; "
+             f"{r['model']}, {r['device']}, best of {r['repeats']}, all in one process (`benchmarks/bench_block.py`):", "",
+             "| decoding | forwards | seconds | tokens/s | block model's speed-up over it |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {v['forwards']} | {v['seconds']:.3f} | {v['tokens_per_s']:.1f} | {v['block_speedup']:.2f}× |"
+              for name, v in d["rows"].items()]
+    lines += ["", f"One training step (forward + backward + AdamW) on {t['batch']} × {t['seq_len']} tokens:", "",
+              "| training step | seconds | µs per token |", "|---|---:|---:|"]
+    lines += [f"| {name} | {v['seconds']:.3f} | {v['us_per_token']:.1f} |" for name, v in t["rows"].items()]
+    lines += ["", f"A block model's training step costs {t['block_cost_ratio']:.2f}× a whole-sequence step per token."]
+    load = r.get("load_average")
+    if load and "end" in load:
+        lines[-1] += f" Load average (1 min) {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end."
+    return "\n".join(lines) + "\n"
+
+
+def _bench_block_gpu(results_root: Path) -> str | None:
+    return _bench_block(results_root, "bench_block_gpu.json") or _not_measured(
+        "benchmarks/bench_block.py --device cuda --preset qwen2.5-0.5b --dtype bfloat16", "bench_block_gpu.json")
+
+
 def _bench_gpu_train(results_root: Path) -> str | None:
     r = _bench_result("bench_gpu_train.json")
     if r is None:
@@ -526,7 +551,8 @@ COMBINED = {"bench/serve": _bench_serve, "smollm2/ar-vs-dlm": _ar_vs_dlm, "bench
             "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode, "bench/quant": _bench_quant,
             "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python,
             "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits,
-            "bench/env-sizes": _bench_env_sizes, "findings": _findings,
+            "bench/env-sizes": _bench_env_sizes, "bench/block": _bench_block, "bench/block-gpu": _bench_block_gpu,
+            "findings": _findings,
             "escape/replication": _escape_replication}
 
 

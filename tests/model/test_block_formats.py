@@ -8,7 +8,9 @@ Tiny random checkpoints are written here in the layouts of the released models, 
 Both are checked against transformers' own Qwen2 / Qwen3 forward on the same weights under an explicit
 block-causal mask built here (query i sees key j when j // b <= i // b, blocks counted from position 0, as
 both models' inference masks are). Their reference decoders need their remote modeling code (extra forward
-arguments of their own), which is never run, so the decoding is not compared token for token: "mapped only".
+arguments of their own), which is never run, so neither is compared token for token with its own code: "mapped
+only". SDAR's decoding rule (greedy `low_confidence_static`) is re-implemented here over transformers' Qwen3
+without a cache and sinkdlm's block decoding gives its tokens, in float64.
 Each checkpoint carries an `auto_map` to Python files that would leave a marker when imported.
 """
 
@@ -138,6 +140,40 @@ def test_sdar_decodes_and_scores_fast_dllm_v2_refuses_until_shifted_blocks(layou
     assert torch.isfinite(torch.as_tensor(ll.logprob)).all() and float(ll.logprob) < 0
     loss = block_diffusion_loss(model, ids(n=8), pad_id=0)
     assert torch.isfinite(loss.loss)
+
+
+def sdar_rule_reference(hf, prompt: list[int], gen: int, steps: int, mask_id: int) -> list[int]:
+    """SDAR's decoding rule, written here from its description (`low_confidence_static`, greedy: each step reveals
+    the block's masked position whose argmax token is most probable) over transformers' model, every pass over
+    the whole sequence so far under the block-causal mask (what its cache of finished blocks computes): blocks
+    counted from position 0, the prompt's last partial block completed first, `steps` steps a block."""
+    total = -(-(len(prompt) + gen) // B) * B
+    x = torch.tensor(prompt + [mask_id] * (total - len(prompt)))
+    for lo in range(len(prompt) // B * B, total, B):
+        hi = lo + B
+        quota = [B // steps + (i < B % steps) for i in range(steps)]  # an even split, the remainder first
+        for k in quota:
+            masked = x[lo:hi] == mask_id
+            if not masked.any():
+                break
+            with torch.no_grad():
+                logits = hf(input_ids=x[None, :hi], attention_mask=block_causal_additive(hi, B).double()).logits[0, lo:hi]
+            conf, tok = torch.softmax(logits, -1).max(-1)
+            order = torch.where(masked, conf, -torch.inf).argsort(descending=True)[:min(k, int(masked.sum()))]
+            x[lo + order] = tok[order]
+    return x[: len(prompt) + gen].tolist()
+
+
+def test_sdar_decoding_matches_its_rule_token_for_token(tmp_path, tok):
+    """Float64 on both sides (no argmax near-tie can flip): sinkdlm's block decoding (static cache, one pass over
+    the block a step) gives the tokens of SDAR's rule re-implemented over transformers' Qwen3 without a cache."""
+    hf = hf_model("sdar").double()
+    path = save_layout(hf, tmp_path, tok, "sdar")
+    model = DiffusionLM.from_pretrained(path, dtype=torch.float64)
+    for prompt, gen in (([5, 6, 7, 8, 9, 10], 10), ([11, 12, 13, 14], 8), ([3], 7)):
+        blocks = -(-(len(prompt) % B + gen) // B)  # the blocks the answer spans (the prompt's last partial one too)
+        ours = generate(model, prompt, gen_length=gen, steps=B * blocks)[0].tolist()
+        assert ours == sdar_rule_reference(hf, prompt, gen, B, tok.mask_token_id), (prompt, gen)
 
 
 @pytest.mark.parametrize("name,key,released", [("fast_dllm_v2", "bd_size", 32), ("sdar", "block_size", 4)])
