@@ -131,7 +131,7 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
     model.train(was_training)
     summary = recorder.summary()
     arrays = recorder.arrays()
-    analysis = _analysis_json(model, plan, config, recorder, summary, samples, steps_taken, ablation,
+    analysis = _analysis_json(model, plan, config, recorder, summary, (samples, steps_taken), ablation,
                               {"generation_seconds": gen_seconds, "ablation_seconds": abl_seconds,
                                "outlier_seconds": outlier_seconds})
     analysis["outliers"] = outliers  # not in ANALYSIS_KEYS: files written before it have none
@@ -267,9 +267,11 @@ def _ablation(model, plan: AnalysisPlan, config: AnalyzeConfig, ablation_task):
 
 
 def _analysis_json(model, plan: AnalysisPlan, config: AnalyzeConfig, recorder: SinkRecorder, summary: dict,
-                   samples: list[str], steps_taken: int, ablation, timing: dict) -> dict:
-    """analysis.json's dict (`ANALYSIS_KEYS`), its `figures` still empty (drawn from it afterwards)."""
+                   generated: tuple[list[str], int], ablation, timing: dict) -> dict:
+    """analysis.json's dict (`ANALYSIS_KEYS`), its `figures` still empty (drawn from it afterwards). `generated`:
+    the generation's (decoded samples, steps taken)."""
     cfg, settings = model.config, plan.settings
+    samples, steps_taken = generated
     lengths = [len(r) for r in plan.ids]
     return {
         "schema_version": SCHEMA_VERSION,
