@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from sinkdlm.config import ModelConfig
-from sinkdlm.experiment.escape import censored_sign_test, escape_step, sign_test_mde, unigram_plateau
+from sinkdlm.experiment.endpoints.escape.probe import censored_sign_test, escape_step, sign_test_mde, unigram_plateau
 from sinkdlm.experiment.presets import get_preset
 from sinkdlm.io.atomic import atomic_write_bytes, atomic_write_json
 from sinkdlm.training.rundir import read_metrics

@@ -37,7 +37,7 @@ def _ar_vs_dlm(results_root: Path) -> str | None:
     ar, dlm = results_root / "smollm2" / "ar" / "intervals.json", results_root / "smollm2" / "dlm" / "results.json"
     if not (ar.is_file() and dlm.is_file()):
         return None
-    from sinkdlm.experiment.sink_tables import ar_vs_dlm_markdown
+    from sinkdlm.experiment.endpoints.sinks.tables import ar_vs_dlm_markdown
 
     return ar_vs_dlm_markdown(json.loads(ar.read_text()), json.loads(dlm.read_text()))
 
@@ -381,8 +381,8 @@ def _gap(est: float, low: float | None, high: float | None, digits: int) -> str:
 
 def _primary_row(r: dict, study: str, scale: str, digits: int) -> list[str]:
     """One study's declared primary as a findings row: the answer from its stored decision and null reading
-    (experiment/endpoints.py), the gap at the end of training with the declared test's interval."""
-    from sinkdlm.experiment.endpoints import declared_decision
+    (experiment/endpoints/primary.py), the gap at the end of training with the declared test's interval."""
+    from sinkdlm.experiment.endpoints.primary import declared_decision
 
     p = r["primary"]
     a, b = (r["variants"][n]["label"] for n in p["pair"])
@@ -433,7 +433,7 @@ def _findings(results_root: Path) -> str | None:
     """The front page's table of what the project has found about the paper's claim so far: one row per declared
     question (study, scale, answer, interval), read from each study's results.json (and the escape sizing's
     exploratory counts, for the replication row)."""
-    from sinkdlm.experiment.summary import extra_sink_mass, uniform_share
+    from sinkdlm.experiment.endpoints.sinks.stats import extra_sink_mass, uniform_share
 
     rows = []
     study, real, late, esc = (_load(results_root, n) for n in ("study", "smollm2/dlm", "late-sink", "escape"))

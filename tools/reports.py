@@ -4,7 +4,7 @@ A study commits each run's `analysis/analysis.json` and `analysis_arrays.npz`, a
 report shows (CONTRIBUTING.md, "What a study commits"); this draws every stored analysis under the given
 directories whose report.md is missing again: its figures and report.md / report.html
 (`sinkdlm.analysis.comparison.redraw`; nothing is run), and each escape study's per-run figures
-(`figures/escape_runs/`, `sinkdlm.experiment.escape_report.draw_escape_runs`). The files it writes are ignored
+(`figures/escape_runs/`, `sinkdlm.experiment.endpoints.escape.report.draw_escape_runs`). The files it writes are ignored
 by git.
 
     .venv/bin/python tools/reports.py [DIR ...]      # what `make reports` runs (default: docs/results)
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         except ValueError as e:  # an analysis committed without its arrays (an older study's extra seeds)
             print(f"[{i}/{len(todo)}] skipped: {e}", flush=True)
     print(f"drew {drawn} of {len(todo)} missing report(s)")
-    from sinkdlm.experiment.escape_report import draw_escape_runs
+    from sinkdlm.experiment.endpoints.escape.report import draw_escape_runs
 
     for results in sorted(p for root in roots for p in root.rglob("results.json")):
         if (json.loads(results.read_text()).get("declared") or {}).get("escape"):

@@ -1,6 +1,7 @@
 """The declared endpoints on hand-built results: the primary comparison with its rank test, the step-0 gap and
 the training effect (each against a direct computation), the gap's trajectory and slope, TOST equivalence
-inside the multiplicity family, and the plateau criterion."""
+inside the multiplicity family, and the plateau criterion; and the interface every endpoint implements
+(`experiment/endpoints/base.py`), called by the summary and the report in their order."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_primary_separates_the_head_start_from_the_training_effect():
 def test_a_primary_declared_as_t_is_decided_by_the_t_test_with_the_wilcoxon_beside_it():
     """4 seeds: no exact test can reject at 5 % (smallest two-sided p 1/8), so a study that small declares `t`."""
     from sinkdlm.experiment.presets import Primary
-    from sinkdlm.experiment.report import primary_lines
+    from sinkdlm.experiment.endpoints.primary import primary_lines
 
     van = [5.40, 5.52, 5.47, 5.44]
     sink = [v - 0.20 + e for v, e in zip(van, [0.01, -0.012, 0.004, -0.003])]
@@ -103,7 +104,7 @@ def test_a_primary_declared_as_t_is_decided_by_the_t_test_with_the_wilcoxon_besi
 @pytest.mark.parametrize("test", ["t", "wilcoxon"])
 def test_a_primary_over_one_seed_is_reported_without_a_test(test):
     """A study's first finished pair (or a one-seed shard) has no interval: the report says so, it does not crash."""
-    from sinkdlm.experiment.report import primary_lines
+    from sinkdlm.experiment.endpoints.primary import primary_lines
 
     pad = [0.0] * (len(SEEDS) - 1)
     variants = {"sink": _variant("S", [8.0] * len(SEEDS), [5.3] + pad), "vanilla": _variant("V", [8.4], [5.4] + pad, start_per_seed=False)}
@@ -167,7 +168,7 @@ def test_the_report_states_the_three_numbers_and_the_equivalence_verdicts():
 
     eq = summary_part(res, "equivalence")
     assert eq.startswith("**Equivalence** (declared margin ±0.05 nats, `val_loss`): S − V: different (TOST adjusted p = ")
-    from sinkdlm.experiment.report import primary_seed_table
+    from sinkdlm.experiment.endpoints.primary import primary_seed_table
 
     header, rows = primary_seed_table(res)
     assert header[:4] == ["seed", "S val_loss", "V val_loss", "difference"] and "Δ_train" in header and len(rows) == 6
@@ -196,7 +197,7 @@ def test_the_report_draws_the_forest_the_curves_and_the_gap_trajectory(tmp_path)
 
 
 def test_the_verdict_line_leads_with_the_three_numbers_and_a_direction_only_where_the_declared_test_rejects():
-    from sinkdlm.experiment.report import verdict_line
+    from sinkdlm.experiment.endpoints.primary import verdict_line
     from sinkdlm.stats import signed
 
     rng = np.random.default_rng(4)
@@ -310,8 +311,9 @@ def test_a_trend_needs_four_scored_steps_over_a_decade_and_the_words_follow_the_
     """Four log-spaced scored steps over a decade: the slope per seed by least squares on log10(step), a t interval
     over seeds. Three, or four inside a decade: no slope; the report names the change between scored steps and
     states no direction from those raw intervals (they are outside the multiplicity family)."""
-    from sinkdlm.experiment.endpoints import trajectory
-    from sinkdlm.experiment.report import primary_lines, summary_part
+    from sinkdlm.experiment.endpoints.trajectory import trajectory
+    from sinkdlm.experiment.endpoints.primary import primary_lines
+    from sinkdlm.experiment.report import summary_part
 
     def variants(steps, gaps):
         a = {"seeds": {s: {"val_curve": [{"step": st, "val_loss": 5 + g[i]} for st, g in zip(steps, gaps)]} for i, s in enumerate(SEEDS)}}
@@ -428,3 +430,42 @@ def test_delta_train_against_an_unconverted_arm_says_it_is_the_step0_gap_closing
     del res["base"]
     summarise(res, [("sink", "all")])
     assert next(c for c in res["comparisons"] if c["metric"] == "val_loss_change")["unconverted"] == []
+
+
+def test_a_new_endpoint_is_one_class_that_the_summary_and_the_report_call_in_their_order(tmp_path, monkeypatch):
+    """The pattern of docs/architecture.md ("Endpoints"): an `Endpoint` subclass added to the registry is judged
+    after the family's adjustment (it reads the adjusted p-values), concluded after the sizing, and its section
+    stands where its slot places it, with nothing else edited."""
+    from sinkdlm.experiment import report, summary
+    from sinkdlm.experiment.endpoints import ENDPOINTS
+    from sinkdlm.experiment.endpoints.base import Endpoint
+
+    class Count(Endpoint):
+        name, slot = "count", "lead"
+
+        def judge(self, study):  # the adjusted p-values are set; the sizing is not yet
+            adjusted = [c for c in study.comparisons if c.get("p_adjusted") is not None]
+            study.results["count"] = {"adjusted": len(adjusted), "sized": "sizing" in study.results}
+
+        def conclude(self, study):
+            study.results["count"]["concluded_after_sizing"] = "sizing" in study.results
+
+        def section(self, doc, results, out):
+            doc.heading("Counted endpoint")
+            doc.paragraph(f"{results['count']['adjusted']} adjusted comparisons")
+
+    registry = (*ENDPOINTS, Count())
+    monkeypatch.setattr(summary, "ENDPOINTS", registry)
+    monkeypatch.setattr(report, "ENDPOINTS", registry)
+    rng = np.random.default_rng(3)
+    van = list(5.45 + rng.normal(0, 0.05, 6))
+    res = _results({"sink": _variant("S", [8.0] * 6, list(np.array(van) - 0.1 + rng.normal(0, 0.02, 6))),
+                    "vanilla": _variant("V", [8.39] * 6, van)}, {})
+    res["machine"].update(processor="cpu", torch="2", cuda=False)
+    summary.summarise(res, [("sink", "vanilla")])
+    family = [c for c in res["comparisons"] if c.get("p_adjusted") is not None]
+    assert res["count"] == {"adjusted": len(family), "sized": False, "concluded_after_sizing": True} and family
+    report.write_report(res, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert text.index("Counted endpoint") < text.index("Results (mean [95 % CI])")
+    assert f"{len(family)} adjusted comparisons" in text

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from sinkdlm.experiment.escape import censored_sign_test, escape_step, sign_test_mde, sink_onset, unigram_plateau
+from sinkdlm.experiment.endpoints.escape.probe import censored_sign_test, escape_step, sign_test_mde, sink_onset, unigram_plateau
 from sinkdlm.experiment.presets import Escape
 
 
@@ -39,7 +39,7 @@ def test_sink_onset_is_when_the_largest_layer_mass_stays_at_or_above_the_mark():
 def test_exploratory_onset_is_when_the_largest_layer_mass_first_reaches_the_mark():
     """`sink_reach` (exploratory): the first probe where the mass reaches the mark, even if it falls back after;
     the declared `sink_onset` needs it to stay, so it is later (or censored) on the same record."""
-    from sinkdlm.experiment.escape import sink_reach
+    from sinkdlm.experiment.endpoints.escape.probe import sink_reach
 
     probes = {"100": [0.1, 0.2], "200": [0.1, 0.35], "300": [0.29, 0.1], "400": [0.3, 0.2], "500": [0.5, 0.6]}
     record = {"probes": {s: {"detected_sink_mass": m} for s, m in probes.items()}}
@@ -149,7 +149,7 @@ def test_probe_hook_runs_every_k_steps_and_leaves_training_unchanged(tmp_path):
 
 # ----------------------------------------------------------------------------- the study-wide summary and report
 def test_kaplan_meier_matches_a_hand_computed_estimate():
-    from sinkdlm.experiment.escape_summary import kaplan_meier
+    from sinkdlm.experiment.endpoints.escape.summary import kaplan_meier
 
     # escapes at 100, 300, 300, 500; censored (still on the plateau) at 200 and 400. By hand, S(t) = prod (1 - d/n):
     # 100: 6 at risk, 1 escape -> 5/6; 200: censored; 300: 4 at risk, 2 escapes -> 5/6 * 2/4; 400: censored;
@@ -172,7 +172,7 @@ def test_kaplan_meier_median_is_exact_where_the_float_estimate_rounds_above_one_
     """The escape study's vanilla arm: 17 escapes, 3 runs censored at 6,000, after every escape. With no censoring
     before it the estimate is exactly the share still on the plateau, (#escaped later) / 20, so the median is the
     10th smallest escape step, 2,300; the float product stores S(2,300) = 0.5000000000000001 and read 2,400."""
-    from sinkdlm.experiment.escape_summary import kaplan_meier
+    from sinkdlm.experiment.endpoints.escape.summary import kaplan_meier
 
     steps = [1300, 1300, 1500, 1700, 1800, 1900, 2100, 2200, 2300, 2300, 2400, 2500, 2600, 2900, 3000, 3900, 4800]
     km = kaplan_meier([esc(s) for s in steps] + [esc(6000, True)] * 3)
@@ -184,8 +184,8 @@ def test_the_lag_counts_every_run_by_its_known_sign_and_names_the_selection():
     """A censored onset after an observed escape is a negative lag, a censored escape after an observed onset a
     positive one, both censored unknown; the sign test is the exact binomial over the nonzero signs; the runs with
     both observed escaped later than those left out (Mann-Whitney), so their mean is a selection."""
-    from sinkdlm.experiment.escape_report import escape_lag_table
-    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.endpoints.escape.report import escape_lag_table
+    from sinkdlm.experiment.endpoints.escape.summary import escape_summary
 
     res = _escape_study(list(range(100, 112)), list(range(100, 112)))
     runs = res["variants"]["vanilla"]["seeds"]
@@ -210,8 +210,8 @@ def test_the_lag_counts_every_run_by_its_known_sign_and_names_the_selection():
 def test_a_test_that_detects_nothing_is_inconclusive_only_where_its_mde_exceeds_the_sized_effect():
     """The declared escape test sized for 1.13 log2: with an MDE below it, "no difference" bounded by the interval;
     with none declared (sized_for None), "inconclusive" as before."""
-    from sinkdlm.experiment.escape_report import escape_tests_table
-    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.endpoints.escape.report import escape_tests_table
+    from sinkdlm.experiment.endpoints.escape.summary import escape_summary
 
     res = _escape_study(list(range(100, 112)), list(range(100, 112)))
     sized = escape_summary(res)["tests"][1]  # gated: +/- 100 steps alternate, no difference
@@ -254,7 +254,7 @@ def _escape_study(seeds: list[int], declared: list[int]) -> dict:
 
 
 def test_escape_summary_decides_only_with_every_declared_seed_and_adjusts_the_secondary():
-    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.endpoints.escape.summary import escape_summary
 
     full = escape_summary(_escape_study(list(range(100, 112)), list(range(100, 112))))
     primary, secondary = full["tests"]
@@ -284,7 +284,7 @@ def test_escape_summary_decides_only_with_every_declared_seed_and_adjusts_the_se
 def test_exploratory_lag_from_the_first_reach_beside_the_declared_one(tmp_path):
     """Records that carry `onset_reached` (the mass first reaching the mark) get the exploratory lag per arm, with
     the declared lag unchanged; arms whose records lack it have none; the report prints it labelled exploratory."""
-    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.endpoints.escape.summary import escape_summary
     from sinkdlm.experiment.report import write_report
     from sinkdlm.experiment.summary import summarise
 
@@ -315,8 +315,8 @@ def test_the_plain_words_answer_gives_every_declared_test_and_no_lag_verdict():
     counts always; the lag by its known signs, described, never a verdict (no lag test was declared); an
     exploratory onset before the arm's first escape said to make its lag positive by construction; nothing
     directional in an interim."""
-    from sinkdlm.experiment.escape_report import escape_answer_line
-    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.endpoints.escape.report import escape_answer_line
+    from sinkdlm.experiment.endpoints.escape.summary import escape_summary
 
     def study(seeds, declared):
         res = _escape_study(seeds, declared)
@@ -348,8 +348,8 @@ def test_the_plain_words_answer_gives_every_declared_test_and_no_lag_verdict():
 def test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alone(tmp_path):
     import json
 
-    from sinkdlm.experiment.escape_report import draw_escape_runs
-    from sinkdlm.experiment.escape_summary import escape_summary
+    from sinkdlm.experiment.endpoints.escape.report import draw_escape_runs
+    from sinkdlm.experiment.endpoints.escape.summary import escape_summary
     from sinkdlm.experiment.report import regenerate, summary_part, write_report
     from sinkdlm.experiment.summary import summarise
 

@@ -262,7 +262,7 @@ def test_smoke_writes_every_file_and_key(smoke):
     assert "95 % CI" in report and "Paired comparisons" in report
     assert "`log10_peak_grad_norm`: the log10 of each run's largest pre-clip gradient norm" in report
     from sinkdlm.experiment.formatting import md_table
-    from sinkdlm.experiment.sink_tables import takeover_layer_table
+    from sinkdlm.experiment.endpoints.sinks.tables import takeover_layer_table
     assert "### Per layer: the moving-sink rate and the sink token's share" in report
     assert md_table(*takeover_layer_table(saved)) in report  # every arm's per-layer rows, the sink arm's share too
     html = (out / "report.html").read_text()
@@ -731,7 +731,7 @@ def test_a_study_committed_without_its_weights_resumes_by_retraining_only_unfini
 def test_smoke_records_each_runs_escape_and_the_censored_tests(smoke):
     """Every run is probed every `Escape.every` steps (3 steps: probes 1, 2, 3); results.json keeps its plateau,
     threshold (plateau - margin), escape step (or censoring at the last probe) and probe curve; `escape` the tests."""
-    from sinkdlm.experiment.escape import escape_step
+    from sinkdlm.experiment.endpoints.escape.probe import escape_step
 
     out, results = smoke
     escape = get_preset("smoke").escape
@@ -756,7 +756,7 @@ def test_smoke_report_renders_the_escape_endpoint_and_regenerates_it_from_result
     (`make reports`: `draw_escape_runs`) from its probes; the preset's declared seeds are kept in the summary; a
     copy of results.json alone (no run directories) regenerates the same escape summary, its per-run records
     untouched."""
-    from sinkdlm.experiment.escape_report import draw_escape_runs
+    from sinkdlm.experiment.endpoints.escape.report import draw_escape_runs
     from sinkdlm.experiment.report import regenerate
 
     out, results = smoke

@@ -1,6 +1,6 @@
-"""The experiment's question figures (experiment/figures.py) draw what summarise stored: the forest of paired
-differences, the learning curves with each variant's paired gap beside them, and the primary's gap trajectory;
-and the escape endpoint's (experiment/escape_figures.py): the Kaplan-Meier curves and one run's probes."""
+"""The experiment's question figures (experiment/figures.py and experiment/endpoints/trajectory.py) draw what
+summarise stored: the forest of paired differences, the learning curves with each variant's paired gap beside them,
+and the primary's gap trajectory; and the escape endpoint's (experiment/endpoints/escape/figures.py): the Kaplan-Meier curves and one run's probes."""
 
 from __future__ import annotations
 
@@ -48,12 +48,13 @@ def test_every_compared_pair_stores_its_paired_gap_at_each_scored_step():
 
 
 def test_curves_draw_each_variants_paired_gap_beside_the_learning_curves(tmp_path, monkeypatch):
-    from sinkdlm.experiment import figures
+    import sinkdlm.analysis.figures as analysis_figures
+    from sinkdlm.experiment.endpoints import trajectory
 
     res = _study()
     seen = []
-    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: seen.append(fig) or Path(path))
-    figures.plot_val_curves(res, tmp_path / "c.png", "vanilla")
+    monkeypatch.setattr(analysis_figures, "save_figure", lambda fig, path, **kw: seen.append(fig) or Path(path))
+    trajectory.plot_val_curves(res, tmp_path / "c.png", "vanilla")
     left, right = seen[0].axes
     assert len(left.get_lines()) == 3  # every variant's curve
     gaps = [ln for ln in right.get_lines() if ln.get_label().endswith("− VANILLA")]
@@ -61,7 +62,7 @@ def test_curves_draw_each_variants_paired_gap_beside_the_learning_curves(tmp_pat
     sink = next(ln for ln in gaps if ln.get_label() == "SINK − VANILLA")
     assert list(sink.get_xdata()) == list(STEPS)
     assert np.allclose(sink.get_ydata(), [p["mean"] for p in res["trajectories"][0]["points"]])
-    figures.plot_val_curves(res, tmp_path / "c1.png")  # no baseline: the curves alone
+    trajectory.plot_val_curves(res, tmp_path / "c1.png")  # no baseline: the curves alone
     assert len(seen[1].axes) == 1
 
 
@@ -91,7 +92,8 @@ def test_forest_says_when_a_raw_interval_clear_of_zero_does_not_survive_the_adju
 def test_the_question_figures_write_pngs(tmp_path):
     import matplotlib.image as mpimg
 
-    from sinkdlm.experiment.figures import plot_forest, plot_val_curves
+    from sinkdlm.experiment.endpoints.trajectory import plot_val_curves
+    from sinkdlm.experiment.figures import plot_forest
 
     res = _study()
     for path in (plot_forest(res, tmp_path / "f.png", "vanilla"), plot_val_curves(res, tmp_path / "c.png", "vanilla")):
@@ -101,8 +103,8 @@ def test_the_question_figures_write_pngs(tmp_path):
 def test_the_kaplan_meier_figure_draws_the_stored_estimate_and_marks_censored_runs(tmp_path, monkeypatch):
     """plot_escape_km draws results.json's `escape.km` as stored (from 1 at step 0), a '+' at every censored run
     on its arm's curve, and says in its title how many declared seeds are in."""
-    from sinkdlm.experiment import escape_figures
-    from sinkdlm.experiment.escape_summary import kaplan_meier
+    from sinkdlm.experiment.endpoints.escape import figures as escape_figures
+    from sinkdlm.experiment.endpoints.escape.summary import kaplan_meier
 
     def rec(step, censored=False):
         return {"step": step, "censored": censored, "last_probe": 6000}
@@ -130,7 +132,7 @@ def test_the_kaplan_meier_figure_draws_the_stored_estimate_and_marks_censored_ru
 def test_a_runs_escape_figure_draws_its_probes_and_its_gradient_norm(tmp_path, monkeypatch):
     """plot_escape_run: the probe loss as stored, the plateau and threshold, one line per layer of the detected
     sink mass, a sink-token row only for a sink arm, and the logged pre-clip gradient norms."""
-    from sinkdlm.experiment import escape_figures
+    from sinkdlm.experiment.endpoints.escape import figures as escape_figures
 
     probes = {"probes": {str(s): {"loss": 6.4 - s / 1000, "sink_token_mass": None,
                                   "detected_sink_mass": [0.1 * i + s / 1000 for i in range(3)]} for s in (100, 200, 300)}}
@@ -165,7 +167,9 @@ def test_a_trajectory_of_fewer_than_three_steps_is_points_with_intervals_and_eve
     from matplotlib.collections import PolyCollection
     from matplotlib.container import ErrorbarContainer
 
+    import sinkdlm.analysis.figures as analysis_figures
     import sinkdlm.experiment.figures as figures
+    from sinkdlm.experiment.endpoints import trajectory
 
     drawn = {}
 
@@ -187,8 +191,8 @@ def test_a_trajectory_of_fewer_than_three_steps_is_points_with_intervals_and_eve
                "variants": {n: {"label": n.upper(), "seeds": {}} for n in "abc"}, "comparisons": comparisons}
         import unittest.mock as mock
 
-        with mock.patch.object(figures, "save_figure", keep):
-            figures.plot_gap_trajectory(res, tmp_path / "gap.png")
+        with mock.patch.object(figures, "save_figure", keep), mock.patch.object(analysis_figures, "save_figure", keep):
+            trajectory.plot_gap_trajectory(res, tmp_path / "gap.png")
             figures.plot_forest(res, tmp_path / "forest.png", "b")
         ax = axes_of("gap.png")[0]
         assert any(isinstance(c, ErrorbarContainer) for c in ax.containers) is not line

@@ -16,9 +16,8 @@ from scipy import stats as sps
 from sinkdlm.analysis.recorder import SinkRecorder
 from sinkdlm.config import AnalyzeConfig
 from sinkdlm.experiment.report import markdown_summary
-from sinkdlm.experiment.summary import (
-    analysis_record, compare_variants, extra_sink_layers, summarise, value_norm_layers,
-)
+from sinkdlm.experiment.endpoints.sinks.stats import analysis_record, extra_sink_layers, value_norm_layers
+from sinkdlm.experiment.summary import compare_variants, summarise
 
 TASKS = ("shakespeare_word_order/acc", "shakespeare_next_line/acc_norm")
 BOLD_VERDICT = re.compile(r"\*\*(higher|lower)")
@@ -156,7 +155,7 @@ def test_value_norms_per_layer_where_pooling_flips_the_sign():
 
 
 def test_the_summary_names_a_few_layers_and_leaves_a_long_list_to_the_full_report():
-    from sinkdlm.experiment.sink_tables import _per_layer_finding
+    from sinkdlm.experiment.endpoints.sinks.tables import _per_layer_finding
 
     lay = {"compared_layers": 30, "seeds": ["0", "1", "2"],
            "per_layer_tests": {"tested": 30, "lower": list(range(2, 30)), "higher": [0]}}
@@ -237,7 +236,7 @@ def test_one_seed_prints_no_interval_and_defaults_fill_the_budget_line():
 
 
 def test_repetition_rate_counts_repeated_pieces_and_reaches_the_report():
-    from sinkdlm.experiment.summary import repetition_rate
+    from sinkdlm.experiment.endpoints.sinks.stats import repetition_rate
 
     assert repetition_rate("To be or not to be") == pytest.approx(1 - 5 / 6)  # "To" and "to" differ
     assert repetition_rate(",,,,") == pytest.approx(0.75)
@@ -280,7 +279,7 @@ def test_step0_control_value_norms_are_stated_per_layer():
     text = markdown_summary(res)
     assert "step-0 control (one model, no interval): sink above normal in 1 of 2 layers" in text
     assert "1.0/3.0" not in text  # per-layer numbers go to the full report's table, not into a sentence
-    from sinkdlm.experiment.sink_tables import value_norm_layer_table
+    from sinkdlm.experiment.endpoints.sinks.tables import value_norm_layer_table
 
     header, rows = value_norm_layer_table(res)
     assert header[:3] == ["layer", "V0: sinks / normal", "V0 step 0: sinks / normal"]
@@ -396,7 +395,7 @@ def test_ar_vs_dlm_states_the_training_steps_a_preset_left_at_its_default():
     from pathlib import Path
 
     from sinkdlm.config import TrainConfig
-    from sinkdlm.experiment.sink_tables import ar_vs_dlm_markdown
+    from sinkdlm.experiment.endpoints.sinks.tables import ar_vs_dlm_markdown
 
     root = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2"
     ar, dlm = json.loads((root / "ar" / "intervals.json").read_text()), json.loads((root / "dlm" / "results.json").read_text())
@@ -426,7 +425,7 @@ def test_the_seed_table_puts_each_peak_gradient_norm_beside_the_interval_it_fell
     (previous logged step + 1)-(its logged step); a run whose metrics log was not kept says so."""
     import json
 
-    from sinkdlm.experiment.report import primary_seed_table
+    from sinkdlm.experiment.endpoints.primary import primary_seed_table
     from sinkdlm.training.rundir import grad_norm_peak_steps
 
     rows = [{"step": 10, "loss": 9.0, "grad_norm_max": 623.6}, {"step": 20, "loss": 6.6, "grad_norm_max": 2252.3},
@@ -516,7 +515,7 @@ def test_takeover_layer_table_gives_each_arms_per_layer_rates_and_shares_and_eac
     from scipy import stats as sps
 
     from sinkdlm.experiment.report import summary_part
-    from sinkdlm.experiment.sink_tables import takeover_layer_table
+    from sinkdlm.experiment.endpoints.sinks.tables import takeover_layer_table
 
     rates = [[0.20, 0.10], [0.30, 0.12], [0.25, 0.14]]
     masses = [[0.01, 0.50], [0.03, 0.60], [0.02, 0.70]]
@@ -555,7 +554,7 @@ def test_a_sink_tokens_share_is_printed_beside_one_keys_uniform_share_and_a_per_
     prompt tokens + generated tokens + sink tokens, from its `setup`); a step-0 control per seed stands for every seed
     only when every seed's was analysed, and results.json keeps one: not shown for a study of several seeds."""
     from sinkdlm.experiment.report import summary_part
-    from sinkdlm.experiment.summary import analysis_record
+    from sinkdlm.experiment.endpoints.sinks.stats import analysis_record
 
     def analysed(mass, prompt_mean):
         a = {"setup": {"prompt_tokens": {"min": 31, "mean": prompt_mean, "max": 32}, "gen_length": 32},

@@ -38,7 +38,7 @@ def _study(tmp_path):
 
 
 def test_packed_files_read_back_exactly_and_the_readers_use_the_pack(tmp_path):
-    from sinkdlm.experiment.escape import escape_record
+    from sinkdlm.experiment.endpoints.escape.probe import escape_record
     from sinkdlm.experiment.presets import Escape
     from sinkdlm.experiment.variance import validation_values
 

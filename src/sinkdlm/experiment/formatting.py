@@ -1,6 +1,7 @@
-"""Formatting of an experiment's stored numbers: an interval, a paired difference, a verdict word, a
-Markdown table. Nothing here computes a statistic (`sinkdlm.experiment.summary` does); the report
-modules (`report`, `sink_tables`) share these so every table prints numbers the same way."""
+"""Formatting of an experiment's stored numbers: an interval, a paired difference, a verdict word, the tables of
+paired comparisons, a Markdown table. Nothing here computes a statistic (`sinkdlm.experiment.summary` and the
+endpoints do); the report and every endpoint (`experiment.endpoints`) share these so every table prints numbers
+the same way."""
 
 from __future__ import annotations
 
@@ -84,3 +85,63 @@ def train_setting(results: dict[str, Any], key: str) -> Any:
         field = next(f for f in dataclasses.fields(TrainConfig) if f.name == key)
         value = field_default(field)
     return value
+
+
+def fmt_ci(d: dict[str, Any] | None, digits: int = 3) -> str:
+    """"+0.170 [+0.018, +0.318]" of a stored interval (no bounds: the mean alone, and why)."""
+    if not d or d.get("mean") is None:
+        return "–"
+    text = signed(d["mean"], digits)
+    if d.get("degenerate"):
+        return text + " (no spread: no interval)"
+    if d.get("low") is not None and d.get("high") is not None:
+        text += f" [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
+    return text
+
+
+def fmt_p(p: float | None) -> str:
+    return "– (one seed: no test)" if p is None else f"{p:.3g}"
+
+
+def fmt_level(rank: dict[str, Any]) -> str:
+    """"exact 96.9 %" of a rank interval: its exact coverage, not the nominal level (a discrete test)."""
+    exact = rank.get("exact_confidence")
+    return f"exact {100 * exact:.1f} %" if exact is not None else f"nominal {100 * rank.get('confidence', 0.95):g} %"
+
+
+def is_percent(metric: str) -> bool:
+    return "/" in metric
+
+
+def comparisons_table(results: dict[str, Any], metrics: set[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    rows = []
+    for c in results["comparisons"]:
+        if metrics is not None and c["metric"] not in metrics:
+            continue
+        scale = c.get("scale", 1.0)
+        digits = 1 if scale != 1.0 else 3
+        ci = "–" if c.get("low") is None else f"[{signed(scale * c['low'], digits)}, {signed(scale * c['high'], digits)}]"
+        mean = "–" if c.get("mean") is None else signed(scale * c["mean"], digits)
+        adj = "–" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.2g}"
+        mde = "–" if c.get("mde") is None else f"{scale * c['mde']:.{digits}f}"
+        rows.append([f"{c['variant']} − {c['baseline']}", f"`{c['metric']}`", mean, ci, mde, adj,
+                     c.get("method_label", "–"), short_verdict(c)])
+    return ["difference", "metric", "Δ", "95 % CI (raw)", "MDE (80 % power)", "BH-adjusted p", "interval",
+            "verdict"], rows
+
+
+def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list[str], list[list[str]]] | None:
+    """One row per compared pair, one column per metric: "Δ [raw CI]", with the verdict's direction in
+    bold only when the comparison survives the multiplicity adjustment (compact enough for the README)."""
+    by_pair: dict[tuple[str, str], dict[str, dict]] = {}
+    labels: dict[tuple[str, str], str] = {}
+    for c in results["comparisons"]:
+        key = tuple(c.get("pair") or (c["variant"], c["baseline"]))
+        by_pair.setdefault(key, {})[c["metric"]] = c
+        labels[key] = f"{c['variant']} − {c['baseline']}"
+    metrics = [m for m in metrics if any(m in per for per in by_pair.values())]
+    if not by_pair or not metrics:
+        return None
+    rows = [[labels[key]] + [fmt_diff(per[m]) if m in per else "–" for m in metrics] for key, per in by_pair.items()]
+    header = ["difference"] + [f"`{m}`" + (" (points)" if is_percent(m) else "") for m in metrics]
+    return header, rows

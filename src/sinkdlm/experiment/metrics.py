@@ -1,6 +1,7 @@
 """The per-seed metrics an experiment compares, in one place: what each is, where a run's record keeps it,
-which way is better, and how to read it per seed (`seed_values`). `summary` compares them and `endpoints`
-reads the declared primary's through the same reader, so a metric is read one way everywhere.
+which way is better, and how to read it per seed (`seed_values`, `paired_seed_differences`). `summary` compares
+them and the endpoints (`experiment.endpoints`) read theirs through the same readers, so a metric is read one way
+everywhere.
 """
 
 from __future__ import annotations
@@ -95,3 +96,7 @@ def seed_scalars(variant: dict[str, Any], metric: str) -> dict[str, float]:
     return {k: v for k, v in seed_values(variant, metric).items() if v is not None}
 
 
+def paired_seed_differences(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, float]:
+    """{seed: a - b} of a per-seed scalar (`val_loss`, `val_loss_change`, `step0`) over the seeds both have."""
+    sa, sb = seed_scalars(a, key), seed_scalars(b, key)
+    return {s: sa[s] - sb[s] for s in sa if s in sb}

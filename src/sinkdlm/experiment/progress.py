@@ -126,7 +126,7 @@ def write_progress(out: Path, title: str, labels: dict[str, str], seeds: list[in
 def _escape_cell(run: Path, metrics: list[dict], escape) -> str:
     """A finished run's escape step and sink onset under the declared rule (docs/method.md §11): `>` marks a
     run censored at its last probe (it had not left the plateau, or its sinks had not formed, by then)."""
-    from sinkdlm.experiment.escape import PROBES, escape_record
+    from sinkdlm.experiment.endpoints.escape.probe import PROBES, escape_record
 
     probes = run / "escape" / PROBES
     if not probes.is_file():

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.config.fields import non_default_fields
+from sinkdlm.experiment.endpoints import ENDPOINTS
+from sinkdlm.experiment.endpoints.sinks.stats import analysis_record
 from sinkdlm.experiment.plan import ExperimentPlan, draws_at_conversion, log, step0_name
 from sinkdlm.experiment.presets import Variant
 from sinkdlm.experiment.stages import Session, Units
 from sinkdlm.experiment.units import Unit
-from sinkdlm.experiment.summary import analysis_record
 from sinkdlm.experiment.variance import VAL, val_loss_splits
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.machine import machine_info
@@ -50,7 +51,7 @@ def results_header(plan: ExperimentPlan) -> dict[str, Any]:
         "analysis_settings": {"num_prompts": preset.analysis.num_prompts, **preset.analysis.settings()},
         "validation": {"tokens": None, "draws": preset.validation.draws, "noise_seed": preset.validation.noise_seed,
                        "estimator": VALIDATION_ESTIMATOR, "bf16": preset.validation.bf16},
-        "declared": preset.declared(),  # the endpoints fixed before the run (experiment/endpoints.py)
+        "declared": preset.declared(),  # the endpoints fixed before the run (experiment/endpoints/)
         "analysis_prompts": {"extractor": "sinkdlm.analysis.prompts_from_documents", "corpus": "shakespeare validation",
                              "prompt_length": preset.analysis.prompt_length, "seed": 0},
         # a sink added after pretraining: the model every arm continued from, and what each arm trained
@@ -113,10 +114,10 @@ def run_record(plan: ExperimentPlan, unit: Unit) -> dict[str, Any]:
         # the largest pre-clip gradient norm of the whole run: the moving sink's spikes (docs/method.md §5)
         "train_grad_norm_peak": max((g for _, g in grad_norm_peaks(read_metrics(run / "train"))), default=None),
     }
-    if plan.preset.escape is not None:
-        from sinkdlm.experiment.escape import PROBES, escape_record
-
-        record["escape"] = escape_record(run / "escape" / PROBES, read_metrics(run / "train"), plan.preset.escape)
+    for endpoint in ENDPOINTS:  # what an endpoint measured as the run trained (the escape probe)
+        measured = endpoint.record(plan.preset, run)
+        if measured is not None:
+            record[endpoint.name] = measured
     if summary.get("retrained"):
         record["retrained"] = summary["retrained"]
     if unit.sft is not None:
@@ -162,7 +163,7 @@ def compare_analyses(s: Session, analysis_dirs: dict[str, Path], results: dict[s
 
 
 def summarise_results(s: Session, results: dict[str, Any]) -> None:
-    """The timing, then the statistics (`summary.summarise`) and, where declared, the escape endpoint."""
+    """The timing, then the statistics (`summary.summarise`, every endpoint's among them)."""
     from sinkdlm.experiment.summary import summarise
 
     plan = s.plan
@@ -170,11 +171,8 @@ def summarise_results(s: Session, results: dict[str, Any]) -> None:
     results["stage_seconds"] = s.stage_seconds
     results["elapsed_s"] = time.perf_counter() - s.t_start
     results["timing"] = run_timing_summary(results, time.time() - json.loads(s.started.read_text())["time"])
-    summarise(results, plan.pairs)  # after the timing: the report's sizing prices seeds at the measured compute per run
-    if plan.preset.escape is not None:
-        from sinkdlm.experiment.escape_summary import escape_summary
-
-        results["escape"] = escape_summary(results, seeds_declared=list(plan.study.seeds))
+    # after the timing: the report's sizing prices seeds at the measured compute per run
+    summarise(results, plan.pairs, seeds_declared=list(plan.study.seeds))
 
 
 def write_results(plan: ExperimentPlan, results: dict[str, Any]) -> None:

@@ -1,11 +1,13 @@
-"""The experiment's report: tables, the README's Markdown summary, report.md / report.html, `regenerate`.
+"""The experiment's report: the tables every endpoint shares, the README's Markdown summary, report.md / report.html,
+`regenerate`.
 
-Every number and verdict comes from `sinkdlm.experiment.summary` (`summarise` stores them in
-results.json; the intervals the tables add beside them are computed there on demand); this module
-only formats them (`formatting` holds the shared number formats, `sink_tables` the sink-analysis tables and
-the README's AR-vs-DLM tables). `markdown_summary` renders the tables that the README shows, from a
-results.json alone (a test regenerates the README's tables from the committed file); `regenerate`
-rebuilds a committed experiment's results.json and report from its stored records.
+Every number and verdict comes from `sinkdlm.experiment.summary` and the endpoints (`experiment.endpoints`), which
+store them in results.json; this module only formats what they share (the results table, the notes on validation,
+sizing and multiplicity, the cost; `formatting` holds the number formats and the tables of paired comparisons) and
+places each endpoint's own section, Markdown lines and summary parts where its `slot` says (`ENDPOINTS`, in the
+registry's order). `markdown_summary` renders the tables that the README shows, from a results.json alone (a test
+regenerates the README's tables from the committed file); `regenerate` rebuilds a committed experiment's
+results.json and report from its stored records.
 """
 
 from __future__ import annotations
@@ -15,74 +17,32 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sinkdlm.io.atomic import atomic_write_json
-from sinkdlm.experiment.endpoints import declared_test_name
-from sinkdlm.experiment.escape_report import escape_answer_line, escape_section, escape_verdict_line
-from sinkdlm.io.machine import machine_words
-from sinkdlm.experiment.primary_report import _ci, _p, answer_line, primary_lines, primary_seed_table, verdict_line
-from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, md_table, short_verdict, train_setting
-from sinkdlm.experiment.sink_tables import (
-    epsilon_table, masking_note, masking_table, sinks_table, takeover_layer_table, takeover_line, token_type_table,
-    value_norm_layer_table, value_norm_lines,
-)
-from sinkdlm.experiment.metrics import ANALYSIS_METRICS, METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS
+from sinkdlm.experiment.endpoints import ENDPOINTS
+from sinkdlm.experiment.endpoints.base import compared_baseline
+from sinkdlm.experiment.endpoints.primary import declared_test_name
+from sinkdlm.experiment.endpoints.sinks.stats import analysis_record
+from sinkdlm.experiment.formatting import (comparisons_table, fmt_interval, is_percent, md_table, pivot_comparisons,
+                                           train_setting)
+from sinkdlm.experiment.metrics import METHOD_ITEMS, METHOD_SEEDS, TRAINING_METRICS
 from sinkdlm.experiment.summary import (
-    analysis_record, experiment_timing, paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
+    experiment_timing, paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
 )
+from sinkdlm.io.atomic import atomic_write_json
+from sinkdlm.io.machine import machine_words
 from sinkdlm.reporting import Document
 from sinkdlm.training.rundir import grad_norm_peak_steps
-from sinkdlm.stats import signed
-
-
-# ----------------------------------------------------------------------------- formatting
-def _is_pct(metric: str) -> bool:
-    return "/" in metric
 
 
 def results_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     variants = results["variants"]
     metrics = ["val_loss"] + task_metrics(results)
     def head(m):
-        chance = task_chance(m) if _is_pct(m) else None
-        return f"`{m}`" + ((" %" + (f" (chance {100 * chance:.0f})" if chance else "")) if _is_pct(m) else " (↓)")
+        chance = task_chance(m) if is_percent(m) else None
+        return f"`{m}`" + ((" %" + (f" (chance {100 * chance:.0f})" if chance else "")) if is_percent(m) else " (↓)")
 
     header = ["variant"] + [head(m) for m in metrics]
-    rows = [[v["label"]] + [fmt_interval(v["summary"].get(m), 100.0 if _is_pct(m) else 1.0, 1 if _is_pct(m) else 3)
+    rows = [[v["label"]] + [fmt_interval(v["summary"].get(m), 100.0 if is_percent(m) else 1.0, 1 if is_percent(m) else 3)
                             for m in metrics] for v in variants.values()]
-    return header, rows
-
-
-def comparisons_table(results: dict[str, Any], metrics: set[str] | None = None) -> tuple[list[str], list[list[str]]]:
-    rows = []
-    for c in results["comparisons"]:
-        if metrics is not None and c["metric"] not in metrics:
-            continue
-        scale = c.get("scale", 1.0)
-        digits = 1 if scale != 1.0 else 3
-        ci = "–" if c.get("low") is None else f"[{signed(scale * c['low'], digits)}, {signed(scale * c['high'], digits)}]"
-        mean = "–" if c.get("mean") is None else signed(scale * c["mean"], digits)
-        adj = "–" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.2g}"
-        mde = "–" if c.get("mde") is None else f"{scale * c['mde']:.{digits}f}"
-        rows.append([f"{c['variant']} − {c['baseline']}", f"`{c['metric']}`", mean, ci, mde, adj,
-                     c.get("method_label", "–"), short_verdict(c)])
-    return ["difference", "metric", "Δ", "95 % CI (raw)", "MDE (80 % power)", "BH-adjusted p", "interval",
-            "verdict"], rows
-
-
-def pivot_comparisons(results: dict[str, Any], metrics: list[str]) -> tuple[list[str], list[list[str]]] | None:
-    """One row per compared pair, one column per metric: "Δ [raw CI]", with the verdict's direction in
-    bold only when the comparison survives the multiplicity adjustment (compact enough for the README)."""
-    by_pair: dict[tuple[str, str], dict[str, dict]] = {}
-    labels: dict[tuple[str, str], str] = {}
-    for c in results["comparisons"]:
-        key = tuple(c.get("pair") or (c["variant"], c["baseline"]))
-        by_pair.setdefault(key, {})[c["metric"]] = c
-        labels[key] = f"{c['variant']} − {c['baseline']}"
-    metrics = [m for m in metrics if any(m in per for per in by_pair.values())]
-    if not by_pair or not metrics:
-        return None
-    rows = [[labels[key]] + [fmt_diff(per[m]) if m in per else "–" for m in metrics] for key, per in by_pair.items()]
-    header = ["difference"] + [f"`{m}`" + (" (points)" if _is_pct(m) else "") for m in metrics]
     return header, rows
 
 
@@ -104,7 +64,7 @@ def questions_list(results: dict[str, Any]) -> list[str]:
         if said:
             q = PAIR_QUESTIONS.get(pair, f"{cs[0]['variant']} vs {cs[0]['baseline']}?")
             lines.append(f"- **{q}** ({cs[0]['variant']} − {cs[0]['baseline']}) " + "; ".join(said) + ".")
-    return lines + value_norm_lines(results)
+    return lines + [line for endpoint in ENDPOINTS for line in endpoint.questions(results)]
 
 
 def multiplicity_note(results: dict[str, Any]) -> str:
@@ -242,40 +202,6 @@ def sizing_note(results: dict[str, Any]) -> str | None:
             f"power (two-sided 5 %) at the observed spread: " + "; ".join(parts) + "." + run)
 
 
-def equivalence_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    """The declared equivalence claims: Δ [CI], the TOST p (raw and BH-adjusted) and the verdict."""
-    rows = []
-    for c in results.get("comparisons", []):
-        eq = c.get("equivalence")
-        if not eq:
-            continue
-        q = eq.get("p_adjusted")
-        rows.append([f"{c['variant']} − {c['baseline']}", fmt_diff(c, bold=False), f"±{eq['margin']:g}",
-                     "–" if eq.get("p") is None else f"{eq['p']:.3g}", "–" if q is None else f"{q:.3g}", eq.get("verdict", "–")])
-    if not rows:
-        return None
-    return ["claim (val_loss)", "Δ [95 % CI]", "margin", "TOST p", "BH-adjusted p", "verdict"], rows
-
-
-def plateau_note(results: dict[str, Any]) -> str | None:
-    pl = results.get("plateau")
-    if not pl or not pl["runs"]:
-        return None
-    held = sum(r["drop"] < pl["nats"] for r in pl["runs"].values())
-    return (f"Plateau (declared: the last fifth of training lowers the fixed val_loss by less than {pl['nats']:g} nats): "
-            f"{held} of {len(pl['runs'])} runs; the largest drop over the last fifth was {pl['max_drop']:.3f} nats.")
-
-
-def equivalence_line(results: dict[str, Any]) -> str | None:
-    """The declared equivalence claims in one sentence: each claim's verdict at its margin."""
-    rows = [(f"{c['variant']} − {c['baseline']}", c["equivalence"]) for c in results.get("comparisons", [])
-            if c.get("equivalence")]
-    if not rows:
-        return None
-    said = [f"{pair}: {eq.get('verdict', '–')} (TOST adjusted p = {_p(eq.get('p_adjusted'))})" for pair, eq in rows]
-    return f"**Equivalence** (declared margin ±{rows[0][1]['margin']:g} nats, `val_loss`): " + "; ".join(said) + "."
-
-
 def mde_line(results: dict[str, Any]) -> str | None:
     """Which `val_loss` contrasts reach the study's target MDE (summary.study_sizing's target) and which do not."""
     target = (results.get("sizing") or {}).get("target")
@@ -290,8 +216,6 @@ def mde_line(results: dict[str, Any]) -> str | None:
             + (f" ({'; '.join(met)})" if met else "") + (f"; not by {'; '.join(not_met)}" if not_met else "") + ".")
 
 
-# The parts of the summary that a results page can place on their own (`<!-- results:NAME#PART -->`),
-# e.g. a one-line verdict under its figure.
 def time_line(results: dict[str, Any]) -> str | None:
     """How long the experiment took from its first start to its report, and on what (a page's "how long will
     this take" answer, from the runner's `timing` and `machine`): the wall time, what the runs' own measured
@@ -342,16 +266,10 @@ def arm_cost_line(results: dict[str, Any]) -> str | None:
             "so these times describe this study; the step cost of each mode is measured in docs/benchmarks.md.")
 
 
-def takeover_layers_part(results: dict[str, Any]) -> str | None:
-    """`takeover_layer_table` as a markdown table, for a results page."""
-    table = takeover_layer_table(results)
-    return None if table is None else md_table(*table)
-
-
-SUMMARY_PARTS = {"verdict": verdict_line, "equivalence": equivalence_line, "plateau": plateau_note, "mde": mde_line,
-                 "time": time_line, "escape": escape_verdict_line, "escape_answer": escape_answer_line,
-                 "answer": answer_line, "takeover": takeover_line,
-                 "arm_cost": arm_cost_line, "takeover_layers": takeover_layers_part}
+# The parts of the summary that a results page can place on their own (`<!-- results:NAME#PART -->`),
+# e.g. a one-line verdict under its figure: the shared ones, then each endpoint's `parts`.
+SUMMARY_PARTS = {"mde": mde_line, "time": time_line, "arm_cost": arm_cost_line,
+                 **{name: part for endpoint in ENDPOINTS for name, part in endpoint.parts.items()}}
 
 
 def summary_part(results: dict[str, Any], part: str) -> str | None:
@@ -379,17 +297,9 @@ def markdown_summary(results: dict[str, Any]) -> str:
         "",
         validation_note(results),
     ]
-    primary = primary_lines(results)
-    if primary:  # each its own paragraph, then the primary pair seed by seed (peak gradient norms beside)
-        per_seed = primary_seed_table(results)
-        parts += [x for line in primary for x in ("", line)] + (["", md_table(*per_seed)] if per_seed else [])
-    equivalence = equivalence_rows(results)
-    if equivalence:
-        parts += ["", "Equivalence claims (TOST at the declared margin, inside the multiplicity family; \"≈\" only "
-                  "where it holds):", "", md_table(*equivalence)]
-    plateau = plateau_note(results)
-    if plateau:
-        parts += ["", plateau]
+    for endpoint in ENDPOINTS:  # the declared endpoints' own lines (primary, equivalence, plateau)
+        if endpoint.slot != "analysis":
+            parts += endpoint.markdown(results)
     step0 = step0_table(results)
     if step0:
         parts += ["", "Step-0 control (the converted model before training, the same protocol):", "", md_table(*step0)]
@@ -420,21 +330,9 @@ def markdown_summary(results: dict[str, Any]) -> str:
     if questions:
         parts += ["", "What held and what did not (a direction only where the comparison survives the adjustment):",
                   "", *questions, "", multiplicity_note(results)]
-    sinks = sinks_table(results)
-    if sinks:
-        # a preset may analyse only its first seed (`analyse_every_seed`): say whose models the table describes
-        counts = [(v["summary"]["non_sink_fraction"]["n"], len(v["seeds"])) for v in results["variants"].values()
-                  if "non_sink_fraction" in v["summary"]]
-        whose = ("every seed's model" if all(n == k for n, k in counts)
-                 else f"the analysed seeds' models, {min(n for n, _ in counts)} of {max(k for _, k in counts)} seeds")
-        parts += ["", f"Attention sinks (ϵ = 3, {whose}, mean [95 % CI] over seeds; shares kept in [0, 1]):",
-                  "", md_table(*sinks)]
-        pivot = pivot_comparisons(results, ["non_sink_fraction", "content_sink_set_change_rate", "content_sink_set_jaccard"])
-        if pivot:
-            parts += ["", md_table(*pivot)]
-    masking = masking_table(results)
-    if masking:
-        parts += ["", masking_note(results), "", md_table(*masking)]
+    for endpoint in ENDPOINTS:  # the sink analysis' tables
+        if endpoint.slot == "analysis":
+            parts += endpoint.markdown(results)
     return "\n".join(parts) + "\n"
 
 
@@ -468,27 +366,17 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     arm_cost = arm_cost_line(results)
     if arm_cost:  # arms that train different parameters: what each one's runs took
         doc.paragraph(arm_cost)
-    from sinkdlm.experiment.figures import plot_forest, plot_gap_trajectory, plot_val_curves
+    from sinkdlm.experiment.figures import plot_forest
 
-    primary = primary_lines(results)
-    if primary:
-        doc.heading("Primary endpoint")
-        gap = plot_gap_trajectory(results, fig_dir / "gap_trajectory.png")
-        if gap:
-            doc.image(gap, "Does the lead vanish, hold or grow with training? The paired gap on the fixed validation "
-                           "at each scored step (step 0: the converted models, when the runs start from an AR "
-                           "checkpoint), mean and 95 % CI over seeds")
-        doc.paragraph(verdict_line(results))
-        for line in primary:
-            doc.paragraph(line)
-        per_seed = primary_seed_table(results)
-        if per_seed:
-            doc.table(*per_seed)
-    escape_section(doc, results, out)  # the escape endpoint, where the preset declared one
+    def sections(slot: str) -> None:  # each endpoint's own section, where its slot places it
+        for endpoint in ENDPOINTS:
+            if endpoint.slot == slot:
+                endpoint.section(doc, results, out)
+
+    sections("lead")  # the declared primary, the escape endpoint
     doc.heading("Results (mean [95 % CI])")
     doc.table(*results_table(results))
-    baseline = (results.get("primary") or {}).get("pair", [None, next(iter(variants))])[1]
-    forest = plot_forest(results, fig_dir / "forest.png", baseline)
+    forest = plot_forest(results, fig_dir / "forest.png", compared_baseline(results))
     if forest:
         doc.image(forest, "Every compared pair: the paired val_loss difference with its 95 % CI over seeds (< 0: the "
                           "first arm is better), ± the study's MDE (the smallest difference it would detect with 80 % "
@@ -497,22 +385,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
                           "over the report's family of paired comparisons (false discovery rate 5 %), so its direction "
                           "is stated; \"not after BH\": the raw interval excludes 0, the adjusted p does not stay "
                           "below 5 %")
-    curves_fig = plot_val_curves(results, fig_dir / "val_curves.png", baseline)
-    if curves_fig:
-        doc.image(curves_fig, "The fixed validation loss at the scored steps (`val_curve`), mean and 95 % CI over seeds: "
-                              "learning curves on the same set and noise for every variant; right, each variant's "
-                              f"paired gap to {variants[baseline]['label']} at those steps (95 % CI over seeds)")
-    equivalence = equivalence_rows(results)
-    if equivalence:
-        doc.heading("Equivalence claims")
-        doc.paragraph("Each claim of the paper's \"≈\" is tested with two one-sided t tests (TOST) at the margin "
-                      "declared before the run, inside the report's multiplicity family: \"equivalent within ±m\" "
-                      "when the adjusted p < 0.05, \"different\" when the difference itself survives, otherwise "
-                      "\"inconclusive\".")
-        doc.table(*equivalence)
-    plateau = plateau_note(results)
-    if plateau:
-        doc.paragraph(plateau)
+    sections("body")  # the learning curves, the equivalence claims, the plateau
     doc.paragraph(f"`val_loss` is the validation ELBO bound per token (lower is better), its interval {METHOD_SEEDS}; "
                   f"task metrics are accuracies in %, their intervals over {METHOD_ITEMS}, so they count which items "
                   "were drawn as well as which models training produced. \"(no spread)\": every seed and item alike, no "
@@ -541,12 +414,9 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         doc.paragraph("`log10_peak_grad_norm`: the log10 of each run's largest pre-clip gradient norm in training, so "
                       "a difference is a log ratio (−1: a tenth of the baseline's peak). It measures the loss spikes "
                       "that a moving sink causes (docs/method.md §5); it is described, not called better or worse.")
-    sizing = sizing_note(results)
-    if sizing:
-        doc.paragraph(sizing)
-    note = multiplicity_note(results)
-    if note:
-        doc.paragraph(note)
+    for note in (sizing_note(results), multiplicity_note(results)):  # what these seeds could detect, the family
+        if note:
+            doc.paragraph(note)
 
     curves = training_curves(results)
     if curves:
@@ -574,7 +444,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     if bars:
         doc.image(plot_score_bars(bars, fig_dir / "scores.png", ylabel="accuracy"), "Task scores (mean and 95 % CI over seeds and items, clipped to [0, 1])")
 
-    _analysis_section(doc, results)
+    sections("analysis")  # the attention sinks
     doc.heading("Files")
     doc.bullets([
         "`results.json`: every number above, per seed (analysis summaries and per-item outcomes included)",
@@ -583,67 +453,6 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         "`runs/<variant>-s<seed>/analysis/`: per-model sink analysis", "`compare/report.html`: analyses side by side",
     ])
     return doc.write(out)
-
-
-def _analysis_section(doc: Document, results: dict[str, Any]) -> None:
-    sinks = sinks_table(results)
-    if sinks is None:
-        return
-    eps = results.get("analysis_settings", {}).get("epsilon", 3.0)
-    doc.heading(f"Attention sinks (ϵ = {eps}; mean [95 % CI] over the analysed seeds, shares kept in [0, 1])")
-    doc.table(*sinks)
-    doc.paragraph("Moving sinks are compared over the content keys: the extra sink's key is a sink at nearly every "
-                  "step and would count as overlap for the sink models only (docs/method.md §6). The definition "
-                  "over every key is kept beside it as the alternative.")
-    header, rows = comparisons_table(results, set(ANALYSIS_METRICS))
-    if rows:
-        doc.table(header, rows)
-    layers = takeover_layer_table(results)
-    if layers:
-        doc.heading("Per layer: the moving-sink rate and the sink token's share", 3)
-        doc.paragraph("Mean [95 % CI, Student t over the analysed seeds]; a step-0 control is one model (no interval). "
-                      "Described, not tested: the comparisons above are over all layers.")
-        doc.table(*layers)
-    lines = value_norm_lines(results)
-    if lines:
-        doc.heading("Value norms per layer (One-Token Fig. 3)", 3)
-        doc.paragraph("Pooling over layers weights each layer by its number of sinks and can flip the sign, so sinks "
-                      "and normal tokens are compared within each layer and seed, and summarised by the unweighted "
-                      "mean over layers.")
-        doc.bullets([line.removeprefix("- ") for line in lines])
-        table = value_norm_layer_table(results)
-        if table:
-            doc.table(*table)
-    eps_t = epsilon_table(results)
-    if eps_t:
-        doc.heading("Non-sink fraction vs ϵ (Rulli et al. Fig. 10)", 3)
-        doc.table(*eps_t)
-    types = token_type_table(results)
-    if types:
-        doc.heading("What the sinks sit on (Rulli et al. Table 2)", 3)
-        doc.table(*types)
-    masking = masking_table(results)
-    if masking:
-        doc.heading("Sink-masking ablation (Rulli et al. Table 1)", 3)
-        doc.paragraph(masking_note(results))
-        doc.table(*masking)
-    samples = [(v["label"], seed, rec["analysis"]) for v in results["variants"].values()
-               for seed, rec in list(v["seeds"].items())[:1] if (rec.get("analysis") or {}).get("samples")]
-    if samples:
-        doc.heading("Generations (first seed; repetition rate = 1 − distinct / total pieces)", 3)
-        for label, seed, a in samples:
-            rate = "–" if a.get("repetition_rate") is None else f"{a['repetition_rate']:.2f}"
-            doc.paragraph(f"{label}, seed {seed}: repetition rate {rate}; over seeds "
-                          f"{fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
-            doc.bullets([f"`{x[:160]!r}`" for x in a["samples"][:4]])
-    doc.paragraph("Each analysed run's own figures (attention maps, sinks per layer, value norms, moving sinks) and "
-                  "report are drawn on demand from its committed `analysis/analysis.json` and `analysis_arrays.npz` "
-                  "by `make reports` into `runs/<variant>-s<seed>/analysis/` (not committed); the analyses side by "
-                  "side are in `compare/`.")
-
-
-def v_summary(results: dict[str, Any], label: str) -> dict[str, Any]:
-    return next((v.get("summary") or {}) for v in results["variants"].values() if v["label"] == label)
 
 
 def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> dict[str, Any]:
@@ -687,10 +496,6 @@ def regenerate(experiment_dir: str | Path, pairs: list[tuple[str, str]] | None =
     results["regenerated"] = {"analysis_records_refreshed": refreshed,
                               "note": "statistics recomputed from the stored per-seed records; no model was re-run"}
     summarise(results, pairs or [tuple(p) for p in results.get("comparison_pairs", [])] or None)
-    if (results.get("declared") or {}).get("escape"):  # from the per-run escape records (experiment/escape_summary.py)
-        from sinkdlm.experiment.escape_summary import escape_summary
-
-        results["escape"] = escape_summary(results)
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     return results

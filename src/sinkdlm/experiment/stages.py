@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sinkdlm.config.fields import non_default_fields
+from sinkdlm.experiment.endpoints import ENDPOINTS
 from sinkdlm.experiment.plan import ExperimentPlan, heartbeat, log, pace_line, run_seconds, step0_name
 from sinkdlm.experiment.progress import write_progress
 from sinkdlm.experiment import units as unit_ops
@@ -222,11 +223,10 @@ def train_run(s: Session, unit: Unit, *, distributed: bool = False) -> None:
     main = not distributed or os.environ.get("RANK", "0") == "0"
     kwargs = {**unit.kwargs, "fsdp": unit.kwargs.get("trainable") != "lora"} if distributed else unit.kwargs
     products = run_products(p, run, unit.seed)
-    prober = None
-    if p.preset.escape is not None:  # the escape probe, every `escape.every` steps as the run trains
-        from sinkdlm.experiment.escape import PROBES, make_prober
-
-        prober = (p.preset.escape.every, make_prober(run / "escape" / PROBES, unit.kwargs, p.preset.escape))
+    # an endpoint that probes the run as it trains (the escape probe, every `escape.every` steps); one at the most
+    probes = [pr for endpoint in ENDPOINTS if (pr := endpoint.probe(p.preset, run, unit.kwargs)) is not None]
+    assert len(probes) <= 1, "the trainer takes one probe"
+    prober = probes[0] if probes else None
     if not (run / "train" / DONE).is_file():
         log(f"{unit.label}: training -> {run / 'train'}")
     t0 = time.perf_counter()
@@ -268,11 +268,7 @@ def run_products(p: ExperimentPlan, run: Path, seed: int) -> list[Path]:
     trained again."""
     products = [run / VAL, run / "eval.json", *((run / "analysis" / "analysis.json",) if p.analysed(seed) else ()),
                 *(d / VAL for d in _curve_dirs(p, run).values())]
-    if p.preset.escape is not None:
-        from sinkdlm.experiment.escape import PROBES
-
-        products.append(run / "escape" / PROBES)
-    return products
+    return products + [f for endpoint in ENDPOINTS for f in endpoint.products(p.preset, run)]
 
 
 def discard_if_other_weights(unit: Unit, record: dict[str, Any]) -> None:

@@ -54,7 +54,7 @@ def train_stage(run_dir: Path, cfg_kwargs: dict[str, Any], resume_command: str |
     `at_steps` {step: score(checkpoint)}: training stops at each such step before `max_steps` (the schedule
     unchanged), the callback scores that checkpoint, and training goes on; the callbacks' time is not
     training time. Pass only the steps still to score: a resumed run past a step cannot score it.
-    `probe` (every, fn): handed to `train` (the escape probe, experiment/escape.py)."""
+    `probe` (every, fn): handed to `train` (the escape probe, experiment/endpoints/escape/probe.py)."""
     from sinkdlm.training import TrainConfig, train
 
     done, previous_done = run_dir / DONE, run_dir / DONE_PREVIOUS

@@ -1,7 +1,7 @@
 """Figures of the escape endpoint (docs/method.md §11), drawn from what was stored; nothing is estimated here:
 
 * `plot_escape_km`: per arm, the Kaplan-Meier fraction of runs still on the unigram plateau against the training
-  step (results.json's `escape.km`, computed by `experiment.escape_summary.kaplan_meier`), censored runs marked;
+  step (results.json's `escape.km`, computed by `escape.summary.kaplan_meier`), censored runs marked;
 * `plot_escape_run`: one run: its probe loss with the plateau, the threshold, the escape step and the sink
   onset; the attention mass on detected sinks per layer (and on the sink token, for a sink arm) from its
   `probes.json`; and its pre-clip gradient norm from its `train/metrics.jsonl`.

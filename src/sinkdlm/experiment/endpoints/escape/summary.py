@@ -1,6 +1,6 @@
 """The escape endpoint over a study (docs/method.md §11): results.json's `escape`, from the per-run records.
 
-`experiment/escape.py` measures each run (its probes, escape step, sink onset: the runner stores them per run as
+`escape/probe.py` measures each run (its probes, escape step, sink onset: the runner stores them per run as
 `escape`); this module computes everything the report says about the study from those records alone, so
 `regenerate` rebuilds it from results.json:
 
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from sinkdlm.experiment.escape import censored_sign_test, sign_test_mde
+from sinkdlm.experiment.endpoints.escape.probe import censored_sign_test, sign_test_mde
 from sinkdlm.stats import mean_interval, sign_interval_rank
 
 

@@ -1,5 +1,5 @@
 """The escape endpoint in the report (docs/method.md §11): formats results.json's `escape`
-(`experiment.escape_summary` computed every number) and draws its figures (`experiment.escape_figures`).
+(`escape.summary` computed every number) and draws its figures (`escape.figures`).
 
 `escape_verdict_line` is the one sentence (a direction only where the adjusted test rejects and its interval
 excludes 0, and only once the declared seeds are in: "interim: k of N seeds" before); `escape_section` adds to
@@ -121,7 +121,7 @@ def _early_onset_words(g: dict[str, Any]) -> str:
 
 def _lag_difference_words(d: dict[str, Any], seeds: int) -> str:
     """What a paired lag difference says: described only, since the seeds with both lags observed in both arms
-    are a selection on the onset (`escape_summary._lags`)."""
+    are a selection on the onset (`escape.summary._lags`)."""
     return f"described, not tested: {d['seeds']} of {seeds} seeds have both lags (a selection on the onset)"
 
 
@@ -257,7 +257,7 @@ def draw_escape_runs(out: Path) -> tuple[list[Path], int]:
     out = Path(out)
     results = json.loads((out / "results.json").read_text())
     fig_dir = out / "figures"
-    from sinkdlm.experiment.escape_figures import plot_escape_run
+    from sinkdlm.experiment.endpoints.escape.figures import plot_escape_run
     from sinkdlm.training.rundir import read_metrics
 
     declared = (results.get("declared") or {}).get("escape") or {}
@@ -282,7 +282,7 @@ def draw_escape_runs(out: Path) -> tuple[list[Path], int]:
 
 def escape_section(doc: Document, results: dict[str, Any], out: Path) -> None:
     """The report's escape section (nothing when results.json has no `escape`)."""
-    from sinkdlm.experiment.escape_figures import plot_escape_km
+    from sinkdlm.experiment.endpoints.escape.figures import plot_escape_km
 
     esc = results.get("escape") or {}
     declared = (results.get("declared") or {}).get("escape") or {}

@@ -1,15 +1,16 @@
 """The sink-analysis tables of an experiment's report: attention sinks per variant (Rulli et al. Fig. 10,
 Table 2), the value norms stated per layer with the step-0 control (One-Token Fig. 3), the sink-masking
-curve over seeds × prompts with the keys it really masked (Rulli et al. Table 1), and the AR model beside
-the DLMs adapted from it, one table per kind (README). Numbers come from `sinkdlm.experiment.summary`
-(stored in results.json, or computed there on demand); this module only formats them."""
+curve over seeds × prompts with the keys it really masked (Rulli et al. Table 1), whether the sink token takes
+over the moving sinks (`takeover_line`, `takeover_layer_table`), and the AR model beside the DLMs adapted from it,
+one table per kind (README). Numbers come from `endpoints.sinks.stats` (stored in results.json, or computed there
+on demand); this module only formats them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sinkdlm.experiment.formatting import fmt_diff, fmt_interval, short_verdict, train_setting
-from sinkdlm.experiment.summary import (
+from sinkdlm.experiment.endpoints.sinks.stats import (
     SINK_TOKEN_TYPES, epsilon_intervals, extra_sink_mass, interval_of, masking_intervals, pooled_value_norm_difference,
     seed_interval, step0_analysis, token_type_intervals, uniform_share,
 )

@@ -14,7 +14,7 @@ that step, not the variant, carried the spread of every contrast of the committe
 * `censored_sign_test`: the paired log2 ratio of escape steps over seeds, with an exact sign test whose
   censored pairs are ordered conservatively, and an order-statistic interval widened by the censoring;
 * `sign_test_mde`: the smallest shift the exact sign test detects with the declared power, at a spread;
-* `escape_record`: a run's results.json record. The study-wide summary is `experiment/escape_summary.py`.
+* `escape_record`: a run's results.json record. The study-wide summary is `escape/summary.py`.
 """
 
 from __future__ import annotations
