@@ -107,7 +107,7 @@ def test_threshold_and_random_remasking_run_and_fill_the_bound():
 @pytest.mark.parametrize("kw,match", [
     (dict(block_length=4), "block_length"),
     (dict(cache="prefix"), "cache"),
-    (dict(probe=StepProbe(attentions=True)), "probe"),
+    (dict(probe=StepProbe(key_masks=lambda step, previous: None)), "key masks"),
     (dict(max_new_tokens=200), "does not fit"),
 ])
 def test_block_model_refuses_what_does_not_apply(kw, match):
@@ -167,3 +167,39 @@ def test_a_callback_is_told_each_finished_block_and_changes_no_token():
         seen |= s.committed
         assert torch.equal(s.x[seen], out[seen])  # what is final is the answer
     assert seen.all()
+
+
+@pytest.mark.parametrize("n,where", [(0, "front"), (1, "front"), (2, "end")])
+def test_an_analysed_block_decoding_sees_square_block_causal_maps_and_decodes_the_same_tokens(n, where):
+    """With a probe (the analysis), each step runs the whole canvas without the cache: the tokens are still the
+    reference decoder's, every step's maps cover every column and the sinks (square), a query attends nothing in
+    a later block, and a sink attends only to the sinks (eq. 6)."""
+    model = tiny_model(block_size=4, num_sink_tokens=n, sink_position=where)
+    prompts = [torch.randint(0, 40, (k,), generator=torch.Generator().manual_seed(k)).tolist() for k in (5, 7)]
+    seen: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
+
+    def step_hook(step, input_ids, attention_mask):
+        def hook(layer, attn, values, column=None):
+            seen.append((step, layer, attn.detach().clone(), attention_mask.clone()))
+        return hook
+
+    probed = generate(model, prompts, max_new_tokens=8, steps=8, probe=StepProbe(hook=step_hook), return_dict=True)
+    plain = generate(model, prompts, max_new_tokens=8, steps=8, return_dict=True)
+    assert probed.sequences.tolist() == plain.sequences.tolist()
+    for i, p in enumerate(prompts):
+        assert probed.sequences[i, probed.prompt_length:].tolist() == reference(model, p, 8, 8)
+    steps = sorted({s for s, *_ in seen})
+    assert steps == list(range(probed.steps_taken)) and len(seen) == len(steps) * model.config.num_hidden_layers
+    assert len(steps) >= 8  # at least one token a step
+    for _, _, attn, real in seen:
+        width = real.shape[1]
+        assert attn.shape[-2:] == (width + n, width + n)
+        content = slice(n, n + width) if where == "front" else slice(0, width)
+        sinks = list(range(n)) if where == "front" else list(range(width, width + n))
+        blocks = torch.arange(width) // 4
+        later = blocks[None, :] > blocks[:, None]  # [q, k] a key in a later block than its query
+        c2c = attn[:, :, content, content]
+        assert float(c2c.masked_select(later.expand_as(c2c)).abs().sum()) == 0.0
+        if n:
+            others = [j for j in range(width + n) if j not in sinks]
+            assert float(attn[:, :, sinks][..., others].abs().max()) == 0.0

@@ -207,3 +207,35 @@ def test_a_bf16_study_scores_its_validation_under_autocast_and_never_pairs_it_wi
                                                   eval_every=300, save_every=100) and real_bf16.validation.bf16
     assert real_bf16.variants == real.variants and real_bf16.validation.checkpoints == (0.5,)
     assert set(real.seeds) < set(real_bf16.seeds) and len(real_bf16.seeds) >= 6  # the exact Wilcoxon can reject
+
+
+@pytest.mark.parametrize("n,where", [(0, "front"), (1, "front"), (2, "end")])
+def test_a_block_models_fixed_validation_is_the_block_nelbo_on_the_same_masks(n, where):
+    """A block model is scored on the very masks a whole-sequence model gets, each block beside the clean blocks
+    before it: every draw equals a computation written here (a whole-sequence twin on [x0 before the block, x_t
+    of the block] under a block-causal mask of its own); with one block it is the whole-sequence model's value."""
+    x0 = torch.randint(3, 40, (3, 8), generator=torch.Generator().manual_seed(5))
+    model = tiny_model(num_sink_tokens=n, sink_position=where, block_size=4)
+    twin = tiny_model(num_sink_tokens=n, sink_position=where)
+    twin.load_state_dict(model.state_dict())
+    got = validation_elbo(model, x0, draws=4, noise_seed=11, batch_size=5)
+    masked = validation_noise(3, 8, 4, 11)
+    mask_id = model.config.mask_token_id
+    for i in range(3):
+        for d in range(4):
+            msk = masked[i, d]
+            ce = []
+            for lo in range(0, 8, 4):
+                # the whole width (end sinks sit after it, as in the model's layout); later blocks are not seen
+                x = torch.cat([x0[i, :lo], x0[i, lo:lo + 4].masked_fill(msk[lo:lo + 4], mask_id),
+                               x0.new_full((8 - lo - 4,), mask_id)])[None]
+                blocks = torch.arange(8) // 4
+                logits = twin(x, attention_mask=(blocks[:, None] >= blocks[None, :])[None, None]).logits[0, lo:lo + 4]
+                ce += torch.nn.functional.cross_entropy(logits, x0[i, lo:lo + 4], reduction="none")[msk[lo:lo + 4]].tolist()
+            assert got.values[i, d].item() == pytest.approx(sum(ce) / len(ce), rel=1e-6)  # its CE in float32
+    whole = tiny_model(num_sink_tokens=n, sink_position=where, block_size=8)
+    whole.load_state_dict(model.state_dict())
+    assert validation_elbo(whole, x0, draws=4, noise_seed=11).values == pytest.approx(
+        validation_elbo(twin, x0, draws=4, noise_seed=11).values, rel=1e-6)
+    with pytest.raises(ValueError, match="not a multiple of block_size=4"):
+        validation_elbo(model, x0[:, :6], draws=4, noise_seed=11)

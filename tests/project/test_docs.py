@@ -46,7 +46,7 @@ def test_every_project_file_the_docs_name_exists():
 
     pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md"), ROOT / "docs" / "results" / "README.md"]
     pattern = re.compile(r"`((?:src|tests|tools|benchmarks|docs)/[\w./-]+\.(?:py|md|json|sh|png))")
-    gpu_results = re.compile(r"benchmarks/results/bench_(?:gpu_\w+|cache_gpu)\.json")
+    gpu_results = re.compile(r"benchmarks/results/bench_(?:gpu_\w+|cache_gpu|block_gpu)\.json")
     missing = [f"{page.relative_to(ROOT)}: {path}" for page in pages for path in pattern.findall(page.read_text())
                if not (ROOT / path).exists() and not (page.parent / path).exists() and not gpu_results.fullmatch(path)]
     assert not missing, f"the docs name files that are not in the checkout: {missing}"

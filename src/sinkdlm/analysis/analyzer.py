@@ -184,6 +184,9 @@ def plan_analysis(model, tokenizer, prompts: list[str], config: AnalyzeConfig, a
     if ablation_task is not None and not callable(ablation_task):
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
     cfg = model.config
+    if cfg.block_size is not None and settings["ablation_k"] is not None:  # docs/method.md §15
+        raise ValueError(f"the sink-masking ablation of a block model (block_size={cfg.block_size}) is not written yet; "
+                         "leave out ablation_k (--ablation-k)")
     ids = encode_texts(tokenizer, list(prompts))
     if any(not row for row in ids):
         raise ValueError("a prompt encodes to no tokens; give non-empty prompts")
@@ -281,7 +284,9 @@ def _analysis_json(model, plan: AnalysisPlan, config: AnalyzeConfig, recorder: S
                                             "hidden_size", "vocab_size", "mask_token_id", "num_sink_tokens",
                                             "sink_position", "sink_zero_value", "gated_attention",
                                             "sink_logit", "softmax_one", "causal", "shift_logits")},
-            "kind": "autoregressive (causal)" if cfg.causal else "diffusion (bidirectional)",
+            "block_size": cfg.block_size,  # a block model (docs/method.md §13); None: the whole sequence
+            "kind": ("autoregressive (causal)" if cfg.causal else "diffusion (bidirectional)" if cfg.block_size is None
+                     else f"block diffusion (block-causal, blocks of {cfg.block_size})"),
             "source_format": cfg.extra.get("source_format", "sinkdlm"),
             "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."),
@@ -292,7 +297,8 @@ def _analysis_json(model, plan: AnalysisPlan, config: AnalyzeConfig, recorder: S
             "num_prompts": plan.num_prompts, "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths),
                                                                 "max": max(lengths)},
             "gen_length": settings["gen_length"], "steps": settings["steps"], "steps_taken": steps_taken,
-            "block_length": settings["block_length"] or settings["gen_length"], "batch_size": settings["batch_size"],
+            "block_length": cfg.block_size or settings["block_length"] or settings["gen_length"],
+            "batch_size": settings["batch_size"],
             "seed": plan.seed, "max_sequence_positions": recorder.max_positions,
             "figure_layer": recorder.figure_layer, "generate_kwargs": plan.generate_kwargs,
             "figure_prompt_tokens": lengths[recorder.figure_row] if recorder.figure_row < len(lengths) else None,

@@ -61,15 +61,17 @@ def check_unshifted(config, what: str) -> None:
                          "its forward is mapped, its block decoding, NELBO and loss are written for unshifted models")
 
 
-def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None):
+def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None, probe=None):
     """The model's output over x_t ⊕ x_0 (`[B, 2L]`, positions repeated) under `block_diffusion_mask`; its
-    logits are `[B, 2L, V]` (the x_t half first), or those of `logits_index` (as `DiffusionLM.forward`)."""
+    logits are `[B, 2L, V]` (the x_t half first), or those of `logits_index` (as `DiffusionLM.forward`).
+    `probe`: the forward's `Probe` (its maps cover both halves and the sinks)."""
     cfg = getattr(model, "config", None) or model.module.config  # DDP wraps the model
     l = xt.shape[1]
     start = cfg.num_sink_tokens if cfg.sink_position == "front" else 0  # the content's first rotary position
     positions = (start + torch.arange(l, device=xt.device)).repeat(2)[None]  # [1, 2L]
     mask = block_diffusion_mask(l, cfg.block_size).to(xt.device)[None, None]  # [1, 1, 2L, 2L], the content part
-    return model(torch.cat([xt, x0], dim=1), attention_mask=mask, position_ids=positions, logits_index=logits_index)
+    return model(torch.cat([xt, x0], dim=1), attention_mask=mask, position_ids=positions, logits_index=logits_index,
+                 probe=probe)
 
 
 @dataclass

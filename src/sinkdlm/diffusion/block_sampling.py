@@ -17,8 +17,9 @@ A plan, then its loop:
   * after each block, a row that has produced a stop id (`stop_token_ids`, set by `generate_text`) or reached its
     bound is finished: what follows its stop id is the first stop id, and it leaves the batch (its cache rows are
     dropped), so it is not computed further while the others go on.
-A callback hears of each finished block (what a server streams). Not yet here: a probe (the analysis of a block
-model), `cache`/`compile` (the cache is always on).
+A callback hears of each finished block (what a server streams). A probe (the analysis of a block model) runs
+each step over the whole canvas under the block-causal mask instead (`_probe_pass`). Not yet here:
+`cache`/`compile` (the cache is always on).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from sinkdlm.diffusion.block import check_unshifted
 from sinkdlm.diffusion.steps import BlockPlan, choose, origin_reveal
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.cache import KVCache
+from sinkdlm.model.probe import Probe
 
 
 @dataclass
@@ -56,11 +58,12 @@ def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> 
     check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None)
     if config.block_size is not None:
         check_unshifted(config, "decoding")  # Fast-dLLM v2: mapped, not yet decoded
-    asked = {"probe": probe, "shift_logits": shift_logits or None}
+    asked = {"a probe's key masks (sink masking while generating)": probe and probe.key_masks,
+             "shift_logits": shift_logits or None}
     given = [name for name, value in asked.items() if value is not None]
     if given:
-        raise ValueError(f"a block model's decoding takes no {' or '.join(given)} yet (the analysis of a block model is "
-                         f"still to come): leave {'it' if len(given) == 1 else 'them'} out")
+        raise ValueError(f"a block model's decoding takes no {' or '.join(given)} yet: leave "
+                         f"{'it' if len(given) == 1 else 'them'} out")
 
 
 @dataclass(frozen=True)
@@ -140,19 +143,21 @@ class _Canvas:
                           kv.cos[idx] if per_row else kv.cos, kv.sin[idx] if per_row else kv.sin, None, kv.offset)
 
 
+def _visible(model, canvas: _Canvas, lo: int, hi: int, causal: bool) -> torch.Tensor:
+    """The content part of `_key_mask`: `[b, 1, 1|l, W]` True where a query of columns `lo .. hi` may attend."""
+    cols = torch.arange(canvas.x.shape[1], device=canvas.x.device)
+    keys = canvas.real & (cols < hi)  # [b, W]
+    if not causal:
+        return keys[:, None, None, :]
+    q, bs = cols[lo:hi, None], model.config.block_size  # [l, 1]
+    return ((keys[:, None, :] & (cols // bs <= q // bs)) | (cols == q))[:, None]  # [b, 1, l, W]
+
+
 def _key_mask(model, canvas: _Canvas, lo: int, hi: int, causal: bool) -> torch.Tensor:
     """The pass over columns `lo .. hi`: `[b, 1, 1|l, S]` True where a query may attend. Every query sees the
     sinks (eq. 6) and the row's real columns before `hi`; `causal` (the prefill, several blocks at once): only
     those of its own block and before, and a padding query itself (so that no softmax row is empty)."""
-    cfg = model.config
-    cols = torch.arange(canvas.x.shape[1], device=canvas.x.device)
-    keys = canvas.real & (cols < hi)  # [b, W]
-    if causal:
-        q = cols[lo:hi, None]  # [l, 1]
-        mask = (keys[:, None, :] & (cols // cfg.block_size <= q // cfg.block_size)) | (cols == q)  # [b, l, W]
-        mask = mask[:, None]
-    else:
-        mask = keys[:, None, None, :]
+    cfg, mask = model.config, _visible(model, canvas, lo, hi, causal)
     n = cfg.num_sink_tokens
     return sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1) if n else mask
 
@@ -162,6 +167,19 @@ def _pass(model, canvas: _Canvas, lo: int, hi: int, *, causal: bool = False, hea
     `[b, l, V]` (`head=False`: none, the pass only writes the cache)."""
     canvas.kv.start, canvas.kv.mask = lo, _key_mask(model, canvas, lo, hi, causal)
     return model(canvas.x[:, lo:hi], cache=canvas.kv, logits_index=None if head else slice(0, 0)).logits
+
+
+def _probe_pass(model, canvas: _Canvas, blk: BlockPlan, probe: Probe | None) -> torch.Tensor:
+    """The analysis's pass (docs/method.md §13): the whole canvas at once, without the cache, under the
+    block-causal mask, so that the probe sees square maps over every column (a later block's queries see the
+    blocks before theirs and their own [MASK]s, as the whole-sequence analysis sees every masked query). The
+    block's logits are the cached pass's: its queries see the same keys at the same positions."""
+    cfg = model.config
+    b, width = canvas.x.shape
+    pos, _ = sinklib.positions(b, width, cfg.num_sink_tokens, cfg.sink_position, canvas.real, canvas.x.device)
+    mask = _visible(model, canvas, 0, width, causal=True)  # [b, 1, W, W]
+    return model(canvas.x, attention_mask=mask, position_ids=pos, probe=probe,
+                 logits_index=slice(blk.lo, blk.hi)).logits
 
 
 def _counts(plan: BlockDecodePlan, blk: BlockPlan, masked: torch.Tensor) -> torch.Tensor | None:
@@ -228,14 +246,16 @@ def _report_block(on_block: Callable, canvas: _Canvas, going: torch.Tensor, out:
 def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch.Generator | None,
                   use_sink_cache: bool = True,
                   on_block: Callable[[int, int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
-                  ) -> BlockOutput:
+                  probe: Callable[[int, torch.Tensor, torch.Tensor], Probe | None] | None = None) -> BlockOutput:
     """Generate after each of `plan.prompt`'s rows block by block (`plan_blocks`' plan, the module docstring):
     `[B, P + max_new_tokens]` in a `BlockOutput`. `generator`: a stream
     per row (`RowGenerators`, what `generate` makes of `seed`: every row then gets the tokens it gets alone,
     sampled too), one stream for the batch, or None (torch's global generator). `on_block(passes, block, x,
     masked, committed)` after each finished block: `x [B, P + N]` every row's final tokens so far (the rest
     [MASK]), `masked` the columns not final before this block, `committed` those this block made final (a
-    server streams the finished prefix; the tokens are the same with or without it)."""
+    server streams the finished prefix; the tokens are the same with or without it). `probe(step, x [b, W], real
+    [b, W])` -> that denoising step's `Probe` (the analysis): every step is then `_probe_pass`, over the whole
+    canvas without the cache, and every row stays in the batch to the end (a finished row commits nothing)."""
     prompt, prompt_mask, settings, mask_id = plan.prompt, plan.prompt_mask, plan.settings, model.config.mask_token_id
     stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
     b, p = prompt.shape
@@ -245,10 +265,10 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
         kv = model.allocate_cache(b, plan.x.shape[1], plan.real)
     canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv,
                      generator)
-    passes = 0
+    passes = steps_done = 0  # forward passes; denoising steps (a probe's step index)
     final = torch.zeros_like(out, dtype=torch.bool)  # [B, P + N] the columns final so far (`on_block`)
     final[:, :p] = True
-    if plan.prefill:  # the prompts' whole blocks, once
+    if plan.prefill and probe is None:  # the prompts' whole blocks, once
         _pass(model, canvas, 0, plan.prefill, causal=True, head=False)
         passes += 1
     for blk in plan.blocks:
@@ -261,7 +281,11 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
                 break
             if isinstance(canvas.generator, RowGenerators):  # only the rows that, alone, would run this step draw
                 canvas.generator.active = _drawing(plan, masked, counts, i).nonzero().squeeze(-1).tolist()
-            logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
+            if probe is None:
+                logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
+            else:
+                logits = _probe_pass(model, canvas, blk, probe(steps_done, canvas.x, canvas.real))
+            steps_done += 1
             reveal = origin_reveal(masked, local, i, canvas.generator) if plan.remasking == "origin" else None
             x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
                               plan.remasking, mask_id, canvas.generator)
@@ -273,6 +297,9 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
             final = _report_block(on_block, canvas, going, out, final, passes, blk, plan.max_new)
         if not going.any():
             break
+        if probe is not None:  # the analysis keeps its batch whole (the recorder's rows): a finished row waits
+            canvas.todo = canvas.todo & going[:, None]
+            continue
         if not going.all():
             canvas.keep(going)
         _pass(model, canvas, blk.lo, blk.hi, head=False)  # the block's final keys/values, exact from now on

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from sinkdlm.config.train import TrainConfig  # the one home of eps
-from sinkdlm.diffusion.block import block_loglikelihood
+from sinkdlm.diffusion.block import block_loglikelihood, xt_forward
 from sinkdlm.diffusion.loss import weighted_masked_ce
 from sinkdlm.diffusion.noise import forward_mask, sample_t
 from sinkdlm.config.checks import check_int
@@ -374,12 +374,15 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
     cfg = model.config
     if cfg.mask_token_id is None:
         raise ValueError("the fixed validation scores a diffusion LM; this model is autoregressive (no [MASK])")
-    if cfg.block_size is not None:  # its noisy x_t alone is not a block model's bound: blocks need clean context
-        raise ValueError(f"the fixed validation scores a whole-sequence DLM; this is a block model (block_size="
-                         f"{cfg.block_size}), whose bound is the block NELBO (diffusion/block.py), not yet a study's")
     check_int("batch_size", batch_size, 1)
     shift = cfg.shift_logits if shift_logits is None else bool(shift_logits)
     n, length = x0.shape
+    block = cfg.block_size is not None  # the block NELBO: each block scored beside the clean blocks before it
+    if block and shift:
+        raise ValueError("the fixed validation of a block model takes no shift_logits (its blocks are unshifted)")
+    if block and length % cfg.block_size:
+        raise ValueError(f"the fixed validation of a block model scores whole blocks: its {length}-token sequences "
+                         f"are not a multiple of block_size={cfg.block_size}; use a sequence length that is")
     masked = validation_noise(n, length, draws, noise_seed, first_maskable=1 if shift else 0,
                               first_sequence=first_sequence)  # [N, D, L]
     rows_x0 = x0[:, None].expand(n, draws, length).reshape(n * draws, length)  # [N*D, L]
@@ -397,7 +400,11 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
             need[:, :-1] = msk[:, 1:]
         else:
             need = msk
-        logits = model(xt, logits_index=need, probe=probe).logits  # [K, V], row-major as `msk`
+        if block:  # x_t ⊕ x_0 under BD3-LM's mask (docs/method.md §13): the same masks, the block NELBO's terms
+            logits = xt_forward(model, xt, x, logits_index=torch.cat([need, torch.zeros_like(need)], 1),
+                                probe=probe).logits
+        else:
+            logits = model(xt, logits_index=need, probe=probe).logits  # [K, V], row-major as `msk`
         ce = torch.nn.functional.cross_entropy(logits.float(), x[msk], reduction="none").double()
         rows = msk.nonzero()[:, 0]
         per_row = torch.zeros(len(x), dtype=torch.float64, device=ce.device).index_add_(0, rows, ce)

@@ -335,15 +335,15 @@ def plan_generation(model, prompt_ids, settings: SampleConfig, inputs: InputOpti
     weight is read; an AR model refuses every diffusion-only setting given. `full_logits`: a callback is
     given (without a cache it receives every column's logits)."""
     cfg = model.config
+    if probe is not None and not isinstance(probe, StepProbe):
+        raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     if cfg.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
         check_block_call(cfg, settings, probe=probe, shift_logits=inputs.shift_logits)
         prompt, prompt_mask = _checked_prompts(model, prompt_ids, inputs, 0)
         generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
         blocks = plan_blocks(model, prompt, prompt_mask, settings)
-        return GenerationPlan("blocks", settings, prompt, prompt_mask, blocks.remasking, generator, StepProbe(),
-                              inputs.use_sink_cache, blocks)
-    if probe is not None and not isinstance(probe, StepProbe):
-        raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
+        return GenerationPlan("blocks", settings, prompt, prompt_mask, blocks.remasking, generator,
+                              probe or StepProbe(), inputs.use_sink_cache, blocks)
     probe = probe or StepProbe()
     check_sample_settings(settings, autoregressive=bool(cfg.causal))
     schedule_name, remasking = resolve_rule(cfg.family, settings.schedule, settings.remasking, settings.threshold)
@@ -564,7 +564,11 @@ def _generate_blocks(model, plan: GenerationPlan, callback: StepCallback | None)
         def on_block(step, index, x, masked, committed):
             callback(StepState(step=step, block=index, x=x, masked=masked, committed=committed,
                                prompt_length=plan.prompt.shape[1]))
-    out = decode_blocks(model, plan.schedule, plan.generator, plan.use_sink_cache, on_block)
+    step_probe, probe = None, plan.probe
+    if probe != StepProbe():  # the analysis: each step's hook (its maps are the whole canvas's, `_probe_pass`)
+        def step_probe(step, x, real):
+            return probe.forward_probe(None, probe.hook(step, x, real) if probe.hook else None)
+    out = decode_blocks(model, plan.schedule, plan.generator, plan.use_sink_cache, on_block, step_probe)
     return GenerationOutput(**vars(out))
 
 

@@ -456,6 +456,35 @@ def late_sink() -> ExperimentPreset:
     )
 
 
+# Block diffusion (docs/method.md §15): the same tiny DLM, block-causal at 4 and 16 tokens, with and without the sink
+BLOCK4 = Variant("block4", "block 4", {"num_sink_tokens": 0, "gated_attention": False, "block_size": 4})
+
+
+def block_sinks_pilot() -> ExperimentPreset:
+    """The pilot that sizes the `block-sinks` study (docs/method.md §15): vanilla on the whole sequence against
+    vanilla in blocks of 4, 3 fresh seeds, 3,000 steps of the escape recipe; every seed analysed. It measures the
+    spread over seeds of the paired difference in the moving-sink rate (the study's primary) and each arm's cost."""
+    # Exploratory: it sizes the study, decides nothing (its seeds 400-402 are not the study's). The recipe is the
+    # escape study's (tiny, shakespeare, 8 x 128 tokens, lr 5e-3 cosine to 5e-4) at half its steps: the budget of
+    # two cores; the sampler of the analysis the same for every arm (32 tokens, 32 steps; a block model decodes
+    # block by block, `analysis.analyzer`); no sink-masking ablation (not yet for a block model, §15).
+    pilot = study_pilot()
+    return ExperimentPreset(
+        name="block-sinks-pilot",
+        description=("the block-sinks study's pilot: vanilla DLM on the whole sequence vs in blocks of 4, tiny preset "
+                     "on shakespeare, 3,000 steps, 3 seeds, every seed analysed"),
+        variants=(VANILLA, BLOCK4),
+        seeds=(400, 401, 402),
+        train=dataclasses.replace(escape().train, max_steps=3000, eval_every=1000, save_every=500),
+        evaluation=pilot.evaluation,
+        analysis=dataclasses.replace(pilot.analysis, ablation_k=None),
+        analyse_every_seed=True,
+        comparisons=((BLOCK4.name, VANILLA.name),),
+        validation=Validation(tokens=32_768, draws=8),
+        primary=Primary((BLOCK4.name, VANILLA.name), metric="content_sink_set_change_rate", test="t"),
+    )
+
+
 def study_pilot() -> ExperimentPreset:
     """The pilot that sizes the study (docs/method.md §7): vanilla vs + 1 front sink, 3 seeds, 4x the study's steps,
     the fixed validation scored at every fifth of training: the plateau and the spread of the paired differences."""
@@ -660,7 +689,7 @@ def paper_1_5b() -> ExperimentPreset:
 
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
-    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "study-pilot": study_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
+    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "study-pilot": study_pilot, "block-sinks-pilot": block_sinks_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
     "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b, "paper-1.5b": paper_1_5b,
 }
 

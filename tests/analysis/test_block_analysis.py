@@ -1,0 +1,63 @@
+"""`analyze` on a block model (docs/method.md §15): one block over the whole canvas is the whole-sequence model's
+analysis, number for number; in smaller blocks it decodes the tokens `generate` decodes and says what it is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from helpers import tiny_model, word_tokenizer
+from sinkdlm import DiffusionLM, generate
+from sinkdlm.analysis import analyze
+from sinkdlm.config import AnalyzeConfig, SampleConfig
+
+KEYS = ("non_sink_fraction", "non_sink_fraction_per_layer", "sinks_per_head", "sink_attention_mass", "moving")
+
+
+def _leaves(d, prefix=""):
+    """(path, value) of every leaf of nested dicts/lists."""
+    if isinstance(d, dict):
+        return [x for k, v in d.items() for x in _leaves(v, f"{prefix}/{k}")]
+    if isinstance(d, list):
+        return [x for i, v in enumerate(d) for x in _leaves(v, f"{prefix}/{i}")]
+    return [(prefix, d)]
+
+
+def _twin(model: DiffusionLM, **kw) -> DiffusionLM:
+    other = DiffusionLM(model.config.replace(**kw)).double().eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_one_block_over_the_canvas_is_the_whole_sequence_analysis(tmp_path, n):
+    model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=n, block_size=8)
+    whole = _twin(model, block_size=None)
+    config = AnalyzeConfig(sample=SampleConfig(gen_length=5, steps=5), epsilon=0.5, quiet=True)
+    prompt = ["w1 w2 w3"]  # 3 tokens + 5 generated: one block of 8
+    got = analyze(model, word_tokenizer(), prompt, dataclasses.replace(config, out=tmp_path / "block"))
+    ref = analyze(whole, word_tokenizer(), prompt, dataclasses.replace(config, out=tmp_path / "whole"))
+    assert got["samples"] == ref["samples"]
+    for key in KEYS:
+        g, r = _leaves(got[key]), _leaves(ref[key])
+        assert [p for p, _ in g] == [p for p, _ in r], key
+        for (path, a), (_, b) in zip(g, r):
+            assert a == (pytest.approx(b, rel=1e-9, abs=1e-12) if isinstance(b, float) else b), path
+    assert got["model"]["block_size"] == 8 and got["model"]["kind"].startswith("block diffusion")
+    assert ref["model"]["block_size"] is None
+
+
+def test_a_block_model_is_analysed_on_the_tokens_it_decodes(tmp_path):
+    model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=1, block_size=2)
+    tok = word_tokenizer()
+    got = analyze(model, tok, ["w1 w2 w3", "w4 w5"], AnalyzeConfig(sample=SampleConfig(gen_length=6, steps=6),
+                                                                    out=tmp_path, quiet=True))
+    ids = [tok.encode("w1 w2 w3"), tok.encode("w4 w5")]
+    out = generate(model, ids, max_new_tokens=6, steps=6, return_dict=True)
+    assert got["samples"] == [tok.decode(r, skip_special_tokens=True) for r in out.sequences[:, out.prompt_length:].tolist()]
+    assert got["setup"]["block_length"] == 2 and got["setup"]["steps_taken"] >= 6
+    with pytest.raises(ValueError, match="ablation of a block model .* leave out ablation_k"):
+        analyze(model, tok, ["w1 w2 w3"], AnalyzeConfig(sample=SampleConfig(gen_length=6, steps=6), out=tmp_path / "a",
+                                                         ablation_k="1", quiet=True))
+    assert not (tmp_path / "a").exists()
