@@ -213,6 +213,11 @@ class SinkRecorder:
         self._pairs, self._set_changed, self._jaccard, self._largest_changed = z(layers), z(layers), z(layers), z(layers)
         # the same over the content keys only (the extra sinks' keys left out): like for like across models
         self._set_changed_content, self._jaccard_content = z(layers), z(layers)
+        # a block model (docs/method.md §15): the pairs of steps in different blocks, and their content-set changes
+        self.block_size = getattr(config, "block_size", None)
+        self._pairs_across, self._changed_across = z(layers), z(layers)
+        self._block: int | None = None  # the block being denoised at this step
+        self._across = False  # this step's block differs from the step before's
         self._mass, self._rows = z(layers), z(layers)  # attention on detected sinks; content query rows
         self._vn = {k: z(layers) for k in ("sink_sum", "sink_n", "normal_sum", "normal_n")}
         self._extra = {k: z(layers) for k in ("mass", "vn_sum", "vn_n", "others_sum", "others_n", "largest")}
@@ -261,6 +266,12 @@ class SinkRecorder:
             assert self.num_sink_tokens == 0 or self.sink_position == "front", "growing sequences need front sinks"
             self._set_groups(attention_mask, width)
         self.num_steps = max(self.num_steps, step + 1)
+        if self.block_size is not None:  # the block denoised now: the first still masked real column's
+            masked = (input_ids == self.mask_id) & (attention_mask.bool() if attention_mask is not None else True)
+            cols = torch.arange(width, device=input_ids.device)
+            block = int(torch.where(masked, cols, width).amin()) // self.block_size
+            self._across = step > 0 and self._block is not None and block != self._block
+            self._block = block
         tokens = input_ids.cpu()  # tokens in layout order; the extra sinks get EXTRA_SINK_ID
         n = self.num_sink_tokens
         if n:
@@ -338,6 +349,9 @@ class SinkRecorder:
             content = group.content_sub  # [S']
             changed, jaccard = _set_overlap(is_sink & content, prev_set & content)
             self._set_changed_content[layer] += changed
+            if self._across:  # a block model's first step of a new block against the last of the one before
+                self._pairs_across[layer] += b * h
+                self._changed_across[layer] += changed
             self._jaccard_content[layer] += jaccard
             self._largest_changed[layer] += float((pos != prev_pos).sum())
         self._prev[(gi, layer)] = (is_sink, pos)
@@ -488,6 +502,14 @@ class SinkRecorder:
             ("largest_sink_change_rate", self._largest_changed), ("sink_set_change_rate", self._set_changed),
             ("sink_set_jaccard", self._jaccard), ("content_sink_set_change_rate", self._set_changed_content),
             ("content_sink_set_jaccard", self._jaccard_content))}
+        if self.block_size is not None:  # docs/method.md §15: within a block's steps, and from one block to the next
+            within_pairs, within = self._pairs - self._pairs_across, self._set_changed_content - self._changed_across
+            moving["content_sink_set_change_rate_within_block"] = _ratio(within, within_pairs)
+            moving["content_sink_set_change_rate_across_blocks"] = _ratio(self._changed_across, self._pairs_across)
+            moving["mean"]["content_sink_set_change_rate_within_block"] = _ratio(within.sum()[None],
+                                                                                 within_pairs.sum()[None])[0]
+            moving["mean"]["content_sink_set_change_rate_across_blocks"] = _ratio(self._changed_across.sum()[None],
+                                                                                  self._pairs_across.sum()[None])[0]
         if self.num_sink_tokens:
             moving["mean"]["extra_sink_share"] = _ratio(self._extra["largest"].sum()[None], self._heads.sum()[None])[0]
         extra = None
