@@ -92,3 +92,22 @@ def test_the_recorder_splits_a_block_models_moving_sinks_within_and_across_block
     assert moving["content_sink_set_change_rate_across_blocks"] == [1.0, 1.0]
     assert moving["content_sink_set_change_rate_within_block"] == [0.0, 0.0]
     assert moving["content_sink_set_change_rate"] == [pytest.approx(1 / 3)] * 2  # 3 pairs of steps, 1 across
+
+
+def test_compare_puts_an_ar_a_block_and_a_whole_sequence_model_side_by_side(tmp_path):
+    """The three kinds of one set of weights, analysed on one prompt, in one comparison: each named by its kind."""
+    from sinkdlm.analysis.comparison import compare
+
+    block = tiny_model(vocab_size=47, mask_token_id=46, block_size=2)
+    kinds = {"block": block, "whole": _twin(block, block_size=None),
+             "ar": _twin(block, block_size=None, causal=True, shift_logits=True, mask_token_id=None)}
+    config = AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), quiet=True)
+    dirs = {}
+    for name, model in kinds.items():
+        dirs[name] = tmp_path / name
+        analyze(model, word_tokenizer(), ["w1 w2 w3"], dataclasses.replace(config, out=dirs[name], label=name))
+    result = compare(dirs, tmp_path / "compare")
+    assert result["models"] == ["block", "whole", "ar"] and (tmp_path / "compare" / "report.md").is_file()
+    report = (tmp_path / "compare" / "report.md").read_text()
+    for kind in ("block diffusion (block-causal, blocks of 2)", "diffusion (bidirectional)", "autoregressive (causal)"):
+        assert kind in report, kind
