@@ -203,3 +203,20 @@ def test_an_analysed_block_decoding_sees_square_block_causal_maps_and_decodes_th
         if n:
             others = [j for j in range(width + n) if j not in sinks]
             assert float(attn[:, :, sinks][..., others].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("block_size,n", [(4, 1), (3, 2)])
+def test_compiled_block_decoding_gives_the_eager_tokens(block_size, n):
+    """compile=True (the CPU proxy of CUDA graphs: aot_eager) runs each denoising step through one compiled graph
+    per shape, the block's first column a tensor; the tokens are the eager decoding's, a row stopping early
+    included (the batch then changes shape), and the compile time is reported."""
+    model = tiny_model(block_size=block_size, num_sink_tokens=n)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 40, (k,), generator=g).tolist() for k in (3, 6)]
+    settings = dict(max_new_tokens=9, steps=9)
+    stop = generate(model, [prompts[0]], **settings)[0, 4].item()
+    eager = generate(model, prompts, stop_token_ids=(stop,), return_dict=True, **settings)
+    compiled = generate(model, prompts, stop_token_ids=(stop,), return_dict=True, compile=True,
+                        compile_backend="aot_eager", **settings)
+    assert compiled.sequences.tolist() == eager.sequences.tolist()
+    assert compiled.compile_seconds > 0 and eager.compile_seconds is None

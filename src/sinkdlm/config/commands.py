@@ -83,7 +83,7 @@ class SampleConfig(RemaskingOptions, KVCacheDtypeOption):
     cache: str | None = None
     """Fast-dLLM KV cache: prefix | dual (dual needs --block-length)."""
     compile: bool = False
-    """Run the cached decoding steps' forward through torch.compile, with CUDA graphs on a GPU, where a batch-1 step is bound by kernel launches (needs --cache; the first blocks compile)."""
+    """Run the cached decoding steps' forward through torch.compile, with CUDA graphs on a GPU, where a batch-1 step is bound by kernel launches (a whole-sequence model needs --cache, a block model's is always on; the first blocks compile)."""
     compile_backend: str = "inductor"
     """torch.compile backend for --compile (aot_eager: no code generation, for checking)."""
     seed: int = 0

@@ -18,8 +18,8 @@ A plan, then its loop:
     bound is finished: what follows its stop id is the first stop id, and it leaves the batch (its cache rows are
     dropped), so it is not computed further while the others go on.
 A callback hears of each finished block (what a server streams). A probe (the analysis of a block model) runs
-each step over the whole canvas under the block-causal mask instead (`_probe_pass`). Not yet here:
-`cache`/`compile` (the cache is always on).
+each step over the whole canvas under the block-causal mask instead (`_probe_pass`). With `compile` each
+denoising step runs through `torch.compile` (CUDA graphs on a GPU), one graph per shape (`_compiled_pass`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from sinkdlm.diffusion.remasking import (
     RowGenerators, check_rule, dream_counts, dream_timesteps, resolve_rule, transfer_schedule,
 )
 from sinkdlm.diffusion.block import check_unshifted
-from sinkdlm.diffusion.steps import BlockPlan, choose, origin_reveal
+from sinkdlm.diffusion.steps import BlockPlan, choose, compiled_step, origin_reveal, timed_first_call
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.cache import KVCache
 from sinkdlm.model.probe import Probe
@@ -51,6 +51,7 @@ class BlockOutput:
     attention_mask: torch.Tensor | None  # [B, P + max_new_tokens]; None when no prompt row is padded
     prompt_length: int  # P
     steps_taken: int  # model forward passes (the prefill, the denoising steps and each block's final pass)
+    compile_seconds: float | None = None  # settings.compile: the compiled step's first calls per shape (compiling)
 
 
 def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> None:
@@ -169,6 +170,21 @@ def _pass(model, canvas: _Canvas, lo: int, hi: int, *, causal: bool = False, hea
     return model(canvas.x[:, lo:hi], cache=canvas.kv, logits_index=None if head else slice(0, 0)).logits
 
 
+def _compiled_pass(model, canvas: _Canvas, blk: BlockPlan, settings: SampleConfig) -> tuple[torch.Tensor, float]:
+    """A denoising step's pass (`_pass` over the block) through `torch.compile` (`steps.compiled_step`, CUDA
+    graphs on a GPU): the block's first column is a tensor, so one graph serves every block of a shape (a batch
+    that loses a finished row is a new shape). Returns (logits `[b, bs, V]`, seconds of a first call)."""
+    x, kv = canvas.x, canvas.kv
+    kv.mask = _key_mask(model, canvas, blk.lo, blk.hi, causal=False)
+    kv.start = torch.tensor(blk.lo, device=x.device)
+    ids = x[:, blk.lo:blk.hi]
+    key = ("blocks", settings.compile_backend, x.device, tuple(ids.shape), tuple(kv.k0.shape), kv.k0.dtype)
+    torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph iteration
+    out, seconds = timed_first_call(*compiled_step(settings.compile_backend, x.device), key, model, ids, kv, None)
+    kv.start = blk.lo
+    return out.logits, seconds
+
+
 def _probe_pass(model, canvas: _Canvas, blk: BlockPlan, probe: Probe | None) -> torch.Tensor:
     """The analysis's pass (docs/method.md §13): the whole canvas at once, without the cache, under the
     block-causal mask, so that the probe sees square maps over every column (a later block's queries see the
@@ -266,6 +282,7 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
     canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv,
                      generator)
     passes = steps_done = 0  # forward passes; denoising steps (a probe's step index)
+    compile_seconds = 0.0
     final = torch.zeros_like(out, dtype=torch.bool)  # [B, P + N] the columns final so far (`on_block`)
     final[:, :p] = True
     if plan.prefill and probe is None:  # the prompts' whole blocks, once
@@ -281,7 +298,10 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
                 break
             if isinstance(canvas.generator, RowGenerators):  # only the rows that, alone, would run this step draw
                 canvas.generator.active = _drawing(plan, masked, counts, i).nonzero().squeeze(-1).tolist()
-            if probe is None:
+            if probe is None and settings.compile:
+                logits, seconds = _compiled_pass(model, canvas, blk, settings)
+                compile_seconds += seconds
+            elif probe is None:
                 logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
             else:
                 logits = _probe_pass(model, canvas, blk, probe(steps_done, canvas.x, canvas.real))
@@ -307,4 +327,5 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
     attention_mask = None
     if prompt_mask is not None:
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(b, plan.max_new)], dim=1)
-    return BlockOutput(sequences=out, attention_mask=attention_mask, prompt_length=p, steps_taken=passes)
+    return BlockOutput(sequences=out, attention_mask=attention_mask, prompt_length=p, steps_taken=passes,
+                       compile_seconds=compile_seconds if settings.compile else None)

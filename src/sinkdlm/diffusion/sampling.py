@@ -339,6 +339,8 @@ def plan_generation(model, prompt_ids, settings: SampleConfig, inputs: InputOpti
         raise ValueError(f"probe must be a StepProbe (sinkdlm.diffusion.sampling), got {type(probe).__name__}")
     if cfg.block_size is not None or settings.max_new_tokens is not None:  # block diffusion, §13
         check_block_call(cfg, settings, probe=probe, shift_logits=inputs.shift_logits)
+        if settings.compile:
+            check_compile(settings.compile_backend, model.device)
         prompt, prompt_mask = _checked_prompts(model, prompt_ids, inputs, 0)
         generator = _row_generators(generator, settings.seed, prompt.shape[0], model.device)  # a stream a row
         blocks = plan_blocks(model, prompt, prompt_mask, settings)
