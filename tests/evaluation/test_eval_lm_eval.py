@@ -425,3 +425,36 @@ def test_lm_evals_local_completions_against_sinkdlm_serve_gives_sinkdlm_lm_evals
     answers = [[s["resps"][0][0] for s in sorted(out["samples"]["local_gen16"], key=lambda s: s["doc_id"])]
                for out in (served, direct)]
     assert answers[0] == answers[1] and any(answers[0]), answers
+
+
+@torch.no_grad()
+def test_a_block_model_through_lm_eval(setup, tmp_path):
+    """A block model (docs/method.md §13) in the harness: a one-token choice's log-likelihood is exact (its block
+    beside the clean blocks before it: the block-causal forward written here), and generate_until is the block
+    decoder's output (in its own blocks, with its cache), cut at the stop strings."""
+    tok = setup["tok"]
+    model = DiffusionLM(setup["model"].config.replace(block_size=4)).eval()
+    model.load_state_dict(setup["model"].state_dict())
+    ckpt = tmp_path / "block"
+    model.save_pretrained(ckpt, tokenizer=tok)
+    out = run_harness(setup, ["local_mc", "local_gen"], f"pretrained={ckpt},mc_num=8,seed=3")
+    for doc, sample in zip(setup["mc"], sorted(out["samples"]["local_mc"], key=lambda s: s["doc_id"])):
+        ref = []
+        for choice in doc["choices"]:
+            ctx, ans = enc(tok, doc["question"]), enc(tok, " " + choice)
+            x = torch.tensor(ctx + [model.config.mask_token_id])
+            blocks = torch.arange(len(x)) // 4
+            mask = (blocks[:, None] >= blocks[None, :])[None, None]  # block-causal, written here
+            plain = DiffusionLM(model.config.replace(block_size=None)).eval()
+            plain.load_state_dict(model.state_dict())
+            ref.append(float(torch.log_softmax(plain(x[None], attention_mask=mask).logits[0, -1].double(), -1)[ans[0]]))
+        assert [r[0][0] for r in sample["resps"]] == pytest.approx(ref, abs=1e-4)
+    for doc, sample in zip(setup["gen"], sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])):
+        seq = generate(model, enc(tok, doc["prompt"]), gen_length=64, steps=64)  # 40 rounded up to blocks of 32
+        new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
+        if tok.eos_token_id in new:
+            new = new[: new.index(tok.eos_token_id)]
+        text = tok.decode(new, skip_special_tokens=True)
+        for stop in ("\n", "."):
+            text = text.split(stop)[0]
+        assert sample["resps"][0][0] == text
