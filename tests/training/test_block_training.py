@@ -85,3 +85,51 @@ def test_convert_gives_a_dlm_a_block_size_and_keeps_every_weight(tmp_path):
     assert_model_close(block(ids).logits, want, block.config, keys=11)
     with pytest.raises(ValueError, match="already has block_size=4"):
         convert_hf_checkpoint(tmp_path / "block", tmp_path / "other", block_size=8)
+
+
+@pytest.fixture(scope="module")
+def block_start(tmp_path_factory, corpus):
+    """A 2-step block model (blocks of 4, one sink): what the sink-only, LoRA and SFT runs start from."""
+    from sinkdlm.training import train
+
+    from helpers import cfg_for
+
+    tmp = tmp_path_factory.mktemp("block-start")
+    return train(cfg_for(tmp, corpus, block_size=4, max_steps=2, save_every=2, eval_every=2))["checkpoint"]
+
+
+@pytest.mark.parametrize("trainable", ["sink", "lora"])
+def test_a_block_model_trains_its_sink_alone_or_adapters(tmp_path, corpus, block_start, trainable):
+    """--trainable sink|lora from a block model: the run keeps the block size and trains with the block loss
+    (finite, changing); sink-only moves the sinks and nothing else."""
+    if trainable == "lora":
+        pytest.importorskip("peft")
+    from sinkdlm.training import train
+
+    from helpers import cfg_for
+
+    summary = train(cfg_for(tmp_path, corpus, init_from=str(block_start), trainable=trainable, max_steps=3,
+                            save_every=3, eval_every=3, lr=1e-2))
+    losses = [r["loss"] for r in read_metrics(summary["out"])]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    if trainable == "sink":
+        before = DiffusionLM.from_pretrained(block_start).state_dict()
+        after = DiffusionLM.from_pretrained(summary["checkpoint"])
+        assert after.config.block_size == 4
+        after = after.state_dict()
+        assert not torch.equal(before["sink_embeddings"], after["sink_embeddings"])
+        assert all(torch.equal(before[k], after[k]) for k in before if k != "sink_embeddings")
+
+
+def test_sft_of_a_block_model(tmp_path, block_start):
+    """SFT on arithmetic from a block model: the run trains with the block loss on the responses and keeps the
+    block size."""
+    import math
+
+    from sinkdlm.training import train
+
+    summary = train(TrainConfig.resolve(
+        out=str(tmp_path / "sft"), data="arithmetic", init_from=str(block_start), sft=True, max_steps=2, batch_size=4,
+        seq_len=128, save_every=2, eval_every=2, eval_batches=1, tensorboard=False))
+    assert math.isfinite(summary["last"]["val_loss"])
+    assert DiffusionLM.from_pretrained(summary["checkpoint"]).config.block_size == 4
