@@ -16,6 +16,9 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `late-sink`  — a sink added after pretraining (docs/method.md §12): one tiny vanilla DLM continued five ways (all
                    weights, + 1 sink sink-only, LoRA, LoRA + 1 sink, + 1 sink all weights), 10 seeds, paired;
                    ~4 h on one CPU thread (docs/method.md §12).
+  * `quant`      — does a sink make a DLM quantizable? (docs/method.md §16): vanilla, + 1 sink, gated attention on the
+                   escape recipe, 10 fresh seeds, every run scored quantized (torchao int8) on the fixed validation;
+                   `quant-pilot` (3 seeds) sizes it.
   * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
                    the plateau and the paired spread that size `study`.
   * `study-pilot-long` — its second phase at 12,000 steps (the first found no plateau at 4,000).
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sinkdlm.config import AnalyzeConfig, EvalConfig, SampleConfig, TrainConfig
+from sinkdlm.config.checks import QUANTIZE_SCHEMES
 from sinkdlm.evaluation.harness import TABLE1_TASKS
 
 
@@ -143,6 +147,32 @@ class Escape:
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """The quantization endpoint (docs/method.md §16), declared before a study's runs: after training, each run's final
+    checkpoint is scored on the study's fixed validation (the same sequences, draws and noise as its val.json) once
+    per scheme in `schemes` with its block linears quantized by torchao (`model.quantize`), and
+    Δ_quant = quantized − unquantized val_loss, paired on the same masked inputs; the per-layer FFN ∞-norm
+    (`analysis.outliers`) is measured on the same validation sequences. `pair` (arm, baseline): the primary, the
+    paired difference of Δ_quant under `primary_scheme`, exact Wilcoxon signed-rank test with the paired t interval
+    beside it, tested once at 5 %; `secondary` pairs' Δ_quant, every pair's Δ_quant under the other schemes and
+    every pair's FFN ∞-norm difference form one Benjamini-Hochberg family. int8 schemes run on a CPU; int4-weight
+    needs CUDA (torchao's tinygemm kernel) and is scored against the unquantized model in bfloat16."""
+
+    pair: tuple[str, str]
+    secondary: tuple[tuple[str, str], ...] = ()
+    schemes: tuple[str, ...] = ("int8-dynamic", "int8-weight")
+    primary_scheme: str = "int8-dynamic"
+    sized_for: float | None = None
+    """The difference of Δ_quant (nats) the seeds were sized to detect, stated from the pilot before the study's
+    runs; a test that detects nothing is inconclusive only where its MDE exceeds this; None: not sized."""
+
+    def __post_init__(self):
+        unknown = [s for s in self.schemes if s not in QUANTIZE_SCHEMES]
+        if unknown or not self.schemes or self.primary_scheme not in self.schemes:
+            raise ValueError(f"Quantization: schemes from {QUANTIZE_SCHEMES} and primary_scheme among them; got {self}")
+
+
+@dataclass(frozen=True)
 class Base:
     """The DLM every arm of a study continues from (docs/method.md §12, a sink added after pretraining): trained once,
     before any arm, into OUT/base with `train` (its own recipe and seed). Its last checkpoint is every arm's
@@ -209,6 +239,7 @@ class ExperimentPreset:
     equivalence: Equivalence | None = None
     escape: Escape | None = None  # probe every run as it trains; the escape endpoint (docs/method.md §11)
     base: Base | None = None  # the trained DLM every arm continues from (trained first, into OUT/base)
+    quantization: Quantization | None = None  # each run scored quantized after training (docs/method.md §16)
     # A GPU-scale study: the model preset its --init-from has (its --dry-run prices the runs in GPU-hours,
     # experiment/gpu_cost.py) and its minimum detectable effect from the paper's own spread, or why unknown
     gpu_model: str | None = None
@@ -229,7 +260,11 @@ class ExperimentPreset:
                                                      "pairs": [list(p) for p in self.equivalence.pairs]},
                 "plateau_nats": self.plateau_nats,
                 "escape": self.escape and {**dataclasses.asdict(self.escape), "pair": list(self.escape.pair),
-                                           "secondary": [list(p) for p in self.escape.secondary]}}
+                                           "secondary": [list(p) for p in self.escape.secondary]},
+                "quantization": self.quantization and {
+                    **dataclasses.asdict(self.quantization), "pair": list(self.quantization.pair),
+                    "secondary": [list(p) for p in self.quantization.secondary],
+                    "schemes": list(self.quantization.schemes)}}
 
     @property
     def eval_tasks(self) -> list[str]:
@@ -485,6 +520,59 @@ def block_sinks_pilot() -> ExperimentPreset:
     )
 
 
+def quant() -> ExperimentPreset:
+    """Does a sink make a DLM quantizable? (docs/method.md §16) Vanilla vs + 1 front sink vs gated attention on the escape
+    recipe (tiny, shakespeare, 6,000 steps), 10 fresh seeds, every seed analysed; after training each run is scored on
+    the fixed validation quantized (torchao int8-dynamic and int8-weight). Primary: + 1 sink's Δ_quant − vanilla's
+    under int8-dynamic, paired by seed (exact Wilcoxon, the paired t interval beside it)."""
+    # Declared before any of its runs (docs/method.md §16). Bondarenko et al. (2023) trace the activation outliers that
+    # break W8A8 quantization to heads that learn a "no-op" by attending to a low-information token; a dedicated sink
+    # token (or a gate) gives them that no-op without an outlier. The question is whether this holds for a DLM.
+    #   * the recipe: the escape study's (docs/method.md §11), whose runs left the unigram plateau by ~4,500 steps, so
+    #     every run is a model that uses context; gated attention is the gate Bondarenko et al. propose.
+    #   * schemes: int8-dynamic (W8A8: activations quantized per token, where outliers matter) is primary; int8-weight
+    #     (weights only) beside it. Both run on a CPU (torchao); int4-weight needs CUDA and is not declared here.
+    #   * seeds 500-509: no earlier preset used them. 10 seeds: the exact Wilcoxon test's smallest two-sided p is
+    #     1/512; the MDE is stated from the pilot's spread (`quant-pilot`) before the study's runs, which sets
+    #     `Quantization.sized_for`.
+    #   * cost: a run ~7-8 min on 2 quiet cores (the escape runs' speed), plus the quantized scorings: the fixed
+    #     validation (32,768 tokens x 8 draws) unquantized, int8-weight and int8-dynamic. Measured in the smoke
+    #     (`--max-steps 20`, one thread of a 2-core AMD EPYC beside a running study): 15 s, 15 s and 218 s (torchao's
+    #     W8A8 is much slower than float32 on this CPU, benchmarks/bench_quant.py): ~4 min a run, so 30 runs ~6 h.
+    esc = escape()
+    return ExperimentPreset(
+        name="quant",
+        description=("does a sink make a DLM quantizable? vanilla vs + 1 front sink vs gated attention, tiny preset on "
+                     "shakespeare, 6,000 steps, 10 fresh seeds, each run scored quantized (torchao int8-dynamic, "
+                     "int8-weight) on the fixed validation, paired"),
+        variants=(VANILLA, SINK, GATED),
+        seeds=tuple(range(500, 510)),
+        train=esc.train,
+        evaluation=esc.evaluation,
+        analysis=esc.analysis,
+        analyse_every_seed=True,
+        comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
+        validation=Validation(tokens=32_768, draws=8),
+        quantization=Quantization(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),)),
+    )
+
+
+def quant_pilot() -> ExperimentPreset:
+    """The pilot that sizes `quant` (docs/method.md §16): the same arms and recipe, 3 fresh seeds (510-512). It measures
+    the spread over seeds of the paired Δ_quant difference and each run's cost; it decides nothing."""
+    # The same 6,000 steps as the study, not fewer: outliers grow with training (Bondarenko et al. 2023), so a shorter
+    # pilot would measure the spread of other models than the study's. Its seeds are not the study's.
+    study = quant()
+    return dataclasses.replace(
+        study,
+        name="quant-pilot",
+        description=("the quant study's pilot: vanilla vs + 1 front sink vs gated attention, tiny preset on "
+                     "shakespeare, 6,000 steps, 3 fresh seeds, each run scored quantized (torchao int8): the spread "
+                     "of the paired Δ_quant difference"),
+        seeds=(510, 511, 512),
+    )
+
+
 def study_pilot() -> ExperimentPreset:
     """The pilot that sizes the study (docs/method.md §7): vanilla vs + 1 front sink, 3 seeds, 4x the study's steps,
     the fixed validation scored at every fifth of training: the plateau and the spread of the paired differences."""
@@ -689,7 +777,8 @@ def paper_1_5b() -> ExperimentPreset:
 
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
-    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "study-pilot": study_pilot, "block-sinks-pilot": block_sinks_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
+    "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "quant": quant,
+    "quant-pilot": quant_pilot, "study-pilot": study_pilot, "block-sinks-pilot": block_sinks_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
     "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b, "paper-1.5b": paper_1_5b,
 }
 

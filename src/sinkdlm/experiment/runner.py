@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.config.commands import ExperimentConfig
+from sinkdlm.experiment.endpoints import ENDPOINTS
 from sinkdlm.experiment.plan import ExperimentPlan, log, make_plan
 from sinkdlm.experiment.presets import ExperimentPreset
 from sinkdlm.experiment.records import (collect_records, compare_analyses, mark_started, results_header,
@@ -113,6 +114,8 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
         check_launch(config)
     plan = make_plan(config, skip_analysis=skip_analysis)  # every input check that reads no file
+    for endpoint in ENDPOINTS:  # what a declared endpoint needs here (torchao for the quantized scorings)
+        endpoint.check(plan.preset, plan.device)
     if config.dry_run:  # the plan only (`describe_experiment`): nothing trained or written
         return {"dry_run": True, "plan": describe_experiment(config)}
     from sinkdlm.io.out_dir import check_out, writing_out

@@ -5,7 +5,8 @@
    checkpoint and step-0 control; the runs, each with its own training fields (`Variant.train`).
 2. `measure_runs`: one model at a time, each finished before the next starts, seed by seed (every pair
    completes early): `train_run` (the fixed validation at the declared steps and the escape probe on the
-   way), `fine_tune_run` (presets with SFT), `evaluate_run`, `analyse_run`, `validate`. A run's checkpoint is
+   way), `fine_tune_run` (presets with SFT), `evaluate_run`, `analyse_run`, `validate`, `measure_endpoints`
+   (what an endpoint scores on the final checkpoint: the quantized scorings). A run's checkpoint is
    needed only while it is the current one: a study whose directory is committed as it goes (the weights
    left out) loses at most the current run's training when the machine goes away, and a run whose
    measurements are all on disk is never trained again.
@@ -194,6 +195,7 @@ def measure_runs(s: Session, units: Units) -> None:
         evaluate_run(s, unit)
         analyse_run(s, unit)
         validate(s, unit)
+        measure_endpoints(s, unit)
         todo.discard(unit.dir)
         log(pace_line(done, len(units.ordered), units.measured(), s.plan.out / "progress.md", left=len(todo)))
 
@@ -372,6 +374,19 @@ def analyse_run(s: Session, unit: Unit) -> None:
     s.stage_seconds["analysis"] += time.perf_counter() - t0
     unit.timing["analysis"] = time.perf_counter() - t0
     unit.save_timing()
+
+
+def measure_endpoints(s: Session, unit: Unit) -> None:
+    """What an endpoint measures on the run's final checkpoint after training (the quantized scorings), once."""
+    p = s.plan
+    for endpoint in ENDPOINTS:
+        if all(f.is_file() for f in endpoint.products(p.preset, unit.dir)):
+            continue
+        t0 = time.perf_counter()
+        with heartbeat(f"{unit.label}: {endpoint.name}", log):
+            endpoint.measure(p.preset, unit.dir, unit.ckpt, unit.kwargs, p.device)
+        unit.timing[endpoint.name] = time.perf_counter() - t0
+        unit.save_timing()
 
 
 def validate(s: Session, u: Unit) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
+from sinkdlm.experiment.fixed_set import score_set, validation_inputs
 from sinkdlm.experiment.plan import draws_at_conversion, log, step0_name
 from sinkdlm.experiment.presets import ExperimentPreset, Validation, Variant
 from sinkdlm.experiment.variance import VAL, VAL_PARTIAL, same_validation, validation_key
@@ -145,17 +146,10 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
         partial = json.loads(partial_path.read_text())
         if same_validation(partial.get("key", {}), validation):
             done, spent = partial["values"], partial.get("seconds", 0.0)
-    from sinkdlm.config import TrainConfig
-    from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR, validation_elbo
-    from sinkdlm.training.trainer import bf16_autocast, load_batches
+    from sinkdlm.diffusion.likelihood import VALIDATION_ESTIMATOR
 
-    cfg = TrainConfig(**{k: v for k, v in cfg_kwargs.items() if k != "init_from"})
-    model, tok = load_model_and_tokenizer(ckpt, device=device)
-    if cfg.shift_logits is not None:  # the step-0 control: the converted model as training will run it
-        model.config.shift_logits = bool(cfg.shift_logits)
-    val = load_batches(cfg, tok, model.config.max_content_length, "validation")
-    rows = min(len(val), -(-validation.tokens // cfg.seq_len))
-    x0, _ = val.get(list(range(rows)))  # [N, L]
+    model, x0 = validation_inputs(ckpt, cfg_kwargs, validation, device)
+    rows = len(x0)
     t0 = time.perf_counter()
     # Scored in chunks of sequences, each kept in val.partial.json: an interrupted validation (hours on
     # a CPU) resumes where it stopped; every sequence's noise depends on its index only, so it is the same.
@@ -164,10 +158,7 @@ def fixed_validation(run_dir: Path, ckpt: str, cfg_kwargs: dict[str, Any], valid
     while len(done) < rows:
         lo = len(done)
         hi = min(rows, lo + VAL_CHUNK)
-        with torch.inference_mode(), bf16_autocast(validation.bf16, model.device):
-            part = validation_elbo(model, x0[lo:hi], validation.draws, validation.noise_seed,
-                                   batch_size=validation.batch_size, first_sequence=lo)
-        done += part.values.tolist()
+        done += score_set(model, x0[lo:hi], validation, first_sequence=lo).tolist()
         atomic_write_json(partial_path, {"key": key, "values": done, "seconds": spent + time.perf_counter() - t0})
         if on_chunk is not None:
             on_chunk()

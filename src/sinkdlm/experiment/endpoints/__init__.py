@@ -10,6 +10,8 @@ it stored):
 * `equivalence`: the declared claims of "≈" (TOST);
 * `plateau`: the declared plateau criterion;
 * `escape`: when each run leaves the unigram plateau (a package: probe, summary, report, figures);
+* `quant`: each run's final checkpoint scored quantized, Δ_quant per arm and scheme (a package: measure, summary,
+  report);
 * `sinks`: the attention-sink analysis, its takeover question and tables (a package: stats, tables).
 
 A new endpoint is one new module here with its `Endpoint` subclass, one line in `ENDPOINTS`, and its preset's
@@ -23,7 +25,9 @@ from sinkdlm.experiment.endpoints.equivalence import Equivalence
 from sinkdlm.experiment.endpoints.escape import Escape
 from sinkdlm.experiment.endpoints.plateau import Plateau
 from sinkdlm.experiment.endpoints.primary import Primary
+from sinkdlm.experiment.endpoints.quant import Quant
 from sinkdlm.experiment.endpoints.sinks import SinkAnalysis
 from sinkdlm.experiment.endpoints.trajectory import Trajectory
 
-ENDPOINTS: tuple[Endpoint, ...] = (Trajectory(), Primary(), Equivalence(), Plateau(), Escape(), SinkAnalysis())
+ENDPOINTS: tuple[Endpoint, ...] = (Trajectory(), Primary(), Equivalence(), Plateau(), Escape(), Quant(),
+                                      SinkAnalysis())

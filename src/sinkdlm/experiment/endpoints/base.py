@@ -1,8 +1,8 @@
 """The one interface every endpoint implements: what the runner, `summarise` and the report call on each.
 
 An endpoint is a question a study answers (the declared primary, the escape step, ...). Its module owns the whole
-path: measure (per run, as it trains: `probe`, `products`, `record`), summarise (results.json: `variant`, `claim`,
-`judge`, `conclude`), report line (`parts`, `markdown`, `questions`) and figure (drawn by its `section`). Every
+path: plan (`check`), measure (per run, as it trains or after: `probe`, `measure`, `products`, `record`),
+summarise (results.json: `variant`, `claim`, `judge`, `conclude`), report line (`parts`, `markdown`, `questions`) and figure (drawn by its `section`). Every
 hook does nothing by default, so an endpoint implements only the steps it has. The registry is
 `experiment.endpoints.ENDPOINTS`; the shared statistics (`summary.summarise`) and the shared page
 (`report.write_report`, `report.markdown_summary`) call the hooks in the registry's order.
@@ -43,10 +43,18 @@ class Endpoint:
     slot: str = "body"
     parts: dict[str, Callable[[Results], str | None]] = {}
 
+    # -- plan: what it needs, checked before --out is touched (`runner.run_experiment`, after `plan.make_plan`)
+    def check(self, preset: Any, device: str | None) -> None:
+        """Raise a one-line ValueError where this machine cannot measure what the preset declares of it."""
+
     # -- measure: a run's own products, as it trains (`stages.train_run`, `stages.run_products`, `records.run_record`)
     def probe(self, preset: Any, run: Path, train_kwargs: dict[str, Any]) -> tuple[int, Callable] | None:
         """(every, fn): called by the trainer every `every` optimizer steps of a run in directory `run`."""
         return None
+
+    def measure(self, preset: Any, run: Path, ckpt: str, train_kwargs: dict[str, Any], device: str | None) -> None:
+        """After the run's training and fixed validation (`stages.measure_runs`): measure its final checkpoint
+        `ckpt` into its `products` (nothing to do where they are on disk)."""
 
     def products(self, preset: Any, run: Path) -> list[Path]:
         """The files it leaves in a run's directory: the run is measured once they are all there."""
