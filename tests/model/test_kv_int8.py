@@ -98,3 +98,22 @@ def test_the_compiled_step_writes_the_int8_cache_as_the_eager_one():
     eager = generate(model, prompt, **settings)
     compiled = generate(model, prompt, **settings, compile=True, compile_backend="aot_eager")
     assert torch.equal(compiled, eager)  # aot_eager runs the same ATen ops: the same tokens
+
+
+# The block cache (docs/method.md §13): the cases stated, a tiny float64 model with one front sink, blocks of 4, two
+# rows whose first stops early (the cache then loses that row: `KVCache.select_rows`), seeds 0-2.
+@pytest.mark.parametrize("seed", range(3))
+def test_a_block_models_int8_cache_gives_the_float_caches_tokens(seed):
+    model = tiny_model(seed, num_sink_tokens=1, initializer_range=0.02, block_size=4)
+    g = torch.Generator().manual_seed(100 + seed)
+    prompts = [torch.randint(0, 40, (k,), generator=g).tolist() for k in (5, 7)]
+    settings = dict(max_new_tokens=16, steps=16)
+    stop = generate(model, [prompts[0]], **settings)[0, 6].item()
+    want = generate(model, prompts, stop_token_ids=(stop,), **settings)
+    got = generate(model, prompts, stop_token_ids=(stop,), kv_cache_dtype="int8", **settings)
+    assert torch.equal(got, want)  # integer tokens
+    full = model.allocate_cache(2, 24)
+    quant = model.allocate_cache(2, 24, kv_cache_dtype="int8")
+    assert cache_bytes(quant) < cache_bytes(full) / 1.5  # float64 keys: int8 plus a scale per token and head
+    rows = quant.select_rows(torch.tensor([1]))
+    assert rows.k0.shape[0] == 1 and rows.ks0.shape[0] == 1 and rows.sk0.shape[0] == 1

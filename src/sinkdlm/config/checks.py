@@ -175,7 +175,7 @@ def check_dtype(dtype) -> str | None:
 DIFFUSION_ONLY = ("steps", "block_length", "threshold", "cache", "compile", "compile_backend", "remasking",
                   "schedule", "eps", "alg_temp", "kv_cache_dtype", "max_new_tokens")
 # What a block model (`ModelConfig.block_size`) does not take: it decodes in its own blocks with an exact cache.
-NOT_FOR_BLOCK_MODELS = ("block_length", "cache", "kv_cache_dtype")
+NOT_FOR_BLOCK_MODELS = ("block_length", "cache")
 CACHE_CHOICES = ("prefix", "dual")
 KV_CACHE_DTYPES = ("int8",)  # --kv-cache-dtype: what the prefix/dual cache may store its keys and values in
 QUANTIZE_SCHEMES = ("int8-weight", "int8-dynamic", "int4-weight")  # --quantize (sinkdlm.model.quantize)
@@ -265,7 +265,7 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
     if settings.compile and settings.cache is None and not block_model:  # a block model's cache is always on
         raise ValueError("compile=True compiles the cached decoding step, so it needs a cache: give cache=prefix "
                          "or cache=dual")
-    check_kv_cache_dtype(settings.kv_cache_dtype, settings.cache)
+    check_kv_cache_dtype(settings.kv_cache_dtype, "blocks" if block_model else settings.cache)
 
 
 def check_kv_cache_dtype(kv_cache_dtype, cache) -> None:

@@ -139,9 +139,7 @@ class _Canvas:
             setattr(self, name, getattr(self, name)[idx])
         if isinstance(self.generator, RowGenerators):
             self.generator = RowGenerators([self.generator.generators[i] for i in idx.tolist()])
-        kv, per_row = self.kv, self.kv.cos.shape[0] > 1  # [B|1, W, hd]: per row with a padded batch
-        self.kv = KVCache([k[idx] for k in kv.keys], [v[idx] for v in kv.values],
-                          kv.cos[idx] if per_row else kv.cos, kv.sin[idx] if per_row else kv.sin, None, kv.offset)
+        self.kv = self.kv.select_rows(idx)
 
 
 def _visible(model, canvas: _Canvas, lo: int, hi: int, causal: bool) -> torch.Tensor:
@@ -278,7 +276,7 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
     out = torch.cat([prompt, prompt.new_full((b, plan.max_new), mask_id)], dim=1)  # [B, P + N]
     model.fuse_projections()
     with model.sink_cache_mode(use_sink_cache):
-        kv = model.allocate_cache(b, plan.x.shape[1], plan.real)
+        kv = model.allocate_cache(b, plan.x.shape[1], plan.real, kv_cache_dtype=settings.kv_cache_dtype)
     canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv,
                      generator)
     passes = steps_done = 0  # forward passes; denoising steps (a probe's step index)

@@ -17,6 +17,8 @@ model, which writes a block anywhere in the sequence rather than appending.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -49,6 +51,15 @@ class KVCache(nn.Module):
         self.num_layers, self.offset = len(keys), offset
         self.start: int | torch.Tensor = 0
         self.write_from: torch.Tensor | None = None
+
+    def select_rows(self, idx: torch.Tensor) -> "KVCache":
+        """The same cache over the rows `idx` only (a block decoder's finished rows leave the batch): every buffer
+        held per row is indexed, one shared by every row (`[1, ...]` rotary tables) is kept."""
+        batch = self.k0.shape[0]
+        new = copy.copy(self)
+        new._buffers = {name: (buf[idx] if buf is not None and buf.shape[0] == batch else buf)
+                        for name, buf in self._buffers.items()}
+        return new
 
     @property
     def keys(self) -> list[torch.Tensor]:
