@@ -12,6 +12,7 @@ it stored):
 * `escape`: when each run leaves the unigram plateau (a package: probe, summary, report, figures);
 * `quant`: each run's final checkpoint scored quantized, Δ_quant per arm and scheme (a package: measure, summary,
   report);
+* `block_sizes`: each arm's moving-sink rate against its block size (block diffusion; described, not tested);
 * `sinks`: the attention-sink analysis, its takeover question and tables (a package: stats, tables).
 
 A new endpoint is one new module here with its `Endpoint` subclass, one line in `ENDPOINTS`, and its preset's
@@ -21,6 +22,7 @@ declaration (`presets.ExperimentPreset`, copied into results.json's `declared`).
 from __future__ import annotations
 
 from sinkdlm.experiment.endpoints.base import Endpoint
+from sinkdlm.experiment.endpoints.block_sizes import BlockSizes
 from sinkdlm.experiment.endpoints.equivalence import Equivalence
 from sinkdlm.experiment.endpoints.escape import Escape
 from sinkdlm.experiment.endpoints.plateau import Plateau
@@ -30,4 +32,4 @@ from sinkdlm.experiment.endpoints.sinks import SinkAnalysis
 from sinkdlm.experiment.endpoints.trajectory import Trajectory
 
 ENDPOINTS: tuple[Endpoint, ...] = (Trajectory(), Primary(), Equivalence(), Plateau(), Escape(), Quant(),
-                                      SinkAnalysis())
+                                      BlockSizes(), SinkAnalysis())
