@@ -94,6 +94,7 @@ def test_the_recorder_splits_a_block_models_moving_sinks_within_and_across_block
     assert moving["content_sink_set_change_rate"] == [pytest.approx(1 / 3)] * 2  # 3 pairs of steps, 1 across
 
 
+@pytest.mark.slow  # ~14 s: three analyses; make test-slow
 def test_compare_puts_an_ar_a_block_and_a_whole_sequence_model_side_by_side(tmp_path):
     """The three kinds of one set of weights, analysed on one prompt, in one comparison: each named by its kind."""
     from sinkdlm.analysis.comparison import compare

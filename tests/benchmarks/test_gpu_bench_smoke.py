@@ -28,6 +28,7 @@ def test_gpu_decode_benchmark_runs_on_cpu_and_writes_every_row(tmp_path):
         assert abs(r["tokens_per_s"] - r["tokens"] / r["seconds"]) < 1e-6 * r["tokens_per_s"]
 
 
+@pytest.mark.slow  # ~10 s: a benchmark process; make test-slow
 def test_gpu_train_benchmark_refuses_without_a_gpu_in_one_line():
     """bench_gpu_train.py has no CPU mode (its numbers are CUDA-event timings and MFU): without a GPU it
     must say so in one line, not fail inside the measurement."""
@@ -73,6 +74,7 @@ def test_gpu_trainable_benchmark_cpu_proxy_counts_what_trains_and_the_layout_is_
     assert abs(sum(p.numel() for p in big.parameters()) / 8.02e9 - 1) < 0.002
 
 
+@pytest.mark.slow  # ~8 s: a benchmark process; make test-slow
 def test_gpu_trainable_benchmark_refuses_llada_8b_without_a_gpu_in_one_line():
     import pytest
     import torch

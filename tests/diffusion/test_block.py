@@ -196,13 +196,11 @@ def test_block_nelbo_is_unbiased_for_the_enumerated_bound():
     assert 0.5 < float(few.stderr) / float(many.stderr) / 4 < 2  # sqrt(512 / 32) = 4
 
 
-def test_whole_sequence_elbos_refuse_a_block_model():
-    """The fixed validation and the sink-masking ELBO score x_t alone, which is no bound for a block model."""
+def test_the_sink_masking_elbo_refuses_a_block_model():
+    """The sink-masking ELBO scores x_t alone, which is no bound for a block model (the fixed validation scores it
+    through x_t ⊕ x_0: tests/diffusion/test_validation_elbo.py)."""
     from sinkdlm.analysis.ablation import continuation_elbo
-    from sinkdlm.diffusion.likelihood import validation_elbo
 
     model = tiny_model(block_size=4)
-    with pytest.raises(ValueError, match="block model"):
-        validation_elbo(model, torch.randint(0, 40, (2, 8)), draws=2, noise_seed=0)
     with pytest.raises(ValueError, match="block model"):
         continuation_elbo(model, [[1, 2]], [[3, 4]], [0])

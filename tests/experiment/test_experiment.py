@@ -270,6 +270,7 @@ def test_smoke_writes_every_file_and_key(smoke):
     assert len(figures) >= 2 and all((out / f).is_file() for f in figures) and "data:image" not in html
 
 
+@pytest.mark.slow  # ~12 s; make test-slow
 def test_rerun_resumes_without_retraining(smoke, monkeypatch):
     out, first = smoke
     import sinkdlm.training as training
@@ -283,6 +284,7 @@ def test_rerun_resumes_without_retraining(smoke, monkeypatch):
     assert again["stage_seconds"]["eval"] == 0.0
 
 
+@pytest.mark.slow  # ~13 s (the trainer's exact resume is in the default suite); make test-slow
 def test_interrupted_training_resumes_from_checkpoint(smoke):
     out, _ = smoke
     run = out / "runs" / "vanilla-s0" / "train"
@@ -350,6 +352,7 @@ def _fake_hf(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.mark.slow  # ~12 s: a study on --device auto; make test-slow
 def test_device_auto_reaches_every_stage(smoke):
     """`--device auto` trains, evaluates and analyses (it once reached `model.to("auto")`)."""
     out, _ = smoke
@@ -377,6 +380,7 @@ def _tiny_ar(path: Path, documents: int) -> Path:
     return path
 
 
+@pytest.mark.slow  # ~45 s: a converted study with its step-0 controls; make test-slow
 def test_step0_control_scores_the_converted_model_with_the_same_protocol(tmp_path, monkeypatch):
     """From an AR checkpoint, `variants[v]["step0"]` is the converted model before training: its fixed
     validation (same set, same noise as the runs) and its sink analysis."""
@@ -548,6 +552,7 @@ def test_progress_page_states_each_runs_steps_peak_gradient_and_interim_comparis
         assert f"| {results['variants'][a]['label']} − {results['variants'][b]['label']} | 2 |" in text
 
 
+@pytest.mark.slow  # ~25 s: two shards of a study (the launcher's --jobs is the path now); make test-slow
 def test_shards_on_one_out_write_study_wide_progress_and_interim(tmp_path, monkeypatch):
     """`--variants` (and `--seeds`) shards of one study on the same `--out` (as two processes would run it): each writes
     progress.md and interim.json for the whole study from what is on disk, so the page and the interim
@@ -794,6 +799,7 @@ def late_micro(seeds: tuple[int, ...] = (0,)):
         base=presets.Base(dataclasses.replace(smoke.train, max_steps=3, seed=7)))
 
 
+@pytest.mark.slow  # ~15 s: a base and its continued arms; make test-slow
 def test_late_sink_continues_one_base_in_every_arm(tmp_path, monkeypatch):
     """A sink added after pretraining (issue 52), the `late-sink` preset's path at micro size: the base is trained
     once (OUT/base), every arm starts from it (converted per arm, arms with the same switches sharing one

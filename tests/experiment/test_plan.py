@@ -88,6 +88,7 @@ def test_heartbeat_logs_while_the_body_runs_and_stops_with_it():
     assert fast == []  # a stage shorter than the period prints nothing extra
 
 
+@pytest.mark.slow  # ~14 s; make test-slow
 def test_an_experiments_slow_stages_print_before_their_minute_is_up(tmp_path, monkeypatch, capsys):
     """Validation, evaluation and analysis print no line of their own without a terminal: each one, made slow
     here (it returns only once its heartbeat line was printed), says it is still running, through the
@@ -158,6 +159,7 @@ def test_the_plan_of_a_shard_says_what_runs_and_checks_its_inputs_before_any_fil
     assert not out.exists()
 
 
+@pytest.mark.slow  # ~12 s; make test-slow
 def test_dry_run_prints_the_plan_with_what_is_on_disk_and_writes_nothing(tmp_path):
     """`experiment --dry-run` (and `run_experiment` with dry_run): the plan, the runs whose measurements are all on
     disk counted as measured, the estimate from their timing.json; no file or folder is made."""

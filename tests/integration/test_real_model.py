@@ -111,6 +111,7 @@ def test_analyze_finishes_with_finite_numbers(ours, tmp_path):
     assert (tmp_path / "report.html").is_file()
 
 
+@pytest.mark.slow  # ~15 s: the example model loaded in a fresh process; make test-slow
 def test_loading_peak_memory_stays_near_the_float_model(gguf_path):
     """Dequantised one tensor at a time, in blocks of rows, the file's metadata arrays dropped: the
     load's peak RSS growth stays within 1.3x the float model (measured in a fresh process)."""

@@ -57,6 +57,7 @@ def test_help_of_every_command(words):
     assert "usage" in out.stdout.lower()  # lm-eval's own help (argparse) says "usage:", click's "Usage:"
 
 
+@pytest.mark.slow  # ~16 s: a process without lm-eval; make test-slow
 def test_lm_eval_help_without_the_extra_is_help_and_the_install_line():
     out = _run(["-c", WITHOUT_LM_EVAL, "lm-eval", "--help"])
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -208,3 +208,16 @@ def test_compile_with_a_missing_backend_is_refused_before_any_work(tmp_path, ref
     with pytest.raises(ValueError, match="needs a C\\+\\+ compiler.*--compile-backend aot_eager"):
         train(cfg)
     assert not Path(cfg.out).exists()
+
+
+@pytest.mark.slow  # two torchrun processes and a plain run: ~30 s on 2 cores
+def test_two_fsdp_processes_train_a_block_model_as_one_process_does(tmp_path, corpus):
+    """A block model (docs/method.md §13) under FSDP2 on two processes: the BD3-LM loss of every step and the
+    validation are the one-process run's (the global batch and its per-block noise are the same)."""
+    one = cfg_for(tmp_path / "one", corpus, block_size=4, **STEPS)
+    train(one)
+    cfg = TrainConfig.resolve(**{**one.to_dict(), "out": str(tmp_path / "two" / "run"), "fsdp": True})
+    res = run_script(tmp_path, 2, STOP_SCRIPT, json.dumps(cfg.to_dict()), "99")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_losses(one, cfg.out)
+    assert DiffusionLM.from_pretrained(latest_checkpoint(cfg.out)).config.block_size == 4
