@@ -369,7 +369,7 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
     variant (extra sinks are the model's own, outside x0).
     `first_sequence`: the index of x0's first row in the whole set (a slice scored on its own).
     `probe`: a `model.probe.Probe` handed to every forward (rows `n * draws + d` in order, `batch_size` at a
-    time): the escape probe reads the attention of the very forwards it scores (experiment/escape.py).
+    time): the escape probe reads the attention of the very forwards it scores (experiment/endpoints/escape/probe.py).
     """
     cfg = model.config
     if cfg.mask_token_id is None:

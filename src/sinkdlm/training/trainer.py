@@ -301,7 +301,7 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, *,
     call resumes there (the experiment scores a run's fixed validation at declared steps this way).
 
     `probe` (every, fn): `fn(model, step)` after every `every`-th optimizer step (the experiment's escape probe,
-    experiment/escape.py); its time is left out of the logged tokens/s. It must not touch the training RNG.
+    experiment/endpoints/escape/probe.py); its time is left out of the logged tokens/s. It must not touch the training RNG.
     """
     cfg.validate()
     if stop_at is not None and not 0 < stop_at <= cfg.max_steps:
