@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from sinkdlm.experiment.plan import pace_line, plan_line, reference_seconds_per_step, run_seconds
 
 PROGRESS = Path("runs/demo/progress.md")
