@@ -17,7 +17,7 @@ SWITCHES = {"vanilla": {"num_sink_tokens": 0}, "block4": {"num_sink_tokens": 0, 
 
 
 def _results() -> dict:
-    return {"train": {"seq_len": 128}, "variants": {
+    return {"train": {}, "variants": {  # the default sequence (128): results.json keeps non-defaults only
         name: {"label": name, "switches": SWITCHES[name],
                "seeds": {str(400 + i): {"analysis": {"moving": {"content_sink_set_change_rate": r}}}
                          for i, r in enumerate(rates)}}
@@ -35,6 +35,7 @@ def test_each_arms_rate_is_its_mean_over_seeds_with_the_t_interval(tmp_path):
         assert rate["mean"] == pytest.approx(m)
         assert (rate["low"], rate["high"]) == (pytest.approx(max(0.0, m - half)), pytest.approx(m + half))
     assert arms["vanilla"]["block_size"] is None and arms["block4-sink1"]["sinks"] == 1
+    assert results["block_sizes"]["seq_len"] == 128
     line = block_sizes_line(results)
     assert "block4 0.100 [" in line and "described, not tested" in line
     path = plot_block_sizes(results["block_sizes"], tmp_path / "block_sizes.png")

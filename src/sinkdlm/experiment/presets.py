@@ -19,6 +19,8 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `quant`      — does a sink make a DLM quantizable? (docs/method.md §16): vanilla, + 1 sink, gated attention on the
                    escape recipe, 10 fresh seeds, every run scored quantized (torchao int8) on the fixed validation;
                    `quant-pilot` (3 seeds) sizes it.
+  * `block-sinks` — sinks as the block shrinks (docs/method.md §15): blocks of 4, 16 and the whole sequence, each
+                   vanilla and + 1 sink, 10 fresh seeds; `block-sinks-pilot` (3 seeds, the primary pair) sized it.
   * `study-pilot` — vanilla vs + 1 sink, 3 seeds, 4x the study's steps, the fixed validation at every fifth:
                    the plateau and the paired spread that size `study`.
   * `study-pilot-long` — its second phase at 12,000 steps (the first found no plateau at 4,000).
@@ -493,6 +495,11 @@ def late_sink() -> ExperimentPreset:
 
 # Block diffusion (docs/method.md §15): the same tiny DLM, block-causal at 4 and 16 tokens, with and without the sink
 BLOCK4 = Variant("block4", "block 4", {"num_sink_tokens": 0, "gated_attention": False, "block_size": 4})
+BLOCK4_SINK = Variant("block4-sink1", "block 4 + 1 sink", {"num_sink_tokens": 1, "sink_position": "front",
+                                                           "block_size": 4})
+BLOCK16 = Variant("block16", "block 16", {"num_sink_tokens": 0, "gated_attention": False, "block_size": 16})
+BLOCK16_SINK = Variant("block16-sink1", "block 16 + 1 sink", {"num_sink_tokens": 1, "sink_position": "front",
+                                                              "block_size": 16})
 
 
 def block_sinks_pilot() -> ExperimentPreset:
@@ -570,6 +577,38 @@ def quant_pilot() -> ExperimentPreset:
                      "shakespeare, 6,000 steps, 3 fresh seeds, each run scored quantized (torchao int8): the spread "
                      "of the paired Δ_quant difference"),
         seeds=(510, 511, 512),
+    )
+
+
+def block_sinks() -> ExperimentPreset:
+    """Does the sink token matter when attention is block-causal, and how do sinks move as the block shrinks?
+    (docs/method.md §15) Blocks of 4, 16 and the whole sequence, each vanilla and + 1 front sink, the pilot's recipe,
+    10 fresh seeds; primary: the moving-sink rate of vanilla in blocks of 4 minus vanilla on the whole sequence."""
+    # Declared before any of its runs (docs/method.md §15), sized from `block_sinks_pilot` (3 seeds,
+    # tools/block_sinks_sizing.py -> docs/results/block-sinks-sizing, exploratory):
+    #   * the pilot's per-seed differences (block 4 - whole sequence, content sink-set change rate, mean over
+    #     layers) were -0.138, -0.083 and -0.331: mean -0.184, sd 0.130. The paired t test's MDE (80 % power,
+    #     two-sided 5 %) at that spread is 0.150 at 8 seeds, 0.130 at 10, 0.116 at 12: 10 seeds detect an effect
+    #     of the pilot's size, not one of half of it. The declared test is the exact Wilcoxon (10 untied
+    #     differences: smallest two-sided p 1/512), the paired t interval beside it.
+    #   * secondary (Benjamini-Hochberg, the report's family): + 1 sink - vanilla at each block size on the rate
+    #     and on val_loss (a block size's own bound, §15), and block 16 - whole; their spread is unknown before
+    #     the study (the pilot ran the primary pair only): the report states each MDE from the study's own spread.
+    #   * cost: the pilot's runs took 0.28 core-h (whole sequence) and 0.52 core-h (blocks of 4) each, one
+    #     thread a run, two at once beside other work: about 2.7 core-h a seed of six arms (blocks of 16 priced as
+    #     4), 27 core-h in all, over several sessions (`--launcher local --jobs 2 --cpus-per-task 1`, resumable).
+    #   * fresh seeds 420-429: no preset used them.
+    pilot = block_sinks_pilot()
+    return dataclasses.replace(
+        pilot,
+        name="block-sinks",
+        description=("sinks as the block shrinks: blocks of 4, 16 and the whole sequence, each vanilla and + 1 front "
+                     "sink, tiny preset on shakespeare, 3,000 steps, 10 seeds, paired"),
+        variants=(VANILLA, SINK, BLOCK16, BLOCK16_SINK, BLOCK4, BLOCK4_SINK),
+        seeds=tuple(range(420, 430)),
+        comparisons=((BLOCK4.name, VANILLA.name), (SINK.name, VANILLA.name), (BLOCK16_SINK.name, BLOCK16.name),
+                     (BLOCK4_SINK.name, BLOCK4.name), (BLOCK16.name, VANILLA.name)),
+        primary=Primary((BLOCK4.name, VANILLA.name), metric="content_sink_set_change_rate", sized_for=0.13),
     )
 
 
@@ -778,7 +817,7 @@ def paper_1_5b() -> ExperimentPreset:
 
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
     "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "quant": quant,
-    "quant-pilot": quant_pilot, "study-pilot": study_pilot, "block-sinks-pilot": block_sinks_pilot, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
+    "quant-pilot": quant_pilot, "study-pilot": study_pilot, "block-sinks-pilot": block_sinks_pilot, "block-sinks": block_sinks, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
     "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b, "paper-1.5b": paper_1_5b,
 }
 

@@ -15,6 +15,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from sinkdlm.analysis.figures import save_figure
+from sinkdlm.config.train import TrainConfig
 from sinkdlm.experiment.endpoints.base import Endpoint, Study
 from sinkdlm.experiment.metrics import ANALYSIS_METRICS, seed_scalars
 from sinkdlm.reporting import Document
@@ -36,7 +37,8 @@ def block_sizes(results: dict[str, Any]) -> dict[str, Any] | None:
         arms.append({"variant": name, "label": v["label"], "block_size": v.get("switches", {}).get("block_size"),
                      "sinks": int(v.get("switches", {}).get("num_sink_tokens", 0)), "seeds": len(values),
                      "rate": iv})
-    return {"metric": METRIC, "seq_len": results.get("train", {}).get("seq_len"), "arms": arms}
+    # results.json's `train` keeps the preset's non-default fields: the default sequence is TrainConfig's
+    return {"metric": METRIC, "seq_len": results.get("train", {}).get("seq_len", TrainConfig.seq_len), "arms": arms}
 
 
 def _x(arm: dict[str, Any], seq_len: int) -> int:
@@ -45,7 +47,7 @@ def _x(arm: dict[str, Any], seq_len: int) -> int:
 
 def plot_block_sizes(summary: dict[str, Any], path: Path) -> Path | None:
     """The rate against the block size, log2 axis, one line per number of sink tokens, 95 % intervals as bars."""
-    seq_len = summary["seq_len"] or max((a["block_size"] or 0) for a in summary["arms"]) * 2
+    seq_len = summary["seq_len"]
     families: dict[int, list[dict[str, Any]]] = {}
     for arm in summary["arms"]:
         if arm["rate"] is not None:
@@ -116,7 +118,7 @@ class BlockSizes(Endpoint):
             doc.paragraph(line)
         path = plot_block_sizes(summary, Path(out) / "figures" / "block_sizes.png")
         if path is not None:
-            doc.image(path.relative_to(out), "the moving-sink rate against the block size, one line per arm family")
+            doc.image(path, "the moving-sink rate against the block size, one line per arm family")
 
     def markdown(self, results: dict[str, Any]) -> list[str]:
         line = block_sizes_line(results)
