@@ -133,6 +133,18 @@ def test_multiple_choice_is_the_exact_one_token_likelihood(setup):
     assert out["config"]["model"] == "sinkdlm"
 
 
+def _cut_at_stops(tok, prompt: str, seq) -> str:
+    """What generate_until answers from a sampled `seq [1, P + N]`: its first 40 new tokens (max_gen_toks), cut at
+    EOS, decoded, cut at the task's stop strings."""
+    new = seq[0, len(enc(tok, prompt)):][:40].tolist()
+    if tok.eos_token_id in new:
+        new = new[: new.index(tok.eos_token_id)]
+    text = tok.decode(new, skip_special_tokens=True)
+    for stop in ("\n", "."):
+        text = text.split(stop)[0]
+    return text
+
+
 @torch.no_grad()
 def test_generate_until_is_the_sampler_cut_at_stop_strings(setup):
     tok, model = setup["tok"], setup["model"]
@@ -140,14 +152,8 @@ def test_generate_until_is_the_sampler_cut_at_stop_strings(setup):
     samples = sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])
     for doc, sample in zip(setup["gen"], samples):
         # max_gen_toks=40 with blocks of 32: two blocks (64 tokens, one per step), the first 40 kept.
-        seq = generate(model, enc(tok, doc["prompt"]), gen_length=64, steps=64, block_length=32)
-        new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
-        if tok.eos_token_id in new:
-            new = new[: new.index(tok.eos_token_id)]
-        text = tok.decode(new, skip_special_tokens=True)
-        for stop in ("\n", "."):
-            text = text.split(stop)[0]
-        assert sample["resps"][0][0] == text
+        assert sample["resps"][0][0] == _cut_at_stops(tok, doc["prompt"], generate(
+            model, enc(tok, doc["prompt"]), gen_length=64, steps=64, block_length=32))
 
 
 @torch.no_grad()
@@ -438,6 +444,8 @@ def test_a_block_model_through_lm_eval(setup, tmp_path):
     ckpt = tmp_path / "block"
     model.save_pretrained(ckpt, tokenizer=tok)
     out = run_harness(setup, ["local_mc", "local_gen"], f"pretrained={ckpt},mc_num=8,seed=3")
+    plain = DiffusionLM(model.config.replace(block_size=None)).eval()  # block-causality only from the mask below
+    plain.load_state_dict(model.state_dict())
     for doc, sample in zip(setup["mc"], sorted(out["samples"]["local_mc"], key=lambda s: s["doc_id"])):
         ref = []
         for choice in doc["choices"]:
@@ -445,16 +453,8 @@ def test_a_block_model_through_lm_eval(setup, tmp_path):
             x = torch.tensor(ctx + [model.config.mask_token_id])
             blocks = torch.arange(len(x)) // 4
             mask = (blocks[:, None] >= blocks[None, :])[None, None]  # block-causal, written here
-            plain = DiffusionLM(model.config.replace(block_size=None)).eval()
-            plain.load_state_dict(model.state_dict())
             ref.append(float(torch.log_softmax(plain(x[None], attention_mask=mask).logits[0, -1].double(), -1)[ans[0]]))
         assert [r[0][0] for r in sample["resps"]] == pytest.approx(ref, abs=1e-4)
     for doc, sample in zip(setup["gen"], sorted(out["samples"]["local_gen"], key=lambda s: s["doc_id"])):
         seq = generate(model, enc(tok, doc["prompt"]), gen_length=64, steps=64)  # 40 rounded up to blocks of 32
-        new = seq[0, len(enc(tok, doc["prompt"])):][:40].tolist()
-        if tok.eos_token_id in new:
-            new = new[: new.index(tok.eos_token_id)]
-        text = tok.decode(new, skip_special_tokens=True)
-        for stop in ("\n", "."):
-            text = text.split(stop)[0]
-        assert sample["resps"][0][0] == text
+        assert sample["resps"][0][0] == _cut_at_stops(tok, doc["prompt"], seq)
