@@ -230,3 +230,30 @@ def test_prompts_jsonl_errors_name_the_flag_the_file_and_the_line(tmp_path):
         read_prompts(nofield)
     code = "import sys, sinkdlm.cli.analyze_cmd, sinkdlm.io.jsonl; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("given, parsed", [
+    (["--compare", "a", "b", "c", "--out", "o"], ["--compare", "a", "--compare", "b", "--compare", "c", "--out", "o"]),
+    (["--out", "o", "--compare", "a", "b"], ["--out", "o", "--compare", "a", "--compare", "b"]),
+    (["--compare", "a", "--compare", "b", "--quiet"], ["--compare", "a", "--compare", "b", "--quiet"]),
+])
+def test_an_option_of_several_values_is_typed_once_with_them_all(given, parsed):
+    """`analyze --compare A B C`: three directories, as click reads a repeated option; the other options untouched."""
+    from sinkdlm.cli.app import _spread_values
+
+    assert _spread_values(["analyze", *given]) == ["analyze", *parsed]
+
+
+def test_compare_takes_three_directories_and_refuses_one(tmp_path, capsys):
+    """Each of three --compare directories is read (the third, missing its analysis.json, is named); one is refused."""
+    from sinkdlm.cli import main
+
+    dirs = [tmp_path / name for name in ("ar", "block", "whole")]
+    for d in dirs:
+        d.mkdir()
+    for argv, words in ((["--compare", *map(str, dirs)], "analysis.json is missing"),
+                        (["--compare", str(dirs[0])], "--compare needs two or more directories, got one")):
+        with pytest.raises(SystemExit) as exc:
+            main(["analyze", *argv, "--out", str(tmp_path / "cmp")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err

@@ -53,9 +53,12 @@ def analyze(cfg: AnalyzeConfig) -> None:
     from sinkdlm.analysis import check_options
 
     check_seed(cfg.seed, "--seed")
-    if cfg.compare_dirs is not None:
+    if cfg.compare_dirs:
+        if len(cfg.compare_dirs) < 2:
+            raise ValueError(f"--compare needs two or more directories, got one ({cfg.compare_dirs[0]}): "
+                             f"the analysis directories (of `analyze --out`) to put side by side")
         if cfg.model is not None:
-            raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B, not both")
+            raise ValueError("give either --model (analyse one model) or --compare DIR_A DIR_B ..., not both")
         from sinkdlm.analysis.comparison import compare
 
         # in place (an --overwrite sets the old aside): every path said is the final one
@@ -64,7 +67,7 @@ def analyze(cfg: AnalyzeConfig) -> None:
         typer.echo(f"wrote {out / 'report.html'} comparing {', '.join(result['models'])}")
         return
     if cfg.model is None:
-        raise ValueError("--model DIR is required (or --compare DIR_A DIR_B)")
+        raise ValueError("--model DIR is required (or --compare DIR_A DIR_B ...)")
     cfg.settings()  # --gen-length required (the held SampleConfig), K lists parsed
     if (cfg.prompts is None) == (cfg.data is None):
         raise ValueError("give exactly one of --prompts FILE or --data NAME")

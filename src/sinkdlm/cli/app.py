@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         group = typer.main.get_command(app)
         _check_empty_values(args)
+        args = _spread_values(args)
         _check_value_counts(args)
         # Not standalone: click's usage errors come here, to be printed as one line like ours.
         code = group.main(args=args, prog_name="sinkdlm", standalone_mode=False)
@@ -177,6 +178,25 @@ def _check_empty_values(argv: list[str]) -> None:
         value = value if eq else argv[i + 1]
         if not (value.strip() if name in paths else value):
             raise ValueError(f"{name} is empty; give a {'path' if name in paths else 'value'}")
+
+
+def _spread_values(argv: list[str]) -> list[str]:
+    """An option of any number of values (a list field, click's `multiple`) typed once with them all,
+    `--compare A B C`, as click reads it: `--compare A --compare B --compare C`. Only on a command without
+    positional arguments, where a word after the values can be nothing else."""
+    cmd = _command(argv)
+    params = getattr(cmd, "params", [])
+    if any(getattr(p, "param_type_name", "") == "argument" for p in params):
+        return argv
+    spread = {o for p in params if getattr(p, "multiple", False) for o in p.opts}
+    out, current = [], None
+    for word in argv:
+        if word.startswith("-"):
+            current = word if word in spread else None
+        elif current is not None and out[-1] != current:  # a second, third, ... value of the same option
+            out.append(current)
+        out.append(word)
+    return out
 
 
 def _check_value_counts(argv: list[str]) -> None:

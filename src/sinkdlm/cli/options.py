@@ -31,9 +31,11 @@ _CLI_TYPES = (bool, int, float, str, PurePath)
 
 
 def _cli_type(annotation: Any) -> bool:
-    """True for the types an option can hold: scalars, paths, their Optional, tuples of them."""
+    """True for the types an option can hold: scalars, paths, their Optional, tuples and lists of them (a list
+    is an option given once with several values, `--compare A B C`: `cli/app.py` spreads them)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    return all(typing.get_origin(a) is tuple or (isinstance(a, type) and issubclass(a, _CLI_TYPES)) for a in args)
+    return all(typing.get_origin(a) in (tuple, list) or (isinstance(a, type) and issubclass(a, _CLI_TYPES))
+               for a in args)
 
 
 def _shown(value: Any, decls: tuple[str, ...]) -> str:

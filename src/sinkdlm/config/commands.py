@@ -177,8 +177,8 @@ class AnalyzeConfig(ModelOptions):
     """Random seed (prompt windows, ELBO noise, sampling)."""
     label: str | None = None
     """Model name in the report (default: the run name and step, e.g. 'base (step 30)')."""
-    compare_dirs: tuple[Path, Path] | None = option(None, flag="--compare")
-    """Two analysis directories (of `analyze --out`) to put side by side."""
+    compare_dirs: list[Path] | None = option(None, flag="--compare")
+    """Two or more analysis directories (of `analyze --out`) to put side by side: an AR model, a block model and a whole-sequence DLM, say."""
     out: Path | None = option(None, required=True)
     """Output directory."""
     overwrite: bool = False
