@@ -75,6 +75,7 @@ def test_extra_sink_bars_titles_fit(tmp_path, captured):
     inside(captured[-1])
 
 
+@pytest.mark.slow  # ~20 s (two analyses): make test-slow
 def test_comparison_extra_sink_panel_says_why_a_model_is_missing(tmp_path, captured):
     """Issue 53: compared with a model without an extra sink token, the extra-sink bars show one model; the
     title says the other has none and names the side-by-side figure (sink_mass_layers.png)."""

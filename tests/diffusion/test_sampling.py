@@ -312,6 +312,7 @@ def test_key_masks_fn_gets_previous_state_and_masks_keys():
     assert torch.equal(allow_all, generate(model, prompt, gen_length=8, steps=4))
 
 
+@pytest.mark.slow  # ~20 s: make test-slow
 def test_no_per_step_tensors_are_kept():
     """Memory stays flat: a step's tensors die once the next step starts (one step later with a
     key_masks_fn, which is handed the previous state)."""

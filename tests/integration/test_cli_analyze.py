@@ -140,6 +140,7 @@ def test_redraw_draws_a_stored_analysis_again_from_its_json_and_arrays(checkpoin
         redraw(tmp_path)
 
 
+@pytest.mark.slow  # ~38 s (two analyses on the corpus); the CLI --compare parsing: tests/cli/test_cli_robust.py
 def test_analyze_from_data_and_compare(checkpoints, tmp_path):
     dirs, _, _ = checkpoints
     for name in dirs:

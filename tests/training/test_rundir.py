@@ -272,7 +272,8 @@ def test_second_run_on_the_same_out_is_refused_while_the_first_finishes(tmp_path
     assert json.loads((out / "train_config.json").read_text())["seed"] == 3
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# SIGTERM (what Slurm and a local launcher send) in the default suite; SIGINT (the same handler) with the slow ones
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])
 def test_signal_saves_prints_resume_command_and_resume_is_exact(tmp_path, corpus, capsys, sig):
     out = tmp_path / "run"
     args = cli_args(tmp_path, corpus, out, "--max-steps", "8", "--save-every", "100")

@@ -1,4 +1,4 @@
-"""`sinkdlm analyze`: the attention-sink analysis of a checkpoint (docs/method.md §6), or `--compare` of two runs.
+"""`sinkdlm analyze`: the attention-sink analysis of a checkpoint (docs/method.md §6), or `--compare` of two or more runs.
 
 Parses arguments and calls `sinkdlm.analysis.analyze` / `compare`; every check of a value that the
 library also checks runs before the model is loaded.
