@@ -194,13 +194,3 @@ def test_block_nelbo_is_unbiased_for_the_enumerated_bound():
     many = loglikelihood(model, pre, cont, mc_num=512, seed=2)
     assert abs(float(many.logprob) + exact) < 4 * float(many.stderr)
     assert 0.5 < float(few.stderr) / float(many.stderr) / 4 < 2  # sqrt(512 / 32) = 4
-
-
-def test_the_sink_masking_elbo_refuses_a_block_model():
-    """The sink-masking ELBO scores x_t alone, which is no bound for a block model (the fixed validation scores it
-    through x_t ⊕ x_0: tests/diffusion/test_validation_elbo.py)."""
-    from sinkdlm.analysis.ablation import continuation_elbo
-
-    model = tiny_model(block_size=4)
-    with pytest.raises(ValueError, match="block model"):
-        continuation_elbo(model, [[1, 2]], [[3, 4]], [0])

@@ -22,7 +22,10 @@ Two ways to score, both paired (the same prompts / noise for every K, K = 0 incl
 * continuation ELBO when no task is given: for held-out (prefix, continuation) pairs, the
   Monte-Carlo ELBO of docs/method.md §1 (same noise draws as `loglikelihood(method="mc")`), per
   continuation token. "Step t-1" is the unablated forward on the same noised input: the sinks
-  are detected on its attention and the same input is run again with them masked.
+  are detected on its attention and the same input is run again with them masked. A block model's
+  score is its block NELBO (docs/method.md §15: `block_loglikelihood`'s draws, one x_t ⊕ x_0 pass each):
+  its sinks come from the x_t half's queries of the unablated pass, and a masked position's noisy
+  and clean keys are both hidden. A block model's generation takes no key masks yet: no task.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from sinkdlm.analysis.metrics import exclusive_mean, received_attention
 from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
+from sinkdlm.diffusion.block import block_draws, block_nelbo_terms, check_unshifted
 from sinkdlm.diffusion.likelihood import mc_draw
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the defaults (their field docstrings)
 from sinkdlm.config.fields import with_overrides
 from sinkdlm.config.train import TrainConfig  # the one home of eps
+from sinkdlm.model import sink as sinklib
 from sinkdlm.model.probe import Probe
 from sinkdlm.diffusion.sampling import StepProbe
 
@@ -220,72 +225,107 @@ def continuation_elbo(
     with `sink_key_masks` of that attention. Rows that mask nothing contribute 0 and are skipped.
     Returns `{"elbo": {K: [N] per-token ELBO}, "masked_keys": {K: int}, "head_slots": int}`.
     An autoregressive model (`config.causal`) is scored by its exact log-likelihood (one clean row per
-    request, no noise). The settings (ϵ, scale, include_extra_sink, mc_num, seed) are `AnalyzeConfig`'s, and
-    keyword overrides are its fields (`continuation_elbo(model, p, c, ks, epsilon=0.0)`); `batch_size` counts
-    noised rows per forward. The head's shift is the model's `config.shift_logits`.
+    request, no noise). A block model (`config.block_size`) is scored by its block NELBO (`block_loglikelihood`'s
+    draws, so K = 0 equals `loglikelihood(..., seed=seed)` of it), each draw one x_t ⊕ x_0 pass: the sinks are
+    found on the x_t half's queries (each block's queries beside the clean blocks before it), the noisy and the
+    clean copy of a position one key, and both copies are masked (docs/method.md §15). The settings (ϵ, scale,
+    include_extra_sink, mc_num, seed) are `AnalyzeConfig`'s, and keyword overrides are its fields
+    (`continuation_elbo(model, p, c, ks, epsilon=0.0)`); `batch_size` counts noised rows per forward. The head's
+    shift is the model's `config.shift_logits`.
     """
     settings = with_overrides(AnalyzeConfig, settings, overrides, "continuation_elbo")
-    epsilon, scale, include_extra_sink = settings.epsilon, settings.scale, settings.include_extra_sink
     ks = check_ks(ks)
     cfg = model.config
-    shift_logits = cfg.shift_logits
     if len(prefixes) != len(continuations) or not continuations:
         raise ValueError("give one prefix per continuation, and at least one pair")
-    if cfg.block_size is not None:  # a whole-sequence ELBO would score its blocks without their clean context
-        raise ValueError(f"the sink-masking ELBO scores a whole-sequence DLM or an AR model; the analysis of a block "
-                         f"model (block_size={cfg.block_size}) is not there yet")
-    mask_id = cfg.mask_token_id
+    if cfg.block_size is not None:
+        check_unshifted(cfg, "scoring")  # Fast-dLLM v2: its block NELBO is not written
     generator = torch.Generator().manual_seed(settings.seed)
-    device = model.device
     elbo = {k: [] for k in ks}
     masked_keys = {k: 0 for k in ks}
     head_slots = 0
     for pre, cont in zip(prefixes, continuations):
         if not len(cont):
             raise ValueError("a continuation is empty; every request needs at least one continuation token")
-        seq = torch.tensor(list(pre) + list(cont), dtype=torch.long)
-        lp, n = len(pre), len(cont)
-        if cfg.causal:  # an AR model: its exact log-likelihood, one clean row (docs/method.md §10)
-            samples = 1
-            xt, x0, t = seq[None], seq[None], torch.ones(1)
-            masked = torch.zeros(1, len(seq), dtype=torch.bool)
-            masked[:, lp:] = True
-        else:
-            samples = settings.mc_num
-            xt, x0, masked, t = mc_draw(seq, lp, samples, TrainConfig.eps, mask_id, generator)  # loglikelihood's "mc" draw
-        rows = masked.any(-1).nonzero().squeeze(-1)
-        totals = {k: torch.zeros(samples, dtype=torch.float64) for k in ks}
+        rows, score = _request_draws(model, pre, cont, settings.mc_num, generator)
+        totals = {k: torch.zeros(_num_draws(cfg, settings.mc_num), dtype=torch.float64) for k in ks}
         for start in range(0, len(rows), batch_size):
             r = rows[start:start + batch_size]
-            xb, x0b, mb, tb = xt[r].to(device), x0[r].to(device), masked[r].to(device), t[r].double().to(device)
             # the masks of every K from the un-ablated forward, one layer's maps alive at a time
             layer_masks = {k: [] for k in ks if k > 0}
 
             def hook(i, attn, values, column):
+                if cfg.block_size is not None:  # x_t ⊕ x_0: the x_t half's queries, a position's two keys as one
+                    attn = _xt_queries(attn, cfg.num_sink_tokens, cfg.sink_position)
                 for k, acc in layer_masks.items():
-                    acc.extend(sink_key_masks([attn], k, epsilon=epsilon, scale=scale,
+                    acc.extend(sink_key_masks([attn], k, epsilon=settings.epsilon, scale=settings.scale,
                                               num_sink_tokens=cfg.num_sink_tokens, sink_position=cfg.sink_position,
-                                              include_extra_sink=include_extra_sink))
+                                              include_extra_sink=settings.include_extra_sink))
 
-            out = model(xb, probe=Probe(hook=hook) if layer_masks else None)
-            for k in ks:
-                if k == 0:
-                    logits = out.logits
-                else:
-                    km = layer_masks[k]
-                    masked_keys[k] += int(sum((~m).sum() for m in km))
-                    logits = model(xb, probe=Probe(key_masks=km, backend="eager")).logits
-                if shift_logits:  # logits[:, i-1] predicts x0[:, i]
-                    logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-                totals[k][r] = -weighted_masked_ce(logits, x0b, mb, tb).double().cpu()
+            totals[0][r] = score(r, Probe(hook=hook) if layer_masks else None)
+            for k, km in layer_masks.items():
+                masked_keys[k] += int(sum((~m).sum() for m in km))
+                if cfg.block_size is not None:  # hide both copies of a masked position
+                    km = [_both_copies(m, cfg.num_sink_tokens, cfg.sink_position) for m in km]
+                totals[k][r] = score(r, Probe(key_masks=km, backend="eager"))
             head_slots += len(r) * cfg.num_hidden_layers * cfg.num_attention_heads
-            del out
             if progress is not None:
                 progress(len(r))
         for k in ks:
-            elbo[k].append(float(totals[k].mean()) / n)
+            elbo[k].append(float(totals[k].mean()) / len(cont))
     return {"elbo": {k: torch.tensor(v, dtype=torch.float64) for k, v in elbo.items()},
             "masked_keys": masked_keys, "head_slots": head_slots}
+
+
+def _num_draws(cfg, mc_num: int) -> int:
+    """Rows scored per request: one clean row for an AR model, else `mc_num` noise draws."""
+    return 1 if cfg.causal else mc_num
+
+
+def _request_draws(model, pre: Sequence[int], cont: Sequence[int], mc_num: int, generator: torch.Generator):
+    """One request's noise and its scorer: (the draws to run `[R]`, `score(rows, probe) -> [len(rows)]` float64,
+    each draw's log-probability term under that forward's probe). The draws: an AR model's one clean row; a block
+    model's `block_draws` (`block_loglikelihood`'s); else `mc_draw` (`loglikelihood(method="mc")`'s)."""
+    cfg, device, mask_id = model.config, model.device, model.config.mask_token_id
+    seq = torch.tensor(list(pre) + list(cont), dtype=torch.long)
+    lp = len(pre)
+    if cfg.block_size is not None:  # the block NELBO (docs/method.md §13), one x_t ⊕ x_0 pass a batch of draws
+        masked, weight = block_draws(seq, lp, cfg.block_size, mc_num, generator)
+        x0 = seq[None].expand(mc_num, -1)
+        xt = x0.masked_fill(masked, mask_id)
+
+        def score(r, probe):
+            return -block_nelbo_terms(model, xt[r].to(device), x0[r].to(device), masked[r], weight[r], probe=probe)
+        return torch.arange(mc_num), score
+    if cfg.causal:  # an AR model: its exact log-likelihood, one clean row (docs/method.md §10)
+        xt, x0, t = seq[None], seq[None], torch.ones(1)
+        masked = torch.zeros(1, len(seq), dtype=torch.bool)
+        masked[:, lp:] = True
+    else:
+        xt, x0, masked, t = mc_draw(seq, lp, mc_num, TrainConfig.eps, mask_id, generator)  # loglikelihood's "mc" draw
+
+    def score(r, probe):
+        logits = model(xt[r].to(device), probe=probe).logits
+        if cfg.shift_logits:  # logits[:, i-1] predicts x0[:, i]
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return -weighted_masked_ce(logits, x0[r].to(device), masked[r].to(device), t[r].double().to(device)).double().cpu()
+    return masked.any(-1).nonzero().squeeze(-1), score
+
+
+def _xt_queries(attn: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
+    """An x_t ⊕ x_0 map `[B, H, 2L+n, 2L+n]` -> `[B, H, L+n, L+n]` in a sequence's layout: the sinks' rows and the
+    x_t half's query rows, the noisy and the clean key column of each position added (a query sees at most one)."""
+    sink_rows, content = sinklib.split(attn, n, sink_position, dim=-2)
+    rows = sinklib.join(sink_rows, content[..., :content.shape[-2] // 2, :], sink_position, dim=-2)
+    sink_cols, cols = sinklib.split(rows, n, sink_position, dim=-1)
+    half = cols.shape[-1] // 2
+    return sinklib.join(sink_cols, cols[..., :half] + cols[..., half:], sink_position, dim=-1)
+
+
+def _both_copies(keep: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
+    """A key mask over a sequence's layout `[B, H, L+n]` -> over x_t ⊕ x_0's `[B, H, 2L+n]` (each position's two keys)."""
+    sinks, content = sinklib.split(keep, n, sink_position, dim=-1)
+    return sinklib.join(sinks, torch.cat([content, content], dim=-1), sink_position, dim=-1)
 
 
 def _mean_se(x: torch.Tensor) -> tuple[float, float | None]:
@@ -329,12 +369,17 @@ def run_ablation(
         out = {**common, "source": "task", "metric": getattr(ablation_task, "name", type(ablation_task).__name__),
                "protocol": protocol, "protocol_description": PROTOCOLS[protocol], "stderr": None, **scored[0]}
     else:
+        block = cfg.block_size is not None
         out = {
             **common, "source": "elbo",
-            "metric": "continuation_logprob_per_token" if cfg.causal else "continuation_elbo_per_token",
-            "protocol": "clean", "protocol_description": "sinks from the un-ablated forward of the same noised input, then masked",
+            "metric": ("continuation_logprob_per_token" if cfg.causal else
+                       "continuation_block_elbo_per_token" if block else "continuation_elbo_per_token"),
+            "protocol": "clean",
+            "protocol_description": ("sinks from the un-ablated x_t ⊕ x_0 pass of the same draw (the x_t half's queries, "
+                                     "a position's noisy and clean key as one), then both copies masked" if block else
+                                     "sinks from the un-ablated forward of the same noised input, then masked"),
             **scored[0],
-            "num_requests": len(continuations), "mc_num": 1 if cfg.causal else settings.mc_num,
+            "num_requests": len(continuations), "mc_num": _num_draws(cfg, settings.mc_num),
             "mean_continuation_tokens": sum(len(c) for c in continuations) / len(continuations),
         }
     if len(scored) > 1:

@@ -33,6 +33,7 @@ from sinkdlm.analysis.report import write_analysis_report, write_figures
 from sinkdlm.io.atomic import atomic_write, atomic_write_json
 from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.config.commands import AnalyzeConfig, SampleConfig  # the one home of the defaults (field docstrings)
+from sinkdlm.diffusion.block import check_unshifted
 
 SCHEMA_VERSION = 1
 ANALYSIS_KEYS = (
@@ -112,7 +113,9 @@ def analyze(model, tokenizer, prompts: list[str], config: AnalyzeConfig, *, abla
 
     An autoregressive model (`config.causal`: a Qwen2/LLaMA checkpoint opened as is) is analysed the
     same way on its greedy left-to-right generation (one step per token, causal maps), and its ablation
-    scores the exact continuation log-likelihood per token (docs/method.md §10).
+    scores the exact continuation log-likelihood per token (docs/method.md §10). A block model
+    (`config.block_size`) is analysed on its block decoding, and its ablation scores the block NELBO of the
+    continuations with the sinks of the x_t ⊕ x_0 pass masked (docs/method.md §15; no `ablation_task`).
     """
     if not isinstance(config, AnalyzeConfig):
         raise TypeError(f"analyze() takes an AnalyzeConfig as config, got {type(config).__name__}")
@@ -185,8 +188,11 @@ def plan_analysis(model, tokenizer, prompts: list[str], config: AnalyzeConfig, a
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
     cfg = model.config
     if cfg.block_size is not None and settings["ablation_k"] is not None:  # docs/method.md §15
-        raise ValueError(f"the sink-masking ablation of a block model (block_size={cfg.block_size}) is not written yet; "
-                         "leave out ablation_k (--ablation-k)")
+        check_unshifted(cfg, "the sink-masking ablation (its block NELBO) of")
+        if ablation_task is not None:
+            raise ValueError(f"a block model's (block_size={cfg.block_size}) decoding takes no key masks yet, so its "
+                             "sink-masking ablation scores the block NELBO of held-out continuations: leave out "
+                             "ablation_task")
     ids = encode_texts(tokenizer, list(prompts))
     if any(not row for row in ids):
         raise ValueError("a prompt encodes to no tokens; give non-empty prompts")

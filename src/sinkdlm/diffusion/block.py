@@ -176,6 +176,18 @@ def block_draws(seq: torch.Tensor, prefix_length: int, block_size: int, samples:
     return masked, weight
 
 
+def block_nelbo_terms(model, xt: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, weight: torch.Tensor,
+                      probe=None) -> torch.Tensor:
+    """Each draw's block NELBO term `Σ_i 1[masked_i] weight_i CE_i`, `[S]` float64 on the CPU, from one x_t ⊕ x_0
+    pass over `xt, x0 [S, L]` (on the model's device); `masked, weight [S, L]` (CPU) are `block_draws`'s. `probe`:
+    the pass's `Probe` (the sink-masking ablation's maps and key masks, `analysis/ablation.py`)."""
+    rows, cols = masked.nonzero(as_tuple=True)
+    rows_d, cols_d = rows.to(x0.device), cols.to(x0.device)
+    logits = xt_forward(model, xt, x0, logits_index=(rows_d, cols_d), probe=probe).logits  # [N, V]
+    ce = F.cross_entropy(logits.double(), x0[rows_d, cols_d], reduction="none").cpu()  # [N]
+    return torch.zeros(len(xt), dtype=torch.float64).index_add_(0, rows, ce * weight[rows, cols])
+
+
 @torch.no_grad()
 def block_loglikelihood(model, prefixes: list[torch.Tensor], continuations: list[torch.Tensor], samples: int,
                         generators: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,11 +201,8 @@ def block_loglikelihood(model, prefixes: list[torch.Tensor], continuations: list
         seq = torch.cat([pre, cont])
         masked, weight = block_draws(seq, len(pre), config.block_size, samples, generator)
         x0 = seq[None].expand(samples, -1).to(model.device)
-        rows, cols = masked.nonzero(as_tuple=True)
         xt = x0.masked_fill(masked.to(x0.device), config.mask_token_id)
-        logits = xt_forward(model, xt, x0, logits_index=(rows.to(x0.device), cols.to(x0.device))).logits
-        ce = F.cross_entropy(logits.double(), x0[rows, cols], reduction="none").cpu()  # [N]
-        values = torch.zeros(samples, dtype=torch.float64).index_add_(0, rows, ce * weight[rows, cols])  # [S]
+        values = block_nelbo_terms(model, xt, x0, masked, weight)  # [S]
         logprob.append(-values.mean())
         stderr.append(values.std() / samples**0.5 if samples > 1 else torch.tensor(float("nan"), dtype=torch.float64))
     return torch.stack(logprob), torch.stack(stderr)

@@ -181,6 +181,7 @@ def value_norm_layer_table(results: dict[str, Any]) -> tuple[list[str], list[lis
 
 
 MASKING_METRICS = {"continuation_elbo_per_token": "continuation ELBO / token (nats)",
+                   "continuation_block_elbo_per_token": "continuation block ELBO / token (nats)",
                    "continuation_logprob_per_token": "continuation log-likelihood / token (nats)"}
 
 
