@@ -25,23 +25,34 @@ def twin(model: DiffusionLM) -> DiffusionLM:
 def reference(model: DiffusionLM, prompt: list[int], max_new: int, steps: int) -> list[int]:
     """Greedy low-confidence block decoding, every step a fresh forward over the whole prefix up to the current
     block's end (end sinks: over the whole canvas, so that they sit after it as in the model's layout); blocks
-    at absolute positions, LLaDA's even split of each block's masked count over ceil(steps / blocks) steps."""
-    bs, mask_id = model.config.block_size, model.config.mask_token_id
+    at absolute positions, LLaDA's even split of each block's masked count over ceil(steps / blocks) steps.
+    Shifted logits (Fast-dLLM v2): column c is read from column c - 1, a block's first column at once, the argmax
+    at the previous block's last column (docs/method.md §13)."""
+    bs, mask_id, shift = model.config.block_size, model.config.mask_token_id, int(model.config.shift_logits)
     plain, end_sinks = twin(model), model.config.sink_position == "end" and model.config.num_sink_tokens > 0
     total = len(prompt) + max_new
     x = torch.tensor([prompt + [mask_id] * max_new])
     per_block = math.ceil(steps / math.ceil(max_new / bs))
+
+    def read(lo, hi):  # [hi - lo, V] the logits that predict columns lo .. hi
+        width = total if end_sinks else hi
+        blocks = torch.arange(width) // bs
+        mask = (blocks[:, None] >= blocks[None, :])[None, None]  # block-causal, written here
+        logits = plain(x[:, :width], attention_mask=mask).logits[0]  # [width, V]
+        logits = torch.cat([logits[:1], logits[:-1]]) if shift else logits  # row c: column c - 1's (c >= 1)
+        logits = logits[lo:hi].clone()
+        logits[:, mask_id] = float("-inf")
+        return logits
+
     for lo in range(len(prompt) // bs * bs, total, bs):
         hi = min(lo + bs, total)
+        if shift and lo >= len(prompt):  # the block's first column, from the previous block's last
+            x[0, lo] = read(lo, lo + 1)[0].argmax()
         masked = x[0, lo:hi] == mask_id
         m = int(masked.sum())
         counts = [k for k in (m // per_block + (i < m % per_block) for i in range(per_block)) if k]
         for k in counts:
-            width = total if end_sinks else hi
-            blocks = torch.arange(width) // bs
-            mask = (blocks[:, None] >= blocks[None, :])[None, None]  # block-causal, written here
-            logits = plain(x[:, :width], attention_mask=mask).logits[0, lo:hi].clone()
-            logits[:, mask_id] = float("-inf")
+            logits = read(lo, hi)
             probs = torch.softmax(logits, -1)
             pred = probs.argmax(-1)
             conf = probs.gather(-1, pred[:, None])[:, 0].masked_fill(~masked, -1.0)
@@ -51,10 +62,11 @@ def reference(model: DiffusionLM, prompt: list[int], max_new: int, steps: int) -
     return x[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("n,where", [(0, "front"), (1, "front"), (2, "end")])
 @pytest.mark.parametrize("block_size,prompt_len,max_new", [(4, 5, 8), (3, 5, 8), (4, 8, 8), (5, 2, 7), (1, 3, 4)])
-def test_cached_block_decoding_equals_recomputing_the_prefix(block_size, prompt_len, max_new, n, where):
-    model = tiny_model(block_size=block_size, num_sink_tokens=n, sink_position=where)
+def test_cached_block_decoding_equals_recomputing_the_prefix(block_size, prompt_len, max_new, n, where, shift):
+    model = tiny_model(block_size=block_size, num_sink_tokens=n, sink_position=where, shift_logits=shift)
     prompt = torch.randint(0, 40, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
     steps = max_new  # one token a step
     got = generate(model, [prompt], max_new_tokens=max_new, steps=steps)[0, prompt_len:].tolist()
@@ -86,12 +98,14 @@ def test_a_row_that_stops_early_leaves_every_other_row_its_own_tokens():
 @pytest.mark.parametrize("kw", [dict(temperature=1.0, steps=12), dict(remasking="random", steps=5),
                                 dict(threshold=0.3, temperature=0.5), dict(schedule="dream", remasking="entropy",
                                                                            steps=6, temperature=0.7)])
-def test_sampled_rows_get_their_own_tokens_in_a_batch(kw):
+@pytest.mark.parametrize("shift", [False, True])
+def test_sampled_rows_get_their_own_tokens_in_a_batch(kw, shift):
     """With `seed` every row draws from its own stream, and only at the steps it would run alone (a row whose
-    block is done, or whose even split commits nothing, draws nothing): sampled rows too are their own."""
-    model = tiny_model(block_size=4, num_sink_tokens=1)
+    block is done, or whose even split commits nothing, draws nothing): sampled rows too are their own. Shifted
+    logits: a block's first token is drawn only by the rows that generate it (prompts of 4 and 8 end on a block)."""
+    model = tiny_model(block_size=4, num_sink_tokens=1, shift_logits=shift)
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (3, 6, 9)]
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in ((3, 6, 9) if not shift else (3, 4, 8))]
     alone = [generate(model, [p], max_new_tokens=10, seed=5, **kw)[0, len(p):].tolist() for p in prompts]
     batch = generate(model, prompts, max_new_tokens=10, seed=5, return_dict=True, **kw)
     assert [batch.sequences[i, batch.prompt_length:].tolist() for i in range(3)] == alone
@@ -205,12 +219,12 @@ def test_an_analysed_block_decoding_sees_square_block_causal_maps_and_decodes_th
             assert float(attn[:, :, sinks][..., others].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("block_size,n", [(4, 1), (3, 2)])
-def test_compiled_block_decoding_gives_the_eager_tokens(block_size, n):
+@pytest.mark.parametrize("block_size,n,shift", [(4, 1, False), (3, 2, False), (4, 2, True)])
+def test_compiled_block_decoding_gives_the_eager_tokens(block_size, n, shift):
     """compile=True (the CPU proxy of CUDA graphs: aot_eager) runs each denoising step through one compiled graph
     per shape, the block's first column a tensor; the tokens are the eager decoding's, a row stopping early
-    included (the batch then changes shape), and the compile time is reported."""
-    model = tiny_model(block_size=block_size, num_sink_tokens=n)
+    included (the batch then changes shape), and the compile time is reported; shifted logits too."""
+    model = tiny_model(block_size=block_size, num_sink_tokens=n, shift_logits=shift)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 40, (k,), generator=g).tolist() for k in (3, 6)]
     settings = dict(max_new_tokens=9, steps=9)

@@ -7,10 +7,14 @@ Tiny random checkpoints are written here in the layouts of the released models, 
     `architectures: ["SDARForCausalLM"]` and `block_size`; its logits are not shifted.
 Both are checked against transformers' own Qwen2 / Qwen3 forward on the same weights under an explicit
 block-causal mask built here (query i sees key j when j // b <= i // b, blocks counted from position 0, as
-both models' inference masks are). Their reference decoders need their remote modeling code (extra forward
-arguments of their own), which is never run, so neither is compared token for token with its own code: "mapped
-only". SDAR's decoding rule (greedy `low_confidence_static`) is re-implemented here over transformers' Qwen3
-without a cache and sinkdlm's block decoding gives its tokens, in float64.
+both models' inference masks are). Their own decoders need their remote modeling code (extra forward arguments
+of their own), which is never run, so neither is compared token for token with its own code. Instead each
+decoding rule is re-implemented here over transformers' model without a cache (every pass over the whole
+sequence so far under the block-causal mask), and sinkdlm's block decoding (static cache) gives its tokens, in
+float64: SDAR's greedy `low_confidence_static` over Qwen3; Fast-dLLM v2's `batch_sample` rule (read, not run)
+over Qwen2, with its shifted read-out (a block's first token from the previous block's last position, committed
+at once; the block's other tokens from the column before them), greedy steps and its threshold rule, a length
+that is not a multiple of the block and an end-of-text stop. Fast-dLLM v2's scoring and training stay refused.
 Each checkpoint carries an `auto_map` to Python files that would leave a marker when imported.
 """
 
@@ -27,7 +31,7 @@ from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
 from sinkdlm.diffusion.block import block_diffusion_loss
 from sinkdlm.diffusion.likelihood import loglikelihood
-from sinkdlm.diffusion.sampling import generate
+from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.io.files import CheckpointError
 
 from numerics import assert_model_close
@@ -123,19 +127,23 @@ def test_block_layouts_open_as_block_models_with_transformers_logits(layout, tok
     assert not (path / "EXECUTED").exists()
 
 
-def test_sdar_decodes_and_scores_fast_dllm_v2_refuses_until_shifted_blocks(layout, tok):
+def test_block_layouts_decode_sdar_scores_fast_dllm_v2_refuses_scoring_and_training(layout, tok):
     name, _, path = layout
     model = DiffusionLM.from_pretrained(path)
-    if name == "fast_dllm_v2":  # shifted block decoding is not written yet: refused in one line, before any pass
-        for call in (lambda: generate(model, [5, 6, 7], gen_length=8, steps=8),
-                     lambda: loglikelihood(model, [5, 6], [7, 8], mc_num=2, seed=0),
-                     lambda: block_diffusion_loss(model, ids(n=8), pad_id=0)):
-            with pytest.raises(ValueError, match="shifted logits.*Fast-dLLM v2"):
-                call()
-        return
     out = generate(model, [5, 6, 7], gen_length=8, steps=8)  # the prompt ends inside the first block
     assert out.shape == (1, 11) and torch.equal(out[0, :3], torch.tensor([5, 6, 7]))
     assert not (out == model.config.mask_token_id).any()  # every generated column is filled
+    if name == "fast_dllm_v2":  # its shifted x_t ⊕ x_0 NELBO and loss are not written: refused in one line
+        for what, call in (("scoring", lambda: loglikelihood(model, [5, 6], [7, 8], mc_num=2, seed=0)),
+                           ("training", lambda: block_diffusion_loss(model, ids(n=8), pad_id=0))):
+            with pytest.raises(ValueError, match=f"{what} a block model with shifted logits.*Fast-dLLM v2"):
+                call()
+        with pytest.raises(ValueError, match="at least one token"):  # the first token is read from the one before
+            generate(model, [[]], gen_length=4, steps=4)
+        with pytest.raises(ValueError, match="probe.*shifted block model"):  # its analysis is still to come
+            generate(model, [5, 6, 7], gen_length=8, steps=8, probe=StepProbe(attentions=True))
+        assert torch.equal(generate(model, [5, 6, 7], gen_length=8, steps=8, probe=StepProbe()), out)  # asks nothing
+        return
     ll = loglikelihood(model, [5, 6], [7, 8], mc_num=4, seed=0)
     assert torch.isfinite(torch.as_tensor(ll.logprob)).all() and float(ll.logprob) < 0
     loss = block_diffusion_loss(model, ids(n=8), pad_id=0)
@@ -174,6 +182,84 @@ def test_sdar_decoding_matches_its_rule_token_for_token(tmp_path, tok):
         blocks = -(-(len(prompt) % B + gen) // B)  # the blocks the answer spans (the prompt's last partial one too)
         ours = generate(model, prompt, gen_length=gen, steps=B * blocks)[0].tolist()
         assert ours == sdar_rule_reference(hf, prompt, gen, B, tok.mask_token_id), (prompt, gen)
+
+
+def fast_dllm_v2_rule_reference(hf, prompts: list[list[int]], gen: int, mask_id: int, *, steps: int | None = None,
+                                threshold: float | None = None, stop: int | None = None) -> list[list[int]]:
+    """Fast-dLLM v2's decoding rule, written here from its `batch_sample` (read, not run), over transformers'
+    Qwen2 without a cache: every pass runs the whole sequence so far under the block-causal mask (blocks counted
+    from position 0, what its block cache computes). Shifted logits: column c is read from column c - 1. A block
+    whose first column is generated gets it at once, the argmax at the previous block's last position (the
+    prompt's last token when the prompt ends on a block boundary); the block's other columns are then denoised
+    with the block's own pass read shifted, `steps` a block committing the most probable one each (`steps`), or
+    every masked column above `threshold` plus the most probable one (its rule; one sub-block, `small_block_size`
+    = the block). The answer stops at `gen` tokens (its columns past the bound do not exist: sinkdlm's bound;
+    Fast-dLLM v2 decodes whole blocks and cuts after) or after the block where `stop` appears, the rest `stop`."""
+    results = []
+    for prompt in prompts:
+        n = len(prompt)
+        end = n + gen
+        x = torch.tensor(prompt + [mask_id] * gen)
+
+        def shifted_logits(hi):  # [hi, V]: row c holds the logits that predict column c (c >= 1)
+            with torch.no_grad():
+                out = hf(input_ids=x[None, :hi], attention_mask=block_causal_additive(hi, B).double()).logits[0]
+            out[:, mask_id] = -torch.inf  # [MASK] is never a prediction
+            return torch.cat([out[:1], out[:-1]])
+
+        for lo in range(n // B * B, end, B):
+            hi = min(lo + B, end)
+            if lo >= n:  # the block's first column: from the previous block's last position, committed at once
+                x[lo] = shifted_logits(lo + 1)[lo].argmax()
+            for _ in range(steps) if steps is not None else iter(int, 1):
+                masked = x[lo:hi] == mask_id
+                if not masked.any():
+                    break
+                conf, pred = torch.softmax(shifted_logits(hi)[lo:hi], -1).max(-1)
+                conf = torch.where(masked, conf, -torch.inf)
+                pick = torch.zeros_like(masked)
+                pick[conf.argmax()] = True
+                if threshold is not None:
+                    pick |= conf > threshold
+                x[lo:hi] = torch.where(pick & masked, pred, x[lo:hi])
+            if stop is not None and (x[n:hi] == stop).any():
+                first = n + int((x[n:hi] == stop).nonzero()[0])
+                x[first:] = stop
+                break
+        results.append(x.tolist())
+    return results
+
+
+def test_fast_dllm_v2_decoding_matches_its_rule_token_for_token(tmp_path, tok):
+    """Float64 on both sides (no argmax near-tie can flip): sinkdlm's block decoding of the shifted model (static
+    cache, one pass over the block a step, the next block's first token from each block's final pass) gives the
+    tokens of Fast-dLLM v2's rule re-implemented over transformers' Qwen2 without a cache: prompts that end inside
+    a block and on its boundary, a length that is not a multiple of the block, a batch of unequal prompts (left
+    padded), greedy steps and the threshold rule, and an end-of-text stop."""
+    hf = hf_model("fast_dllm_v2").double()
+    path = save_layout(hf, tmp_path, tok, "fast_dllm_v2")
+    model = DiffusionLM.from_pretrained(path, dtype=torch.float64)
+    mask_id = tok.mask_token_id
+    cases = [([5, 6, 7, 8, 9, 10], 10), ([11, 12, 13, 14], 8), ([3], 7), ([20, 21, 22, 23, 24, 25, 26, 27], 9)]
+    for prompt, gen in cases:  # greedy, one token a step (B steps a block: the schedule never runs out)
+        blocks = -(-(len(prompt) % B + gen) // B)
+        ours = generate(model, prompt, gen_length=gen, steps=B * blocks)[0].tolist()
+        assert ours == fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B)[0], (prompt, gen)
+    batch = [prompt for prompt, _ in cases]
+    for threshold in (0.9, 0.3):  # the threshold rule (0.3: several columns a step in this random model)
+        ours = generate(model, batch, gen_length=9, threshold=threshold).tolist()
+        ref = fast_dllm_v2_rule_reference(hf, batch, 9, mask_id, threshold=threshold)
+        assert [row[len(row) - 9:] for row in ours] == [row[len(row) - 9:] for row in ref], threshold
+    # an end-of-text stop: a token the greedy answer produces, given as the stop id, ends each row after its block
+    prompt, gen = cases[0]
+    free = fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B)[0]
+    assert len(set(free[len(prompt):len(prompt) + 3])) == 3  # each of the first three is its own first occurrence
+    for stop in {free[len(prompt) + 1], free[len(prompt) + 2], free[len(prompt) + 4], free[-1]}:
+        out = generate(model, prompt, gen_length=gen, steps=B * 3, stop_token_ids=[stop], return_dict=True)
+        assert out.sequences[0].tolist() == fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B,
+                                                                          stop=stop)[0], stop
+        if stop == free[len(prompt) + 2]:  # read as block 2's first token (column 8): the row ends before block 2's
+            assert out.steps_taken == 1 + 2 + 1  # steps (the prefill, block 1's two steps, its final pass)
 
 
 @pytest.mark.parametrize("name,key,released", [("fast_dllm_v2", "bd_size", 32), ("sdar", "block_size", 4)])

@@ -54,11 +54,13 @@ def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0
 
 
 def check_unshifted(config, what: str) -> None:
-    """Refuse a block model with shifted logits (Fast-dLLM v2: block k's first token comes from block k-1's last
-    position) where only the unshifted rule is written (docs/method.md §13)."""
+    """Refuse a block model with shifted logits (Fast-dLLM v2: column c is read from column c - 1, a block's
+    first token from the previous block's last position) where only the unshifted rule is written: its training
+    loss and its block NELBO (docs/method.md §13). Its decoding (`block_sampling`) reads the shift."""
     if config.shift_logits:
-        raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is still to come: "
-                         "its forward is mapped, its block decoding, NELBO and loss are written for unshifted models")
+        raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is not written: the "
+                         "x_t ⊕ x_0 loss and block NELBO read each target at its own column, not at the column before "
+                         "it (a block's first token from the clean previous block); only its decoding (generate) is")
 
 
 def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None, probe=None):

@@ -17,6 +17,12 @@ A plan, then its loop:
   * after each block, a row that has produced a stop id (`stop_token_ids`, set by `generate_text`) or reached its
     bound is finished: what follows its stop id is the first stop id, and it leaves the batch (its cache rows are
     dropped), so it is not computed further while the others go on.
+Shifted logits (Fast-dLLM v2, `config.shift_logits`): column c is read from the logits of column c - 1. A block's
+first column is then read from the previous block's last column, final already: the pass that writes the previous
+block's keys/values (or the prefill, when a prompt ends on a block boundary) reads it, and it is committed at once
+(the settings' token draw: greedy, the argmax, as Fast-dLLM v2's `batch_sample`), before `_finish`, so a stop id
+read there ends its row without another block; the block's steps then read their pass shifted by one column
+(`_shifted`). Fast-dLLM v2's sub-blocks (`small_block_size`) are not written: the whole block is one sub-block.
 A callback hears of each finished block (what a server streams). A probe (the analysis of a block model) runs
 each step over the whole canvas under the block-causal mask instead (`_probe_pass`). With `compile` each
 denoising step runs through `torch.compile` (CUDA graphs on a GPU), one graph per shape (`_compiled_pass`).
@@ -34,9 +40,8 @@ import torch
 from sinkdlm.config.checks import check_sample_settings
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.diffusion.remasking import (
-    RowGenerators, check_rule, dream_counts, dream_timesteps, resolve_rule, transfer_schedule,
+    RowGenerators, check_rule, dream_counts, dream_timesteps, predict, resolve_rule, transfer_schedule,
 )
-from sinkdlm.diffusion.block import check_unshifted
 from sinkdlm.diffusion.steps import BlockPlan, choose, compiled_step, origin_reveal, timed_first_call
 from sinkdlm.model import sink as sinklib
 from sinkdlm.model.cache import KVCache
@@ -57,14 +62,19 @@ class BlockOutput:
 def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> None:
     """What `generate` refuses of a block model (and `max_new_tokens` of any other model), before any work."""
     check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None)
-    if config.block_size is not None:
-        check_unshifted(config, "decoding")  # Fast-dLLM v2: mapped, not yet decoded
     asked = {"a probe's key masks (sink masking while generating)": probe and probe.key_masks,
-             "shift_logits": shift_logits or None}
+             "shift_logits": shift_logits or None,
+             "probe (the analysis of a shifted block model's decoding is still to come)":
+                 _asks(probe) or None if config.block_size is not None and config.shift_logits else None}
     given = [name for name, value in asked.items() if value is not None]
     if given:
         raise ValueError(f"a block model's decoding takes no {' or '.join(given)} yet: leave "
                          f"{'it' if len(given) == 1 else 'them'} out")
+
+
+def _asks(probe) -> bool:
+    """Whether a `StepProbe` asks anything of the decoding (an empty one is the fast path)."""
+    return probe is not None and any((probe.key_masks, probe.hook, probe.attentions, probe.values))
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class BlockDecodePlan:
     prefill: int  # the prompts' whole blocks: columns 0 .. prefill, run once
     blocks: tuple[BlockPlan, ...]  # the generated blocks, `steps` each (None: until done, threshold decoding)
     max_new: int
+    shift: bool = False  # shifted logits (Fast-dLLM v2): column c is read from column c - 1 (`_first_column`)
 
 
 def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, settings: SampleConfig) -> BlockDecodePlan:
@@ -96,6 +107,9 @@ def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, s
     max_new = settings.gen_length if settings.max_new_tokens is None else settings.max_new_tokens
     b, p = prompt.shape
     lengths = (prompt_mask.sum(-1) if prompt_mask is not None else torch.full((b,), p)).tolist()
+    if cfg.shift_logits and min(lengths) == 0:
+        raise ValueError("a block model with shifted logits reads each token from the position before it: every "
+                         "prompt needs at least one token")
     whole = max(n // bs for n in lengths)  # the prompt blocks every row is padded to
     tails = [n % bs for n in lengths]  # each row's prompt tokens inside the first generated block
     width = (whole + math.ceil((max(tails) + max_new) / bs)) * bs
@@ -117,7 +131,7 @@ def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, s
     timesteps = dream_timesteps(steps, settings.eps) if steps is not None and schedule == "dream" else None
     blocks = tuple(BlockPlan(j, (whole + j) * bs, (whole + j + 1) * bs, None, steps, timesteps) for j in range(num_blocks))
     return BlockDecodePlan(settings, remasking, schedule, prompt, prompt_mask, x, real, todo, starts, whole * bs,
-                           blocks, max_new)
+                           blocks, max_new, bool(cfg.shift_logits))
 
 
 @dataclass
@@ -161,11 +175,43 @@ def _key_mask(model, canvas: _Canvas, lo: int, hi: int, causal: bool) -> torch.T
     return sinklib.join(mask.new_ones(*mask.shape[:3], n), mask, cfg.sink_position, dim=-1) if n else mask
 
 
-def _pass(model, canvas: _Canvas, lo: int, hi: int, *, causal: bool = False, head: bool = True) -> torch.Tensor:
+def _pass(model, canvas: _Canvas, lo: int, hi: int, *, causal: bool = False, head: slice | None = None) -> torch.Tensor:
     """One forward over the columns `lo .. hi` through the cache (their keys/values written there): the logits
-    `[b, l, V]` (`head=False`: none, the pass only writes the cache)."""
+    `[b, l, V]`, or those of `head` (relative columns; `slice(0, 0)`: none, the pass only writes the cache)."""
     canvas.kv.start, canvas.kv.mask = lo, _key_mask(model, canvas, lo, hi, causal)
-    return model(canvas.x[:, lo:hi], cache=canvas.kv, logits_index=None if head else slice(0, 0)).logits
+    return model(canvas.x[:, lo:hi], cache=canvas.kv, logits_index=head).logits
+
+
+def _shifted(logits: torch.Tensor) -> torch.Tensor:
+    """A shifted block pass's logits `[b, bs, V]` as predictions of the block's columns: column c reads c - 1's.
+    The block's first column reads its own, never used: it is committed before the block (`_first_column`)."""
+    return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+def _final_pass(model, canvas: _Canvas, lo: int, hi: int, plan: BlockDecodePlan, *, causal: bool = False) -> None:
+    """The pass over the finished columns `lo .. hi` that writes their exact keys/values (the prefill, or a
+    block's final tokens); with shifted logits its last column's logits give the next block's first column."""
+    if not plan.shift:
+        _pass(model, canvas, lo, hi, causal=causal, head=slice(0, 0))
+        return
+    logits = _pass(model, canvas, lo, hi, causal=causal, head=slice(hi - lo - 1, hi - lo))  # [b, 1, V]
+    _first_column(canvas, logits, hi, plan, model.config.mask_token_id)
+
+
+def _first_column(canvas: _Canvas, logits: torch.Tensor, col: int, plan: BlockDecodePlan, mask_id: int) -> None:
+    """Shifted logits (Fast-dLLM v2): a block's first column `col` is read from the column before it, the
+    previous block's last (or the prefill's), final already, so it is committed at once, before the block's
+    steps, in the rows that generate it: the settings' token draw (greedy: the argmax, Fast-dLLM v2's rule)."""
+    if col >= canvas.x.shape[1]:
+        return
+    rows = canvas.todo[:, col]  # [b]
+    if isinstance(canvas.generator, RowGenerators):  # only the rows that, alone, draw this token
+        canvas.generator.active = rows.nonzero().squeeze(-1).tolist()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    logits[..., mask_id] = float("-inf")  # [MASK] is never a prediction
+    s = plan.settings
+    x0, _ = predict(logits, plan.remasking, s.temperature, s.top_p, s.top_k, canvas.generator)  # [b, 1]
+    canvas.x[:, col] = torch.where(rows, x0[:, 0], canvas.x[:, col])
 
 
 def _compiled_pass(model, canvas: _Canvas, blk: BlockPlan, settings: SampleConfig) -> tuple[torch.Tensor, float]:
@@ -284,10 +330,11 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
     final = torch.zeros_like(out, dtype=torch.bool)  # [B, P + N] the columns final so far (`on_block`)
     final[:, :p] = True
     if plan.prefill and probe is None:  # the prompts' whole blocks, once
-        _pass(model, canvas, 0, plan.prefill, causal=True, head=False)
+        _final_pass(model, canvas, 0, plan.prefill, plan, causal=True)
         passes += 1
     for blk in plan.blocks:
-        masked = canvas.todo[:, blk.lo:blk.hi].clone()  # [b, bs], every generated column of the block
+        # [b, bs] every generated column of the block (shifted: but its first, committed already)
+        masked = canvas.todo[:, blk.lo:blk.hi] & (canvas.x[:, blk.lo:blk.hi] == mask_id)
         counts = _counts(plan, blk, masked)
         steps = counts.shape[1] if counts is not None else blk.steps
         local = BlockPlan(blk.index, 0, blk.hi - blk.lo, None, blk.steps, blk.timesteps)  # the block's own columns
@@ -304,11 +351,15 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
             else:
                 logits = _probe_pass(model, canvas, blk, probe(steps_done, canvas.x, canvas.real))
             steps_done += 1
+            logits = _shifted(logits) if plan.shift else logits
             reveal = origin_reveal(masked, local, i, canvas.generator) if plan.remasking == "origin" else None
             x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
                               plan.remasking, mask_id, canvas.generator)
             canvas.x[:, blk.lo:blk.hi] = torch.where(pick, x0, canvas.x[:, blk.lo:blk.hi])
             masked &= ~pick
+            passes += 1
+        if plan.shift and probe is None and canvas.todo[:, blk.hi:].any():  # before `_finish`: a stop id read
+            _final_pass(model, canvas, blk.lo, blk.hi, plan)  # as the next block's first token ends its row now
             passes += 1
         going = _finish(canvas, blk.hi, stops, out, plan.max_new)
         if on_block is not None:
@@ -320,8 +371,9 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
             continue
         if not going.all():
             canvas.keep(going)
-        _pass(model, canvas, blk.lo, blk.hi, head=False)  # the block's final keys/values, exact from now on
-        passes += 1
+        if not plan.shift:  # the block's final keys/values, exact from now on
+            _final_pass(model, canvas, blk.lo, blk.hi, plan)
+            passes += 1
     attention_mask = None
     if prompt_mask is not None:
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(b, plan.max_new)], dim=1)
