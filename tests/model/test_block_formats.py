@@ -14,7 +14,8 @@ sequence so far under the block-causal mask), and sinkdlm's block decoding (stat
 float64: SDAR's greedy `low_confidence_static` over Qwen3; Fast-dLLM v2's `batch_sample` rule (read, not run)
 over Qwen2, with its shifted read-out (a block's first token from the previous block's last position, committed
 at once; the block's other tokens from the column before them), greedy steps and its threshold rule, a length
-that is not a multiple of the block and an end-of-text stop. Fast-dLLM v2's scoring and training stay refused.
+that is not a multiple of the block and an end-of-text stop. Fast-dLLM v2's shifted block NELBO equals, draw for
+draw, its terms recomputed over transformers' Qwen2; its training stays refused.
 Each checkpoint carries an `auto_map` to Python files that would leave a marker when imported.
 """
 
@@ -29,7 +30,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 from sinkdlm import DiffusionLM
 from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 from sinkdlm.data.tokenizer import train_bpe_tokenizer
-from sinkdlm.diffusion.block import block_diffusion_loss
+from sinkdlm.diffusion.block import block_diffusion_loss, block_draws
 from sinkdlm.diffusion.likelihood import loglikelihood
 from sinkdlm.diffusion.sampling import StepProbe, generate
 from sinkdlm.io.files import CheckpointError
@@ -127,25 +128,23 @@ def test_block_layouts_open_as_block_models_with_transformers_logits(layout, tok
     assert not (path / "EXECUTED").exists()
 
 
-def test_block_layouts_decode_sdar_scores_fast_dllm_v2_refuses_scoring_and_training(layout, tok):
+def test_block_layouts_decode_and_score_fast_dllm_v2_refuses_training(layout, tok):
     name, _, path = layout
     model = DiffusionLM.from_pretrained(path)
     out = generate(model, [5, 6, 7], gen_length=8, steps=8)  # the prompt ends inside the first block
     assert out.shape == (1, 11) and torch.equal(out[0, :3], torch.tensor([5, 6, 7]))
     assert not (out == model.config.mask_token_id).any()  # every generated column is filled
-    if name == "fast_dllm_v2":  # its shifted x_t ⊕ x_0 NELBO and loss are not written: refused in one line
-        for what, call in (("scoring", lambda: loglikelihood(model, [5, 6], [7, 8], mc_num=2, seed=0)),
-                           ("training", lambda: block_diffusion_loss(model, ids(n=8), pad_id=0))):
-            with pytest.raises(ValueError, match=f"{what} a block model with shifted logits.*Fast-dLLM v2"):
-                call()
+    ll = loglikelihood(model, [5, 6], [7, 8], mc_num=4, seed=0)
+    assert torch.isfinite(torch.as_tensor(ll.logprob)).all() and float(ll.logprob) < 0
+    if name == "fast_dllm_v2":  # its shifted x_t ⊕ x_0 loss is not written: refused in one line
+        with pytest.raises(ValueError, match="training a block model with shifted logits.*Fast-dLLM v2"):
+            block_diffusion_loss(model, ids(n=8), pad_id=0)
         with pytest.raises(ValueError, match="at least one token"):  # the first token is read from the one before
             generate(model, [[]], gen_length=4, steps=4)
         with pytest.raises(ValueError, match="probe.*shifted block model"):  # its analysis is still to come
             generate(model, [5, 6, 7], gen_length=8, steps=8, probe=StepProbe(attentions=True))
         assert torch.equal(generate(model, [5, 6, 7], gen_length=8, steps=8, probe=StepProbe()), out)  # asks nothing
         return
-    ll = loglikelihood(model, [5, 6], [7, 8], mc_num=4, seed=0)
-    assert torch.isfinite(torch.as_tensor(ll.logprob)).all() and float(ll.logprob) < 0
     loss = block_diffusion_loss(model, ids(n=8), pad_id=0)
     assert torch.isfinite(loss.loss)
 
@@ -260,6 +259,45 @@ def test_fast_dllm_v2_decoding_matches_its_rule_token_for_token(tmp_path, tok):
                                                                           stop=stop)[0], stop
         if stop == free[len(prompt) + 2]:  # read as block 2's first token (column 8): the row ends before block 2's
             assert out.steps_taken == 1 + 2 + 1  # steps (the prefill, block 1's two steps, its final pass)
+
+
+def test_fast_dllm_v2_block_nelbo_is_its_terms_over_transformers(tmp_path, tok):
+    """The shifted block NELBO, draw for draw in float64, recomputed here over transformers' Qwen2 without the
+    x_t ⊕ x_0 pass: a block's first continuation token exactly, -log p at the clean previous block's last position
+    (the decoding commits it at once from there); every other masked token in a forward over the clean blocks
+    before its block and its noised block (block-causal), read at the position before it, weighted M / l."""
+    hf = hf_model("fast_dllm_v2").double()
+    path = save_layout(hf, tmp_path, tok, "fast_dllm_v2")
+    model = DiffusionLM.from_pretrained(path, dtype=torch.float64)
+    mask_id, samples = tok.mask_token_id, 6
+
+    def log_probs(x):  # [len(x), V] transformers' forward under the block-causal mask
+        with torch.no_grad():
+            logits = hf(input_ids=x[None], attention_mask=block_causal_additive(len(x), B).double()).logits[0]
+        return torch.log_softmax(logits, -1)
+
+    # the continuation starts inside a block; on a block boundary (the last block then holds only its first column)
+    for pre, cont in (([5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15]), ([5, 6, 7, 8], [9, 10, 11, 12, 13])):
+        seq = torch.tensor(pre + cont)
+        ll = loglikelihood(model, pre, cont, mc_num=samples, seed=0)
+        masked, weight = block_draws(seq, len(pre), B, samples, torch.Generator().manual_seed(0), shift=True)
+        assert not masked[:, ::B].any() and masked.any()  # a block's first column is never masked
+        clean = log_probs(seq)
+        exact = -sum(float(clean[c - 1, seq[c]]) for c in range(len(pre), len(seq)) if c % B == 0)
+        values = []
+        for s in range(samples):
+            total = exact
+            for lo in range(0, len(seq), B):
+                cols = lo + masked[s, lo:lo + B].nonzero()[:, 0]
+                if len(cols):
+                    x = seq[:lo + B].clone()
+                    x[cols] = mask_id
+                    noisy = log_probs(x)
+                    total -= sum(float(weight[s, c] * noisy[c - 1, seq[c]]) for c in cols.tolist())
+            values.append(total)
+        values = torch.tensor(values, dtype=torch.float64)  # transformers' rotary angles are float32: 1e-6 relative
+        assert float(ll.logprob) == pytest.approx(-float(values.mean()), rel=1e-6, abs=0), (pre, cont)
+        assert float(ll.stderr) == pytest.approx(float(values.std() / samples**0.5), rel=1e-5, abs=0)
 
 
 @pytest.mark.parametrize("name,key,released", [("fast_dllm_v2", "bd_size", 32), ("sdar", "block_size", 4)])

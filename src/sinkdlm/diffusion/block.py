@@ -56,11 +56,13 @@ def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0
 def check_unshifted(config, what: str) -> None:
     """Refuse a block model with shifted logits (Fast-dLLM v2: column c is read from column c - 1, a block's
     first token from the previous block's last position) where only the unshifted rule is written: its training
-    loss and its block NELBO (docs/method.md §13). Its decoding (`block_sampling`) reads the shift."""
+    loss and the sink-masking ablation (docs/method.md §13). Its decoding (`block_sampling`) and its block NELBO
+    (`block_loglikelihood`) read the shift."""
     if config.shift_logits:
-        raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is not written: the "
-                         "x_t ⊕ x_0 loss and block NELBO read each target at its own column, not at the column before "
-                         "it (a block's first token from the clean previous block); only its decoding (generate) is")
+        raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is not written here: "
+                         "this path reads each target at its own column, not at the column before it (a block's "
+                         "first token from the clean previous block); generate decodes such a model and "
+                         "loglikelihood scores its block NELBO")
 
 
 def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None, probe=None):
@@ -161,13 +163,17 @@ def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None
 
 
 # ----------------------------------------------------------------------------- the block NELBO (likelihood)
-def block_draws(seq: torch.Tensor, prefix_length: int, block_size: int, samples: int, generator=None):
+def block_draws(seq: torch.Tensor, prefix_length: int, block_size: int, samples: int, generator=None,
+                shift: bool = False):
     """`samples` draws of LLaDA's masked-count form of eq. 3-4, block by block, over the continuation
     `seq[prefix_length:]` (`seq [L]`): in each block with M scored positions, l ~ U{1..M} of them masked (a
-    uniform l-subset), each weighted M / l. Returns (masked `[S, L]` bool, weight `[S, L]` float64)."""
+    uniform l-subset), each weighted M / l. Returns (masked `[S, L]` bool, weight `[S, L]` float64). `shift`
+    (shifted logits): a block's first column is never masked, it is scored exactly (`first_columns`)."""
     length = len(seq)
     blocks = torch.arange(length) // block_size  # [L]
     scored = torch.arange(length) >= prefix_length
+    if shift:
+        scored &= torch.arange(length) % block_size != 0
     num = torch.zeros(blocks[-1] + 1, dtype=torch.long).index_add_(0, blocks, scored.long())  # [K] M per block
     count = (torch.rand(samples, len(num), generator=generator) * num).long() + 1  # [S, K] l in 1..M
     # one sort for every block: block k's keys lie in [4k, 4k + 3), a scored position's before an unscored one's
@@ -178,16 +184,31 @@ def block_draws(seq: torch.Tensor, prefix_length: int, block_size: int, samples:
     return masked, weight
 
 
+def first_columns(prefix_length: int, length: int, block_size: int) -> torch.Tensor:
+    """Shifted logits (Fast-dLLM v2): the continuation's block-start columns `[F]`, each read from the column before
+    it, the clean previous block's last, and committed at once by the decoding: scored exactly, not masked."""
+    cols = torch.arange(max(prefix_length, 1), length)
+    return cols[cols % block_size == 0]
+
+
 def block_nelbo_terms(model, xt: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, weight: torch.Tensor,
-                      probe=None) -> torch.Tensor:
+                      probe=None, first: torch.Tensor | None = None) -> torch.Tensor:
     """Each draw's block NELBO term `Σ_i 1[masked_i] weight_i CE_i`, `[S]` float64 on the CPU, from one x_t ⊕ x_0
     pass over `xt, x0 [S, L]` (on the model's device); `masked, weight [S, L]` (CPU) are `block_draws`'s. `probe`:
-    the pass's `Probe` (the sink-masking ablation's maps and key masks, `analysis/ablation.py`)."""
+    the pass's `Probe` (the sink-masking ablation's maps and key masks, `analysis/ablation.py`). `first`: shifted
+    logits (`first_columns`): each masked token is read at the x_t column before it (its own block's), and each
+    column of `first` at the x_0 half's column before it, whose exact cross-entropy is added to every draw."""
     rows, cols = masked.nonzero(as_tuple=True)
-    rows_d, cols_d = rows.to(x0.device), cols.to(x0.device)
-    logits = xt_forward(model, xt, x0, logits_index=(rows_d, cols_d), probe=probe).logits  # [N, V]
-    ce = F.cross_entropy(logits.double(), x0[rows_d, cols_d], reduction="none").cpu()  # [N]
-    return torch.zeros(len(xt), dtype=torch.float64).index_add_(0, rows, ce * weight[rows, cols])
+    shift, length = int(first is not None), xt.shape[1]
+    first = torch.zeros(0, dtype=torch.long) if first is None else first
+    read_rows = torch.cat([rows, torch.zeros_like(first)]).to(x0.device)  # the exact terms: from draw 0's pass
+    read_cols = torch.cat([cols - shift, length + first - 1]).to(x0.device)  # x_0 half: columns L ..
+    targets = torch.cat([x0[rows.to(x0.device), cols.to(x0.device)], x0[0, first.to(x0.device)]])
+    logits = xt_forward(model, xt, x0, logits_index=(read_rows, read_cols), probe=probe).logits  # [N + F, V]
+    ce = F.cross_entropy(logits.double(), targets, reduction="none").cpu()  # [N + F]
+    n = len(rows)
+    values = torch.zeros(len(xt), dtype=torch.float64).index_add_(0, rows, ce[:n] * weight[rows, cols])
+    return values + ce[n:].sum()
 
 
 @torch.no_grad()
@@ -195,16 +216,19 @@ def block_loglikelihood(model, prefixes: list[torch.Tensor], continuations: list
                         generators: list) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(continuation | prefix) of a block model, the block NELBO (docs/method.md §13): the sum over blocks of
     each block's eq. 3-4 bound given the clean blocks before it, all blocks in one x_t ⊕ x_0 pass per draw.
+    Shifted logits (Fast-dLLM v2): a block's first token is scored exactly at the clean previous block's last column
+    (its decoding commits it at once from there), the block's other masked tokens at the x_t column before each.
     Returns (log-probability bound `[N]`, its Monte-Carlo standard error `[N]`), float64, per request."""
     config = model.config
-    check_unshifted(config, "scoring")
+    shift, bs = config.shift_logits, config.block_size
     logprob, stderr = [], []
     for pre, cont, generator in zip(prefixes, continuations, generators):
         seq = torch.cat([pre, cont])
-        masked, weight = block_draws(seq, len(pre), config.block_size, samples, generator)
+        masked, weight = block_draws(seq, len(pre), bs, samples, generator, shift=shift)
         x0 = seq[None].expand(samples, -1).to(model.device)
         xt = x0.masked_fill(masked.to(x0.device), config.mask_token_id)
-        values = block_nelbo_terms(model, xt, x0, masked, weight)  # [S]
+        first = first_columns(len(pre), len(seq), bs) if shift else None
+        values = block_nelbo_terms(model, xt, x0, masked, weight, first=first)  # [S]
         logprob.append(-values.mean())
         stderr.append(values.std() / samples**0.5 if samples > 1 else torch.tensor(float("nan"), dtype=torch.float64))
     return torch.stack(logprob), torch.stack(stderr)
