@@ -178,7 +178,8 @@ def test_analyze_runs_the_ablation_of_a_block_model(tmp_path):
 
 
 def test_a_shifted_block_models_ablation_is_refused_before_any_work(tmp_path):
-    """Fast-dLLM v2 (shifted logits): its block NELBO is not written, so neither is its ablation."""
+    """Fast-dLLM v2 (shifted logits): `loglikelihood` scores it, but the ablation's masked terms are written for
+    unshifted models only, so its ablation is refused before any work."""
     model = tiny_model(vocab_size=47, mask_token_id=46, block_size=2, shift_logits=True)
     config = AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k="1", out=tmp_path / "a", quiet=True)
     with pytest.raises(ValueError, match="sink-masking ablation .* shifted logits"):

@@ -239,7 +239,7 @@ def continuation_elbo(
     if len(prefixes) != len(continuations) or not continuations:
         raise ValueError("give one prefix per continuation, and at least one pair")
     if cfg.block_size is not None:
-        check_unshifted(cfg, "scoring")  # Fast-dLLM v2: its block NELBO is not written
+        check_unshifted(cfg, "scoring")  # Fast-dLLM v2: the masked terms read each target at its own column (unshifted)
     generator = torch.Generator().manual_seed(settings.seed)
     elbo = {k: [] for k in ks}
     masked_keys = {k: 0 for k in ks}
