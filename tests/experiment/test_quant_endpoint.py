@@ -22,6 +22,7 @@ from scipy import stats as sps
 from helpers import tiny_model
 from numerics import assert_model_close
 from sinkdlm.experiment.endpoints.quant.summary import quant_summary
+from sinkdlm.experiment.summary import minimum_detectable_effect
 from sinkdlm.experiment.presets import Quantization, Validation, get_preset
 
 SCHEMES = ("int8-dynamic", "int8-weight")
@@ -131,6 +132,9 @@ def test_the_summary_against_a_direct_paired_t_computation():
     assert p["t"]["p"] == pytest.approx(sps.ttest_1samp(d, 0).pvalue)
     assert p["rank"]["p"] == pytest.approx(sps.wilcoxon(d, method="exact").pvalue)
     assert p["rejects"] and p["decided"] and p["rank"]["estimate"] < 0  # a sink that lowers Δ_quant by 0.02, sd 0.005
+    # its MDE: the paired t test's at 80 % power, two-sided 5 %, from the planted differences' own spread
+    assert p["mde"] == pytest.approx(minimum_detectable_effect(d.std(ddof=1) / np.sqrt(len(d)), len(d) - 1))
+    assert not p["inconclusive"] and p["sized_for"] is None
     # the secondary family: gated - vanilla under int8-dynamic, every pair under int8-weight, every pair's ∞-norm
     fam = q["secondary"]
     assert [(t["pair"], t["metric"]) for t in fam] == [
@@ -141,13 +145,18 @@ def test_the_summary_against_a_direct_paired_t_computation():
     assert [t["p_adjusted"] for t in fam] == pytest.approx(list(want))
     for t in fam:
         assert t["survives"] == (t["p_adjusted"] < 0.05 and t["adjusted"]["excludes_zero"])
-        assert t["survives"] or t["verdict"] == "no difference detected"
+        # each row's MDE at the level its interval is given at (the false-coverage-adjusted one)
+        x = np.array(list(t["per_seed"].values()))
+        assert t["mde"] == pytest.approx(minimum_detectable_effect(x.std(ddof=1) / np.sqrt(len(x)), len(x) - 1,
+                                                                   alpha=1 - t["adjusted"]["confidence"]))
+        # the preset sized nothing: a row that does not survive is inconclusive, with its MDE
+        assert t["survives"] or t["verdict"].startswith(f"inconclusive (MDE {t['mde']:.3g} ")
     gv = fam[0]  # gated = vanilla + noise: nothing to find
-    assert not gv["survives"] and gv["verdict"] == "no difference detected"
+    assert not gv["survives"] and gv["inconclusive"] and "the study was not sized for an effect" in gv["verdict"]
     from sinkdlm.experiment.endpoints.quant.report import quant_answer_line
 
     line = quant_answer_line({**res, "quant": q})
-    assert "**smaller**" in line and line.count(".") >= 1
+    assert "**smaller**" in line and f"(MDE {p['mde']:.3g} nats)" in line
 
 
 def test_interim_and_one_seed_say_no_difference():
@@ -156,8 +165,90 @@ def test_interim_and_one_seed_say_no_difference():
     res, _, _ = _results([510])
     q = quant_summary(res, seeds_declared=[510, 511, 512])
     assert not q["complete"] and not q["primary"]["decided"]
-    assert "no difference detected, interim: 1 of 3 seeds" in quant_answer_line({**res, "quant": q})
+    assert q["primary"]["inconclusive"] and q["primary"]["mde"] is None
+    assert "inconclusive, interim: 1 of 3 seeds (no MDE)" in quant_answer_line({**res, "quant": q})
+    assert all(t["verdict"] == "inconclusive (interim)" for t in q["secondary"])
     assert "no run shows an FFN outlier channel" in quant_answer_line({**res, "quant": q})  # the fallback, with the ∞-norms
+
+
+def _planted(sink_minus_vanilla, gated_minus_vanilla, sized_for):
+    """A complete study of len(...) seeds whose + 1 sink and gated Δ_quant differ from vanilla's by the planted
+    per-seed differences (both schemes), the declared effect the seeds were sized for set to `sized_for`."""
+    seeds = list(range(500, 500 + len(sink_minus_vanilla)))
+    rng = np.random.default_rng(7)
+    van = [{sc: 0.05 + rng.normal(0, 0.01) for sc in SCHEMES} for _ in seeds]
+    sink = [{sc: v[sc] + d for sc in SCHEMES} for v, d in zip(van, sink_minus_vanilla)]
+    gated = [{sc: v[sc] + d for sc in SCHEMES} for v, d in zip(van, gated_minus_vanilla)]
+    inf = {k: list(10 + rng.normal(0, 1, len(seeds))) for k in ("vanilla", "sink1-front", "gated")}
+    declared = get_preset("quant").declared()
+    declared["quantization"]["sized_for"] = sized_for
+    res = {"preset": "quant", "seeds": seeds, "declared": declared,
+           "variants": {"vanilla": _records("DLM", van, inf["vanilla"], seeds),
+                        "sink1-front": _records("DLM + 1 sink", sink, inf["sink1-front"], seeds),
+                        "gated": _records("DLM + GA", gated, inf["gated"], seeds)}}
+    q = quant_summary(res, seeds_declared=seeds)
+    assert q["complete"]
+    return res, q
+
+
+def test_a_test_that_detects_nothing_is_worded_by_its_mde_against_sized_for(tmp_path):
+    """Planted differences around 0 (sd 0.005): "no difference detected (MDE .., sized for ..)" where the MDE is at
+    or below the declared `sized_for`, "inconclusive" where it is above or nothing was declared."""
+    from sinkdlm.experiment.endpoints.quant.report import quant_answer_line
+
+    d = np.random.default_rng(11).normal(0, 0.005, 10)
+    d -= d.mean() - 0.0004  # centred near 0: the Wilcoxon test cannot reject
+    mde = minimum_detectable_effect(d.std(ddof=1) / np.sqrt(len(d)), len(d) - 1)
+    for sized_for, detected in ((2 * mde, True), (1.001 * mde, True), (mde / 2, False), (None, False)):
+        res, q = _planted(list(d), list(d[::-1]), sized_for)
+        p = q["primary"]
+        assert not p["rejects"] and not p["decided"] and p["sized_for"] == sized_for
+        assert p["mde"] == pytest.approx(mde, rel=1e-9)
+        assert p["inconclusive"] == (not detected)
+        line = quant_answer_line({**res, "quant": q})
+        assert "**" not in line.split("**", 2)[2]  # no direction said (the bold is the question's)
+        if detected:
+            assert f": no difference detected (MDE {p['mde']:.3g} nats, sized for {sized_for:g})" in line
+        elif sized_for is None:
+            assert f": inconclusive (MDE {p['mde']:.3g} nats; the study was not sized for an effect)" in line
+        else:
+            assert f": inconclusive (MDE {p['mde']:.3g} nats, above the {sized_for:g} the study was sized for)" in line
+        # the secondaries of Δ_quant use the same rule at their adjusted level; an ∞-norm row was sized for nothing
+        for t in q["secondary"]:
+            assert not t["survives"] or t["metric"] == "ffn_inf_norm_max"
+            sized = sized_for if t["metric"].startswith("delta:") else None
+            if not t["survives"]:
+                assert t["inconclusive"] == (sized is None or t["mde"] > sized)
+                assert t["verdict"].startswith("inconclusive" if t["inconclusive"] else "no difference detected")
+        # the section states the MDE and what the seeds were sized for
+        from sinkdlm.experiment.endpoints.quant.report import quant_section
+        from sinkdlm.reporting import Document
+
+        doc = Document("t")
+        quant_section(doc, {**res, "quant": q}, tmp_path)
+        text = " ".join(b for kind, b in doc.blocks if kind == "paragraph")
+        assert f"Minimum detectable effect of the primary: MDE {p['mde']:.3g} nats" in text
+
+
+@pytest.mark.parametrize("constant", [0.0, -0.02])
+def test_a_zero_variance_is_inconclusive(constant):
+    """Every seed's difference alike (+ 1 sink = vanilla + a constant, exactly): no variance, no MDE, no direction,
+    whatever the exact Wilcoxon test says (ten differences of one sign give it p = 1/512), even where the MDE
+    would have been far below `sized_for`."""
+    from sinkdlm.experiment.endpoints.quant.report import quant_answer_line
+
+    res, q = _planted([constant] * 10, [constant] * 10, 0.05)
+    p = q["primary"]
+    assert p["degenerate"] and p["mde"] is None and not p["decided"] and p["inconclusive"]
+    line = quant_answer_line({**res, "quant": q})
+    assert "**smaller**" not in line and "**larger**" not in line
+    want = ("inconclusive (the Wilcoxon test rejects, but no variance; no MDE: no variance, sized for 0.05)"
+            if constant else "inconclusive (no variance: every seed's difference alike, so no MDE)")
+    assert p["rejects"] == bool(constant) and want in line
+    for t in q["secondary"]:
+        if t["metric"].startswith("delta:"):  # gated − vanilla and + 1 sink − vanilla: the planted constant
+            assert t["mde"] is None and t["inconclusive"] and not t["survives"]
+            assert t["verdict"] == "inconclusive (no variance: every seed's difference alike, so no MDE)"
 
 
 def test_without_torchao_the_plan_refuses_in_one_line(tmp_path, monkeypatch):

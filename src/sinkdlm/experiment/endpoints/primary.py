@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.experiment.endpoints.base import Endpoint, Study
+from sinkdlm.experiment.endpoints.detection import inconclusive
 from sinkdlm.experiment.endpoints.trajectory import (_at, _unconverted_words, gap_movement, head_start,
                                                      plot_gap_trajectory, tokens_per_step, trajectory)
 from sinkdlm.experiment.formatting import fmt_ci, fmt_level, fmt_p, md_table
@@ -82,13 +83,13 @@ def null_reading(d: list[float], mde: float | None, interval: dict[str, Any], re
     its interval (the difference lies within ±bound); `posthoc_margin`, the largest |end| of the paired t interval
     at 1 - 2α, the smallest margin at which TOST at α would call the pair equivalent (post hoc: no margin was
     declared); and `inconclusive`, only where the MDE exceeds the effect the seeds were `sized_for` (or either
-    is unknown)."""
+    is unknown: `endpoints.detection.inconclusive`, the rule the endpoints share)."""
     if rejects:
         return {"inconclusive": False}
     low, high = interval.get("low"), interval.get("high")
     out: dict[str, Any] = {"bound": None if low is None or high is None else max(abs(low), abs(high)),
                            "sized_for": sized_for,
-                           "inconclusive": sized_for is None or mde is None or mde > sized_for}
+                           "inconclusive": inconclusive(mde, sized_for)}
     iv = mean_interval(d, 1 - 2 * (1 - confidence)) if len(d) >= 2 else None
     out["posthoc_margin"] = None if iv is None or iv.degenerate else max(abs(iv.low), abs(iv.high))
     return out

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
+from sinkdlm.experiment.endpoints.detection import inconclusive
 from sinkdlm.experiment.endpoints.escape.probe import censored_sign_test, sign_test_mde
 from sinkdlm.stats import mean_interval, sign_interval_rank
 
@@ -98,7 +99,7 @@ def _test(arm: dict, base: dict, confidence: float, family: int, sized_for: floa
     bounded = r["low"] is not None and r["high"] is not None and not r["rejects"]
     r["bound"] = max(abs(r["low"]), abs(r["high"])) if bounded else None
     r["sized_for"] = sized_for
-    r["inconclusive"] = not r["rejects"] and (sized_for is None or r["mde"] is None or r["mde"] > sized_for)
+    r["inconclusive"] = inconclusive(r["mde"], sized_for, rejects=r["rejects"])  # endpoints.detection's rule
     # the log2 ratio read back as a ratio of escape steps (arm / baseline)
     r["ratio"] = {k: None if r[k] is None else 2.0 ** r[k] for k in ("estimate", "low", "high")}
     return r

@@ -2,9 +2,11 @@
 computed every number) and draws its figure; nothing is estimated here.
 
 `quant_answer_line` is the one-sentence answer (a direction only where the declared test decided: its interval
-excludes 0 and every declared seed is in; else "no difference detected"; where no run showed an FFN outlier
-channel it says so, with the measured ∞-norms); `quant_section` adds the table of Δ_quant per arm and scheme, the
-primary and secondary tests and the figure (`plot_quant`).
+excludes 0, every declared seed is in and the differences vary; else, with its MDE, "no difference detected" where
+the MDE is at or below the effect the seeds were sized for and "inconclusive" otherwise, by
+`endpoints.detection`'s rule; where no run showed an FFN outlier channel it says so, with the measured ∞-norms);
+`quant_section` adds the primary's MDE, the table of Δ_quant per arm and scheme, the secondary tests with their
+MDEs and the figure (`plot_quant`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from sinkdlm.analysis.figures import integer_ticks, save_figure
+from sinkdlm.experiment.endpoints.detection import null_words
 from sinkdlm.experiment.formatting import fmt_ci, fmt_p
 from sinkdlm.reporting import Document
 from sinkdlm.stats import signed
@@ -43,6 +46,32 @@ def _no_outliers(results: dict[str, Any], q: dict[str, Any]) -> str:
             f"remove (largest FFN ∞-norm, mean over seeds: {norms})")
 
 
+def _mde(p: dict[str, Any]) -> str:
+    """"MDE 0.0123 nats" of the primary (the paired t test's, 80 % power, two-sided 5 %), or why there is none."""
+    if p.get("mde") is not None:
+        return f"MDE {p['mde']:.3g} nats"
+    return "no MDE: no variance" if p.get("degenerate") else "no MDE"
+
+
+def _primary_words(p: dict[str, Any], q: dict[str, Any], a: str, b: str) -> str:
+    """What the declared primary says: a direction only where `decided` (the summary's rule); an interim study
+    nothing; a rank test that rejects without a decision "inconclusive"; else `endpoints.detection.null_words`
+    ("no difference detected (MDE .., sized for ..)" where the MDE is at or below the effect the seeds were sized
+    for, else "inconclusive")."""
+    sized = "" if p.get("sized_for") is None else f", sized for {p['sized_for']:g}"
+    if p["decided"]:
+        word = "smaller" if p["rank"]["estimate"] < 0 else "larger"
+        return f"quantization costs {a} **{word}** a loss than {b} ({_mde(p)}{sized})"
+    if not q["complete"]:
+        return (f"inconclusive, interim: {len(q['seeds_in'])} of {len(q['seeds_declared'])} seeds "
+                f"({_mde(p)}{sized})")
+    if p.get("rejects"):
+        why = "no variance" if p.get("degenerate") else "its interval does not exclude 0"
+        return f"inconclusive (the Wilcoxon test rejects, but {why}; {_mde(p)}{sized})"
+    return null_words(p.get("mde"), p.get("sized_for"), "nats", degenerate=bool(p.get("degenerate")),
+                      seeds=p.get("seeds"))
+
+
 def quant_answer_line(results: dict[str, Any]) -> str | None:
     """"Does a sink make a DLM quantizable?" in one sentence, from the declared primary's numbers."""
     q = results.get("quant")
@@ -58,12 +87,7 @@ def quant_answer_line(results: dict[str, Any]) -> str | None:
         ci = f" [{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None else ""
         numbers = (f"{a}'s Δ_quant − {b}'s under {p['scheme']}: {signed(rank['estimate'], 3)}{ci} (Hodges-Lehmann, "
                    f"exact Wilcoxon p = {fmt_p(rank.get('p'))}; paired t {fmt_ci(p['t'])}; {p['seeds']} seeds)")
-        if p["decided"]:
-            word = "smaller" if rank["estimate"] < 0 else "larger"
-            text = head + f"{numbers}: quantization costs {a} **{word}** a loss than {b}"
-        else:
-            interim = "" if q["complete"] else f", interim: {len(q['seeds_in'])} of {len(q['seeds_declared'])} seeds"
-            text = head + f"{numbers}: no difference detected{interim}"
+        text = head + f"{numbers}: {_primary_words(p, q, a, b)}"
     if q["outliers"]["runs"] and not q["outliers"]["with_ffn_outlier_channels"]:
         text += _no_outliers(results, q)
     return text + "."
@@ -123,6 +147,15 @@ def quant_section(doc: Document, results: dict[str, Any], out: Path) -> None:
         return
     doc.heading("Quantization: does a sink make a DLM quantizable?")
     doc.paragraph(quant_answer_line(results))
+    p = q["primary"]
+    if not p.get("missing"):
+        sized = ("not sized: no effect was declared before the runs, so a test that detects nothing is inconclusive"
+                 if p.get("sized_for") is None else
+                 f"the seeds were sized, from the pilot before the study's runs, to detect {p['sized_for']:g} nats")
+        doc.paragraph(f"Minimum detectable effect of the primary: {_mde(p)} (the paired t test over these "
+                      f"{p['seeds']} seeds, 80 % power, two-sided 5 %, from the study's own spread of the paired "
+                      f"differences); {sized}. A test that detects nothing says \"no difference detected\" only where "
+                      "the MDE is at or below that effect, else \"inconclusive\" (docs/method.md §7, §16).")
     rows = []
     for name, arm in q["arms"].items():
         for scheme in q["schemes"]:
@@ -133,11 +166,13 @@ def quant_section(doc: Document, results: dict[str, Any], out: Path) -> None:
                "runs with FFN outlier channels"], rows)
     tests = [[f"{_label(results, t['pair'][0])} − {_label(results, t['pair'][1])}", _metric_words(t["metric"]),
               fmt_ci(t["adjusted"], 4), f"{100 * t['adjusted']['confidence']:.3g} %", fmt_p(t.get("p")),
-              fmt_p(t.get("p_adjusted")), t["verdict"]] for t in q["secondary"]]
+              fmt_p(t.get("p_adjusted")), "–" if t.get("mde") is None else f"{t['mde']:.3g}", t["verdict"]]
+             for t in q["secondary"]]
     if tests:
-        doc.paragraph("Secondary comparisons (paired t over seeds, one Benjamini-Hochberg family; each interval at "
-                      "the false-coverage-adjusted level):")
-        doc.table(["pair", "metric", "difference [adjusted CI]", "level", "p", "BH-adjusted p", "verdict"], tests)
+        doc.paragraph("Secondary comparisons (paired t over seeds, one Benjamini-Hochberg family; each interval, and "
+                      "its MDE, at the false-coverage-adjusted level):")
+        doc.table(["pair", "metric", "difference [adjusted CI]", "level", "p", "BH-adjusted p",
+                   "MDE (80 % power, adjusted level)", "verdict"], tests)
     fig = plot_quant(results, Path(out) / "figures" / "quant.png")
     if fig:
         doc.image(fig, "Left: Δ_quant (quantized − unquantized fixed-validation loss, paired on the same masks) per "

@@ -6,12 +6,18 @@
 * `primary`: the declared pair's paired difference of Δ_quant under the declared scheme, by seed: the exact
   Wilcoxon signed-rank test with its Hodges-Lehmann estimate and interval (`stats.rank_test`, as the declared
   primary endpoint tests it), the paired t interval beside it (`stats.paired_difference`), tested once at 5 %;
-  `decided` (a direction may be said) only where the Wilcoxon test rejects, its interval excludes 0 and every
-  declared seed is in;
+  `decided` (a direction may be said) only where the Wilcoxon test rejects, its interval excludes 0, every
+  declared seed is in and the differences have a spread (a zero variance is no evidence); `mde`, the paired t
+  test's minimum detectable effect from the study's own spread (80 % power, two-sided 5 %), beside `sized_for`
+  (the effect the seeds were sized for, declared with the study); `inconclusive` where nothing was decided and
+  `endpoints.detection.inconclusive` says so (the MDE above `sized_for`, either unknown, or a zero variance),
+  where the rank test rejected without a decision, or where the study is interim; else "no difference detected";
 * `secondary`: one Benjamini-Hochberg family: the secondary pairs' Δ_quant under the declared scheme, every
   pair's Δ_quant under each other scheme, and every pair's difference of the largest FFN ∞-norm; each a paired
   t test over seeds, its interval at the false-coverage-adjusted level 1 − R α / m (Benjamini & Yekutieli 2005:
   R of the m tests rejected), and `survives` only where the adjusted p is below α and that interval excludes 0;
+  its `mde` at that adjusted level, and a test that does not survive worded by the same rule (an ∞-norm
+  difference was sized for nothing, so it is inconclusive);
 * `outliers`: whether any run has an FFN outlier channel (> 6 σ), the fallback answer's premise (§16).
 """
 
@@ -21,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sinkdlm.experiment.endpoints.detection import differences_mde, inconclusive, null_words
 from sinkdlm.stats import Interval, benjamini_hochberg, mean_interval, paired_difference, rank_test, verdict
 
 
@@ -64,6 +71,8 @@ def _paired(a: dict[str, float], b: dict[str, float], confidence: float) -> tupl
 
 
 def _primary(results: dict[str, Any], declared: dict[str, Any], confidence: float, complete: bool) -> dict[str, Any]:
+    from sinkdlm.experiment.summary import MDE_POWER  # experiment.summary imports the endpoints
+
     a_name, b_name = declared["pair"]
     scheme = declared["primary_scheme"]
     out: dict[str, Any] = {"pair": [a_name, b_name], "scheme": scheme, "test": "wilcoxon",
@@ -79,14 +88,36 @@ def _primary(results: dict[str, Any], declared: dict[str, Any], confidence: floa
     rejects = rank["p"] is not None and rank["p"] < alpha
     excludes = rank["low"] is not None and (rank["low"] > 0 or rank["high"] < 0)
     values = list(d.values())
+    # a zero spread (every seed's difference alike) is no evidence, whatever the rank test says (docs/method.md §7)
+    decided = bool(rejects and excludes and complete and not t.degenerate)
+    mde = differences_mde(values, alpha, t.degenerate)
     return {**out, "seeds": len(d), "per_seed": d, "rank": rank, "t": t.to_dict(), "rejects": bool(rejects),
             "t_rejects": bool(t.p is not None and t.p < alpha and not t.degenerate),
-            "decided": bool(rejects and excludes and complete),
-            "spread": float(np.std(values, ddof=1)) if len(values) >= 2 else None}
+            "decided": decided, "degenerate": bool(t.degenerate),
+            "spread": float(np.std(values, ddof=1)) if len(values) >= 2 else None,
+            "mde": mde, "mde_power": MDE_POWER, "mde_alpha": alpha,
+            # not decided: "no difference detected" only where the MDE is at or below the effect the seeds were
+            # sized for (endpoints.detection), every declared seed is in and the rank test rejected nothing
+            "inconclusive": not decided and (not complete or rejects
+                                             or inconclusive(mde, out["sized_for"], degenerate=t.degenerate))}
+
+
+def _family_words(e: dict[str, Any], adj: Interval, complete: bool, sized_for: float | None) -> str:
+    """A secondary test's sentence: a direction only where it survives (`stats.verdict` at the adjusted level); an
+    interim study none; else `endpoints.detection.null_words` with the MDE at the adjusted level (sized for the
+    declared difference of Δ_quant in nats; an ∞-norm difference was sized for nothing)."""
+    if e["survives"]:
+        return verdict(adj, lower_is_better=None, p_adjusted=e["p_adjusted"])
+    if not complete:
+        return "inconclusive (interim)"
+    unit = "nats" if e["metric"].startswith("delta:") else ""  # an ∞-norm in the activations' own units
+    level = f"at the adjusted level {100 * e['adjusted']['confidence']:.3g} %"
+    return null_words(e["mde"], sized_for if e["metric"].startswith("delta:") else None, unit,
+                      degenerate=adj.degenerate, seeds=adj.n, level=level)
 
 
 def _family(results: dict[str, Any], declared: dict[str, Any], confidence: float, complete: bool) -> list[dict[str, Any]]:
-    """The secondary family (module docstring), each test's adjusted p, interval and verdict."""
+    """The secondary family (module docstring), each test's adjusted p, interval, MDE and verdict."""
     primary_pair, scheme = list(declared["pair"]), declared["primary_scheme"]
     pairs = [list(p) for p in (primary_pair, *declared.get("secondary", []))
              if p[0] in results["variants"] and p[1] in results["variants"]]
@@ -115,9 +146,12 @@ def _family(results: dict[str, Any], declared: dict[str, Any], confidence: float
         e.setdefault("p_adjusted", None)
         e["survives"] = bool(complete and e["p_adjusted"] is not None and e["p_adjusted"] < alpha
                              and adj.excludes_zero)
-        # the sentence: a direction only where it survives (stats.verdict at the adjusted level)
-        e["verdict"] = (verdict(adj, lower_is_better=None, p_adjusted=e["p_adjusted"]) if e["survives"]
-                        else "no difference detected" + ("" if complete else " (interim)"))
+        # the paired t test's MDE at the level its interval is given at (80 % power)
+        e["mde"] = differences_mde(list(e["per_seed"].values()), 1 - at, adj.degenerate)
+        e["inconclusive"] = not e["survives"] and (not complete or inconclusive(
+            e["mde"], declared.get("sized_for") if e["metric"].startswith("delta:") else None,
+            degenerate=adj.degenerate))
+        e["verdict"] = _family_words(e, adj, complete, declared.get("sized_for"))
         del e["_t"]
     return tests
 
