@@ -59,7 +59,7 @@ def main() -> int:
     args = p.parse_args()
 
     from sinkdlm.checkpoint.example_model import example_model_path
-    from sinkdlm.experiment.summary import minimum_detectable_effect
+    from sinkdlm.stats import minimum_detectable_effect
     from sinkdlm.stats import paired_difference, verdict
 
     gguf = example_model_path()

@@ -3,7 +3,7 @@
 The study's primary is the content sink-set change rate (§6, mean over layers, from each seed's analysis) of
 vanilla in blocks of 4 minus vanilla on the whole sequence, paired by seed. The pilot ran exactly that pair on
 3 fresh seeds with the study's recipe; its per-seed differences give the spread, and from it the paired t test's
-minimum detectable effect (80 % power, two-sided 5 %: `experiment.summary.minimum_detectable_effect`) at each
+minimum detectable effect (80 % power, two-sided 5 %: `stats.minimum_detectable_effect`) at each
 number of seeds, and the seeds the declared exact Wilcoxon test needs for the t test's power (`rank_test_seeds`,
 Pitman's ARE 3/π). Each arm's measured compute per run (training, evaluation, analysis, validation, from its
 runs' timing.json) prices a seed of the study's six arms (a block of 16 priced as a block of 4: an upper bound).
@@ -22,7 +22,8 @@ import statistics
 from pathlib import Path
 
 from sinkdlm.experiment.metrics import seed_scalars
-from sinkdlm.experiment.summary import minimum_detectable_effect, rank_test_seeds, seeds_for_mde
+from sinkdlm.experiment.summary import rank_test_seeds, seeds_for_mde
+from sinkdlm.stats import minimum_detectable_effect
 from sinkdlm.io.atomic import atomic_write_bytes, atomic_write_json
 
 METRIC = "content_sink_set_change_rate"

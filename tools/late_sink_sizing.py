@@ -6,7 +6,7 @@ LoRA initialisation). No study here has continued a tiny model yet, so its sprea
 design committed: `docs/results/smollm2/dlm` (round 4), where SmolLM2-135M was converted once and continued with
 and without one sink, six seeds, the same data order in both arms of a seed. Its per-seed end differences give
 the spread; from it, the paired t test's minimum detectable effect (80 % power, two-sided 5 %:
-`experiment.summary.minimum_detectable_effect`) at each number of seeds, and the seeds the declared exact
+`stats.minimum_detectable_effect`) at each number of seeds, and the seeds the declared exact
 Wilcoxon test needs for the t test's power (`rank_test_seeds`, Pitman's ARE 3/π).
 
     python tools/late_sink_sizing.py [--proxy docs/results/smollm2/dlm] [--out docs/results/late-sink-sizing]
@@ -22,7 +22,8 @@ import math
 import statistics
 from pathlib import Path
 
-from sinkdlm.experiment.summary import minimum_detectable_effect, rank_test_seeds, seeds_for_mde
+from sinkdlm.experiment.summary import rank_test_seeds, seeds_for_mde
+from sinkdlm.stats import minimum_detectable_effect
 from sinkdlm.io.atomic import atomic_write_bytes, atomic_write_json
 
 SEEDS_CONSIDERED = (6, 8, 10, 12, 16)

@@ -32,6 +32,7 @@ simulation in tests/test_stats.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -347,3 +348,37 @@ def equivalence_test(d: Sequence[float], margin: float, confidence: float = 0.95
     p_low = float(_scipy_stats.t.sf((iv.mean + margin) / se, df))  # H0: mean <= -margin
     p_high = float(_scipy_stats.t.cdf((iv.mean - margin) / se, df))  # H0: mean >= +margin
     return {"margin": margin, "p": max(p_low, p_high), "n": n}
+
+
+# ----------------------------------------------------------------------------- minimum detectable effect
+MDE_POWER = 0.8  # the power at which `mde` is stated (two-sided test at 1 - confidence)
+
+
+def minimum_detectable_effect(se: float, df: float, power: float = MDE_POWER, alpha: float = 0.05) -> float:
+    """The smallest true difference a two-sided t test at level `alpha` detects with probability `power`,
+    when the mean difference has standard error `se` with `df` degrees of freedom (docs/method.md §7):
+    `se · λ`, λ the noncentrality at which 1 - F(t_c; df, λ) + F(-t_c; df, λ) = power, F the noncentral
+    t distribution and t_c = t_{1 - alpha/2, df}. Large df: (z_{1-alpha/2} + z_power) · se."""
+    if not (se > 0 and df > 0 and math.isfinite(se)):
+        return math.nan
+    return se * _noncentrality(float(df), power, alpha)
+
+
+@functools.lru_cache(maxsize=256)
+def _noncentrality(df: float, power: float, alpha: float) -> float:
+    """λ of `minimum_detectable_effect`: it depends on (df, power, alpha) only, and a report asks for the
+    same few df many times (each root costs ~100 noncentral-t evaluations)."""
+    from scipy import optimize
+    from scipy import stats as st
+
+    tc = float(st.t.ppf(1 - alpha / 2, df))
+
+    def shortfall(lam: float) -> float:
+        upper, lower = float(st.nct.sf(tc, df, lam)), float(st.nct.cdf(-tc, df, lam))
+        # far in the tail scipy's noncentral t returns nan: the power there is 1 (upper) and 0 (lower)
+        return (upper if math.isfinite(upper) else 1.0) + (lower if math.isfinite(lower) else 0.0) - power
+
+    hi = tc + 4.0
+    while shortfall(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from sinkdlm.experiment.summary import comparison_mde, minimum_detectable_effect
+from sinkdlm.experiment.summary import comparison_mde
+from sinkdlm.stats import minimum_detectable_effect
 from sinkdlm.stats import paired_difference
 
 
@@ -151,7 +152,8 @@ def test_sizing_prices_the_declared_rank_test_and_its_power_holds_by_simulation(
     from scipy import stats as st
 
     from sinkdlm.experiment.report import sizing_note
-    from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, rank_test_seeds, seeds_for_mde, study_sizing
+    from sinkdlm.stats import MDE_POWER
+    from sinkdlm.experiment.summary import TARGET_MDE, rank_test_seeds, seeds_for_mde, study_sizing
 
     assert rank_test_seeds(3, "wilcoxon")["seeds"] == 6  # 2 / 2^5 = 0.0625 > 5 %: 6 seeds at least
     assert rank_test_seeds(3, "wilcoxon", alpha=0.01)["min_seeds"] == 8  # 2 / 2^8 <= 1 % < 2 / 2^7

@@ -22,7 +22,7 @@ from scipy import stats as sps
 from helpers import tiny_model
 from numerics import assert_model_close
 from sinkdlm.experiment.endpoints.quant.summary import quant_summary
-from sinkdlm.experiment.summary import minimum_detectable_effect
+from sinkdlm.stats import minimum_detectable_effect
 from sinkdlm.experiment.presets import Quantization, Validation, get_preset
 
 SCHEMES = ("int8-dynamic", "int8-weight")

@@ -28,7 +28,6 @@ results.json keeps them.
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -39,8 +38,8 @@ from sinkdlm.experiment.endpoints.base import Study
 from sinkdlm.experiment.metrics import (ALTERNATIVES, ANALYSIS_METRICS, LOWER_IS_BETTER, METHOD_ITEMS, METHOD_SEEDS,
                                         NEUTRAL, SHARES, TRAINING_METRICS, seed_scalars, seed_values, unconverted)
 from sinkdlm.stats import (
-    Interval, accuracy_interval, benjamini_hochberg, mean_interval, paired_accuracy_difference, paired_difference,
-    verdict,
+    MDE_POWER, Interval, accuracy_interval, benjamini_hochberg, mean_interval, minimum_detectable_effect,
+    paired_accuracy_difference, paired_difference, verdict,
 )
 
 
@@ -113,39 +112,6 @@ def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confiden
     if metric in ALTERNATIVES:
         entry.update(in_family=False, verdict="not tested: an alternative definition, shown for reference")
     return entry
-
-
-MDE_POWER = 0.8  # the power at which `mde` is stated (two-sided test at 1 - confidence)
-
-
-def minimum_detectable_effect(se: float, df: float, power: float = MDE_POWER, alpha: float = 0.05) -> float:
-    """The smallest true difference a two-sided t test at level `alpha` detects with probability `power`,
-    when the mean difference has standard error `se` with `df` degrees of freedom (docs/method.md §7):
-    `se · λ`, λ the noncentrality at which 1 - F(t_c; df, λ) + F(-t_c; df, λ) = power, F the noncentral
-    t distribution and t_c = t_{1 - alpha/2, df}. Large df: (z_{1-alpha/2} + z_power) · se."""
-    if not (se > 0 and df > 0 and math.isfinite(se)):
-        return math.nan
-    return se * _noncentrality(float(df), power, alpha)
-
-
-@functools.lru_cache(maxsize=256)
-def _noncentrality(df: float, power: float, alpha: float) -> float:
-    """λ of `minimum_detectable_effect`: it depends on (df, power, alpha) only, and a report asks for the
-    same few df many times (each root costs ~100 noncentral-t evaluations)."""
-    from scipy import optimize
-    from scipy import stats as st
-
-    tc = float(st.t.ppf(1 - alpha / 2, df))
-
-    def shortfall(lam: float) -> float:
-        upper, lower = float(st.nct.sf(tc, df, lam)), float(st.nct.cdf(-tc, df, lam))
-        # far in the tail scipy's noncentral t returns nan: the power there is 1 (upper) and 0 (lower)
-        return (upper if math.isfinite(upper) else 1.0) + (lower if math.isfinite(lower) else 0.0) - power
-
-    hi = tc + 4.0
-    while shortfall(hi) < 0:
-        hi *= 2
-    return float(optimize.brentq(shortfall, 0.0, hi, xtol=1e-10))
 
 
 # The val_loss difference a study should be able to detect (nats): the paper-sized effect of one sink token

@@ -25,7 +25,8 @@ import torch
 from sinkdlm.diffusion.likelihood import stratified_se
 from sinkdlm.experiment.packed import read_run_json
 from sinkdlm.experiment.presets import Validation
-from sinkdlm.experiment.summary import MDE_POWER, TARGET_MDE, minimum_detectable_effect, seeds_for_mde
+from sinkdlm.experiment.summary import TARGET_MDE, seeds_for_mde
+from sinkdlm.stats import MDE_POWER, minimum_detectable_effect
 from sinkdlm.stats import mean_interval, paired_difference
 
 VAL = "val.json"  # a run's fixed validation (docs/method.md §1)

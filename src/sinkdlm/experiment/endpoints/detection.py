@@ -9,7 +9,7 @@ primary (`endpoints.primary`), the escape tests (`endpoints.escape`) and the qua
 (`endpoints.quant`) all decide it here.
 
 `differences_mde`: the MDE of the paired t test over seeds from the per-seed differences themselves (80 % power,
-two-sided at `alpha`: `experiment.summary.minimum_detectable_effect` at se = sd / √n, n − 1 df); `null_words` the
+two-sided at `alpha`: `stats.minimum_detectable_effect` at se = sd / √n, n − 1 df); `null_words` the
 quant endpoint's wording of a test that decided nothing.
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+
+from sinkdlm.stats import minimum_detectable_effect
 
 
 def inconclusive(mde: float | None, sized_for: float | None, *, rejects: bool = False,
@@ -32,8 +34,6 @@ def inconclusive(mde: float | None, sized_for: float | None, *, rejects: bool = 
 def differences_mde(d: Sequence[float], alpha: float = 0.05, degenerate: bool = False) -> float | None:
     """The paired t test's MDE over seeds from the per-seed differences `d` (80 % power, two-sided at `alpha`);
     None with fewer than two seeds or no spread (`degenerate`: the paired interval found every difference alike)."""
-    from sinkdlm.experiment.summary import minimum_detectable_effect  # experiment.summary imports the endpoints
-
     if len(d) < 2 or degenerate:
         return None
     sd = statistics.stdev(d)

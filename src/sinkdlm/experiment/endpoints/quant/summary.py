@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from sinkdlm.experiment.endpoints.detection import differences_mde, inconclusive, null_words
-from sinkdlm.stats import Interval, benjamini_hochberg, mean_interval, paired_difference, rank_test, verdict
+from sinkdlm.stats import MDE_POWER, Interval, benjamini_hochberg, mean_interval, paired_difference, rank_test, verdict
 
 
 def _runs(results: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
@@ -71,7 +71,6 @@ def _paired(a: dict[str, float], b: dict[str, float], confidence: float) -> tupl
 
 
 def _primary(results: dict[str, Any], declared: dict[str, Any], confidence: float, complete: bool) -> dict[str, Any]:
-    from sinkdlm.experiment.summary import MDE_POWER  # experiment.summary imports the endpoints
 
     a_name, b_name = declared["pair"]
     scheme = declared["primary_scheme"]
