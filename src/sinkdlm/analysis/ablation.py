@@ -40,12 +40,11 @@ from sinkdlm.analysis.metrics import exclusive_mean, received_attention
 from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
-from sinkdlm.diffusion.block import block_draws, block_nelbo_terms, check_unshifted
+from sinkdlm.diffusion.block import block_draws, block_nelbo_terms, both_copies, check_unshifted, xt_queries
 from sinkdlm.diffusion.likelihood import mc_draw
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the defaults (their field docstrings)
 from sinkdlm.config.fields import with_overrides
 from sinkdlm.config.train import TrainConfig  # the one home of eps
-from sinkdlm.model import sink as sinklib
 from sinkdlm.model.probe import Probe
 from sinkdlm.diffusion.sampling import StepProbe
 
@@ -256,7 +255,7 @@ def continuation_elbo(
 
             def hook(i, attn, values, column):
                 if cfg.block_size is not None:  # x_t ⊕ x_0: the x_t half's queries, a position's two keys as one
-                    attn = _xt_queries(attn, cfg.num_sink_tokens, cfg.sink_position)
+                    attn = xt_queries(attn, cfg.num_sink_tokens, cfg.sink_position)
                 for k, acc in layer_masks.items():
                     acc.extend(sink_key_masks([attn], k, epsilon=settings.epsilon, scale=settings.scale,
                                               num_sink_tokens=cfg.num_sink_tokens, sink_position=cfg.sink_position,
@@ -266,7 +265,7 @@ def continuation_elbo(
             for k, km in layer_masks.items():
                 masked_keys[k] += int(sum((~m).sum() for m in km))
                 if cfg.block_size is not None:  # hide both copies of a masked position
-                    km = [_both_copies(m, cfg.num_sink_tokens, cfg.sink_position) for m in km]
+                    km = [both_copies(m, cfg.num_sink_tokens, cfg.sink_position) for m in km]
                 totals[k][r] = score(r, Probe(key_masks=km, backend="eager"))
             head_slots += len(r) * cfg.num_hidden_layers * cfg.num_attention_heads
             if progress is not None:
@@ -310,22 +309,6 @@ def _request_draws(model, pre: Sequence[int], cont: Sequence[int], mc_num: int, 
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return -weighted_masked_ce(logits, x0[r].to(device), masked[r].to(device), t[r].double().to(device)).double().cpu()
     return masked.any(-1).nonzero().squeeze(-1), score
-
-
-def _xt_queries(attn: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
-    """An x_t ⊕ x_0 map `[B, H, 2L+n, 2L+n]` -> `[B, H, L+n, L+n]` in a sequence's layout: the sinks' rows and the
-    x_t half's query rows, the noisy and the clean key column of each position added (a query sees at most one)."""
-    sink_rows, content = sinklib.split(attn, n, sink_position, dim=-2)
-    rows = sinklib.join(sink_rows, content[..., :content.shape[-2] // 2, :], sink_position, dim=-2)
-    sink_cols, cols = sinklib.split(rows, n, sink_position, dim=-1)
-    half = cols.shape[-1] // 2
-    return sinklib.join(sink_cols, cols[..., :half] + cols[..., half:], sink_position, dim=-1)
-
-
-def _both_copies(keep: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
-    """A key mask over a sequence's layout `[B, H, L+n]` -> over x_t ⊕ x_0's `[B, H, 2L+n]` (each position's two keys)."""
-    sinks, content = sinklib.split(keep, n, sink_position, dim=-1)
-    return sinklib.join(sinks, torch.cat([content, content], dim=-1), sink_position, dim=-1)
 
 
 def _mean_se(x: torch.Tensor) -> tuple[float, float | None]:

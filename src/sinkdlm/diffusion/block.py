@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from sinkdlm.config.model import SINK_POSITIONS
 from sinkdlm.diffusion.loss import LossOutput, to_device
 from sinkdlm.diffusion.noise import MaskNoise, sample_t
+from sinkdlm.model import sink as sinklib
 
 
 def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0,
@@ -76,6 +77,27 @@ def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None, pro
     mask = block_diffusion_mask(l, cfg.block_size).to(xt.device)[None, None]  # [1, 1, 2L, 2L], the content part
     return model(torch.cat([xt, x0], dim=1), attention_mask=mask, position_ids=positions, logits_index=logits_index,
                  probe=probe)
+
+
+# ----------------------------------------------------------------------------- reading the x_t ⊕ x_0 pass's maps
+def xt_queries(attn: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
+    """An x_t ⊕ x_0 map `[B, H, 2L+n, 2L+n]` -> `[B, H, L+n, L+n]` in a sequence's layout: the sinks' rows and the
+    x_t half's query rows (each block's queries, beside the clean blocks before it), the noisy and the clean key
+    column of each position added (a query sees at most one of them), the sinks' columns kept as their own. The
+    block analyses read a block model's pass so (docs/method.md §15): the sink-masking ablation and the escape
+    probe. Each kept row still sums to the row's mass over the real keys."""
+    sink_rows, content = sinklib.split(attn, n, sink_position, dim=-2)
+    rows = sinklib.join(sink_rows, content[..., :content.shape[-2] // 2, :], sink_position, dim=-2)
+    sink_cols, cols = sinklib.split(rows, n, sink_position, dim=-1)
+    half = cols.shape[-1] // 2
+    return sinklib.join(sink_cols, cols[..., :half] + cols[..., half:], sink_position, dim=-1)
+
+
+def both_copies(keep: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
+    """A key mask over a sequence's layout `[B, H, L+n]` -> over x_t ⊕ x_0's `[B, H, 2L+n]` (each position's two
+    keys), the inverse reading of `xt_queries`'s key columns."""
+    sinks, content = sinklib.split(keep, n, sink_position, dim=-1)
+    return sinklib.join(sinks, torch.cat([content, content], dim=-1), sink_position, dim=-1)
 
 
 @dataclass

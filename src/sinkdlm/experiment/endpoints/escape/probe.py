@@ -56,7 +56,11 @@ class Prober:
     """`prober(model, step)`: one probe of a training run, kept in `path` (`probes.json`: {"plateau", "probes"}).
 
     `x0 [N, L]` the probe set; `escape` the preset's `Escape`. A resumed run probes its steps past the checkpoint
-    again (the same weights, the same numbers) and overwrites them."""
+    again (the same weights, the same numbers) and overwrites them. A block model (`config.block_size`) is scored
+    by `validation_elbo`'s x_t ⊕ x_0 pass, whose maps `[B, H, 2L+n, 2L+n]` are read as the block analyses read
+    them (`diffusion.block.xt_queries`, docs/method.md §15): the x_t half's queries (each block's, beside the clean
+    blocks before it), the noisy and the clean copy of a position one key, the extra sinks their own keys; the
+    probe's numbers are then over the sequence's layout `[L+n]`, as a whole-sequence model's."""
 
     def __init__(self, path: Path, x0: torch.Tensor, escape, plateau: dict[str, float]):
         self.path, self.x0, self.escape = path, x0, escape
@@ -66,6 +70,7 @@ class Prober:
 
     def __call__(self, model, step: int) -> None:
         from sinkdlm.analysis.metrics import detect_sinks, received_attention, sink_set_change_rate
+        from sinkdlm.diffusion.block import xt_queries
         from sinkdlm.diffusion.likelihood import validation_elbo
         from sinkdlm.model.probe import Probe
         from sinkdlm.model.sink import sink_indices
@@ -85,6 +90,8 @@ class Prober:
 
         def hook(layer: int, attn: torch.Tensor, values: torch.Tensor, virtual) -> None:  # attn [B, H, S, S]
             attn = attn.float()
+            if cfg.block_size is not None:  # x_t ⊕ x_0 [B, H, 2L+n, 2L+n] -> the sequence's layout [B, H, S, S]
+                attn = xt_queries(attn, cfg.num_sink_tokens, cfg.sink_position)
             c = received_attention(attn, "mean", query_mask=content)  # [B, H, S]: mass per key, content queries
             sinks = detect_sinks(attn, e.epsilon, query_mask=content)  # [B, H, S]
             parts["token"][layer].append(c[..., extra].sum(-1).cpu())  # [B, H]
