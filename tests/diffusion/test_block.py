@@ -1,5 +1,6 @@
-"""Block diffusion training (BD3-LM, docs/method.md §13): the mask, the x_t ⊕ x_0 pass and the loss, each
-against an independent computation written here (float64 models: exactness of the construction is the claim)."""
+"""Block diffusion training (BD3-LM, docs/method.md §13): the mask, the x_t ⊕ x_0 pass and the loss (also with
+shifted logits, a Fast-dLLM v2 model's), each against an independent computation written here (float64 models:
+exactness of the construction is the claim)."""
 
 from __future__ import annotations
 
@@ -194,3 +195,108 @@ def test_block_nelbo_is_unbiased_for_the_enumerated_bound():
     many = loglikelihood(model, pre, cont, mc_num=512, seed=2)
     assert abs(float(many.logprob) + exact) < 4 * float(many.stderr)
     assert 0.5 < float(few.stderr) / float(many.stderr) / 4 < 2  # sqrt(512 / 32) = 4
+
+
+# ----------------------------------------------------------------------------- shifted logits (Fast-dLLM v2)
+@pytest.mark.parametrize("per_block", [True, False])
+@pytest.mark.parametrize("bs,l", [(2, 9), (3, 10)])
+def test_shifted_loss_is_the_eager_block_loop_read_one_column_back(bs, l, per_block):
+    """A shifted block model (Fast-dLLM v2): padded to whole blocks with EOS; row 0 pretraining, rows 1-2 SFT with a
+    prompt ending on a block boundary (column 6) and inside a block (column 5). For each block k a pass over the
+    clean blocks before k and the noisy block k (block-causal mask written here on a whole-sequence twin): the block's
+    first token is never masked and is scored exactly at the last clean position before it (column 0 never); every
+    other masked token, / t of its block, at the column before it in the noisy block. Summed, / the padded length
+    or the response length, averaged over the batch."""
+    eos = 7
+    model = tiny_model(block_size=bs, shift_logits=True, num_sink_tokens=1)
+    plain = twin(model, block_size=None)
+    length = -(-l // bs) * bs
+    k_blocks = length // bs
+    x0 = torch.randint(0, 40, (3, l), generator=torch.Generator().manual_seed(6))
+    prompt = torch.zeros(3, l, dtype=torch.bool)
+    prompt[1, :6], prompt[2, :5] = True, True
+    t = 0.25 + 0.7 * torch.rand(3, k_blocks, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    t = t if per_block else t[:, 0]
+    u = torch.rand(3, length, generator=torch.Generator().manual_seed(8))
+    pm = prompt.clone()
+    pm[0] = False
+    out = block_diffusion_loss(model, x0, MaskNoise(t=t, u=u), pad_id=eos, prompt_mask=pm)
+    padded = torch.cat([x0, torch.full((3, length - l), eos)], dim=1)
+    pm = torch.cat([pm, torch.zeros(3, length - l, dtype=torch.bool)], dim=1)
+    t_pos = (t if per_block else t[:, None].expand(3, k_blocks)).repeat_interleave(bs, dim=1)  # [3, L']
+    starts = torch.arange(length) % bs == 0
+    masked = (u < t_pos) & ~pm & ~starts
+    xt = torch.where(masked, model.config.mask_token_id, padded)
+    want, exact_terms = 0.0, 0
+    for r in range(3):
+        total = 0.0
+        for k in range(k_blocks):
+            lo, hi = k * bs, (k + 1) * bs
+            ids = torch.cat([padded[r, :lo], xt[r, lo:hi]])
+            logp = torch.log_softmax(block_logits(plain, ids, bs), -1)  # [hi, V]
+            for c in range(max(lo, 1), hi):
+                if pm[r, c]:
+                    continue
+                if c == lo:  # the block's first token: from the last clean position before it, exactly
+                    total = total - logp[c - 1, padded[r, c]]
+                    exact_terms += 1
+                elif masked[r, c]:  # from the column before it in its own noisy block
+                    total = total - logp[c - 1, padded[r, c]] / t_pos[r, c]
+        want = want + total / (length if r == 0 else int((~pm[r]).sum()))
+    want = want / 3
+    assert exact_terms > 0 and masked.any() and out.num_masked == int(masked.sum())
+    assert_fp_close(out.loss, want, n=length * model.config.vocab_size, depth=model.config.num_hidden_layers + 2)
+
+
+def test_shifted_loss_is_the_block_nelbo_terms_with_the_same_masks():
+    """One sequence: the loss times L is `block_nelbo_terms` (the block NELBO's, loglikelihood's) for the same
+    masks, weights 1/t and the block-start columns: one reading of each target for training and scoring."""
+    from sinkdlm.diffusion.block import block_nelbo_terms, first_columns, plan_block_masks
+
+    bs, l = 3, 12
+    model = tiny_model(block_size=bs, shift_logits=True)
+    x0 = torch.randint(0, 40, (1, l), generator=torch.Generator().manual_seed(9))
+    noise = MaskNoise(t=torch.tensor([[0.9, 0.5, 0.7, 0.8]], dtype=torch.float64),
+                      u=torch.rand(1, l, generator=torch.Generator().manual_seed(10)))
+    out = block_diffusion_loss(model, x0, noise)
+    plan = plan_block_masks(x0, noise, block_size=bs, mask_id=model.config.mask_token_id, pad_id=None, shift=True)
+    masked = plan.xt == model.config.mask_token_id
+    weight = torch.zeros(1, l, dtype=torch.float64)
+    weight[masked] = 1 / plan.t.repeat_interleave(bs, dim=1)[masked]
+    with torch.no_grad():
+        terms = block_nelbo_terms(model, plan.xt, x0, masked, weight, first=first_columns(0, l, bs))
+    assert masked.any() and not masked[:, ::bs].any()  # block starts are never masked
+    assert_fp_close(out.loss * l, terms[0], n=l * model.config.vocab_size, depth=model.config.num_hidden_layers + 2)
+
+
+def test_shifted_loss_of_one_token_blocks_is_the_causal_cross_entropy():
+    """block_size 1: every column starts a block, so nothing is masked and each token is scored exactly from the
+    clean column before it under causal attention: the autoregressive loss, sum over columns 1.. / L."""
+    model = tiny_model(block_size=1, shift_logits=True, num_sink_tokens=1)
+    plain = twin(model, block_size=None)
+    x0 = torch.randint(0, 40, (2, 7), generator=torch.Generator().manual_seed(13))
+    out = block_diffusion_loss(model, x0, MaskNoise(t=torch.full((2,), 0.999, dtype=torch.float64)))
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()[None, None]
+    with torch.no_grad():
+        logits = plain(x0, attention_mask=causal).logits  # [2, 7, V]
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x0[:, 1:].reshape(-1), reduction="sum")
+    assert out.num_masked == 0
+    assert_fp_close(out.loss, ce / (7 * 2), n=7 * model.config.vocab_size, depth=model.config.num_hidden_layers + 2)
+
+
+def test_shifted_loss_trains():
+    """Gradients reach every weight; one Adam step on a fixed batch and noise lowers the loss."""
+    model = tiny_model(block_size=2, shift_logits=True, num_sink_tokens=1).train()
+    x0 = torch.randint(0, 40, (4, 10), generator=torch.Generator().manual_seed(11))
+    noise = MaskNoise(t=torch.full((4, 5), 0.6, dtype=torch.float64),
+                      u=torch.rand(4, 10, generator=torch.Generator().manual_seed(12)))
+    before = block_diffusion_loss(model, x0, noise, shift_logits=True)
+    before.loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.step()
+    with torch.no_grad():
+        after = block_diffusion_loss(model, x0, noise)
+    assert float(after.loss) < float(before.loss.detach())
+    with pytest.raises(ValueError, match=r"reads its own shift_logits \(True\)"):
+        block_diffusion_loss(model, x0, noise, shift_logits=False)

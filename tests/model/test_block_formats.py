@@ -15,7 +15,8 @@ float64: SDAR's greedy `low_confidence_static` over Qwen3; Fast-dLLM v2's `batch
 over Qwen2, with its shifted read-out (a block's first token from the previous block's last position, committed
 at once; the block's other tokens from the column before them), greedy steps and its threshold rule, a length
 that is not a multiple of the block and an end-of-text stop. Fast-dLLM v2's shifted block NELBO equals, draw for
-draw, its terms recomputed over transformers' Qwen2; its training stays refused.
+draw, its terms recomputed over transformers' Qwen2; `sinkdlm train --init-from` fine-tunes it (its shifted loss is
+checked in tests/diffusion/test_block.py) and the checkpoint written reopens and decodes.
 Each checkpoint carries an `auto_map` to Python files that would leave a marker when imported.
 """
 
@@ -128,7 +129,7 @@ def test_block_layouts_open_as_block_models_with_transformers_logits(layout, tok
     assert not (path / "EXECUTED").exists()
 
 
-def test_block_layouts_decode_and_score_fast_dllm_v2_refuses_training(layout, tok):
+def test_block_layouts_decode_score_and_train(layout, tok):
     name, _, path = layout
     model = DiffusionLM.from_pretrained(path)
     out = generate(model, [5, 6, 7], gen_length=8, steps=8)  # the prompt ends inside the first block
@@ -136,17 +137,60 @@ def test_block_layouts_decode_and_score_fast_dllm_v2_refuses_training(layout, to
     assert not (out == model.config.mask_token_id).any()  # every generated column is filled
     ll = loglikelihood(model, [5, 6], [7, 8], mc_num=4, seed=0)
     assert torch.isfinite(torch.as_tensor(ll.logprob)).all() and float(ll.logprob) < 0
-    if name == "fast_dllm_v2":  # its shifted x_t ⊕ x_0 loss is not written: refused in one line
-        with pytest.raises(ValueError, match="training a block model with shifted logits.*Fast-dLLM v2"):
-            block_diffusion_loss(model, ids(n=8), pad_id=0)
+    loss = block_diffusion_loss(model, ids(n=10), pad_id=0)  # Fast-dLLM v2: its shifted loss (tests/diffusion)
+    assert torch.isfinite(loss.loss) and float(loss.loss.detach()) > 0
+    if name == "fast_dllm_v2":
         with pytest.raises(ValueError, match="at least one token"):  # the first token is read from the one before
             generate(model, [[]], gen_length=4, steps=4)
         with pytest.raises(ValueError, match="probe.*shifted block model"):  # its analysis is still to come
             generate(model, [5, 6, 7], gen_length=8, steps=8, probe=StepProbe(attentions=True))
         assert torch.equal(generate(model, [5, 6, 7], gen_length=8, steps=8, probe=StepProbe()), out)  # asks nothing
-        return
-    loss = block_diffusion_loss(model, ids(n=8), pad_id=0)
-    assert torch.isfinite(loss.loss)
+
+
+@pytest.mark.parametrize("mode", ["all", "lora", "sink", "sft"])
+def test_fast_dllm_v2_fine_tunes_from_the_cli(tmp_path, tok, capsys, mode):
+    """`sinkdlm train --init-from` the tiny Fast-dLLM v2 checkpoint (every weight; LoRA adapters merged at the end;
+    its sink alone, added by `sinkdlm convert`) and `sinkdlm sft --model` it (prompt/response pairs): a few finite
+    steps of its shifted block loss, and the checkpoint written reopens as the same shifted block model, with moved
+    weights (only the adapted ones, or the sink), and decodes."""
+    from sinkdlm.cli import main
+    from sinkdlm.training.checkpointing import latest_checkpoint
+
+    from helpers import read_metrics, write_corpus
+
+    if mode == "lora":
+        pytest.importorskip("peft")
+    source = save_layout(hf_model("fast_dllm_v2"), tmp_path / "v2", tok, "fast_dllm_v2")
+    if mode == "sink":  # a sink to train: added to the checkpoint first, every other weight kept
+        with pytest.raises(SystemExit) as exc:
+            main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "sinked"), "--num-sink-tokens", "1"])
+        assert exc.value.code == 0, capsys.readouterr().err[-3000:]
+        source = tmp_path / "sinked"
+    pairs = tmp_path / "pairs.jsonl"  # prompts of 2 to 6 words: some end inside a block, some on its boundary
+    pairs.write_text("".join(json.dumps({"prompt": " ".join(TEXTS[i % 2].split()[i % 5:i % 5 + 2 + i % 5]),
+                                         "response": " ".join(TEXTS[1 - i % 2].split()[i % 7:i % 7 + 6])}) + "\n"
+                             for i in range(24)))
+    data = ["sft", "--model", str(source), "--data", str(pairs), "--seq-len", "30"] if mode == "sft" else \
+        ["train", "--init-from", str(source), "--data", str(write_corpus(tmp_path / "docs.jsonl")),
+         "--cache-dir", str(tmp_path / "cache"), "--seq-len", "14"]  # 14, 30: padded to 16, 32 with EOS
+    extra = {"lora": ["--trainable", "lora", "--merge"], "sink": ["--trainable", "sink"]}.get(mode, [])
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main([*data, "--out", str(out), "--max-steps", "3", "--batch-size", "2", "--log-every", "1", "--eval-every",
+              "3", "--save-every", "3", "--eval-batches", "1", "--lr", "1e-2", "--device", "cpu", "--no-tensorboard",
+              "--seed", "0", *extra])
+    assert exc.value.code == 0, capsys.readouterr().err[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert torch.isfinite(torch.tensor(rows[-1]["val_loss"]))
+    trained = DiffusionLM.from_pretrained(out / "merged" if mode == "lora" else latest_checkpoint(out))
+    start = DiffusionLM.from_pretrained(source)
+    assert (trained.config.block_size, trained.config.shift_logits) == (B, True)
+    moved = [k for k, v in start.state_dict().items() if not torch.equal(v, trained.state_dict()[k])]
+    assert moved and (mode != "lora" or all("proj" in k for k in moved))
+    assert mode != "sink" or moved == ["sink_embeddings"]
+    decoded = generate(trained, [5, 6, 7], gen_length=8, steps=8)
+    assert decoded.shape == (1, 11) and not (decoded == trained.config.mask_token_id).any()
 
 
 def sdar_rule_reference(hf, prompt: list[int], gen: int, steps: int, mask_id: int) -> list[int]:

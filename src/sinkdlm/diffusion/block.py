@@ -12,6 +12,10 @@ k, for every k at once. The loss is eq. 3-4 on the masked tokens of x_t, each we
 one t per block (BD3-LM) or per sequence, chosen by the noise's shape. Sequences are padded to a multiple
 of the block with EOS. With sinks (eq. 6) every query of both halves sees the one set of sinks and a sink
 attends only to itself: the model adds them to the content mask built here, as in every pass.
+Shifted logits (`config.shift_logits`, a Fast-dLLM v2 checkpoint) are read as the decoding and the block NELBO
+read them (`read_columns`, one rule for the loss and the bound): a block's first token is never masked and is
+scored exactly, weight 1, at the clean previous block's last column of the x_0 half (column 0 is not scored); the
+block's other masked tokens, each / t, at the x_t column before each, in their own noisy block.
 """
 
 from __future__ import annotations
@@ -56,14 +60,14 @@ def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0
 
 def check_unshifted(config, what: str) -> None:
     """Refuse a block model with shifted logits (Fast-dLLM v2: column c is read from column c - 1, a block's
-    first token from the previous block's last position) where only the unshifted rule is written: its training
-    loss and the sink-masking ablation (docs/method.md §13). Its decoding (`block_sampling`) and its block NELBO
-    (`block_loglikelihood`) read the shift."""
+    first token from the previous block's last position) where only the unshifted rule is written: the
+    sink-masking ablation (docs/method.md §13). Its decoding (`block_sampling`), its block NELBO
+    (`block_loglikelihood`) and its training loss (`block_diffusion_loss`) read the shift."""
     if config.shift_logits:
         raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is not written here: "
                          "this path reads each target at its own column, not at the column before it (a block's "
-                         "first token from the clean previous block); generate decodes such a model and "
-                         "loglikelihood scores its block NELBO")
+                         "first token from the clean previous block); generate decodes such a model, "
+                         "loglikelihood scores its block NELBO and train fits it")
 
 
 def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None, probe=None):
@@ -102,15 +106,17 @@ def both_copies(keep: torch.Tensor, n: int, sink_position: str) -> torch.Tensor:
 
 @dataclass
 class BlockMaskPlan:
-    """One batch's BD3-LM noise, with the masked positions of x_t as index tensors (as `loss.MaskPlan`)."""
+    """One batch's BD3-LM noise, with the scored positions as index tensors (as `loss.MaskPlan`): x_t's masked
+    tokens, then (shifted logits) each block's exact first token."""
 
     x0: torch.Tensor  # [B, L'] padded to a multiple of the block
     xt: torch.Tensor  # [B, L']
     t: torch.Tensor  # [B, K] each block's masking probability (a per-sequence draw repeated)
     rows: torch.Tensor  # [N]
     cols: torch.Tensor  # [N]
+    read: torch.Tensor  # [N] the column of x_t ⊕ x_0 whose logits score it (`read_columns`)
     target: torch.Tensor  # [N] x0 there
-    weight: torch.Tensor  # [N] 1/t of the position's block (eq. 3-4)
+    weight: torch.Tensor  # [N] 1/t of the position's block (eq. 3-4); 1 for an exact first token
     norm: torch.Tensor  # [B] L', or the response length (SFT)
     num_masked: torch.Tensor  # 0-dim int64
 
@@ -124,9 +130,11 @@ def padded_length(seq_len: int, block_size: int) -> int:
 
 
 def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: int, mask_id: int,
-                     pad_id: int | None, prompt_mask: torch.Tensor | None = None) -> BlockMaskPlan:
+                     pad_id: int | None, prompt_mask: torch.Tensor | None = None, shift: bool = False) -> BlockMaskPlan:
     """q(x_t | x_0) per block: `noise.t` `[B, K]` (one t per block, BD3-LM) or `[B]` (one per sequence); drawn
-    per block when not given. `noise.u`: `[B, L']` uniforms over the padded length."""
+    per block when not given. `noise.u`: `[B, L']` uniforms over the padded length. `shift` (shifted logits): a
+    block's first column is never masked; its token, unless a prompt's or column 0, is scored exactly
+    (`first_columns`, weight 1), as the block NELBO scores it."""
     b, l = x0.shape
     if block_size > l:
         raise ValueError(f"block_size={block_size} is larger than the training sequence ({l} tokens); use a "
@@ -150,13 +158,22 @@ def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: i
     if tuple(u.shape) != (b, length):
         raise ValueError(f"noise.u must cover the padded sequence [{b}, {length}], got {tuple(u.shape)}")
     t_pos = t.repeat_interleave(block_size, dim=1)  # [B, L'] each position's t
-    maskable = torch.ones_like(x0, dtype=torch.bool) if prompt_mask is None else ~prompt_mask.bool()
-    masked = (u < t_pos) & maskable
+    scored = torch.ones_like(x0, dtype=torch.bool) if prompt_mask is None else ~prompt_mask.bool()
+    exact = torch.zeros_like(scored)  # shifted: each block's first token, scored exactly at the column before it
+    if shift:
+        exact[:, first_columns(0, length, block_size).to(x0.device)] = True
+        exact &= scored
+    starts = torch.arange(length, device=x0.device) % block_size == 0  # [L'] never masked when shifted
+    masked = (u < t_pos) & (scored & ~starts if shift else scored)
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
     rows, cols = masked.nonzero(as_tuple=True)
-    norm = maskable.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full((b,), length, device=x0.device)
-    return BlockMaskPlan(x0=x0, xt=xt, t=t, rows=rows, cols=cols, target=x0[rows, cols],
-                         weight=1.0 / t_pos[rows, cols], norm=norm, num_masked=masked.sum())
+    first_rows, first_cols = exact.nonzero(as_tuple=True)
+    weight = 1.0 / t_pos[rows, cols]
+    rows, read = torch.cat([rows, first_rows]), read_columns(cols, first_cols, length, shift)
+    cols, weight = torch.cat([cols, first_cols]), torch.cat([weight, weight.new_ones(len(first_cols))])
+    norm = scored.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full((b,), length, device=x0.device)
+    return BlockMaskPlan(x0=x0, xt=xt, t=t, rows=rows, cols=cols, read=read, target=x0[rows, cols], weight=weight,
+                         norm=norm, num_masked=masked.sum())
 
 
 def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None, *, mask_id: int | None = None,
@@ -164,20 +181,23 @@ def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None
                          shift_logits: bool | None = None, pad_id: int | None = None) -> LossOutput:
     """BD3-LM's loss on `x0 [B, L]` (the same keywords as `loss.diffusion_loss`, plus `pad_id`, the EOS that
     pads a sequence to a multiple of the block): eq. 3-4 on x_t's masked tokens, each / t of its block,
-    summed and divided by L' (or the response length, SFT), averaged over the batch. `LossOutput.t`: `[B, K]`."""
+    summed and divided by L' (or the response length, SFT), averaged over the batch. `LossOutput.t`: `[B, K]`.
+    Shifted logits are the model's own (`config.shift_logits`; a `shift_logits` given must agree): the training
+    counterpart of its block NELBO (`block_loglikelihood`), each block's first token scored exactly at the clean
+    previous block's last column, the others masked, each at the x_t column before it (`read_columns`)."""
     config = getattr(model, "config", None) or model.module.config
     if config.block_size is None:
         raise ValueError("block_diffusion_loss needs a block model (ModelConfig.block_size); use diffusion_loss")
-    check_unshifted(config, "training")
-    if attention_mask is not None or shift_logits:
-        raise ValueError("a block model's loss takes no attention_mask (annealing, padding) and no shift_logits: "
-                         "its attention is block-causal by construction")
+    shift = bool(config.shift_logits)
+    if attention_mask is not None or (shift_logits is not None and bool(shift_logits) != shift):
+        raise ValueError(f"a block model's loss takes no attention_mask (annealing, padding) and reads its own "
+                         f"shift_logits ({shift}): its attention is block-causal by construction")
     plan = plan_block_masks(x0, noise, block_size=config.block_size,
                             mask_id=config.mask_token_id if mask_id is None else mask_id,
-                            pad_id=pad_id, prompt_mask=prompt_mask)
+                            pad_id=pad_id, prompt_mask=prompt_mask, shift=shift)
     device = next((p.device for p in model.parameters()), x0.device)
     plan = plan.to(device) if device != x0.device else plan
-    logits = xt_forward(model, plan.xt, plan.x0, logits_index=(plan.rows, plan.cols)).logits  # [N, V]
+    logits = xt_forward(model, plan.xt, plan.x0, logits_index=(plan.rows, plan.read)).logits  # [N, V]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     ce = F.cross_entropy(logits, plan.target, reduction="none") * plan.weight  # [N]
     per_seq = torch.zeros(x0.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, plan.rows, ce)
@@ -213,6 +233,15 @@ def first_columns(prefix_length: int, length: int, block_size: int) -> torch.Ten
     return cols[cols % block_size == 0]
 
 
+def read_columns(cols: torch.Tensor, first: torch.Tensor, length: int, shift: bool) -> torch.Tensor:
+    """Where a block model's targets are read in the x_t ⊕ x_0 pass over `length`-token sequences, the one rule of
+    its loss and its block NELBO: `[N + F]` columns, a masked token at column c (`cols [N]`) at x_t's column c, or
+    c - 1 with `shift` (shifted logits: its own noisy block's column before it, c never starting a block), then each
+    block's first token (`first [F]`, shifted only, `first_columns`) at x_0's column L + c - 1, the clean previous
+    block's last."""
+    return torch.cat([cols - int(shift), length + first - 1])
+
+
 def block_nelbo_terms(model, xt: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, weight: torch.Tensor,
                       probe=None, first: torch.Tensor | None = None) -> torch.Tensor:
     """Each draw's block NELBO term `Σ_i 1[masked_i] weight_i CE_i`, `[S]` float64 on the CPU, from one x_t ⊕ x_0
@@ -224,7 +253,7 @@ def block_nelbo_terms(model, xt: torch.Tensor, x0: torch.Tensor, masked: torch.T
     shift, length = int(first is not None), xt.shape[1]
     first = torch.zeros(0, dtype=torch.long) if first is None else first
     read_rows = torch.cat([rows, torch.zeros_like(first)]).to(x0.device)  # the exact terms: from draw 0's pass
-    read_cols = torch.cat([cols - shift, length + first - 1]).to(x0.device)  # x_0 half: columns L ..
+    read_cols = read_columns(cols, first, length, bool(shift)).to(x0.device)
     targets = torch.cat([x0[rows.to(x0.device), cols.to(x0.device)], x0[0, first.to(x0.device)]])
     logits = xt_forward(model, xt, x0, logits_index=(read_rows, read_cols), probe=probe).logits  # [N + F, V]
     ce = F.cross_entropy(logits.double(), targets, reduction="none").cpu()  # [N + F]
