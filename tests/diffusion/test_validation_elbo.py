@@ -239,3 +239,6 @@ def test_a_block_models_fixed_validation_is_the_block_nelbo_on_the_same_masks(n,
         validation_elbo(twin, x0, draws=4, noise_seed=11).values, rel=1e-6)
     with pytest.raises(ValueError, match="not a multiple of block_size=4"):
         validation_elbo(model, x0[:, :6], draws=4, noise_seed=11)
+    shifted = tiny_model(num_sink_tokens=n, sink_position=where, block_size=4, shift_logits=True)  # Fast-dLLM v2's
+    with pytest.raises(ValueError, match="shifted logits .* not written: .* loglikelihood"):
+        validation_elbo(shifted, x0, draws=4, noise_seed=11)

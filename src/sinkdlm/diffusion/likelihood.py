@@ -379,7 +379,9 @@ def validation_elbo(model, x0: torch.Tensor, draws: int, noise_seed: int, *, bat
     n, length = x0.shape
     block = cfg.block_size is not None  # the block NELBO: each block scored beside the clean blocks before it
     if block and shift:
-        raise ValueError("the fixed validation of a block model takes no shift_logits (its blocks are unshifted)")
+        raise ValueError("the fixed validation of a block model with shifted logits (a Fast-dLLM v2 checkpoint) is not "
+                         "written: its shared masks would hit each block's first token, which such a model reads "
+                         "from the block before; score it with loglikelihood (`sinkdlm eval`) instead")
     if block and length % cfg.block_size:
         raise ValueError(f"the fixed validation of a block model scores whole blocks: its {length}-token sequences "
                          f"are not a multiple of block_size={cfg.block_size}; use a sequence length that is")
