@@ -44,8 +44,10 @@ def plot_forest(results: dict[str, Any], path, baseline: str, *, title: str | No
     """One row per compared pair on val_loss (the pairs against `baseline` first): Δ with its 95 % CI (black), ± the
     MDE around 0 (blue) and ± a declared equivalence margin (green, dashed); beside each row its status
     (`_forest_note`: the TOST verdict, or whether a direction survives), and under the axes what "survives BH"
-    means (`FOREST_NOTE`). None when nothing was compared."""
-    rows = [c for c in results.get("comparisons", []) if c["metric"] == "val_loss" and c.get("mean") is not None]
+    means (`FOREST_NOTE`). A pair of different block sizes is left out: its val_loss are two different bounds, not
+    compared (`different_bounds`, docs/method.md §15). None when nothing was compared."""
+    rows = [c for c in results.get("comparisons", []) if c["metric"] == "val_loss" and c.get("mean") is not None
+            and not c.get("different_bounds")]
     rows.sort(key=lambda c: c["pair"][1] != baseline)  # stable: the study's own order within each group
     if not rows:
         return None

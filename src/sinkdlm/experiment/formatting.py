@@ -30,6 +30,8 @@ def fmt_diff(c: dict, bold: bool = True) -> str:
     """"Δ [low, high]" of a comparison, and its direction in bold when it survives the adjustment."""
     if c.get("missing"):
         return c["verdict"].removeprefix("missing: ")
+    if c.get("different_bounds"):  # two block sizes' bounds: no difference to state (endpoints.block_sizes)
+        return "not compared (different bounds)"
     scale = c.get("scale", 1.0)
     digits = 1 if scale != 1.0 else 3
     cell = signed(scale * c["mean"], digits)
@@ -54,6 +56,8 @@ def unconverted_note(c: dict) -> str:
 def short_verdict(c: dict) -> str:
     if c.get("missing"):
         return "missing"
+    if c.get("different_bounds"):  # "not compared: different bounds (blocks of 4 vs the whole sequence)"
+        return c["verdict"]
     if c.get("declared_primary"):  # tested once by its declared test, outside the family
         if c.get("survives"):
             return c["verdict"].split(" by ")[0] + " (declared primary test)"

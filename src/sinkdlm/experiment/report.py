@@ -19,6 +19,7 @@ from typing import Any
 
 from sinkdlm.experiment.endpoints import ENDPOINTS
 from sinkdlm.experiment.endpoints.base import compared_baseline
+from sinkdlm.experiment.endpoints.block_sizes import has_block_arms
 from sinkdlm.experiment.endpoints.primary import declared_test_name
 from sinkdlm.experiment.endpoints.sinks.stats import analysis_record
 from sinkdlm.experiment.formatting import (comparisons_table, fmt_interval, is_percent, md_table, pivot_comparisons,
@@ -79,7 +80,10 @@ def multiplicity_note(results: dict[str, Any]) -> str:
            + ("the declared primary comparison (tested once at 5 % by its declared test, above); and, because they "
               "are no tests, " if left.get("declared primary") else "because they are no tests, ")
            + f"{left['alternative definitions']} comparisons of alternative definitions (shown for reference), "
-           f"{left['no variance estimate']} without a variance estimate"
+           + (f"{left['different bounds']} comparison{'s' if left['different bounds'] != 1 else ''} of the validation "
+              "bound between arms of different block sizes (not compared: different bounds, docs/method.md §15), "
+              if left.get("different bounds") else "")
+           + f"{left['no variance estimate']} without a variance estimate"
            + (f" (metrics that cannot vary: {', '.join(f'`{m}`' for m in const)})" if const else "")
            + f", {left['one seed']} with one seed, {left['missing']} missing. "
            f"{mult['raw_excluding_zero']} of the {mult['size']} raw 95 % intervals exclude zero, where "
@@ -122,6 +126,10 @@ def validation_note(results: dict[str, Any]) -> str:
             f"(`{val['estimator']}`)" + (", scored under bf16 autocast" if val.get("bf16") else ""))
     if ses:
         text += f"; Monte-Carlo standard error per run {min(ses):.4f}-{max(ses):.4f} nats"
+    if has_block_arms(results):  # docs/method.md §15: one bound per block size
+        text += (". A block model's `val_loss` is its block NELBO, a different bound for each block size (smaller "
+                 "blocks, tighter; the whole sequence its own size): it is compared only between arms of one block "
+                 "size, and a pair of different block sizes reads \"not compared: different bounds\"")
     return text + "."
 
 
@@ -206,7 +214,7 @@ def mde_line(results: dict[str, Any]) -> str | None:
     """Which `val_loss` contrasts reach the study's target MDE (summary.study_sizing's target) and which do not."""
     target = (results.get("sizing") or {}).get("target")
     rows = [(f"{c['variant']} − {c['baseline']}", c["mde"]) for c in results.get("comparisons", [])
-            if c["metric"] == "val_loss" and c.get("mde") is not None]
+            if c["metric"] == "val_loss" and c.get("mde") is not None and not c.get("different_bounds")]
     if target is None or not rows:
         return None
     met = [f"{pair} ({mde:.3f})" for pair, mde in rows if mde <= target]
@@ -346,6 +354,10 @@ def missing_line(results: dict[str, Any]) -> str:
             "resumes the missing runs and rewrites this report.")
 
 
+# A paired val_loss figure of a study with block arms: which pairs it leaves out (docs/method.md §15).
+BOUNDS_NOTE = ". Pairs of different block sizes are not drawn: their val_loss are different bounds, not compared"
+
+
 def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     from sinkdlm.analysis.figures import plot_paired_differences, plot_score_bars, plot_training_curves
 
@@ -384,7 +396,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
                           "\"Survives BH\": the difference stays significant after the Benjamini-Hochberg adjustment "
                           "over the report's family of paired comparisons (false discovery rate 5 %), so its direction "
                           "is stated; \"not after BH\": the raw interval excludes 0, the adjusted p does not stay "
-                          "below 5 %")
+                          "below 5 %" + BOUNDS_NOTE * has_block_arms(results))
     sections("body")  # the learning curves, the equivalence claims, the plateau
     doc.paragraph(f"`val_loss` is the validation ELBO bound per token (lower is better), its interval {METHOD_SEEDS}; "
                   f"task metrics are accuracies in %, their intervals over {METHOD_ITEMS}, so they count which items "
@@ -430,7 +442,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
         doc.image(plot_paired_differences(diffs, fig_dir / "val_loss_paired.png"),
                   f"Paired differences of the final `val_loss` (variant − baseline on the same seed): each seed's "
                   f"difference (dots, labelled by seed) and the mean with its 95 % interval ({METHOD_SEEDS}); an "
-                  "interval that crosses 0 detects no difference")
+                  "interval that crosses 0 detects no difference" + BOUNDS_NOTE * has_block_arms(results))
     bars = {}
     for k in task_metrics(results):
         per = {}

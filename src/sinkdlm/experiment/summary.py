@@ -12,7 +12,9 @@ Multiplicity (docs/method.md §7): every paired comparison whose verdict the rep
 family; Benjamini-Hochberg at q = 1 - confidence adjusts its p-values, and a direction (and bold) is
 stated only for comparisons that survive. Comparisons without a variance estimate (a metric that
 cannot vary, such as a cloze exact match that is 0 for every model, or identical per-seed
-differences) and comparisons with one seed are not tests and stay out of the family.
+differences) and comparisons with one seed are not tests and stay out of the family; so does the validation
+bound of two arms of different block sizes (`endpoints.block_sizes.not_compared`: a block model's val_loss is
+its block NELBO, a different bound per block size, docs/method.md §15), kept with its raw numbers.
 
 Each endpoint (`experiment.endpoints.ENDPOINTS`) adds its own numbers through the hooks of
 `endpoints.base.Endpoint`, which `summarise` calls in the registry's order: a variant's own summaries (the sink
@@ -35,6 +37,7 @@ from typing import Any
 
 from sinkdlm.experiment.endpoints import ENDPOINTS
 from sinkdlm.experiment.endpoints.base import Study
+from sinkdlm.experiment.endpoints.block_sizes import not_compared
 from sinkdlm.experiment.metrics import (ALTERNATIVES, ANALYSIS_METRICS, LOWER_IS_BETTER, METHOD_ITEMS, METHOD_SEEDS,
                                         NEUTRAL, SHARES, TRAINING_METRICS, seed_scalars, seed_values, unconverted)
 from sinkdlm.stats import (
@@ -111,6 +114,9 @@ def compare_variants(a: dict[str, Any], b: dict[str, Any], metric: str, confiden
              "scale": scale, "unit": unit, "lower_is_better": None if metric in NEUTRAL else lower, "verdict": text}
     if metric in ALTERNATIVES:
         entry.update(in_family=False, verdict="not tested: an alternative definition, shown for reference")
+    bounds = not_compared(a, b, metric)
+    if bounds:  # two different bounds (block sizes): the raw numbers stay, no test
+        entry.update(in_family=False, different_bounds=True, verdict=bounds)
     return entry
 
 
@@ -181,7 +187,7 @@ def study_sizing(results: dict[str, Any], target: float = TARGET_MDE,
     splits = {tuple(sp["pair"]): sp for sp in results.get("val_loss_splits") or [] if sp.get("var_total") is not None}
     rows = []
     for c in results.get("comparisons", []):
-        se = comparison_se(c) if c.get("metric") == "val_loss" else None
+        se = comparison_se(c) if c.get("metric") == "val_loss" and not c.get("different_bounds") else None
         if se is None:
             continue
         n = int(c["df"]) + 1  # paired over seeds
@@ -282,6 +288,7 @@ def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95,
         e.setdefault("survives", False)
         e["verdict"] = verdict(_interval(e), lower_is_better=e.get("lower_is_better"), scale=e.get("scale", 1.0),
                                unit=e.get("unit", ""), p_adjusted=e["p_adjusted"])
+    bounds = sum(bool(e.get("different_bounds")) for e in entries)
     return {
         "method": "Benjamini-Hochberg", "q": round(1 - confidence, 10), "size": len(family) + len(tosts),
         "equivalence_tests": len(tosts),
@@ -290,12 +297,13 @@ def adjust_family(entries: list[dict[str, Any]], confidence: float = 0.95,
         "survivors": sum(e["survives"] for e in family),
         "min_p_adjusted": min((e["p_adjusted"] for e in family), default=None),
         "left_out": {"alternative definitions": sum(not e.get("in_family", True) and not e.get("declared_primary")
-                                                    for e in entries),
+                                                    and not e.get("different_bounds") for e in entries),
                      "declared primary": sum(bool(e.get("declared_primary")) for e in entries),
                      "no variance estimate": sum(bool(e.get("degenerate")) and e.get("in_family", True) for e in entries),
                      "one seed": sum(e.get("n", 0) < 2 and e.get("mean") is not None and e.get("in_family", True)
                                      for e in entries),
-                     "missing": sum(bool(e.get("missing")) for e in entries)},
+                     "missing": sum(bool(e.get("missing")) for e in entries),
+                     **({"different bounds": bounds} if bounds else {})},  # a study with block arms only
     }
 
 
@@ -345,7 +353,7 @@ def summarise(results: dict[str, Any], pairs: list[tuple[str, str]] | None = Non
         for m in scalar_metrics + tasks:
             c = compare_variants(variants[a], variants[b], m, confidence)
             if c is not None:
-                comparisons.append({"pair": [a, b], **c, "mde": comparison_mde(c)})
+                comparisons.append({"pair": [a, b], **c, "mde": None if c.get("different_bounds") else comparison_mde(c)})
     for c in comparisons:
         if c["metric"] == "val_loss_change":
             c["unconverted"] = [variants[n]["label"] for n in c["pair"] if unconverted(results, variants[n])]
@@ -407,10 +415,10 @@ def training_curves(results: dict[str, Any]) -> dict[str, dict[str, tuple[list[i
 def paired_val_loss_differences(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every compared pair's `val_loss` difference: the per-seed differences (variant − baseline, the
     same seed) and the stored paired interval over seeds (`comparisons`), for the figure of paired
-    differences. Pairs with a missing seed are left out."""
+    differences. Pairs with a missing seed, and pairs of different bounds (block sizes), are left out."""
     out = []
     for c in results.get("comparisons", []):
-        if c["metric"] != "val_loss" or c.get("missing") or c.get("mean") is None:
+        if c["metric"] != "val_loss" or c.get("missing") or c.get("mean") is None or c.get("different_bounds"):
             continue
         a, b = (results["variants"][name] for name in c["pair"])
         va, vb = seed_values(a, "val_loss"), seed_values(b, "val_loss")

@@ -5,6 +5,11 @@ A study whose arms differ in `block_size` (block diffusion, §13) gets, per arm,
 the rate against the block size (the whole sequence at its length), one line per arm family (vanilla, + sinks).
 The paired tests of the arms are the declared primary's and the comparisons' (`primary`, `summary`); this endpoint
 describes, it decides nothing.
+
+It also holds the one rule on what a block model's validation can be compared with (`not_compared`): its fixed
+val_loss is the block NELBO, a different bound for each block size (§15), so a pair of arms of different block sizes
+(the whole sequence its own size) is not compared on `BOUND_METRICS`; the summary keeps such a row with its raw
+numbers, out of the multiplicity family, and the report's figures, sizing and trajectories leave it out.
 """
 
 from __future__ import annotations
@@ -22,19 +27,46 @@ from sinkdlm.reporting import Document
 from sinkdlm.stats import mean_interval
 
 METRIC = "content_sink_set_change_rate"
+# The metrics that are a bound of the model's own factorisation: the fixed val_loss (a block model's block NELBO) and
+# its change over training (Δ_train). Every other metric (sink metrics, accuracies, gradient norms) is comparable.
+BOUND_METRICS = frozenset({"val_loss", "val_loss_change"})
+
+
+def block_size(variant: dict[str, Any]) -> int | None:
+    """A results.json variant's block size (its `switches`; None: the whole sequence)."""
+    return variant.get("switches", {}).get("block_size") or None
+
+
+def has_block_arms(results: dict[str, Any]) -> bool:
+    """Whether some arm of the study is a block model."""
+    return any(block_size(v) for v in results["variants"].values())
+
+
+def _bound_words(size: int | None) -> str:
+    return "the whole sequence" if size is None else f"blocks of {size}"
+
+
+def not_compared(a: dict[str, Any], b: dict[str, Any], metric: str = "val_loss") -> str | None:
+    """Why variants `a` and `b` (results.json entries) are not compared on `metric`: a metric of `BOUND_METRICS`
+    between different block sizes is a difference of two different bounds (docs/method.md §15), not a test. None
+    where they are comparable (one block size, or any other metric)."""
+    sa, sb = block_size(a), block_size(b)
+    if metric not in BOUND_METRICS or sa == sb:
+        return None
+    return f"not compared: different bounds ({_bound_words(sa)} vs {_bound_words(sb)})"
 
 
 def block_sizes(results: dict[str, Any]) -> dict[str, Any] | None:
     """Per arm: its block size (None: the whole sequence), whether it has sink tokens, and the rate's mean
     [95 % CI] over its analysed seeds. None unless some arm is a block model."""
     variants = results["variants"]
-    if not any(v.get("switches", {}).get("block_size") for v in variants.values()):
+    if not has_block_arms(results):
         return None
     arms = []
     for name, v in variants.items():
         values = list(seed_scalars(v, METRIC).values())
         iv = mean_interval(values, bounds=(0.0, 1.0)).to_dict() if values else None
-        arms.append({"variant": name, "label": v["label"], "block_size": v.get("switches", {}).get("block_size"),
+        arms.append({"variant": name, "label": v["label"], "block_size": block_size(v),
                      "sinks": int(v.get("switches", {}).get("num_sink_tokens", 0)), "seeds": len(values),
                      "rate": iv})
     # results.json's `train` keeps the preset's non-default fields: the default sequence is TrainConfig's

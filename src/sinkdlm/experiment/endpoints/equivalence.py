@@ -28,7 +28,7 @@ def attach_equivalence(results: dict[str, Any], comparisons: list[dict[str, Any]
         return []
     out = []
     for c in comparisons:
-        if c["pair"] in pairs and c["metric"] == "val_loss" and not c.get("missing"):
+        if c["pair"] in pairs and c["metric"] == "val_loss" and not c.get("missing") and not c.get("different_bounds"):
             a, b = (results["variants"][n] for n in c["pair"])
             c["equivalence"] = equivalence_test(list(paired_seed_differences(a, b, "val_loss").values()), margin)
             out.append(c)

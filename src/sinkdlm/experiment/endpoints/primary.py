@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkdlm.experiment.endpoints.base import Endpoint, Study
+from sinkdlm.experiment.endpoints.block_sizes import not_compared
 from sinkdlm.experiment.endpoints.detection import inconclusive
 from sinkdlm.experiment.endpoints.trajectory import (_at, _unconverted_words, gap_movement, head_start,
                                                      plot_gap_trajectory, tokens_per_step, trajectory)
@@ -58,7 +59,7 @@ def declared_primary_entry(results: dict[str, Any], comparisons: list[dict[str, 
         return None
     metric = declared.get("metric", "val_loss")
     entry = next((c for c in comparisons if c["pair"] == list(declared["pair"]) and c["metric"] == metric), None)
-    if entry is not None and not entry.get("missing"):
+    if entry is not None and not entry.get("missing") and not entry.get("different_bounds"):
         entry.update(in_family=False, declared_primary=True)
         return entry
     return None
@@ -106,6 +107,9 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
     if a_name not in variants or b_name not in variants:
         return {**declared, "missing": "a variant of the declared pair was not run"}
     a, b = variants[a_name], variants[b_name]
+    bounds = not_compared(a, b, metric)
+    if bounds:  # two block sizes' val_loss: different bounds, no test (docs/method.md §15)
+        return {**declared, "missing": bounds}
     entry = next((c for c in comparisons if c["pair"] == [a_name, b_name] and c["metric"] == metric), None)
     d = list(paired_seed_differences(a, b, metric).values())
     alpha = 1 - confidence
@@ -127,7 +131,8 @@ def primary_endpoint(results: dict[str, Any], comparisons: list[dict[str, Any]],
                             confidence))
     if metric == "val_loss" and any((rec.get("step0") or {}) for rec in a["seeds"].values()):
         out.update(head_start(results, a_name, b_name, rank_name, confidence))
-    traj = trajectory(a, b, tokens_per_step(results), confidence)
+    # the val_loss gap over training: only between arms of one block size (one bound)
+    traj = None if not_compared(a, b) else trajectory(a, b, tokens_per_step(results), confidence)
     if traj:
         out["trajectory"] = traj
     return out
@@ -305,14 +310,16 @@ def answer_line(results: dict[str, Any]) -> str | None:
 def primary_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
     """The primary pair seed by seed: each run's fixed val_loss, its step-0 control where there is one, the
     paired difference, and each run's largest pre-clip gradient norm with the logged interval it fell in (a spike
-    shows in its seed's row; "step not recorded" where the run's metrics log was not kept)."""
+    shows in its seed's row; "step not recorded" where the run's metrics log was not kept). A pair of different
+    block sizes has no difference columns: its val_loss are two different bounds (docs/method.md §15)."""
     p = results.get("primary")
     if not p or p.get("missing"):
         return None
     a, b = (results["variants"][n] for n in p["pair"])
+    paired = not_compared(a, b) is None
     step0 = any((rec.get("step0") or {}) for rec in a["seeds"].values())
-    header = ["seed", f"{a['label']} val_loss", f"{b['label']} val_loss", "difference"]
-    header += [f"{a['label']} step 0", f"{b['label']} step 0", "Δ_train"] if step0 else []
+    header = ["seed", f"{a['label']} val_loss", f"{b['label']} val_loss"] + (["difference"] if paired else [])
+    header += [f"{a['label']} step 0", f"{b['label']} step 0"] + (["Δ_train"] if paired else []) if step0 else []
     header += [f"{a['label']} peak grad norm (at steps)", f"{b['label']} peak grad norm (at steps)"]
 
     def peak(rec: dict[str, Any]) -> str:
@@ -326,12 +333,14 @@ def primary_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[st
     for seed in sorted(a["seeds"], key=int):
         ra, rb = a["seeds"][seed], b["seeds"].get(seed) or {}
         num = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
-        row = [seed, num(ra.get("val_loss")), num(rb.get("val_loss")),
-               "–" if rb.get("val_loss") is None else signed(ra["val_loss"] - rb["val_loss"], 3)]
+        row = [seed, num(ra.get("val_loss")), num(rb.get("val_loss"))]
+        if paired:
+            row.append("–" if rb.get("val_loss") is None else signed(ra["val_loss"] - rb["val_loss"], 3))
         if step0:
             ca, cb = ra.get("val_loss_change"), rb.get("val_loss_change")
-            row += [num((ra.get("step0") or {}).get("val_loss")), num((rb.get("step0") or {}).get("val_loss")),
-                    "–" if ca is None or cb is None else signed(ca - cb, 3)]
+            row += [num((ra.get("step0") or {}).get("val_loss")), num((rb.get("step0") or {}).get("val_loss"))]
+            if paired:
+                row.append("–" if ca is None or cb is None else signed(ca - cb, 3))
         row += [peak(ra), peak(rb)]
         rows.append(row)
     return header, rows

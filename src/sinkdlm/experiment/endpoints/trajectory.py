@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from sinkdlm.experiment.endpoints.base import Endpoint, Study, compared_baseline
+from sinkdlm.experiment.endpoints.block_sizes import not_compared
 from sinkdlm.experiment.formatting import fmt_ci, train_setting
 from sinkdlm.experiment.metrics import paired_seed_differences, unconverted
 from sinkdlm.reporting import Document
@@ -284,9 +285,11 @@ class Trajectory(Endpoint):
 
     def judge(self, study: Study) -> None:
         # every compared pair's paired gap at each scored step (`val_curve`): when its difference appears, and
-        # whether it holds (the primary's own trajectory is also under `primary`)
+        # whether it holds (the primary's own trajectory is also under `primary`); a pair of different block sizes
+        # has none: its val_loss are two different bounds (docs/method.md §15)
         variants, per_step = study.results["variants"], tokens_per_step(study.results)
         curves = [{"pair": [a, b], **traj} for a, b in study.pairs if a in variants and b in variants
+                  and not not_compared(variants[a], variants[b])
                   and (traj := trajectory(variants[a], variants[b], per_step, study.confidence))]
         if curves:
             study.results["trajectories"] = curves
