@@ -34,9 +34,10 @@ example-model: install
 
 # Two workers (pytest-xdist): the suite runs torch on one thread per test (tests/conftest.py), so a serial
 # run leaves the second core of a 2-core machine idle (measured on one, quiet: serial 521 s, -n 2 307 s from
-# a fresh clone; --dist loadfile was slower, 324 s, its last files running alone).
+# a fresh clone; --dist loadfile was slower, 324 s, its last files running alone). --dist loadgroup keeps the
+# load balancing and sends a module marked `xdist_group` to one worker (its module fixture then runs once).
 test: install example-model
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 	$(MAKE) test-numerics
 
 # The rerun guard for vendor rounding (CONTRIBUTING.md, "Comparing floats"): the numerics tests again under

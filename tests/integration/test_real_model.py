@@ -15,7 +15,9 @@ import torch
 
 from helpers import example_gguf_or_skip
 
-pytestmark = pytest.mark.real_model
+# one worker for the module (make test: --dist loadgroup): its module fixtures load the real model once, not
+# once in each worker that gets one of its tests (17-31 s a load)
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real_model")]
 
 
 @pytest.fixture(scope="module")
