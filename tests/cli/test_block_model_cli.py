@@ -1,5 +1,6 @@
-"""A block model on the command line (docs/method.md §13): the settings that do not apply to it, and
---max-new-tokens on a whole-sequence model, are refused in one line from the model's header, before any weight."""
+"""A block model on the command line (docs/method.md §13): the settings that do not apply to it (and sub-blocks,
+--block-length, that do not divide its block or get no step), and --max-new-tokens on a whole-sequence model, are
+refused in one line from the model's header, before any weight."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from helpers import tiny_model
 
 CASES = [  # (block_size of the model, extra argv, words of the error line)
-    (4, ["--block-length", "4"], "--block-length=4 does not apply to it"),
+    (4, ["--block-length", "3"], "--block-length=3 does not divide the model's block_size=4"),
+    (4, ["--block-length", "1", "--steps", "3"],
+     "every sub-block needs a step: give at least --steps=7, or a longer --block-length"),
     (4, ["--cache", "prefix"], "--cache=prefix does not apply to it"),
     (None, ["--max-new-tokens", "8"], "this whole-sequence model generates exactly --gen-length tokens"),
     (4, ["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1"),

@@ -22,12 +22,14 @@ def twin(model: DiffusionLM) -> DiffusionLM:
     return other
 
 
-def reference(model: DiffusionLM, prompt: list[int], max_new: int, steps: int) -> list[int]:
+def reference(model: DiffusionLM, prompt: list[int], max_new: int, steps: int, sub: int | None = None) -> list[int]:
     """Greedy low-confidence block decoding, every step a fresh forward over the whole prefix up to the current
     block's end (end sinks: over the whole canvas, so that they sit after it as in the model's layout); blocks
     at absolute positions, LLaDA's even split of each block's masked count over ceil(steps / blocks) steps.
     Shifted logits (Fast-dLLM v2): column c is read from column c - 1, a block's first column at once, the argmax
-    at the previous block's last column (docs/method.md §13)."""
+    at the previous block's last column (docs/method.md §13). `sub`: sub-blocks of that length inside each block,
+    left to right, only the current one's masked columns candidates, the block's steps split over them as LLaDA
+    splits steps over its blocks (the remainder to the first), each one's masked count evenly over its share."""
     bs, mask_id, shift = model.config.block_size, model.config.mask_token_id, int(model.config.shift_logits)
     plain, end_sinks = twin(model), model.config.sink_position == "end" and model.config.num_sink_tokens > 0
     total = len(prompt) + max_new
@@ -44,21 +46,27 @@ def reference(model: DiffusionLM, prompt: list[int], max_new: int, steps: int) -
         logits[:, mask_id] = float("-inf")
         return logits
 
+    length = sub or bs
+    shares = [per_block // (bs // length) + (j < per_block % (bs // length)) for j in range(bs // length)]
     for lo in range(len(prompt) // bs * bs, total, bs):
         hi = min(lo + bs, total)
         if shift and lo >= len(prompt):  # the block's first column, from the previous block's last
             x[0, lo] = read(lo, lo + 1)[0].argmax()
-        masked = x[0, lo:hi] == mask_id
-        m = int(masked.sum())
-        counts = [k for k in (m // per_block + (i < m % per_block) for i in range(per_block)) if k]
-        for k in counts:
-            logits = read(lo, hi)
-            probs = torch.softmax(logits, -1)
-            pred = probs.argmax(-1)
-            conf = probs.gather(-1, pred[:, None])[:, 0].masked_fill(~masked, -1.0)
-            pick = conf.topk(k).indices
-            x[0, lo + pick] = pred[pick]
-            masked[pick] = False
+        for j, share in enumerate(shares):
+            slo, shi = lo + j * length, min(lo + (j + 1) * length, hi)
+            if slo >= shi:
+                break
+            masked = x[0, slo:shi] == mask_id
+            m = int(masked.sum())
+            counts = [k for k in (m // share + (i < m % share) for i in range(share)) if k]
+            for k in counts:
+                logits = read(lo, hi)[slo - lo:shi - lo]  # the whole block's pass, the sub-block's columns
+                probs = torch.softmax(logits, -1)
+                pred = probs.argmax(-1)
+                conf = probs.gather(-1, pred[:, None])[:, 0].masked_fill(~masked, -1.0)
+                pick = conf.topk(k).indices
+                x[0, slo + pick] = pred[pick]
+                masked[pick] = False
     return x[0, len(prompt):].tolist()
 
 
@@ -75,13 +83,51 @@ def test_cached_block_decoding_equals_recomputing_the_prefix(block_size, prompt_
     assert fewer[0, prompt_len:].tolist() == reference(model, prompt, max_new, math.ceil(max_new / block_size))
 
 
-def test_a_row_that_stops_early_leaves_every_other_row_its_own_tokens():
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("n,where", [(0, "front"), (1, "front"), (2, "end")])
+@pytest.mark.parametrize("block_size,sub,prompt_len,max_new", [(4, 2, 5, 8), (4, 1, 8, 7), (6, 2, 3, 10), (6, 3, 7, 9)])
+def test_cached_sub_block_decoding_equals_recomputing_the_prefix(block_size, sub, prompt_len, max_new, n, where, shift):
+    """Sub-blocks (block_length on a block model, Fast-dLLM v2's small_block_size): one token a step, and one
+    step a sub-block (the whole sub-block at once), prompts ending inside a block and on its boundary."""
+    model = tiny_model(block_size=block_size, num_sink_tokens=n, sink_position=where, shift_logits=shift)
+    prompt = torch.randint(0, 40, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+    blocks, subs = math.ceil(max_new / block_size), block_size // sub
+    for steps in (blocks * block_size, blocks * subs):
+        got = generate(model, [prompt], max_new_tokens=max_new, steps=steps, block_length=sub)[0, prompt_len:]
+        assert got.tolist() == reference(model, prompt, max_new, steps, sub), steps
+
+
+def test_sub_blocks_are_a_rule_of_their_own():
+    """The sub-block tests above are not vacuous: in sub-blocks of 1 (left to right) some answers differ from the
+    whole block's (a random tiny model does not denoise left to right)."""
+    model = tiny_model(block_size=4, num_sink_tokens=1)
+    prompts = [torch.randint(0, 40, (5,), generator=torch.Generator().manual_seed(k)).tolist() for k in range(4)]
+    whole = generate(model, prompts, max_new_tokens=8, steps=8)
+    ordered = generate(model, prompts, max_new_tokens=8, steps=8, block_length=1)
+    assert not torch.equal(whole, ordered)
+
+
+@pytest.mark.parametrize("kw", [dict(steps=8), dict(steps=3), dict(threshold=0.3), dict(temperature=0.8, steps=8),
+                                dict(schedule="dream", remasking="entropy", steps=6, temperature=0.7),
+                                dict(remasking="origin", schedule="dream", steps=6)])
+@pytest.mark.parametrize("shift", [False, True])
+def test_one_sub_block_the_size_of_the_block_is_todays_decoding(kw, shift):
+    model = tiny_model(block_size=4, num_sink_tokens=1, shift_logits=shift)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13]]
+    plain = generate(model, prompts, max_new_tokens=9, seed=3, return_dict=True, **kw)
+    same = generate(model, prompts, max_new_tokens=9, seed=3, return_dict=True, block_length=4, **kw)
+    assert torch.equal(same.sequences, plain.sequences) and same.steps_taken == plain.steps_taken
+
+
+@pytest.mark.parametrize("sub", [None, 2])
+def test_a_row_that_stops_early_leaves_every_other_row_its_own_tokens(sub):
     """Rows of different lengths; the stop id is row 0's first generated token, so row 0 ends after its first
-    block. Every row equals its decoding alone, and the stopped row is not computed further (the batch shrinks)."""
+    block. Every row equals its decoding alone, and the stopped row is not computed further (the batch shrinks);
+    in sub-blocks too."""
     model = tiny_model(block_size=4, num_sink_tokens=1)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (3, 6, 9)]
-    settings = dict(max_new_tokens=12, steps=12)
+    settings = dict(max_new_tokens=12, steps=12, block_length=sub)
     stop = generate(model, [prompts[0]], **settings)[0, 3].item()
     alone = [generate(model, [p], stop_token_ids=(stop,), **settings)[0, len(p):].tolist() for p in prompts]
     seen = []
@@ -97,7 +143,10 @@ def test_a_row_that_stops_early_leaves_every_other_row_its_own_tokens():
 
 @pytest.mark.parametrize("kw", [dict(temperature=1.0, steps=12), dict(remasking="random", steps=5),
                                 dict(threshold=0.3, temperature=0.5), dict(schedule="dream", remasking="entropy",
-                                                                           steps=6, temperature=0.7)])
+                                                                           steps=6, temperature=0.7),
+                                dict(temperature=1.0, steps=12, block_length=2), dict(threshold=0.3, block_length=1),
+                                dict(schedule="dream", remasking="entropy", steps=6, temperature=0.7,
+                                     block_length=2)])
 @pytest.mark.parametrize("shift", [False, True])
 def test_sampled_rows_get_their_own_tokens_in_a_batch(kw, shift):
     """With `seed` every row draws from its own stream, and only at the steps it would run alone (a row whose
@@ -119,7 +168,9 @@ def test_threshold_and_random_remasking_run_and_fill_the_bound():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(block_length=4), "block_length"),
+    (dict(block_length=3), "block_length=3 does not divide the model's block_size=4"),
+    (dict(block_length=1, steps=5), r"steps=5 split over 2 blocks gives a block 3 steps, fewer than its 4 sub-blocks"
+                                    r" \(block_size=4 / block_length=1\).*give at least steps=7"),
     (dict(cache="prefix"), "cache"),
     (dict(probe=StepProbe(key_masks=lambda step, previous: None)), "key masks"),
     (dict(max_new_tokens=200), "does not fit"),

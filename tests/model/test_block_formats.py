@@ -13,8 +13,9 @@ decoding rule is re-implemented here over transformers' model without a cache (e
 sequence so far under the block-causal mask), and sinkdlm's block decoding (static cache) gives its tokens, in
 float64: SDAR's greedy `low_confidence_static` over Qwen3; Fast-dLLM v2's `batch_sample` rule (read, not run)
 over Qwen2, with its shifted read-out (a block's first token from the previous block's last position, committed
-at once; the block's other tokens from the column before them), greedy steps and its threshold rule, a length
-that is not a multiple of the block and an end-of-text stop. Fast-dLLM v2's shifted block NELBO equals, draw for
+at once; the block's other tokens from the column before them), greedy steps and its threshold rule, its
+sub-blocks (`small_block_size`, sinkdlm's `block_length`) smaller than the block too, a length that is not a
+multiple of the block and an end-of-text stop. Fast-dLLM v2's shifted block NELBO equals, draw for
 draw, its terms recomputed over transformers' Qwen2; `sinkdlm train --init-from` fine-tunes it (its shifted loss is
 checked in tests/diffusion/test_block.py) and the checkpoint written reopens and decodes.
 Each checkpoint carries an `auto_map` to Python files that would leave a marker when imported.
@@ -228,16 +229,20 @@ def test_sdar_decoding_matches_its_rule_token_for_token(tmp_path, tok):
 
 
 def fast_dllm_v2_rule_reference(hf, prompts: list[list[int]], gen: int, mask_id: int, *, steps: int | None = None,
-                                threshold: float | None = None, stop: int | None = None) -> list[list[int]]:
+                                threshold: float | None = None, stop: int | None = None,
+                                small_block_size: int = B) -> list[list[int]]:
     """Fast-dLLM v2's decoding rule, written here from its `batch_sample` (read, not run), over transformers'
     Qwen2 without a cache: every pass runs the whole sequence so far under the block-causal mask (blocks counted
     from position 0, what its block cache computes). Shifted logits: column c is read from column c - 1. A block
     whose first column is generated gets it at once, the argmax at the previous block's last position (the
     prompt's last token when the prompt ends on a block boundary); the block's other columns are then denoised
-    with the block's own pass read shifted, `steps` a block committing the most probable one each (`steps`), or
-    every masked column above `threshold` plus the most probable one (its rule; one sub-block, `small_block_size`
-    = the block). The answer stops at `gen` tokens (its columns past the bound do not exist: sinkdlm's bound;
-    Fast-dLLM v2 decodes whole blocks and cuts after) or after the block where `stop` appears, the rest `stop`."""
+    with the block's own pass read shifted, in sub-blocks of `small_block_size` columns (default: one, the block)
+    left to right: while the current sub-block has masked columns, a pass over the whole block (recomputed each
+    step; the block's keys/values are cached only once it is finished) commits among the sub-block's masked
+    columns the most probable one (`steps`: at most steps / sub-blocks steps a sub-block), or every one above
+    `threshold` plus the most probable one (its rule). The answer stops at `gen` tokens (its columns past the
+    bound do not exist: sinkdlm's bound; Fast-dLLM v2 decodes whole blocks and cuts after) or after the block
+    where `stop` appears, the rest `stop`."""
     results = []
     for prompt in prompts:
         n = len(prompt)
@@ -254,17 +259,19 @@ def fast_dllm_v2_rule_reference(hf, prompts: list[list[int]], gen: int, mask_id:
             hi = min(lo + B, end)
             if lo >= n:  # the block's first column: from the previous block's last position, committed at once
                 x[lo] = shifted_logits(lo + 1)[lo].argmax()
-            for _ in range(steps) if steps is not None else iter(int, 1):
-                masked = x[lo:hi] == mask_id
-                if not masked.any():
-                    break
-                conf, pred = torch.softmax(shifted_logits(hi)[lo:hi], -1).max(-1)
-                conf = torch.where(masked, conf, -torch.inf)
-                pick = torch.zeros_like(masked)
-                pick[conf.argmax()] = True
-                if threshold is not None:
-                    pick |= conf > threshold
-                x[lo:hi] = torch.where(pick & masked, pred, x[lo:hi])
+            for slo in range(lo, hi, small_block_size):  # the sub-blocks, left to right (the last one cut at `end`)
+                shi = min(slo + small_block_size, hi)
+                for _ in range(steps * small_block_size // B) if steps is not None else iter(int, 1):
+                    masked = x[slo:shi] == mask_id
+                    if not masked.any():
+                        break
+                    conf, pred = torch.softmax(shifted_logits(hi)[slo:shi], -1).max(-1)  # the whole block's pass
+                    conf = torch.where(masked, conf, -torch.inf)
+                    pick = torch.zeros_like(masked)
+                    pick[conf.argmax()] = True
+                    if threshold is not None:
+                        pick |= conf > threshold
+                    x[slo:shi] = torch.where(pick & masked, pred, x[slo:shi])
             if stop is not None and (x[n:hi] == stop).any():
                 first = n + int((x[n:hi] == stop).nonzero()[0])
                 x[first:] = stop
@@ -303,6 +310,38 @@ def test_fast_dllm_v2_decoding_matches_its_rule_token_for_token(tmp_path, tok):
                                                                           stop=stop)[0], stop
         if stop == free[len(prompt) + 2]:  # read as block 2's first token (column 8): the row ends before block 2's
             assert out.steps_taken == 1 + 2 + 1  # steps (the prefill, block 1's two steps, its final pass)
+
+
+def test_fast_dllm_v2_sub_blocks_match_its_rule_token_for_token(tmp_path, tok):
+    """Fast-dLLM v2's sub-blocks (its `small_block_size`; sinkdlm's `block_length` on a block model) smaller than
+    the block, in float64 as above: sinkdlm's cached decoding gives the tokens of the rule re-implemented over
+    transformers' Qwen2 without a cache, greedy steps (one token a step) and the threshold rule (0.9, and 0.3: several
+    columns a step), a batch of unequal prompts, prompts ending inside a block and on its boundary, EOS stops."""
+    hf = hf_model("fast_dllm_v2").double()
+    path = save_layout(hf, tmp_path, tok, "fast_dllm_v2")
+    model = DiffusionLM.from_pretrained(path, dtype=torch.float64)
+    mask_id = tok.mask_token_id
+    cases = [([5, 6, 7, 8, 9, 10], 10), ([11, 12, 13, 14], 8), ([3], 7), ([20, 21, 22, 23, 24, 25, 26, 27], 9)]
+    differs = False
+    for small in (1, 2):
+        for prompt, gen in cases:
+            blocks = -(-(len(prompt) % B + gen) // B)
+            ours = generate(model, prompt, gen_length=gen, steps=B * blocks, block_length=small)[0].tolist()
+            ref = fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B, small_block_size=small)[0]
+            assert ours == ref, (small, prompt, gen)
+            differs |= ref != fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B)[0]
+        batch = [prompt for prompt, _ in cases]
+        for threshold in (0.9, 0.3):
+            ours = generate(model, batch, gen_length=9, threshold=threshold, block_length=small).tolist()
+            ref = fast_dllm_v2_rule_reference(hf, batch, 9, mask_id, threshold=threshold, small_block_size=small)
+            assert [row[len(row) - 9:] for row in ours] == [row[len(row) - 9:] for row in ref], (small, threshold)
+    assert differs  # the sub-blocks change this model's answers: the comparison is not the whole block's again
+    prompt, gen = cases[0]
+    free = fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B, small_block_size=2)[0]
+    for stop in {free[len(prompt) + 1], free[len(prompt) + 4], free[-1]}:
+        out = generate(model, prompt, gen_length=gen, steps=B * 3, block_length=2, stop_token_ids=[stop])
+        assert out[0].tolist() == fast_dllm_v2_rule_reference(hf, [prompt], gen, mask_id, steps=B, stop=stop,
+                                                              small_block_size=2)[0], stop
 
 
 def test_fast_dllm_v2_block_nelbo_is_its_terms_over_transformers(tmp_path, tok):

@@ -36,7 +36,8 @@ def chat(model: Path = typer.Argument(..., metavar="MODEL", help="The model: a d
     if not causal and cfg.steps is None and cfg.threshold is None:
         cfg = dataclasses.replace(cfg, steps=cfg.gen_length)  # one token per step
     check_sample_settings(cfg, autoregressive=None if kind is None else causal,
-                          block_model=None if kind is None else kind.block_size is not None)
+                          block_model=None if kind is None else kind.block_size is not None,
+                          block_size=None if kind is None else kind.block_size)
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.diffusion.text import Conversation
 

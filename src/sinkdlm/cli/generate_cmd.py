@@ -51,7 +51,8 @@ def generate(cfg: GenerateConfig) -> None:
     # Every check that needs only the model's header, before a weight is read (a GGUF's take ~0.1 s).
     kind = model_kind(cfg.model)
     check_sample_settings(cfg, autoregressive=None if kind is None else kind.autoregressive,
-                          block_model=None if kind is None else kind.block_size is not None)
+                          block_model=None if kind is None else kind.block_size is not None,
+                          block_size=None if kind is None else kind.block_size)
     if cfg.chat and kind is not None and not kind.chat_template:
         raise ValueError(f"--chat needs the model's chat template and {cfg.model} has none; drop --chat")
     if kind is not None and not kind.autoregressive:

@@ -174,8 +174,9 @@ def check_dtype(dtype) -> str | None:
 # step, left to right, and uses only gen_length, temperature, top_p, top_k and seed.
 DIFFUSION_ONLY = ("steps", "block_length", "threshold", "cache", "compile", "compile_backend", "remasking",
                   "schedule", "eps", "alg_temp", "kv_cache_dtype", "max_new_tokens")
-# What a block model (`ModelConfig.block_size`) does not take: it decodes in its own blocks with an exact cache.
-NOT_FOR_BLOCK_MODELS = ("block_length", "cache")
+# What a block model (`ModelConfig.block_size`) does not take: it decodes in its own blocks with an exact cache
+# (its `block_length` is its sub-blocks', `check_sub_blocks`).
+NOT_FOR_BLOCK_MODELS = ("cache",)
 CACHE_CHOICES = ("prefix", "dual")
 KV_CACHE_DTYPES = ("int8",)  # --kv-cache-dtype: what the prefix/dual cache may store its keys and values in
 QUANTIZE_SCHEMES = ("int8-weight", "int8-dynamic", "int4-weight")  # --quantize (sinkdlm.model.quantize)
@@ -204,14 +205,16 @@ def check_sampler_values(settings) -> None:
         raise ValueError(f"eps must lie in (0, 1) (Dream's last timestep), got {eps!r}")
 
 
-def check_sample_settings(settings, *, autoregressive: bool | None, block_model: bool | None = None) -> None:
+def check_sample_settings(settings, *, autoregressive: bool | None, block_model: bool | None = None,
+                          block_size: int | None = None) -> None:
     """Every check of a `SampleConfig` that needs no model, only its kind (`autoregressive`, `block_model`: a
-    block diffusion model, docs/method.md §13; read from the model's header; None: not known), so a command
-    refuses bad settings before it reads any weight.
+    block diffusion model, docs/method.md §13, `block_size` its block size when known; read from the model's
+    header; None: not known), so a command refuses bad settings before it reads any weight.
 
     An autoregressive model refuses every diffusion-only setting that differs from its default, all of
     them named in one line; a diffusion model needs `steps` unless `threshold`, a `block_length` that
-    divides `gen_length` into no more blocks than steps, a threshold in [0, 1] and a known cache."""
+    divides `gen_length` into no more blocks than steps (a block model's: its `block_size` into sub-blocks,
+    `check_sub_blocks`), a threshold in [0, 1] and a known cache."""
     from sinkdlm.config.fields import field_default
 
     check_int("gen_length", settings.gen_length, 1)
@@ -238,13 +241,14 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
     if block_model and given:
         raise ValueError(f"a block model decodes block by block with an exact cache of its finished blocks: "
                          f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to it; leave them out")
+    block_model = block_model or block_size is not None
     steps, threshold, block_length = settings.steps, settings.threshold, settings.block_length
     if block_length is not None:
         check_int("block_length", block_length, 1)
-        if settings.gen_length % block_length:
+        if not block_model and settings.gen_length % block_length:
             raise ValueError(f"gen_length={settings.gen_length} is not divisible by block_length={block_length}; "
                              "choose a block_length that divides gen_length")
-    blocks = settings.gen_length // (block_length or settings.gen_length)
+    blocks = 1 if block_model else settings.gen_length // (block_length or settings.gen_length)
     if threshold is not None:
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
             raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
@@ -256,6 +260,7 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
         if threshold is None and steps < blocks:
             raise ValueError(f"steps={steps} is fewer than the number of blocks ({settings.gen_length}/{block_length} "
                              f"= {blocks}); every block needs at least one step")
+    check_sub_blocks(settings, block_size)
     if settings.cache is not None and settings.cache not in CACHE_CHOICES:
         raise ValueError(f"cache must be prefix or dual, got {settings.cache!r}")
     if settings.cache == "dual" and blocks == 1:
@@ -266,6 +271,29 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
         raise ValueError("compile=True compiles the cached decoding step, so it needs a cache: give cache=prefix "
                          "or cache=dual")
     check_kv_cache_dtype(settings.kv_cache_dtype, "blocks" if block_model else settings.cache)
+
+
+def check_sub_blocks(settings, block_size: int | None) -> None:
+    """A block model's `block_length` is its sub-block length (Fast-dLLM v2's `small_block_size`, docs/method.md
+    §13): it divides `block_size`, and each block's steps (`steps` over the bound's blocks) give every sub-block
+    at least one."""
+    length = settings.block_length
+    if length is None or block_size is None:
+        return
+    if block_size % length:
+        raise ValueError(f"block_length={length} does not divide the model's block_size={block_size} (a block "
+                         f"model's block_length is the length of the sub-blocks of its blocks): give a divisor of "
+                         f"{block_size}, or leave it out (one sub-block, the whole block)")
+    subs = block_size // length
+    if settings.steps is None or settings.threshold is not None or subs == 1:
+        return
+    bound = settings.gen_length if settings.max_new_tokens is None else settings.max_new_tokens
+    blocks = math.ceil(bound / block_size)
+    if math.ceil(settings.steps / blocks) < subs:
+        raise ValueError(f"steps={settings.steps} split over {blocks} blocks gives a block "
+                         f"{math.ceil(settings.steps / blocks)} steps, fewer than its {subs} sub-blocks (block_size="
+                         f"{block_size} / block_length={length}); every sub-block needs a step: give at least steps="
+                         f"{(subs - 1) * blocks + 1}, or a longer block_length")
 
 
 def check_kv_cache_dtype(kv_cache_dtype, cache) -> None:

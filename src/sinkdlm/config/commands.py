@@ -73,7 +73,7 @@ class SampleConfig(RemaskingOptions, KVCacheDtypeOption):
     steps: int | None = None
     """Denoising steps (required unless --threshold)."""
     block_length: int | None = None
-    """Semi-autoregressive block length (default: one block)."""
+    """Semi-autoregressive block length (default: one block). On a block model (block_size): its sub-blocks, Fast-dLLM v2's small_block_size: within each of its blocks the tokens are committed sub-block by sub-block, left to right, the block's steps split over them as these blocks split --steps (default: the whole block; it must divide block_size). One home for one idea: LLaDA's blocks are the semi-autoregressive units of a whole-sequence model's answer, sub-blocks those of a block model's block."""
     max_new_tokens: int | None = None
     """A block model (block_size): tokens to generate at most, each row ending at its end-of-text (default: gen_length); a whole-sequence model generates exactly --gen-length."""
     temperature: float = 0.0

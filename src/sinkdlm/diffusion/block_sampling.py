@@ -22,7 +22,12 @@ first column is then read from the previous block's last column, final already: 
 block's keys/values (or the prefill, when a prompt ends on a block boundary) reads it, and it is committed at once
 (the settings' token draw: greedy, the argmax, as Fast-dLLM v2's `batch_sample`), before `_finish`, so a stop id
 read there ends its row without another block; the block's steps then read their pass shifted by one column
-(`_shifted`). Fast-dLLM v2's sub-blocks (`small_block_size`) are not written: the whole block is one sub-block.
+(`_shifted`).
+Sub-blocks (`settings.block_length`, Fast-dLLM v2's `small_block_size`; default the whole block): each block is
+denoised sub-block by sub-block, left to right (`plan.subs`, `_denoise`): a step's pass still runs the whole block
+(its forward recomputed each step, as Fast-dLLM v2's), but only the current sub-block's masked columns are
+candidates; the block's steps are split over its sub-blocks as `steps_per_block` splits a whole-sequence model's
+steps over LLaDA's blocks (the remainder to the first), each sub-block's own masked count evenly over its share.
 A callback hears of each finished block (what a server streams). A probe (the analysis of a block model) runs
 each step over the whole canvas under the block-causal mask instead (`_probe_pass`). With `compile` each
 denoising step runs through `torch.compile` (CUDA graphs on a GPU), one graph per shape (`_compiled_pass`).
@@ -40,7 +45,8 @@ import torch
 from sinkdlm.config.checks import check_sample_settings
 from sinkdlm.config.commands import SampleConfig
 from sinkdlm.diffusion.remasking import (
-    RowGenerators, check_rule, dream_counts, dream_timesteps, predict, resolve_rule, transfer_schedule,
+    RowGenerators, check_rule, dream_counts, dream_timesteps, predict, resolve_rule, steps_per_block,
+    transfer_schedule,
 )
 from sinkdlm.diffusion.steps import BlockPlan, choose, compiled_step, origin_reveal, timed_first_call
 from sinkdlm.model import sink as sinklib
@@ -61,7 +67,8 @@ class BlockOutput:
 
 def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> None:
     """What `generate` refuses of a block model (and `max_new_tokens` of any other model), before any work."""
-    check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None)
+    check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None,
+                          block_size=config.block_size)
     asked = {"a probe's key masks (sink masking while generating)": probe and probe.key_masks,
              "shift_logits": shift_logits or None,
              "probe (the analysis of a shifted block model's decoding is still to come)":
@@ -92,6 +99,9 @@ class BlockDecodePlan:
     starts: torch.Tensor  # [B] long, each row's first generated column
     prefill: int  # the prompts' whole blocks: columns 0 .. prefill, run once
     blocks: tuple[BlockPlan, ...]  # the generated blocks, `steps` each (None: until done, threshold decoding)
+    # the sub-blocks of every block, columns relative to it, left to right, each its share of the block's steps
+    # (`settings.block_length`; default one, the whole block)
+    subs: tuple[BlockPlan, ...]
     max_new: int
     shift: bool = False  # shifted logits (Fast-dLLM v2): column c is read from column c - 1 (`_first_column`)
 
@@ -128,10 +138,14 @@ def plan_blocks(model, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, s
         todo[i, starts[i]:starts[i] + max_new] = True
     num_blocks = (width - whole * bs) // bs
     steps = None if settings.threshold is not None else math.ceil(settings.steps / math.ceil(max_new / bs))
-    timesteps = dream_timesteps(steps, settings.eps) if steps is not None and schedule == "dream" else None
-    blocks = tuple(BlockPlan(j, (whole + j) * bs, (whole + j + 1) * bs, None, steps, timesteps) for j in range(num_blocks))
+    blocks = tuple(BlockPlan(j, (whole + j) * bs, (whole + j + 1) * bs, None, steps) for j in range(num_blocks))
+    length = settings.block_length or bs  # checked by `check_block_call`: it divides bs, no share is 0
+    shares = [None] * (bs // length) if steps is None else steps_per_block(steps, bs // length)
+    subs = tuple(BlockPlan(k, k * length, (k + 1) * length, None, n,
+                           dream_timesteps(n, settings.eps) if n is not None and schedule == "dream" else None)
+                 for k, n in enumerate(shares))
     return BlockDecodePlan(settings, remasking, schedule, prompt, prompt_mask, x, real, todo, starts, whole * bs,
-                           blocks, max_new, bool(cfg.shift_logits))
+                           blocks, subs, max_new, bool(cfg.shift_logits))
 
 
 @dataclass
@@ -243,8 +257,9 @@ def _probe_pass(model, canvas: _Canvas, blk: BlockPlan, probe: Probe | None) -> 
 
 
 def _counts(plan: BlockDecodePlan, blk: BlockPlan, masked: torch.Tensor) -> torch.Tensor | None:
-    """Each row's commits at each step of `blk`, `[b, steps]` (LLaDA's even split of the row's own masked count
-    without the steps that commit nothing in every row; Dream's chain), or None: adaptive (threshold, origin)."""
+    """Each row's commits at each step of `blk` (a block's sub-block), `[b, steps]` (LLaDA's even split of the
+    row's own masked count without the steps that commit nothing in every row; Dream's chain), or None: adaptive
+    (threshold, origin)."""
     if blk.steps is None or plan.remasking == "origin":
         return None
     per_row = masked.sum(-1).tolist()
@@ -263,6 +278,49 @@ def _drawing(plan: BlockDecodePlan, masked: torch.Tensor, counts: torch.Tensor |
     if counts is None:
         return masked.any(-1)
     return (counts[:, i] > 0) | (plan.schedule == "dream")
+
+
+@dataclass
+class _Tally:
+    """What `decode_blocks` counts across its blocks."""
+
+    passes: int = 0  # model forward passes
+    steps: int = 0  # denoising steps (a probe's step index)
+    compile_seconds: float = 0.0  # settings.compile: the compiled step's first calls
+
+
+def _denoise(model, canvas: _Canvas, plan: BlockDecodePlan, blk: BlockPlan, sub: BlockPlan,
+             probe: Callable | None, tally: _Tally) -> None:
+    """Denoise the sub-block `sub` (its columns relative to `blk`'s) of the block `blk`: each step one pass over
+    the whole block (the block's forward recomputed, Fast-dLLM v2's), whose logits of the sub-block's columns
+    commit among its masked ones by the settings' rule (the positions outside it are no candidates)."""
+    settings, mask_id = plan.settings, model.config.mask_token_id
+    lo, hi = blk.lo + sub.lo, blk.lo + sub.hi
+    # [b, l] every generated column of the sub-block (shifted: but the block's first, committed already)
+    masked = canvas.todo[:, lo:hi] & (canvas.x[:, lo:hi] == mask_id)
+    counts = _counts(plan, sub, masked)
+    steps = counts.shape[1] if counts is not None else sub.steps
+    local = BlockPlan(blk.index, 0, hi - lo, None, sub.steps, sub.timesteps)  # the sub-block's own columns
+    for i in range(steps) if steps is not None else itertools.count():
+        if counts is None and not masked.any():
+            break
+        if isinstance(canvas.generator, RowGenerators):  # only the rows that, alone, would run this step draw
+            canvas.generator.active = _drawing(plan, masked, counts, i).nonzero().squeeze(-1).tolist()
+        if probe is None and settings.compile:
+            logits, seconds = _compiled_pass(model, canvas, blk, settings)
+            tally.compile_seconds += seconds
+        elif probe is None:
+            logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
+        else:
+            logits = _probe_pass(model, canvas, blk, probe(tally.steps, canvas.x, canvas.real))
+        tally.steps += 1
+        logits = (_shifted(logits) if plan.shift else logits)[:, sub.lo:sub.hi]  # [b, l, V]
+        reveal = origin_reveal(masked, local, i, canvas.generator) if plan.remasking == "origin" else None
+        x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
+                          plan.remasking, mask_id, canvas.generator)
+        canvas.x[:, lo:hi] = torch.where(pick, x0, canvas.x[:, lo:hi])
+        masked &= ~pick
+        tally.passes += 1
 
 
 def _finish(canvas: _Canvas, hi: int, stops: torch.Tensor, out: torch.Tensor, max_new: int) -> torch.Tensor:
@@ -325,45 +383,21 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
         kv = model.allocate_cache(b, plan.x.shape[1], plan.real, kv_cache_dtype=settings.kv_cache_dtype)
     canvas = _Canvas(plan.x.clone(), plan.real, plan.todo, plan.starts, torch.arange(b, device=prompt.device), kv,
                      generator)
-    passes = steps_done = 0  # forward passes; denoising steps (a probe's step index)
-    compile_seconds = 0.0
+    tally = _Tally()
     final = torch.zeros_like(out, dtype=torch.bool)  # [B, P + N] the columns final so far (`on_block`)
     final[:, :p] = True
     if plan.prefill and probe is None:  # the prompts' whole blocks, once
         _final_pass(model, canvas, 0, plan.prefill, plan, causal=True)
-        passes += 1
+        tally.passes += 1
     for blk in plan.blocks:
-        # [b, bs] every generated column of the block (shifted: but its first, committed already)
-        masked = canvas.todo[:, blk.lo:blk.hi] & (canvas.x[:, blk.lo:blk.hi] == mask_id)
-        counts = _counts(plan, blk, masked)
-        steps = counts.shape[1] if counts is not None else blk.steps
-        local = BlockPlan(blk.index, 0, blk.hi - blk.lo, None, blk.steps, blk.timesteps)  # the block's own columns
-        for i in range(steps) if steps is not None else itertools.count():
-            if counts is None and not masked.any():
-                break
-            if isinstance(canvas.generator, RowGenerators):  # only the rows that, alone, would run this step draw
-                canvas.generator.active = _drawing(plan, masked, counts, i).nonzero().squeeze(-1).tolist()
-            if probe is None and settings.compile:
-                logits, seconds = _compiled_pass(model, canvas, blk, settings)
-                compile_seconds += seconds
-            elif probe is None:
-                logits = _pass(model, canvas, blk.lo, blk.hi)  # [b, bs, V]
-            else:
-                logits = _probe_pass(model, canvas, blk, probe(steps_done, canvas.x, canvas.real))
-            steps_done += 1
-            logits = _shifted(logits) if plan.shift else logits
-            reveal = origin_reveal(masked, local, i, canvas.generator) if plan.remasking == "origin" else None
-            x0, pick = choose(logits, masked, None if counts is None else counts[:, i], reveal, settings,
-                              plan.remasking, mask_id, canvas.generator)
-            canvas.x[:, blk.lo:blk.hi] = torch.where(pick, x0, canvas.x[:, blk.lo:blk.hi])
-            masked &= ~pick
-            passes += 1
+        for sub in plan.subs:
+            _denoise(model, canvas, plan, blk, sub, probe, tally)
         if plan.shift and probe is None and canvas.todo[:, blk.hi:].any():  # before `_finish`: a stop id read
             _final_pass(model, canvas, blk.lo, blk.hi, plan)  # as the next block's first token ends its row now
-            passes += 1
+            tally.passes += 1
         going = _finish(canvas, blk.hi, stops, out, plan.max_new)
         if on_block is not None:
-            final = _report_block(on_block, canvas, going, out, final, passes, blk, plan.max_new)
+            final = _report_block(on_block, canvas, going, out, final, tally.passes, blk, plan.max_new)
         if not going.any():
             break
         if probe is not None:  # the analysis keeps its batch whole (the recorder's rows): a finished row waits
@@ -373,9 +407,9 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
             canvas.keep(going)
         if not plan.shift:  # the block's final keys/values, exact from now on
             _final_pass(model, canvas, blk.lo, blk.hi, plan)
-            passes += 1
+            tally.passes += 1
     attention_mask = None
     if prompt_mask is not None:
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(b, plan.max_new)], dim=1)
-    return BlockOutput(sequences=out, attention_mask=attention_mask, prompt_length=p, steps_taken=passes,
-                       compile_seconds=compile_seconds if settings.compile else None)
+    return BlockOutput(sequences=out, attention_mask=attention_mask, prompt_length=p, steps_taken=tally.passes,
+                       compile_seconds=tally.compile_seconds if settings.compile else None)

@@ -262,7 +262,8 @@ def generate(
     prompt_ids     `[P]`/`[B, P]` tensor, a list of ints, or a list of prompts of different lengths
                    (left-padded with `pad_token_id`; see `attention_mask` of the `return_dict` output).
     gen_length     tokens to generate (required); steps: denoising steps in all, split evenly over the
-                   blocks (not used with `threshold`); block_length: semi-autoregressive blocks (default one).
+                   blocks (not used with `threshold`); block_length: semi-autoregressive blocks (default one;
+                   a block model's: the sub-blocks of each of its blocks, Fast-dLLM v2's small_block_size).
     temperature, remasking, schedule, alg_temp, top_p, top_k, threshold: the rule of a step (the module
                    docstring); remasking/schedule None: the model family's (`ModelConfig.family`).
     generator/seed the randomness: with `seed` (default 0) every row gets its own generator seeded with it,

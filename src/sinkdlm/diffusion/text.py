@@ -98,7 +98,8 @@ def generate_texts(model, tokenizer, prompts: Sequence[str | list[dict]], config
     # a command's config (`GenerateConfig`) is a SampleConfig too: keep only the sampler's fields
     settings = SampleConfig(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(SampleConfig)})
     block_model = model.config.block_size is not None
-    check_sample_settings(settings, autoregressive=model.config.causal, block_model=block_model)
+    check_sample_settings(settings, autoregressive=model.config.causal, block_model=block_model,
+                          block_size=model.config.block_size)
     ids = [encode_prompt(tokenizer, prompt, text.chat, text.system) for prompt in prompts]
     stops = stop_token_ids(tokenizer, text.chat) if text.stop_at_eos else ()
     if stops and (model.config.causal or block_model):  # these stop decoding a row at its end (§10, §13)

@@ -150,7 +150,8 @@ def parse_job(body, kind: str, model, tokenizer, served: str, cfg: ServeConfig) 
         block_model = model.config.block_size is not None  # max_tokens bounds it: it stops at its end-of-text
         settings = SampleConfig(gen_length=max_tokens, max_new_tokens=max_tokens if block_model else None, seed=0,
                                 **given)
-        check_sample_settings(settings, autoregressive=causal, block_model=block_model)
+        check_sample_settings(settings, autoregressive=causal, block_model=block_model,
+                              block_size=model.config.block_size)
         if not causal:
             schedule, remasking = resolve_rule(model.config.family, settings.schedule, settings.remasking,
                                                settings.threshold)
