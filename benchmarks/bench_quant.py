@@ -1,8 +1,9 @@
 """`--quantize` speed and memory (issue 66): torchao's int8 schemes against float32, each ratio in one process.
 
 1. The MLP: sinkdlm's SwiGLU block at 2048 -> 8192 -> 2048 (gate/up/down, 3 matmuls), at 1 and 128 tokens,
-   eager and under `torch.compile` (inductor, against compiled float32): fp32 time / quantized time (above 1:
-   the quantized one is faster), medians of interleaved repeats.
+   eager and under `torch.compile` (inductor, against compiled float32), compiled once more with inductor's
+   `freezing` (torchao's CPU recipe for W8A8): fp32 time / quantized time (above 1: the quantized one is faster),
+   medians of interleaved repeats.
 2. Decoding: `generate` (batch 1, a 64-token prompt, 64 tokens in blocks of 16, one token per step, the dual
    cache) on the `tiny` preset + 1 sink and, when the example model is cached (`make example-model`), on
    SmolLM2-135M-Instruct converted to a DLM + 1 sink (random sink row: speed does not depend on it): generated
@@ -14,6 +15,7 @@ int4-weight has no torchao kernel on a CPU: its one-line refusal is recorded ins
 OMP_NUM_THREADS=1 on a shared machine (the default: --threads 1). Raw numbers: results/bench_quant.json.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_quant.py [--repeats 5] [--no-real] [--no-compile]
+        [--mlp-only | --real-only]   # one part again, into the results file
 """
 
 from __future__ import annotations
@@ -69,13 +71,19 @@ def bench_mlp(repeats: int, compile: bool) -> list[dict]:
         models[scheme] = copy.deepcopy(base)
         quantize_(models[scheme], configs[scheme])
     rows = []
-    for mode in ("eager", "compiled") if compile else ("eager",):
+    import torch._inductor.config as inductor_config
+
+    for mode in ("eager", "compiled", "compiled, freezing") if compile else ("eager",):
+        # "freezing": inductor folds the (quantized) weights into the graph as constants, torchao's CPU recipe for
+        # W8A8 (its int8 matmul then lowers to oneDNN's); the fp32 baseline is compiled with the same setting
+        torch._dynamo.reset()
         run = models if mode == "eager" else {k: torch.compile(m) for k, m in models.items()}
         for tokens in (1, 128):
             x = torch.randn(1, tokens, D)
-            for fn in run.values():  # warm-up (compiles)
-                fn(x)
-            t = _median_seconds({k: (lambda f=f: f(x)) for k, f in run.items()}, repeats)
+            with torch.no_grad(), inductor_config.patch(freezing=mode.endswith("freezing")):
+                for fn in run.values():  # warm-up (compiles)
+                    fn(x)
+                t = _median_seconds({k: (lambda f=f: f(x)) for k, f in run.items()}, repeats)
             for scheme in SCHEMES:
                 rows.append({"mode": mode, "tokens": tokens, "scheme": scheme, "fp32_seconds": t["fp32"],
                              "seconds": t[scheme], "ratio": t["fp32"] / t[scheme]})
@@ -164,11 +172,19 @@ def main() -> None:
     ap.add_argument("--no-real", action="store_true", help="leave out the SmolLM2 DLM")
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     ap.add_argument("--real-only", action="store_true", help="measure the SmolLM2 DLM only, into the results file")
+    ap.add_argument("--mlp-only", action="store_true", help="measure the MLP only, into the results file")
     ap.add_argument("--child", nargs=2, metavar=("MODEL_DIR", "SCHEME"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child(*args.child)
     torch.set_num_threads(args.threads)
+    if args.mlp_only:
+        result = json.loads(OUT.read_text())
+        result.update(torch=torch.__version__, torchao=torchao_version(), cpu=cpu_name(), threads=args.threads,
+                      repeats=args.repeats)
+        result["mlp"] = {"shape": [D, FF, D], "rows": bench_mlp(args.repeats, not args.no_compile)}
+        atomic_write_json(OUT, result)
+        return print(f"wrote {OUT}")
     if args.real_only:
         result = json.loads(OUT.read_text())
         result["decode"] = [d for d in result["decode"] if not d["model"].startswith("SmolLM2")] + [_real(args.repeats)]

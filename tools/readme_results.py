@@ -483,12 +483,13 @@ def _bench_quant(results_root: Path) -> str | None:
     if r is None:
         return None
     rows = {(row["scheme"], row["mode"], row["tokens"]): row["ratio"] for row in r["mlp"]["rows"]}
-    modes = [(m, n) for m in ("eager", "compiled") for n in (1, 128) if any(k[1:] == (m, n) for k in rows)]
+    modes = [(m, n) for m in ("eager", "compiled", "compiled, freezing") for n in (1, 128) if any(k[1:] == (m, n) for k in rows)]
     d, ff, _ = r["mlp"]["shape"]
     lines = [f"torch {r['torch']}, torchao {r['torchao']}, {r['cpu']}, {_threads(r['threads'])}, median of "
              f"{r['repeats']} interleaved repeats, every ratio within one process (`benchmarks/bench_quant.py`). "
              f"sinkdlm's SwiGLU MLP at {d} → {ff} → {d}, fp32 time / quantized time (above 1: the quantized one is "
-             "faster; compiled: against compiled fp32):", "",
+             "faster; compiled: against compiled fp32; freezing: inductor's `freezing`, the weights folded into the "
+             "graph as constants, torchao's CPU recipe for W8A8):", "",
              "| scheme | " + " | ".join(f"{m}, {n} token{'s' if n > 1 else ''}" for m, n in modes) + " |",
              "|---|" + "---:|" * len(modes)]
     for scheme in dict.fromkeys(k[0] for k in rows):
