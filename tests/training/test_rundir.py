@@ -354,6 +354,7 @@ def test_non_utf8_data_fails_naming_the_file_through_the_cli(tmp_path, capsys):
     assert err.startswith("error: ") and f"{latin.name} is not UTF-8 text" in err
 
 
+@pytest.mark.slow  # ~16 s (a fresh interpreter); the same refusal through main(): tests/cli/test_cli_robust.py
 def test_unwritable_cache_dir_is_one_line_from_the_real_entry_point(tmp_path):
     """`python -m sinkdlm` (what a user runs), not the in-process main: no traceback on stderr."""
     env = {**os.environ, "PYTHONPATH": SRC}
