@@ -18,6 +18,7 @@ run).
 
     python tools/quant_real.py [--model GGUF] [--tokens 16384] [--seq-len 128] [--schemes int8-weight,int8-dynamic]
                                [--out docs/results/quant-real]
+    python tools/quant_real.py --readme-only      # OUT/README.md again from OUT/results.json
 
 Writes OUT/results.json and OUT/README.md.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import platform
 import time
 from dataclasses import replace
@@ -121,13 +123,14 @@ def write(out: Path, r: dict) -> None:
     atomic_write_json(out / "results.json", r)
     lines = ["# What quantization costs SmolLM2-135M (AR), on fixed validation sequences", "",
              f"Model: `{r['model']}` (a causal AR model, dequantised to float32 on load; the block linears quantized "
-             "by torchao, the embeddings, norms and tied head kept float32). Sequences: the first "
+             "by torchao; the embeddings, norms and head kept float32). Sequences: the first "
              f"{r['sequences']} sequences of {r['seq_len']} tokens ({r['tokens']:,} tokens, {r['predicted_tokens']:,} "
              f"predicted) of the packed `{r['data']}` validation split, tokenized with the model's own tokenizer. "
              "Score: a sequence's mean next-token cross-entropy (nats), exact. Machine: "
              f"{r['machine']['cpu']}, {r['machine']['threads']} thread(s); torch {r['machine']['torch']}, torchao "
              f"{r['machine']['torchao']}, Python {r['machine']['python']}. `python tools/quant_real.py "
              f"{r['argv']}`.", "",
+             *([r["note"], ""] if r.get("note") else []),
              f"Unquantized (float32) val_loss: {r['val_loss']:.5f} nats ({r['reference_seconds']:.0f} s).", "",
              "Δ_quant = quantized − unquantized, per sequence, then averaged; its 95 % interval is the Student t "
              f"interval over the {r['sequences']} sequences (paired: the same sequences, the same process). The "
@@ -162,7 +165,15 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--no-outliers", dest="outliers", action="store_false")
     ap.add_argument("--out", type=Path, default=Path("docs/results/quant-real"))
+    ap.add_argument("--note", default=None, help="a sentence on how the seconds were measured (kept in results.json)")
+    ap.add_argument("--readme-only", action="store_true",
+                    help="rewrite OUT/README.md (and --note) from OUT/results.json, measuring nothing")
     args = ap.parse_args()
+    if args.readme_only:
+        r = json.loads((args.out / "results.json").read_text())
+        write(args.out, r if args.note is None else {**r, "note": args.note})
+        print((args.out / "README.md").read_text())
+        return
     from sinkdlm.checkpoint.example_model import example_model_path
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
     from sinkdlm.io.machine import cpu_name
@@ -178,7 +189,7 @@ def main() -> None:
     r = {"model": Path(path).name, "data": args.data, **r,
          "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                      "torchao": torchao_version(), "python": platform.python_version()},
-         "argv": " ".join(sys.argv[1:])}
+         "argv": " ".join(sys.argv[1:]), "note": args.note}
     write(args.out, r)
     print((args.out / "README.md").read_text())
 
