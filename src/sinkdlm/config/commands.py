@@ -272,7 +272,7 @@ class LMEvalConfig(ModelOptions, ScoringOptions):
     tokenizer: Path | None = None
     """Tokenizer directory (default: the checkpoint's)."""
     block_length: int | None = GEN_BLOCK_LENGTH
-    """Semi-autoregressive block of `generate_until`; None = one block."""
+    """Semi-autoregressive block of `generate_until`; None = one block. On a block model (block_size): its sub-blocks (Fast-dLLM v2's small_block_size, as generate's --block-length) when shorter than the model's block, which it must divide; the block's length or more (the default 32 on a block of 32 or fewer) or None: the whole block, no sub-blocks."""
     check_greedy: bool = True
     """Compute `is_greedy` of each continuation (|y| extra forwards); False reports False."""
     shift_logits: bool | None = None

@@ -23,7 +23,8 @@ The three request types (docs/method.md §1-2, §7):
     those extra |y| forwards and reports False.
   * `generate_until` — the sampler at temperature 0 (unless the task asks for sampling),
     `max_gen_toks` new tokens (default 256) in semi-autoregressive blocks of `block_length`
-    (default 32), one token per step unless `gen_steps`; cut at EOS, then at the first stop string.
+    (default 32; a block model's sub-blocks when shorter than its block, else the whole block: docs/method.md
+    §13), one token per step unless `gen_steps`; cut at EOS, then at the first stop string.
     `cache=prefix|dual` and `threshold=0.9` turn on Fast-dLLM's KV cache and parallel decoding.
   * `loglikelihood_rolling` — the document split into windows of the model's length: lm-eval's
     disjoint rolling windows (`get_rolling_token_windows` with one token of context), each
@@ -58,8 +59,8 @@ from tqdm.auto import tqdm
 from sinkdlm.config.commands import LMEvalConfig, RemaskingOptions
 from sinkdlm.config.fields import field_types
 from sinkdlm.diffusion.likelihood import MC_NUM, METHODS
-from sinkdlm.evaluation.predictor import DLMPredictor, check_scoring_options
-from sinkdlm.model.loader import resolve_device
+from sinkdlm.evaluation.predictor import DLMPredictor, check_scoring_options, sub_block_length
+from sinkdlm.model.loader import open_source, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -186,11 +187,13 @@ class SinkDLMEvalModel(LM):
         self._device = resolve_device(device)
         dtype = DTYPES[config.dtype] if config.dtype else None
         check_quantize(config.quantize, self._device, dtype)  # before any weight is read
-        self.model = quantize_model(load_checkpoint(Path(config.model), device=self._device, dtype=dtype).eval(),
-                                    config.quantize)
+        source = open_source(Path(config.model))  # its config alone, no weight read yet
+        if not source.config.causal:  # a block model's block_length is its sub-blocks: refused now, not mid-run
+            sub_block_length(config.block_length, source.config.block_size)
+        self.model = quantize_model(load_checkpoint(source, device=self._device, dtype=dtype).eval(), config.quantize)
         if config.shift_logits is not None:  # this loaded model's head is read the other way (every estimator reads the config)
             self.model.config.shift_logits = config.shift_logits
-        self.tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else load_tokenizer_for(Path(config.model))
+        self.tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else load_tokenizer_for(source)
         self.predictor = DLMPredictor(self.model, self.tokenizer, config)
         self.settings = config
 

@@ -38,7 +38,7 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.config.checks import CACHE_CHOICES as CACHES
 from sinkdlm.diffusion.sampling import generate as sample
-from sinkdlm.config.checks import check_int, check_kv_cache_dtype, check_optional_int
+from sinkdlm.config.checks import check_int, check_kv_cache_dtype, check_optional_int, check_sub_blocks
 from sinkdlm.config.commands import ScoringOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
@@ -51,7 +51,9 @@ class GenRequest:
     Length: exactly `max_tokens` tokens are sampled, or — with `length_of` — exactly as many as the
     tokenisation of `length_of` after the context (the cloze task's "as many tokens as the true
     word"). The text is cut at the first EOS token and then at the first of the `until` strings.
-    `block_length` sets semi-autoregressive blocks (docs/method.md §2; None = one block).
+    `block_length` sets semi-autoregressive blocks (docs/method.md §2; None = one block); on a block model
+    (docs/method.md §13) its sub-blocks when shorter than the model's block, else the whole block
+    (`sub_block_length`).
     """
 
     context: str
@@ -72,6 +74,31 @@ class Predictor(Protocol):
     def loglikelihood(self, requests: Sequence[tuple[str, str]], *, desc: str = "") -> list[float]: ...
 
     def generate(self, requests: Sequence[GenRequest], *, desc: str = "") -> list[str]: ...
+
+
+def sub_block_length(block_length: int | None, block_size: int | None) -> int | None:
+    """What an evaluation's `block_length` means on a model of `block_size` (None: a whole-sequence model, whose
+    `block_length` is its semi-autoregressive blocks, returned as given). On a block model (docs/method.md §13) it
+    is `generate`'s: the sub-block length (Fast-dLLM v2's small_block_size) when shorter than the block, which it
+    must divide (`check_sub_blocks`, the one check of it); as long as the block or longer (the default 32 on a
+    block of 32 or fewer), None: one sub-block, the whole block, as a semi-autoregressive block_length >=
+    gen_length is one block."""
+    if block_size is None or block_length is None:
+        return block_length
+    if block_length >= block_size:
+        return None
+    check_sub_blocks(_SubBlocks(block_length), block_size)
+    return block_length
+
+
+@dataclass(frozen=True)
+class _SubBlocks:
+    """The settings `check_sub_blocks` reads for its divisibility check alone (no steps: the steps are
+    `generate_ids`', made enough for the sub-blocks)."""
+
+    block_length: int
+    steps: None = None
+    threshold: None = None
 
 
 def request_seed(seed: int, *ids: Sequence[int]) -> int:
@@ -265,9 +292,14 @@ class DLMPredictor:
         The length is rounded up to a whole number of blocks and the extra tokens dropped; prompts are
         cut from the left to leave room; `steps` defaults to `gen_steps`, else one token per step.
         `fast=True` applies the predictor's `cache`, `threshold` and `remasking` (the greedy check does not).
+        A block model (docs/method.md §13) decodes `gen_length` tokens in its own blocks, `block_length` its
+        sub-blocks (`sub_block_length`), with at least the steps its sub-blocks need (one each, every block).
         """
+        block_size = None if self.model.config.causal else self.model.config.block_size
         padded = gen_length
-        if block_length is not None and block_length < gen_length:
+        if block_size is not None:  # its own blocks: no semi-autoregressive padding, block_length its sub-blocks
+            block_length = sub_block_length(block_length, block_size)
+        elif block_length is not None and block_length < gen_length:
             padded = -(-gen_length // block_length) * block_length
         else:
             block_length = None
@@ -277,10 +309,13 @@ class DLMPredictor:
                 f"cannot generate {padded} tokens with a model of max_length={self.max_length}: "
                 "no room is left for the prompt; ask for fewer tokens"
             )
-        n_blocks = padded // block_length if block_length else 1
+        n_blocks = padded // block_length if block_length and block_size is None else 1
         cache, threshold = (self.cache, self.threshold) if fast else (None, None)
         steps = steps or self.gen_steps or padded
         steps = max(n_blocks, min(steps, padded))
+        if block_length and block_size is not None:  # the sampler's steps per block: ceil(steps / its blocks)
+            blocks = -(-gen_length // block_size)
+            steps = max(steps, (block_size // block_length - 1) * blocks + 1)  # one step a sub-block, every block
         rows = [(list(p)[-room:] if p else self.prefix_token) for p in prompts]
         if any(not r for r in rows):
             raise ValueError("an empty prompt needs a tokenizer with an EOS token to stand in for it")
@@ -296,8 +331,8 @@ class DLMPredictor:
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
                 kv_cache_dtype=self.kv_cache_dtype if cache else None,
                 **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")))
-            if self.model.config.block_size is not None:  # decodes in its own blocks, with its exact cache (§13)
-                diffusion.update(block_length=None, cache=None, kv_cache_dtype=None)
+            if block_size is not None:  # decodes in its own blocks, with its exact cache (§13), in sub-blocks
+                diffusion.update(cache=None, kv_cache_dtype=None)
             res = sample(self.model, [rows[i] for i in chunk], gen_length=padded, temperature=temperature,
                          generator=[torch.Generator(self.model.device).manual_seed(request_seed(self.seed, rows[i]))
                                     for i in chunk], return_dict=True, **diffusion)
