@@ -177,13 +177,88 @@ def test_analyze_runs_the_ablation_of_a_block_model(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-def test_a_shifted_block_models_ablation_is_refused_before_any_work(tmp_path):
-    """Fast-dLLM v2 (shifted logits): `loglikelihood` scores it, but the ablation's masked terms are written for
-    unshifted models only, so its ablation is refused before any work."""
+# ----------------------------------------------------------------------------- shifted logits (Fast-dLLM v2)
+def _reference_shifted_nelbo(model, x0, xt, masked, weight, first, hidden) -> float:
+    """One draw's shifted block NELBO term, block by block, the hidden keys removed from every query's view: block
+    k's masked token at column c read at column c - 1 of block k's own pass (its noisy block beside the clean blocks
+    before it), and each block's first token (`first`) exactly, at the previous block's last column of a clean
+    block-causal pass."""
+    cfg = model.config
+    blocks = torch.arange(len(x0)) // BLOCK
+    allow = (blocks[None, :] <= blocks[:, None])[None, None].repeat(1, cfg.num_attention_heads, 1, 1)
+    masks = []
+    for layer in range(cfg.num_hidden_layers):
+        m = allow.clone()
+        for h, keys in enumerate(hidden[layer]):
+            m[0, h, :, keys] = False  # no query sees a hidden key
+        masks.append(m)
+    total = 0.0
+    for k in range(_num_blocks(len(x0))):
+        ids, lo, hi = _canvas(x0, xt, k)
+        if not masked[lo:hi].any():
+            continue
+        assert not masked[lo]  # a block's first column is never masked
+        logits = _forward_with_masks(model, ids, masks)[0, lo:hi - 1]  # column c - 1 predicts c
+        ce = torch.nn.functional.cross_entropy(logits, x0[lo + 1:hi], reduction="none")
+        total += float((ce * weight[lo + 1:hi] * masked[lo + 1:hi]).sum())
+    if len(first):
+        logits = _forward_with_masks(model, x0[None], masks)[0, first - 1]  # the clean previous block's last column
+        total += float(torch.nn.functional.cross_entropy(logits, x0[first], reduction="sum"))
+    return total
+
+
+def test_a_shifted_block_models_k0_is_its_loglikelihood():
+    """Fast-dLLM v2 (shifted logits): K = 0 is `loglikelihood`'s shifted block NELBO, each block's first token read
+    exactly from the clean previous block's last column."""
+    model = tiny_model(block_size=BLOCK, num_sink_tokens=1, shift_logits=True)
+    ll = loglikelihood(model, PREFIXES, CONTS, mc_num=4, seed=3)
+    per_token = ll.logprob / torch.tensor([float(len(c)) for c in CONTS])
+    alone = continuation_elbo(model, PREFIXES, CONTS, [0], mc_num=4, seed=3)  # no maps: the very same pass
+    assert torch.equal(alone["elbo"][0], per_token)
+    with_maps = continuation_elbo(model, PREFIXES, CONTS, [1], mc_num=4, epsilon=0.0, seed=3)  # eager K = 0
+    torch.testing.assert_close(with_maps["elbo"][0], per_token, rtol=1e-12, atol=1e-12)
+    none = continuation_elbo(model, PREFIXES, CONTS, [3], mc_num=4, epsilon=1e6, seed=3)  # no key is a sink
+    assert none["masked_keys"][3] == 0
+    torch.testing.assert_close(none["elbo"][3], none["elbo"][0], rtol=1e-12, atol=1e-12)  # per-draw exact terms
+    with pytest.raises(ValueError, match="prefix is empty"):
+        continuation_elbo(model, [[]], [[1, 2]], [1], mc_num=2)
+
+
+@pytest.mark.parametrize("sinks", [0, 1])
+def test_a_shifted_block_models_masked_nelbo_equals_a_loop_over_blocks_with_the_sink_keys_removed(sinks):
+    model = tiny_model(block_size=BLOCK, num_sink_tokens=sinks, shift_logits=True)
+    mc, top, eps, seed = 3, 2, 0.0, 5
+    got = continuation_elbo(model, PREFIXES, CONTS, [top], mc_num=mc, epsilon=eps, seed=seed, batch_size=2)
+    gen = torch.Generator().manual_seed(seed)  # the draws of `loglikelihood(..., seed=seed)`: one generator in turn
+    hidden_keys = 0
+    for i, (pre, cont) in enumerate(zip(PREFIXES, CONTS)):
+        seq = torch.tensor(pre + cont)
+        masked, weight = block_draws(seq, len(pre), BLOCK, mc, gen, shift=True)
+        first = torch.tensor([c for c in range(len(pre), len(seq)) if c % BLOCK == 0], dtype=torch.long)
+        plain, ablated = [], []
+        for d in range(mc):
+            xt = seq.masked_fill(masked[d], model.config.mask_token_id)
+            none = [[[] for _ in range(model.config.num_attention_heads)]] * model.config.num_hidden_layers
+            plain.append(-_reference_shifted_nelbo(model, seq, xt, masked[d], weight[d], first, none))
+            hidden = _reference_hidden(model, seq, xt, top, eps)
+            hidden_keys += sum(len(keys) for heads in hidden for keys in heads)
+            ablated.append(-_reference_shifted_nelbo(model, seq, xt, masked[d], weight[d], first, hidden))
+        assert float(got["elbo"][0][i]) == pytest.approx(sum(plain) / mc / len(cont), rel=1e-10, abs=1e-12)
+        assert float(got["elbo"][top][i]) == pytest.approx(sum(ablated) / mc / len(cont), rel=1e-10, abs=1e-12)
+    assert got["masked_keys"][top] == hidden_keys > 0
+    assert not torch.allclose(got["elbo"][top], got["elbo"][0])  # the ablation does something
+
+
+def test_a_shifted_block_models_analyze_is_refused_before_any_work_and_run_ablation_scores_it(tmp_path):
+    """`analyze` records the decoding, which takes no probe of a shifted block model yet: refused before any work.
+    `run_ablation` scores such a model's block NELBO without it."""
     model = tiny_model(vocab_size=47, mask_token_id=46, block_size=2, shift_logits=True)
     config = AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k="1", out=tmp_path / "a", quiet=True)
-    with pytest.raises(ValueError, match="sink-masking ablation .* shifted logits"):
+    with pytest.raises(ValueError, match="shifted logits .*run_ablation"):
         analyze(model, word_tokenizer(), ["w1 w2 w3"], config)
     assert not (tmp_path / "a").exists()
-    with pytest.raises(ValueError, match="shifted logits"):
-        continuation_elbo(model, PREFIXES, CONTS, [1], mc_num=2)
+    res = run_ablation(model, [1], epsilon=0.0, prefixes=PREFIXES, continuations=CONTS, mc_num=2, seed=1)
+    assert res["metric"] == "continuation_block_elbo_per_token" and res["k"] == [0, 1]
+    ll = loglikelihood(model, PREFIXES, CONTS, mc_num=2, seed=1)
+    assert res["per_request"]["0"] == pytest.approx((ll.logprob / torch.tensor([float(len(c)) for c in CONTS])).tolist(),
+                                                    abs=1e-12)

@@ -25,7 +25,9 @@ Two ways to score, both paired (the same prompts / noise for every K, K = 0 incl
   are detected on its attention and the same input is run again with them masked. A block model's
   score is its block NELBO (docs/method.md §15: `block_loglikelihood`'s draws, one x_t ⊕ x_0 pass each):
   its sinks come from the x_t half's queries of the unablated pass, and a masked position's noisy
-  and clean keys are both hidden. A block model's generation takes no key masks yet: no task.
+  and clean keys are both hidden. Shifted logits (Fast-dLLM v2) are read as `loglikelihood` reads them:
+  each block's first token exactly, at the clean previous block's last column, under each draw's own
+  masks. A block model's generation takes no key masks yet: no task.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from sinkdlm.analysis.metrics import exclusive_mean, received_attention
 from sinkdlm.config.checks import check_epsilon, check_int, check_scale
 from sinkdlm.analysis.recorder import row_groups
 from sinkdlm.diffusion.loss import weighted_masked_ce
-from sinkdlm.diffusion.block import block_draws, block_nelbo_terms, both_copies, check_unshifted, xt_queries
+from sinkdlm.diffusion.block import block_nelbo_terms, block_request_draws, both_copies, xt_queries
 from sinkdlm.diffusion.likelihood import mc_draw
 from sinkdlm.config.commands import AnalyzeConfig  # the one home of the defaults (their field docstrings)
 from sinkdlm.config.fields import with_overrides
@@ -227,7 +229,9 @@ def continuation_elbo(
     request, no noise). A block model (`config.block_size`) is scored by its block NELBO (`block_loglikelihood`'s
     draws, so K = 0 equals `loglikelihood(..., seed=seed)` of it), each draw one x_t ⊕ x_0 pass: the sinks are
     found on the x_t half's queries (each block's queries beside the clean blocks before it), the noisy and the
-    clean copy of a position one key, and both copies are masked (docs/method.md §15). The settings (ϵ, scale,
+    clean copy of a position one key, and both copies are masked (docs/method.md §15); with shifted logits (Fast-dLLM
+    v2) each block's first token is scored exactly at the clean previous block's last column (of the x_0 half, under
+    that draw's masks), the others one x_t column back, as `loglikelihood` scores it. The settings (ϵ, scale,
     include_extra_sink, mc_num, seed) are `AnalyzeConfig`'s, and keyword overrides are its fields
     (`continuation_elbo(model, p, c, ks, epsilon=0.0)`); `batch_size` counts noised rows per forward. The head's
     shift is the model's `config.shift_logits`.
@@ -237,8 +241,9 @@ def continuation_elbo(
     cfg = model.config
     if len(prefixes) != len(continuations) or not continuations:
         raise ValueError("give one prefix per continuation, and at least one pair")
-    if cfg.block_size is not None:
-        check_unshifted(cfg, "scoring")  # Fast-dLLM v2: the masked terms read each target at its own column (unshifted)
+    if cfg.block_size is not None and cfg.shift_logits and not all(len(p) for p in prefixes):
+        raise ValueError("a prefix is empty; a block model with shifted logits needs a prefix token to predict the "
+                         "first one")
     generator = torch.Generator().manual_seed(settings.seed)
     elbo = {k: [] for k in ks}
     masked_keys = {k: 0 for k in ks}
@@ -284,17 +289,17 @@ def _num_draws(cfg, mc_num: int) -> int:
 def _request_draws(model, pre: Sequence[int], cont: Sequence[int], mc_num: int, generator: torch.Generator):
     """One request's noise and its scorer: (the draws to run `[R]`, `score(rows, probe) -> [len(rows)]` float64,
     each draw's log-probability term under that forward's probe). The draws: an AR model's one clean row; a block
-    model's `block_draws` (`block_loglikelihood`'s); else `mc_draw` (`loglikelihood(method="mc")`'s)."""
+    model's `block_request_draws` (`block_loglikelihood`'s); else `mc_draw` (`loglikelihood(method="mc")`'s)."""
     cfg, device, mask_id = model.config, model.device, model.config.mask_token_id
     seq = torch.tensor(list(pre) + list(cont), dtype=torch.long)
     lp = len(pre)
     if cfg.block_size is not None:  # the block NELBO (docs/method.md §13), one x_t ⊕ x_0 pass a batch of draws
-        masked, weight = block_draws(seq, lp, cfg.block_size, mc_num, generator)
-        x0 = seq[None].expand(mc_num, -1)
-        xt = x0.masked_fill(masked, mask_id)
+        # shifted logits (Fast-dLLM v2): each block's first token exact, at the clean previous block's last column
+        xt, x0, masked, weight, first = block_request_draws(cfg, seq, lp, mc_num, generator)
 
         def score(r, probe):
-            return -block_nelbo_terms(model, xt[r].to(device), x0[r].to(device), masked[r], weight[r], probe=probe)
+            return -block_nelbo_terms(model, xt[r].to(device), x0[r].to(device), masked[r], weight[r], probe=probe,
+                                      first=first)
         return torch.arange(mc_num), score
     if cfg.causal:  # an AR model: its exact log-likelihood, one clean row (docs/method.md §10)
         xt, x0, t = seq[None], seq[None], torch.ones(1)

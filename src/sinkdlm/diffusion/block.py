@@ -58,18 +58,6 @@ def block_diffusion_mask(seq_len: int, block_size: int, num_sink_tokens: int = 0
     return mask
 
 
-def check_unshifted(config, what: str) -> None:
-    """Refuse a block model with shifted logits (Fast-dLLM v2: column c is read from column c - 1, a block's
-    first token from the previous block's last position) where only the unshifted rule is written: the
-    sink-masking ablation (docs/method.md §13). Its decoding (`block_sampling`), its block NELBO
-    (`block_loglikelihood`) and its training loss (`block_diffusion_loss`) read the shift."""
-    if config.shift_logits:
-        raise ValueError(f"{what} a block model with shifted logits (a Fast-dLLM v2 checkpoint) is not written here: "
-                         "this path reads each target at its own column, not at the column before it (a block's "
-                         "first token from the clean previous block); generate decodes such a model, "
-                         "loglikelihood scores its block NELBO and train fits it")
-
-
 def xt_forward(model, xt: torch.Tensor, x0: torch.Tensor, logits_index=None, probe=None):
     """The model's output over x_t ⊕ x_0 (`[B, 2L]`, positions repeated) under `block_diffusion_mask`; its
     logits are `[B, 2L, V]` (the x_t half first), or those of `logits_index` (as `DiffusionLM.forward`).
@@ -248,18 +236,39 @@ def block_nelbo_terms(model, xt: torch.Tensor, x0: torch.Tensor, masked: torch.T
     pass over `xt, x0 [S, L]` (on the model's device); `masked, weight [S, L]` (CPU) are `block_draws`'s. `probe`:
     the pass's `Probe` (the sink-masking ablation's maps and key masks, `analysis/ablation.py`). `first`: shifted
     logits (`first_columns`): each masked token is read at the x_t column before it (its own block's), and each
-    column of `first` at the x_0 half's column before it, whose exact cross-entropy is added to every draw."""
+    column of `first` at the x_0 half's column before it, whose exact cross-entropy is added to every draw: read
+    from draw 0's pass (the x_0 half is the same in every draw), or from each draw's own pass when the probe masks
+    keys (the sink-masking ablation's masks differ from draw to draw)."""
     rows, cols = masked.nonzero(as_tuple=True)
-    shift, length = int(first is not None), xt.shape[1]
+    shift, length = first is not None, xt.shape[1]
     first = torch.zeros(0, dtype=torch.long) if first is None else first
-    read_rows = torch.cat([rows, torch.zeros_like(first)]).to(x0.device)  # the exact terms: from draw 0's pass
-    read_cols = read_columns(cols, first, length, bool(shift)).to(x0.device)
-    targets = torch.cat([x0[rows.to(x0.device), cols.to(x0.device)], x0[0, first.to(x0.device)]])
+    per_draw = probe is not None and probe.key_masks is not None
+    if per_draw:  # each draw's exact terms under its own key masks
+        first_rows, first = torch.arange(len(xt)).repeat_interleave(len(first)), first.repeat(len(xt))
+    else:  # the exact terms: from draw 0's pass
+        first_rows = torch.zeros_like(first)
+    read_rows = torch.cat([rows, first_rows]).to(x0.device)
+    read_cols = read_columns(cols, first, length, shift).to(x0.device)
+    targets = torch.cat([x0[rows.to(x0.device), cols.to(x0.device)], x0[first_rows.to(x0.device), first.to(x0.device)]])
     logits = xt_forward(model, xt, x0, logits_index=(read_rows, read_cols), probe=probe).logits  # [N + F, V]
     ce = F.cross_entropy(logits.double(), targets, reduction="none").cpu()  # [N + F]
     n = len(rows)
     values = torch.zeros(len(xt), dtype=torch.float64).index_add_(0, rows, ce[:n] * weight[rows, cols])
+    if per_draw:
+        return values.index_add_(0, first_rows, ce[n:])
     return values + ce[n:].sum()
+
+
+def block_request_draws(config, seq: torch.Tensor, prefix_length: int, samples: int, generator=None):
+    """One request's block NELBO draws (`seq [L]`, the continuation after `prefix_length`), as `block_loglikelihood`
+    and the sink-masking ablation score them with `block_nelbo_terms`: (xt, x0 `[S, L]`, masked, weight `[S, L]`,
+    first `[F]` | None), on the CPU; `first` (shifted logits) are the columns scored exactly (`first_columns`)."""
+    shift = bool(config.shift_logits)
+    masked, weight = block_draws(seq, prefix_length, config.block_size, samples, generator, shift=shift)
+    x0 = seq[None].expand(samples, -1)
+    xt = x0.masked_fill(masked, config.mask_token_id)
+    first = first_columns(prefix_length, len(seq), config.block_size) if shift else None
+    return xt, x0, masked, weight, first
 
 
 @torch.no_grad()
@@ -271,15 +280,11 @@ def block_loglikelihood(model, prefixes: list[torch.Tensor], continuations: list
     (its decoding commits it at once from there), the block's other masked tokens at the x_t column before each.
     Returns (log-probability bound `[N]`, its Monte-Carlo standard error `[N]`), float64, per request."""
     config = model.config
-    shift, bs = config.shift_logits, config.block_size
     logprob, stderr = [], []
     for pre, cont, generator in zip(prefixes, continuations, generators):
-        seq = torch.cat([pre, cont])
-        masked, weight = block_draws(seq, len(pre), bs, samples, generator, shift=shift)
-        x0 = seq[None].expand(samples, -1).to(model.device)
-        xt = x0.masked_fill(masked.to(x0.device), config.mask_token_id)
-        first = first_columns(len(pre), len(seq), bs) if shift else None
-        values = block_nelbo_terms(model, xt, x0, masked, weight, first=first)  # [S]
+        xt, x0, masked, weight, first = block_request_draws(config, torch.cat([pre, cont]), len(pre), samples,
+                                                            generator)
+        values = block_nelbo_terms(model, xt.to(model.device), x0.to(model.device), masked, weight, first=first)  # [S]
         logprob.append(-values.mean())
         stderr.append(values.std() / samples**0.5 if samples > 1 else torch.tensor(float("nan"), dtype=torch.float64))
     return torch.stack(logprob), torch.stack(stderr)
