@@ -249,14 +249,19 @@ def test_a_shifted_block_models_masked_nelbo_equals_a_loop_over_blocks_with_the_
     assert not torch.allclose(got["elbo"][top], got["elbo"][0])  # the ablation does something
 
 
-def test_a_shifted_block_models_analyze_is_refused_before_any_work_and_run_ablation_scores_it(tmp_path):
-    """`analyze` records the decoding, which takes no probe of a shifted block model yet: refused before any work.
-    `run_ablation` scores such a model's block NELBO without it."""
+def test_a_shifted_block_models_analyze_runs_its_ablation_and_run_ablation_scores_it(tmp_path):
+    """`analyze` records a shifted block model's decoding and scores its block NELBO ablation (block_size=1, whose
+    decoding has no denoising step, is refused before any work); `run_ablation` scores it without analyze."""
     model = tiny_model(vocab_size=47, mask_token_id=46, block_size=2, shift_logits=True)
-    config = AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k="1", out=tmp_path / "a", quiet=True)
-    with pytest.raises(ValueError, match="shifted logits .*run_ablation"):
-        analyze(model, word_tokenizer(), ["w1 w2 w3"], config)
-    assert not (tmp_path / "a").exists()
+    config = AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k="1", mc_num=2, out=tmp_path / "a",
+                           quiet=True)
+    got = analyze(model, word_tokenizer(), ["w1 w2 w3 w4 w5"], config)
+    assert got["ablation"]["metric"] == "continuation_block_elbo_per_token" and got["ablation"]["k"] == [0, 1]
+    assert (tmp_path / "a" / "analysis.json").is_file()
+    one = tiny_model(vocab_size=47, mask_token_id=46, block_size=1, shift_logits=True)
+    with pytest.raises(ValueError, match="block_size=1 .*no denoising step"):
+        analyze(one, word_tokenizer(), ["w1 w2 w3"], dataclasses.replace(config, out=tmp_path / "b"))
+    assert not (tmp_path / "b").exists()
     res = run_ablation(model, [1], epsilon=0.0, prefixes=PREFIXES, continuations=CONTS, mc_num=2, seed=1)
     assert res["metric"] == "continuation_block_elbo_per_token" and res["k"] == [0, 1]
     ll = loglikelihood(model, PREFIXES, CONTS, mc_num=2, seed=1)

@@ -11,6 +11,7 @@ import torch
 
 from sinkdlm import DiffusionLM, generate
 from sinkdlm.diffusion.sampling import StepProbe
+from sinkdlm.model import Probe
 
 from helpers import tiny_model
 
@@ -286,3 +287,78 @@ def test_compiled_block_decoding_gives_the_eager_tokens(block_size, n, shift):
                         compile_backend="aot_eager", **settings)
     assert compiled.sequences.tolist() == eager.sequences.tolist()
     assert compiled.compile_seconds > 0 and eager.compile_seconds is None
+
+
+def _block_causal_twin_maps(model: DiffusionLM, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every layer's maps of one row `x [1, W]` (every column real) on the whole-sequence twin under a block-causal
+    mask written here: the reference for a probed step's recorded attention."""
+    blocks = torch.arange(x.shape[1]) // model.config.block_size
+    mask = (blocks[:, None] >= blocks[None, :])[None, None]
+    with torch.no_grad():
+        return twin(model)(x, attention_mask=mask, probe=Probe(attentions=True)).attentions
+
+
+@pytest.mark.parametrize("n,where", [(0, "front"), (1, "front"), (2, "end")])
+def test_an_analysed_shifted_block_decoding_decodes_the_same_tokens_and_records_only_denoising_steps(n, where):
+    """Shifted logits (Fast-dLLM v2) with a probe: the tokens are the unprobed decoding's and the reference
+    decoder's (a prompt inside a block and one ending on a block boundary, whose first generated column the
+    prefill reads); each block's first column is read by an unrecorded pass before the block's steps, so every
+    recorded step already has its block's first column, and the recorded steps are only the denoising steps
+    (steps_taken counts those passes too)."""
+    model = tiny_model(block_size=4, num_sink_tokens=n, sink_position=where, shift_logits=True)
+    mask_id = model.config.mask_token_id
+    prompts = [torch.randint(0, 40, (k,), generator=torch.Generator().manual_seed(k)).tolist() for k in (5, 8)]
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    layers: list[int] = []
+
+    def step_hook(step, input_ids, attention_mask):
+        seen[step] = (input_ids.clone(), attention_mask.clone())
+        return lambda layer, attn, values, column=None: layers.append(layer)
+
+    probed = generate(model, prompts, max_new_tokens=8, steps=8, probe=StepProbe(hook=step_hook), return_dict=True)
+    plain = generate(model, prompts, max_new_tokens=8, steps=8, return_dict=True)
+    assert probed.sequences.tolist() == plain.sequences.tolist()
+    for i, p in enumerate(prompts):
+        assert probed.sequences[i, probed.prompt_length:].tolist() == reference(model, p, 8, 8)
+    assert sorted(seen) == list(range(len(seen))) and len(layers) == len(seen) * model.config.num_hidden_layers
+    first_columns = set()
+    for x, real in seen.values():
+        for row in range(x.shape[0]):
+            masked = ((x[row] == mask_id) & real[row]).nonzero()
+            if len(masked):  # the block this step denoises in the row: its first column is committed already
+                lo = int(masked[0]) // 4 * 4
+                assert x[row, lo] != mask_id
+                first_columns.add((row, lo))
+    assert len(first_columns) >= 4
+    # one unrecorded pass a generated block (the first block's from the prefill's place), none after the last
+    assert probed.steps_taken == len(seen) + 3 == plain.steps_taken
+
+
+def test_a_shifted_block_steps_recorded_attention_is_the_block_causal_forward_of_its_canvas():
+    """Each recorded step's maps (the whole canvas, sinks included) equal the whole-sequence twin's forward over
+    that step's tokens under a block-causal mask written here, in float64; a block's steps see the next block's first
+    column still [MASK] (it is read after the block, unrecorded), the next block's first step sees it read."""
+    model = tiny_model(block_size=4, num_sink_tokens=1, shift_logits=True)
+    mask_id = model.config.mask_token_id
+    prompt = torch.randint(0, 40, (5,), generator=torch.Generator().manual_seed(5)).tolist()  # 5 + 7: 3 whole blocks
+    recorded: dict[tuple[int, int], torch.Tensor] = {}
+    canvases: dict[int, torch.Tensor] = {}
+
+    def step_hook(step, input_ids, attention_mask):
+        assert bool(attention_mask.all())  # every column real: the twin needs no padding
+        canvases[step] = input_ids.clone()
+
+        def hook(layer, attn, values, column=None):
+            recorded[step, layer] = attn.detach().clone()
+        return hook
+
+    out = generate(model, [prompt], max_new_tokens=7, steps=7, probe=StepProbe(hook=step_hook), return_dict=True)
+    assert out.sequences[0, 5:].tolist() == reference(model, prompt, 7, 7)
+    for step, x in canvases.items():
+        maps = _block_causal_twin_maps(model, x)
+        for layer, ref in enumerate(maps):
+            assert recorded[step, layer].shape == ref.shape == (1, 4, 13, 13)
+            torch.testing.assert_close(recorded[step, layer], ref, rtol=1e-12, atol=1e-12)
+    # block 1 (columns 4 .. 8) is denoised with column 8 unread; block 2's steps see it read, the rest masked
+    assert any(bool(x[0, 8] == mask_id) and bool(x[0, 5:8].eq(mask_id).any()) for x in canvases.values())
+    assert any(bool(x[0, 8] != mask_id) and bool(x[0, 9:].eq(mask_id).all()) for x in canvases.values())

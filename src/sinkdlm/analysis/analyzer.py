@@ -186,10 +186,9 @@ def plan_analysis(model, tokenizer, prompts: list[str], config: AnalyzeConfig, a
     if ablation_task is not None and not callable(ablation_task):
         raise ValueError("ablation_task must be a callable task(model, generate_kwargs) -> float")
     cfg = model.config
-    if cfg.block_size is not None and cfg.shift_logits:  # what its decoding would refuse, before any work
-        raise ValueError("analyze records the decoding, and a block model with shifted logits (a Fast-dLLM v2 "
-                         "checkpoint) takes no probe in its decoding yet; its sink-masking ablation (the block NELBO "
-                         "of held-out continuations) runs without analyze: sinkdlm.analysis.run_ablation")
+    if cfg.block_size == 1 and cfg.shift_logits:  # each block's one token is read before the block: no step
+        raise ValueError("a block model with shifted logits and block_size=1 reads every token in the pass before "
+                         "its block, so its decoding has no denoising step for analyze to record")
     if cfg.block_size is not None and settings["ablation_k"] is not None:  # docs/method.md §15
         if ablation_task is not None:
             raise ValueError(f"a block model's (block_size={cfg.block_size}) decoding takes no key masks yet, so its "

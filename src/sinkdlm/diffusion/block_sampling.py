@@ -29,7 +29,9 @@ denoised sub-block by sub-block, left to right (`plan.subs`, `_denoise`): a step
 candidates; the block's steps are split over its sub-blocks as `steps_per_block` splits a whole-sequence model's
 steps over LLaDA's blocks (the remainder to the first), each sub-block's own masked count evenly over its share.
 A callback hears of each finished block (what a server streams). A probe (the analysis of a block model) runs
-each step over the whole canvas under the block-causal mask instead (`_probe_pass`). With `compile` each
+each step over the whole canvas under the block-causal mask instead (`_probe_pass`), and no cache-writing pass
+(the prefill, a block's final pass) is run or recorded; with shifted logits a block's first column is then read
+by an unrecorded pass of its own (`_probe_first_column`), no denoising step of the block. With `compile` each
 denoising step runs through `torch.compile` (CUDA graphs on a GPU), one graph per shape (`_compiled_pass`).
 """
 
@@ -70,18 +72,11 @@ def check_block_call(config, settings: SampleConfig, *, probe, shift_logits) -> 
     check_sample_settings(settings, autoregressive=bool(config.causal), block_model=config.block_size is not None,
                           block_size=config.block_size)
     asked = {"a probe's key masks (sink masking while generating)": probe and probe.key_masks,
-             "shift_logits": shift_logits or None,
-             "probe (the analysis of a shifted block model's decoding is still to come)":
-                 _asks(probe) or None if config.block_size is not None and config.shift_logits else None}
+             "shift_logits": shift_logits or None}
     given = [name for name, value in asked.items() if value is not None]
     if given:
         raise ValueError(f"a block model's decoding takes no {' or '.join(given)} yet: leave "
                          f"{'it' if len(given) == 1 else 'them'} out")
-
-
-def _asks(probe) -> bool:
-    """Whether a `StepProbe` asks anything of the decoding (an empty one is the fast path)."""
-    return probe is not None and any((probe.key_masks, probe.hook, probe.attentions, probe.values))
 
 
 @dataclass(frozen=True)
@@ -256,6 +251,25 @@ def _probe_pass(model, canvas: _Canvas, blk: BlockPlan, probe: Probe | None) -> 
                  logits_index=slice(blk.lo, blk.hi)).logits
 
 
+def _probe_first_column(model, canvas: _Canvas, col: int, plan: BlockDecodePlan) -> int:
+    """Shifted logits under a probe (the analysis keeps no cache, so no final pass reads the previous block's
+    last column): the block starting at `col` gets its first column (`_first_column`) from a pass of its own over
+    the whole canvas under the block-causal mask (`_probe_pass`'s: the column before `col` sees the same keys at
+    the same positions as in the cached final pass or the prefill), the head only on that column. It stands for
+    the cache-writing pass the analysis skips (the prefill, a block's final pass), which the unshifted analysis
+    neither runs nor records: no denoising step of either block, so it takes no probe, is not recorded, and the
+    probe's step count goes on unchanged. Returns the passes run (0: no row generates `col`)."""
+    if col >= canvas.x.shape[1] or not canvas.todo[:, col].any():
+        return 0
+    cfg = model.config
+    b, width = canvas.x.shape
+    pos, _ = sinklib.positions(b, width, cfg.num_sink_tokens, cfg.sink_position, canvas.real, canvas.x.device)
+    mask = _visible(model, canvas, 0, width, causal=True)  # [b, 1, W, W]
+    logits = model(canvas.x, attention_mask=mask, position_ids=pos, logits_index=slice(col - 1, col)).logits
+    _first_column(canvas, logits, col, plan, cfg.mask_token_id)
+    return 1
+
+
 def _counts(plan: BlockDecodePlan, blk: BlockPlan, masked: torch.Tensor) -> torch.Tensor | None:
     """Each row's commits at each step of `blk` (a block's sub-block), `[b, steps]` (LLaDA's even split of the
     row's own masked count without the steps that commit nothing in every row; Dream's chain), or None: adaptive
@@ -373,7 +387,9 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
     [MASK]), `masked` the columns not final before this block, `committed` those this block made final (a
     server streams the finished prefix; the tokens are the same with or without it). `probe(step, x [b, W], real
     [b, W])` -> that denoising step's `Probe` (the analysis): every step is then `_probe_pass`, over the whole
-    canvas without the cache, and every row stays in the batch to the end (a finished row commits nothing)."""
+    canvas without the cache, and every row stays in the batch to the end (a finished row commits nothing);
+    only the denoising steps are probed (shifted logits: each block's first column is read by an unrecorded
+    pass, `_probe_first_column`, a forward pass in `steps_taken` but no probe step)."""
     prompt, prompt_mask, settings, mask_id = plan.prompt, plan.prompt_mask, plan.settings, model.config.mask_token_id
     stops = torch.tensor(settings.stop_token_ids or (), dtype=torch.long, device=prompt.device)
     b, p = prompt.shape
@@ -389,12 +405,17 @@ def decode_blocks(model, plan: BlockDecodePlan, generator: RowGenerators | torch
     if plan.prefill and probe is None:  # the prompts' whole blocks, once
         _final_pass(model, canvas, 0, plan.prefill, plan, causal=True)
         tally.passes += 1
+    elif plan.prefill and plan.shift:  # a probe: what the prefill reads (the first block's first column),
+        tally.passes += _probe_first_column(model, canvas, plan.prefill, plan)  # unrecorded
     for blk in plan.blocks:
         for sub in plan.subs:
             _denoise(model, canvas, plan, blk, sub, probe, tally)
-        if plan.shift and probe is None and canvas.todo[:, blk.hi:].any():  # before `_finish`: a stop id read
-            _final_pass(model, canvas, blk.lo, blk.hi, plan)  # as the next block's first token ends its row now
-            tally.passes += 1
+        if plan.shift and canvas.todo[:, blk.hi:].any():  # before `_finish`: a stop id read as the next block's
+            if probe is None:  # first token ends its row now
+                _final_pass(model, canvas, blk.lo, blk.hi, plan)
+                tally.passes += 1
+            else:  # the analysis keeps no cache: the next block's first column alone, unrecorded
+                tally.passes += _probe_first_column(model, canvas, blk.hi, plan)
         going = _finish(canvas, blk.hi, stops, out, plan.max_new)
         if on_block is not None:
             final = _report_block(on_block, canvas, going, out, final, tally.passes, blk, plan.max_new)
