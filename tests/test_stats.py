@@ -33,6 +33,7 @@ def test_paired_difference_one_seed_is_unbounded_and_never_a_verdict():
     assert verdict(iv).startswith("inconclusive with 1 seed")
 
 
+@pytest.mark.slow  # ~5 s of simulation; the interval's formula: test_paired_difference_matches_textbook_t_interval
 def test_paired_difference_false_positive_rate_and_power():
     rng = RNG(0)
     reps = 4000
@@ -225,7 +226,7 @@ def test_signed_never_prints_minus_zero():
     assert signed(-0.083, 1) == "-0.1" and signed(-0.00001, 1) == "+0.0000"  # beyond 3 more digits: 0, not -0
 
 
-@pytest.mark.parametrize("centre", [0.003, 0.997])
+@pytest.mark.parametrize("centre", [0.003, pytest.param(0.997, marks=pytest.mark.slow)])  # 0.997: the mirror
 def test_share_intervals_stay_in_bounds_near_0_and_1(centre):
     rng = RNG(5)
     reps, inside_plain, covered, covered_plain = 2000, 0, 0, 0

@@ -30,7 +30,7 @@ def _twin(model: DiffusionLM, **kw) -> DiffusionLM:
     return other
 
 
-@pytest.mark.parametrize("n", [0, 1])
+@pytest.mark.parametrize("n", [pytest.param(0, marks=pytest.mark.slow), 1])  # no sink (0): make test-slow
 def test_one_block_over_the_canvas_is_the_whole_sequence_analysis(tmp_path, n):
     model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=n, block_size=8)
     whole = _twin(model, block_size=None)

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~8 s: a benchmark process; make test-slow (tests/benchmarks/test_bench_block.py stays default)
 def test_gpu_decode_benchmark_runs_on_cpu_and_writes_every_row(tmp_path):
     from helpers import subprocess_env
 
@@ -46,6 +47,7 @@ def test_gpu_train_benchmark_refuses_without_a_gpu_in_one_line():
     assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # ~9 s: a benchmark process; make test-slow
 def test_gpu_trainable_benchmark_cpu_proxy_counts_what_trains_and_the_layout_is_llada_8b(tmp_path):
     """bench_gpu_trainable.py (issue 52's LLaDA-8B step) runs its CPU proxy on the tiny layout, trains what each
     mode should (counted here from the shapes: LoRA's r (in + out) per projection plus the sink row; the sink

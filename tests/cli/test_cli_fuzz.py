@@ -370,7 +370,12 @@ def tally(counts: dict, name: str, result: Result) -> None:
     row[f"exit {result.code}" if result.code != "timeout" else "timeout"] += 1
 
 
-@pytest.mark.parametrize("name", list(BASELINES))
+# The default run fuzzes the commands whose cases are cheapest (sft, chat, merge); the others' cases take 3-9 s
+# each command on a busy core, so they run in make test-slow, while their seed-corpus cases (below) stay default.
+FUZZ_SLOW = ("generate", "analyze", "eval", "train", "tokenizer train", "convert", "experiment")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in FUZZ_SLOW else n for n in BASELINES])
 def test_fuzz_every_command(name, world, env, priors, tmp_path_factory, request):
     world_names = sorted(world)
     world_before = tree(Path(world["ok"]).parent, content=False)

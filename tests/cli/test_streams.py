@@ -47,6 +47,7 @@ def test_generate_json_is_all_of_stdout(world, capsys):
     assert len(json.loads(out)["tokens"]) <= 4 and "[step" in err  # --show-steps: progress, so stderr
 
 
+@pytest.mark.slow  # ~7 s (two analyses); --overwrite's message: tests/cli/test_out_dir.py, by default
 def test_analyze_overwrite_says_the_final_paths(world, tmp_path, capsys):
     """analyze --overwrite: every path it says is --out's own (no temporary beside it), the replaced output is
     named on stderr, and stdout holds the one "wrote" line."""

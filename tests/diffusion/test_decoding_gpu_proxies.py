@@ -77,8 +77,11 @@ def test_a_cached_step_dispatches_no_more_ops_than_an_uncached_one_and_fewer_ker
     assert per_step[None][1] <= 0.85 * 224, per_step
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
-@pytest.mark.parametrize("blocks", [4, 8])
+# [4-prefix] in the default run; the other caches and block counts: make test-slow (the dual cache's compiled
+# tokens stay in the default run below)
+@pytest.mark.parametrize("blocks,cache", [(4, "prefix"), pytest.param(4, "dual", marks=pytest.mark.slow),
+                                          pytest.param(8, "prefix", marks=pytest.mark.slow),
+                                          pytest.param(8, "dual", marks=pytest.mark.slow)])
 def test_a_compiled_generation_builds_at_most_two_graphs_and_gives_the_eager_tokens(cache, blocks):
     model = tiny_model(num_sink_tokens=1, initializer_range=0.5)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 11, 12, 13, 14]])
@@ -98,8 +101,10 @@ def test_a_compiled_generation_builds_at_most_two_graphs_and_gives_the_eager_tok
     assert torch.equal(again.sequences, generate(model, ids.flip(1), **kw))
 
 
+# a threshold under "prefix" too: make test-slow (~10 s); "dual"'s threshold case keeps the property by default
 @pytest.mark.parametrize("kw", [dict(cache="prefix", steps=8), dict(cache="dual", threshold=0.3, block_length=4),
-                                dict(cache="prefix", threshold=0.3, block_length=4),
+                                pytest.param(dict(cache="prefix", threshold=0.3, block_length=4),
+                                             marks=pytest.mark.slow),
                                 dict(cache="dual", steps=8, block_length=4, shift_logits=True)], ids=str)
 def test_compiled_steps_give_the_eager_tokens_with_one_block_a_threshold_or_shifted_logits(kw):
     model = tiny_model(num_sink_tokens=1, initializer_range=0.5)

@@ -148,7 +148,8 @@ def reference_generate(model, prompt, gen_length, steps, block_length, cache, th
 
 # ----------------------------------------------------------------------------- equality with the reference
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
-@pytest.mark.parametrize("steps,threshold", [(8, None), (16, None), (None, 0.3)])
+# (16, None), one token a step, is (8, None)'s fixed-step schedule again: make test-slow
+@pytest.mark.parametrize("steps,threshold", [(8, None), pytest.param(16, None, marks=pytest.mark.slow), (None, 0.3)])
 def test_cache_matches_reference(model, cache, steps, threshold):
     prompt = prompts(2, 5, model)
     got = generate(model, prompt, gen_length=16, steps=steps, block_length=4, threshold=threshold, cache=cache)
@@ -296,8 +297,10 @@ def test_cache_errors():
 
 
 # ----------------------------------------------------------------------------- compiled cached steps
+# all make test-slow: compiled cached steps giving the eager tokens stay in the default run in
+# tests/diffusion/test_decoding_gpu_proxies.py (both caches, a threshold, shifted logits)
 @pytest.mark.parametrize("cache,backend", [
-    ("dual", "aot_eager"),
+    pytest.param("dual", "aot_eager", marks=pytest.mark.slow),
     pytest.param("prefix", "aot_eager", marks=pytest.mark.slow),
     pytest.param("dual", "inductor", marks=pytest.mark.slow),
 ])

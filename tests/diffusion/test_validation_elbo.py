@@ -47,7 +47,7 @@ def brute_force_eq34(model, x0: torch.Tensor, first_maskable: int = 0) -> float:
     return statistics.fmean(out)
 
 
-@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("shift", [False, pytest.param(True, marks=pytest.mark.slow)])  # True: make test-slow
 def test_unbiased_against_brute_force_eq34(shift):
     model = tiny_model(shift_logits=shift)
     want = brute_force_eq34(model, X0, first_maskable=1 if shift else 0)

@@ -145,6 +145,7 @@ def _cut_at_stops(tok, prompt: str, seq) -> str:
     return text
 
 
+@pytest.mark.slow  # the cut at stop strings through the harness: the cached variant below, by default
 @torch.no_grad()
 def test_generate_until_is_the_sampler_cut_at_stop_strings(setup):
     tok, model = setup["tok"], setup["model"]

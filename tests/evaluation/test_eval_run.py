@@ -177,6 +177,7 @@ def test_generation_tasks_use_the_remasking_settings(tiny):
 
 
 # ----------------------------------------------------------------------------- scores do not depend on the batch (issue 67)
+@pytest.mark.slow  # ~5 s; the same property through the lm-eval model stays default (the next test)
 def test_evaluate_gives_every_item_the_same_result_at_batch_sizes_1_and_8(tiny):
     model, tok, _ = tiny
     model = copy.deepcopy(model).double()  # float64: the batches' padded shapes cannot round a near-tie the other way

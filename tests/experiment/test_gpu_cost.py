@@ -44,7 +44,8 @@ def test_mfu_comes_from_the_committed_gpu_results_when_there(tmp_path):
     assert mfu == {"eager": 0.27, "compiled": 0.37} and "not reproduced" in source
 
 
-@pytest.mark.parametrize("preset, tokens", [("paper-0.5b", 60_000 * 512 * 1024), ("paper-1.5b", 23_842 * 4096 * 1024)])
+@pytest.mark.parametrize("preset, tokens", [("paper-0.5b", 60_000 * 512 * 1024),
+                                            pytest.param("paper-1.5b", 23_842 * 4096 * 1024, marks=pytest.mark.slow)])
 def test_paper_presets_state_their_gpu_hours_and_mde(tmp_path, preset, tokens):
     """The dry run prices each run and the study (3 arms) in GPU-hours and says the paper gives no spread."""
     p = get_preset(preset)

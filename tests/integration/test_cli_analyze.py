@@ -61,7 +61,7 @@ def check_png(path):
     assert image.ndim == 3 and min(image.shape[:2]) > 50
 
 
-@pytest.mark.parametrize("name", ["vanilla", "sink"])
+@pytest.mark.parametrize("name", [pytest.param("vanilla", marks=pytest.mark.slow), "sink"])  # vanilla: make test-slow
 def test_analyze_command_writes_json_figures_and_reports(checkpoints, tmp_path, name):
     dirs, prompts, _ = checkpoints
     out = tmp_path / "out"
@@ -225,11 +225,15 @@ def test_library_rejects_bad_input_before_writing(checkpoints, tmp_path):
         compare([tmp_path], tmp_path / "c")
 
 
-def test_help_and_plain_import_without_matplotlib():
+def test_help_lists_the_analyze_options():
     result = CliRunner().invoke(app, ["analyze", "--help"])
     assert result.exit_code == 0
     for opt in ("--model", "--prompts", "--data", "--epsilon", "--scale", "--ablation-k", "--include-extra-sink",
                 "--compare", "--out"):
         assert opt in result.output
+
+
+@pytest.mark.slow  # ~4 s: a fresh process importing torch; `import sinkdlm` alone: tests/cli/test_cli_robust.py
+def test_plain_import_without_matplotlib():
     code = "import sys, sinkdlm.analysis; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -49,7 +49,9 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=ENV, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("words", _command_paths(), ids=lambda w: " ".join(w) or "sinkdlm")
+# lm-eval's --help (lm_eval's own argparse help; ~7 s single-process, the slowest here): make test-slow
+@pytest.mark.parametrize("words", [pytest.param(w, marks=pytest.mark.slow) if w == ("lm-eval",) else w
+                                   for w in _command_paths()], ids=lambda w: " ".join(w) or "sinkdlm")
 def test_help_of_every_command(words):
     out = _run(["-m", "sinkdlm", *words, "--help"])
     assert "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -22,7 +22,10 @@ PROBE = "int((torch.full((1 << 20,), 1e-39) * 1.0).count_nonzero())"  # 1e-39 < 
 
 def _child(code: str, tmp_path) -> dict:
     env = subprocess_env()
-    env = {**env, "OMP_NUM_THREADS": "2", "PYTHONPATH": f"{env['PYTHONPATH']}{os.pathsep}{ROOT}"}
+    # 2 intra-op threads whatever the caller's environment: with MKL built in, torch takes MKL's thread count
+    # over OMP_NUM_THREADS, so a caller's MKL_NUM_THREADS=1 alone would give the child one thread
+    threads = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    env = {**env, **threads, "PYTHONPATH": f"{env['PYTHONPATH']}{os.pathsep}{ROOT}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
