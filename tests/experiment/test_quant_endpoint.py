@@ -106,7 +106,16 @@ def _results(seeds):
                 "sink1-front": _records("DLM + 1 sink", sink, inf["sink1-front"], seeds),
                 "gated": _records("DLM + GA", gated, inf["gated"], seeds)}
     declared = get_preset("quant").declared()
+    declared["quantization"]["sized_for"] = None  # a study that sized nothing (`_planted` sets one)
     return {"preset": "quant", "seeds": seeds, "variants": variants, "declared": declared}, van, sink
+
+
+def test_the_study_is_sized_before_its_runs_and_its_pilot_is_not():
+    """`quant` declares the effect its seeds were sized for (the pilot's spread, docs/method.md §16); the pilot
+    that sized it declares none, so its report stays "not sized"."""
+    assert get_preset("quant").quantization.sized_for == 0.001
+    assert get_preset("quant-pilot").quantization.sized_for is None
+    assert get_preset("quant-pilot").quantization.pair == get_preset("quant").quantization.pair
 
 
 def test_the_summary_against_a_direct_paired_t_computation():

@@ -540,12 +540,16 @@ def quant() -> ExperimentPreset:
     #   * schemes: int8-dynamic (W8A8: activations quantized per token, where outliers matter) is primary; int8-weight
     #     (weights only) beside it. Both run on a CPU (torchao); int4-weight needs CUDA and is not declared here.
     #   * seeds 500-509: no earlier preset used them. 10 seeds: the exact Wilcoxon test's smallest two-sided p is
-    #     1/512; the MDE is stated from the pilot's spread (`quant-pilot`) before the study's runs, which sets
-    #     `Quantization.sized_for`.
-    #   * cost: a run ~7-8 min on 2 quiet cores (the escape runs' speed), plus the quantized scorings: the fixed
-    #     validation (32,768 tokens x 8 draws) unquantized, int8-weight and int8-dynamic. Measured in the smoke
-    #     (`--max-steps 20`, one thread of a 2-core AMD EPYC beside a running study): 15 s, 15 s and 218 s (torchao's
-    #     W8A8 is much slower than float32 on this CPU, benchmarks/bench_quant.py): ~4 min a run, so 30 runs ~6 h.
+    #     1/512.
+    #   * sized from the pilot (`quant-pilot`, 3 seeds, tools/quant_sizing.py -> docs/results/quant-sizing), before any
+    #     of the study's runs: the primary's per-seed differences were -0.00056, +0.00106 and +0.00007 nats (sd
+    #     0.00082), so the paired t test's MDE (80 % power, two-sided 5 %) at 10 seeds is 0.00082 nats: `sized_for`
+    #     0.001. Vanilla's whole W8A8 cost was +0.0004 nats (mean of 3), so a sink that removed all of it would not be
+    #     detected (about 40 seeds at that spread); an sd from 3 seeds is uncertain (2 df: its 95 % interval reaches
+    #     6.3x), and where the study's own MDE exceeds 0.001 its report says inconclusive.
+    #   * cost, measured by the pilot (one thread a run, two runs at once, 2-core AMD EPYC): 0.45-0.53 core-h a run,
+    #     training ~20 min and the int8-dynamic scoring ~7 min of it (torchao's eager W8A8 is much slower than float32
+    #     on this CPU, benchmarks/bench_quant.py); 30 runs about 15 core-h, over several sessions (resumable).
     esc = escape()
     return ExperimentPreset(
         name="quant",
@@ -560,7 +564,8 @@ def quant() -> ExperimentPreset:
         analyse_every_seed=True,
         comparisons=((SINK.name, VANILLA.name), (GATED.name, VANILLA.name), (GATED.name, SINK.name)),
         validation=Validation(tokens=32_768, draws=8),
-        quantization=Quantization(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),)),
+        quantization=Quantization(pair=(SINK.name, VANILLA.name), secondary=((GATED.name, VANILLA.name),),
+                                  sized_for=0.001),
     )
 
 
@@ -577,6 +582,7 @@ def quant_pilot() -> ExperimentPreset:
                      "shakespeare, 6,000 steps, 3 fresh seeds, each run scored quantized (torchao int8): the spread "
                      "of the paired Δ_quant difference"),
         seeds=(510, 511, 512),
+        quantization=dataclasses.replace(study.quantization, sized_for=None),  # the pilot sizes; it is not sized
     )
 
 
