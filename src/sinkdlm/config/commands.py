@@ -324,7 +324,7 @@ class ExperimentConfig(DeviceOption, RemaskingOptions, LaunchConfig):
     remasking settings, when given, replace the preset's in its analysis and generation tasks)."""
 
     preset: str = "demo"
-    """smoke | demo | study | escape | late-sink | quant | quant-pilot | study-pilot | block-sinks-pilot | block-sinks | study-pilot-long | study-gpu | real | real-bf16 | real-gpu | ablation | paper-0.5b | paper-1.5b"""
+    """smoke | demo | study | escape | late-sink | quant | quant-pilot | study-pilot | block-sinks-pilot | block-sinks | study-pilot-long | study-gpu | real | real-bf16 | real-quant | real-gpu | ablation | paper-0.5b | paper-1.5b"""
     out: str = "runs/demo"
     """Experiment directory (re-run the same command to resume)."""
     overwrite: bool = False

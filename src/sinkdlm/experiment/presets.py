@@ -36,6 +36,7 @@ model switches differ (docs/method.md §3-4). Each preset is a function (a recip
   * `real-bf16`  — `real` in bf16 autocast (training and fixed validation), for CPUs with AMX bf16 units
                    (Intel Sapphire Rapids and later) and GPUs: on such a 2-core CPU a run takes about half
                    the time of `real`'s fp32; on a CPU without bf16 units it is slower than `real`.
+  * `real-quant` — `real` in float32, one seed, each final checkpoint scored quantized (torchao W8A8, int8 weights)
   * `real-gpu`   — the same with gated attention too, sized for one H100: 5 seeds, more tokens,
                    bf16 (its run time is not measured yet: it has not run on a GPU). Each run keeps only its
                    last resumable checkpoint (`keep_last=1`): 1.6 GB with optimizer state, not 3-4.6 GB.
@@ -763,6 +764,31 @@ def real_bf16() -> ExperimentPreset:
     )
 
 
+def real_quant() -> ExperimentPreset:
+    """What W8A8 and int8 weights cost SmolLM2-135M's DLM conversions, vanilla and + 1 front sink (docs/method.md §16):
+    `real`'s recipe in float32, one seed, each final checkpoint scored quantized on a small fixed validation."""
+    # Issue 66 item 4's DLM rows, at the smallest size that answers on 2 CPU cores without bf16 units (no AMX here,
+    # so float32 and not `real-bf16`): `real`'s 200 steps (its round 3), one seed. It measures each conversion's
+    # Δ_quant, paired per (sequence, draw) on the same masks; one seed per arm gives no interval over training seeds,
+    # so the arms' difference is descriptive. Size: torchao's eager W8A8 forward of 128 tokens takes ~12 s on one
+    # thread of this AMD EPYC (quant-real: 1,544 s for 128 rows), so the fixed validation is 64 sequences x 2 draws
+    # (128 rows, ~26 min a run quantized); the released AR model's W8A8 Δ was +0.035 nats with an sd over sequences
+    # of ~0.05 (docs/results/quant-real), which 64 sequences resolve to about ±0.013.
+    base = real()
+    return dataclasses.replace(
+        base,
+        name="real-quant",
+        description=("SmolLM2-135M-Instruct converted to a DLM, vanilla vs + 1 front sink, `real`'s 200 steps in "
+                     "float32, one seed, each final checkpoint scored quantized (torchao int8-dynamic, int8-weight) "
+                     "on 64 x 128 fixed validation tokens x 2 draws"),
+        seeds=(0,),
+        evaluation=dataclasses.replace(base.evaluation, limit=20, mc_num=1),
+        analysis=dataclasses.replace(base.analysis, num_prompts=2, ablation_k="1"),
+        validation=Validation(tokens=8_192, draws=2),
+        quantization=Quantization(pair=(SINK.name, VANILLA.name)),
+    )
+
+
 def real_gpu() -> ExperimentPreset:
     """`real` with gated attention too, sized for one H100 (run time unmeasured): 5 seeds, 8x the tokens, bf16."""
     return dataclasses.replace(
@@ -824,7 +850,7 @@ def paper_1_5b() -> ExperimentPreset:
 PRESETS: dict[str, Callable[[], ExperimentPreset]] = {
     "smoke": smoke, "demo": demo, "study": study, "escape": escape, "late-sink": late_sink, "quant": quant,
     "quant-pilot": quant_pilot, "study-pilot": study_pilot, "block-sinks-pilot": block_sinks_pilot, "block-sinks": block_sinks, "study-pilot-long": study_pilot_long, "study-gpu": study_gpu, "ablation": ablation,
-    "real": real, "real-bf16": real_bf16, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b, "paper-1.5b": paper_1_5b,
+    "real": real, "real-bf16": real_bf16, "real-quant": real_quant, "real-gpu": real_gpu, "paper-0.5b": paper_0_5b, "paper-1.5b": paper_1_5b,
 }
 
 
