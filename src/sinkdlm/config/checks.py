@@ -275,15 +275,12 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
 
 def check_sub_blocks(settings, block_size: int | None) -> None:
     """A block model's `block_length` is its sub-block length (Fast-dLLM v2's `small_block_size`, docs/method.md
-    §13): it divides `block_size`, and each block's steps (`steps` over the bound's blocks) give every sub-block
-    at least one."""
+    §13): it divides `block_size` (`check_sub_block_length`), and each block's steps (`steps` over the bound's
+    blocks) give every sub-block at least one (`sub_block_steps`)."""
     length = settings.block_length
     if length is None or block_size is None:
         return
-    if block_size % length:
-        raise ValueError(f"block_length={length} does not divide the model's block_size={block_size} (a block "
-                         f"model's block_length is the length of the sub-blocks of its blocks): give a divisor of "
-                         f"{block_size}, or leave it out (one sub-block, the whole block)")
+    check_sub_block_length(length, block_size)
     subs = block_size // length
     if settings.steps is None or settings.threshold is not None or subs == 1:
         return
@@ -293,7 +290,21 @@ def check_sub_blocks(settings, block_size: int | None) -> None:
         raise ValueError(f"steps={settings.steps} split over {blocks} blocks gives a block "
                          f"{math.ceil(settings.steps / blocks)} steps, fewer than its {subs} sub-blocks (block_size="
                          f"{block_size} / block_length={length}); every sub-block needs a step: give at least steps="
-                         f"{(subs - 1) * blocks + 1}, or a longer block_length")
+                         f"{sub_block_steps(length, block_size, blocks)}, or a longer block_length")
+
+
+def check_sub_block_length(length: int, block_size: int) -> None:
+    """A sub-block `length` divides the model's `block_size` (one line saying what to give, if not)."""
+    if block_size % length:
+        raise ValueError(f"block_length={length} does not divide the model's block_size={block_size} (a block "
+                         f"model's block_length is the length of the sub-blocks of its blocks): give a divisor of "
+                         f"{block_size}, or leave it out (one sub-block, the whole block)")
+
+
+def sub_block_steps(length: int, block_size: int, blocks: int) -> int:
+    """The fewest steps that give every sub-block of `length` a step in each of `blocks` blocks of `block_size`
+    (the sampler gives a block ceil(steps / blocks) steps)."""
+    return (block_size // length - 1) * blocks + 1
 
 
 def check_kv_cache_dtype(kv_cache_dtype, cache) -> None:

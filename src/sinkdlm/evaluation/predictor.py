@@ -38,7 +38,8 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.config.checks import CACHE_CHOICES as CACHES
 from sinkdlm.diffusion.sampling import generate as sample
-from sinkdlm.config.checks import check_int, check_kv_cache_dtype, check_optional_int, check_sub_blocks
+from sinkdlm.config.checks import (check_int, check_kv_cache_dtype, check_optional_int, check_sub_block_length,
+                                   sub_block_steps)
 from sinkdlm.config.commands import ScoringOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
@@ -80,25 +81,15 @@ def sub_block_length(block_length: int | None, block_size: int | None) -> int | 
     """What an evaluation's `block_length` means on a model of `block_size` (None: a whole-sequence model, whose
     `block_length` is its semi-autoregressive blocks, returned as given). On a block model (docs/method.md §13) it
     is `generate`'s: the sub-block length (Fast-dLLM v2's small_block_size) when shorter than the block, which it
-    must divide (`check_sub_blocks`, the one check of it); as long as the block or longer (the default 32 on a
+    must divide (`check_sub_block_length`, the one check of it); as long as the block or longer (the default 32 on a
     block of 32 or fewer), None: one sub-block, the whole block, as a semi-autoregressive block_length >=
     gen_length is one block."""
     if block_size is None or block_length is None:
         return block_length
     if block_length >= block_size:
         return None
-    check_sub_blocks(_SubBlocks(block_length), block_size)
+    check_sub_block_length(block_length, block_size)
     return block_length
-
-
-@dataclass(frozen=True)
-class _SubBlocks:
-    """The settings `check_sub_blocks` reads for its divisibility check alone (no steps: the steps are
-    `generate_ids`', made enough for the sub-blocks)."""
-
-    block_length: int
-    steps: None = None
-    threshold: None = None
 
 
 def request_seed(seed: int, *ids: Sequence[int]) -> int:
@@ -314,8 +305,7 @@ class DLMPredictor:
         steps = steps or self.gen_steps or padded
         steps = max(n_blocks, min(steps, padded))
         if block_length and block_size is not None:  # the sampler's steps per block: ceil(steps / its blocks)
-            blocks = -(-gen_length // block_size)
-            steps = max(steps, (block_size // block_length - 1) * blocks + 1)  # one step a sub-block, every block
+            steps = max(steps, sub_block_steps(block_length, block_size, -(-gen_length // block_size)))
         rows = [(list(p)[-room:] if p else self.prefix_token) for p in prompts]
         if any(not r for r in rows):
             raise ValueError("an empty prompt needs a tokenizer with an EOS token to stand in for it")
