@@ -57,7 +57,7 @@ test-numerics: install
 # included) plus torchao at the quant extra's floor.
 QUANT_VENV := .venv-quant
 QUANT_TESTS := tests/model/test_quantize.py tests/analysis/test_outliers.py tests/experiment/test_quant_endpoint.py \
-	tests/experiment/test_quant_real_tool.py
+	tests/experiment/test_quant_real_tool.py tests/experiment/test_quant_compile_tool.py
 test-quant: install
 	test -x $(QUANT_VENV)/bin/python || python3 -m venv $(QUANT_VENV)
 	$(PY) -c "import sysconfig; print('import site; site.addsitedir(%r)' % sysconfig.get_paths()['purelib'])" > \
