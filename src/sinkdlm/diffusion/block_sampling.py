@@ -243,12 +243,17 @@ def _probe_pass(model, canvas: _Canvas, blk: BlockPlan, probe: Probe | None) -> 
     block-causal mask, so that the probe sees square maps over every column (a later block's queries see the
     blocks before theirs and their own [MASK]s, as the whole-sequence analysis sees every masked query). The
     block's logits are the cached pass's: its queries see the same keys at the same positions."""
+    return _canvas_pass(model, canvas, slice(blk.lo, blk.hi), probe)
+
+
+def _canvas_pass(model, canvas: _Canvas, head: slice, probe: Probe | None = None) -> torch.Tensor:
+    """One forward over the whole canvas, without the cache, under the block-causal mask (`_visible`), its
+    positions those the cached passes give each column: the logits of the columns `head` `[b, len(head), V]`."""
     cfg = model.config
     b, width = canvas.x.shape
     pos, _ = sinklib.positions(b, width, cfg.num_sink_tokens, cfg.sink_position, canvas.real, canvas.x.device)
     mask = _visible(model, canvas, 0, width, causal=True)  # [b, 1, W, W]
-    return model(canvas.x, attention_mask=mask, position_ids=pos, probe=probe,
-                 logits_index=slice(blk.lo, blk.hi)).logits
+    return model(canvas.x, attention_mask=mask, position_ids=pos, probe=probe, logits_index=head).logits
 
 
 def _probe_first_column(model, canvas: _Canvas, col: int, plan: BlockDecodePlan) -> int:
@@ -261,12 +266,7 @@ def _probe_first_column(model, canvas: _Canvas, col: int, plan: BlockDecodePlan)
     probe's step count goes on unchanged. Returns the passes run (0: no row generates `col`)."""
     if col >= canvas.x.shape[1] or not canvas.todo[:, col].any():
         return 0
-    cfg = model.config
-    b, width = canvas.x.shape
-    pos, _ = sinklib.positions(b, width, cfg.num_sink_tokens, cfg.sink_position, canvas.real, canvas.x.device)
-    mask = _visible(model, canvas, 0, width, causal=True)  # [b, 1, W, W]
-    logits = model(canvas.x, attention_mask=mask, position_ids=pos, logits_index=slice(col - 1, col)).logits
-    _first_column(canvas, logits, col, plan, cfg.mask_token_id)
+    _first_column(canvas, _canvas_pass(model, canvas, slice(col - 1, col)), col, plan, model.config.mask_token_id)
     return 1
 
 
