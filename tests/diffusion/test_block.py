@@ -300,3 +300,113 @@ def test_shifted_loss_trains():
     assert float(after.loss) < float(before.loss.detach())
     with pytest.raises(ValueError, match=r"reads its own shift_logits \(True\)"):
         block_diffusion_loss(model, x0, noise, shift_logits=False)
+
+
+# ----------------------------------------------------------------------------- complementary masks (Fast-dLLM v2)
+def eager_row(plain: DiffusionLM, x: torch.Tensor, masked: torch.Tensor, weight: torch.Tensor, prompt: torch.Tensor,
+              bs: int, shift: bool) -> torch.Tensor:
+    """One row's summed loss terms, float64, block by block on the whole-sequence twin (a pass over the clean blocks
+    before block k and the noisy block k): a masked token's CE times `weight [L']` (1 / its row's rate), read
+    at its own column, or the column before it when shifted, where each block's first token (not column 0, not a
+    prompt's) is also scored exactly, weight 1, from the clean previous block's last column."""
+    xt = torch.where(masked, plain.config.mask_token_id, x)
+    total = torch.zeros((), dtype=torch.float64)
+    for k in range(len(x) // bs):
+        lo, hi = k * bs, (k + 1) * bs
+        with torch.no_grad():
+            logp = torch.log_softmax(block_logits(plain, torch.cat([x[:lo], xt[lo:hi]]), bs).double(), -1)
+        for c in range(lo, hi):
+            if shift and (c == 0 or prompt[c]):
+                continue
+            if shift and c == lo:
+                total = total - logp[c - 1, x[c]]
+            elif masked[c]:
+                total = total - logp[c - int(shift), x[c]] * weight[c]
+    return total
+
+
+@pytest.mark.parametrize("shift,bs,l", [(False, 4, 10), (False, 3, 9), (True, 2, 9), (True, 3, 10)])
+def test_complementary_loss_is_both_copies_written_out(shift, bs, l):
+    """--complementary-masks: t and u drawn from the same generator as the library draws them (t per block, then
+    u over the padded length); row b masked where u < t, row B + b where u >= t (the maskable positions: not a
+    prompt's, not a block start when shifted), each masked token's CE / t or / max(1 - t, eps); each row / its
+    normaliser (L', or the response length), averaged over the 2B rows. Against the library loss, 1e-10 relative
+    (the weights are float32 reciprocals of the float32 draw, as the trainer's; the CE and the sums float64)."""
+    eos, eps = 7, MaskNoise.eps
+    model = tiny_model(block_size=bs, shift_logits=shift, num_sink_tokens=1)
+    plain = twin(model, block_size=None)
+    length, b = -(-l // bs) * bs, 3
+    k_blocks = length // bs
+    x0 = torch.randint(0, 40, (b, l), generator=torch.Generator().manual_seed(20))
+    pm = torch.zeros(b, l, dtype=torch.bool)
+    pm[1, :bs], pm[2, :bs + 1] = True, True  # SFT prompts ending on a block boundary and inside a block
+    out = block_diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(21)), pad_id=eos,
+                               prompt_mask=pm, complementary=True)
+    gen = torch.Generator().manual_seed(21)  # the same draws, in the library's order
+    from sinkdlm.diffusion.noise import sample_t
+    t = sample_t(b * k_blocks, eps, generator=gen).view(b, k_blocks)  # float32, as drawn
+    u = torch.rand(b, length, generator=gen)
+    x = torch.cat([x0, torch.full((b, length - l), eos)], dim=1)
+    prompt = torch.cat([pm, torch.zeros(b, length - l, dtype=torch.bool)], dim=1)
+    t_pos = t.repeat_interleave(bs, dim=1)
+    maskable = ~prompt & ~((torch.arange(length) % bs == 0) & shift)
+    want = torch.zeros((), dtype=torch.float64)
+    for r in range(b):
+        norm = int((~prompt[r]).sum()) if r else length  # row 0 has no prompt: normalised by L' either way
+        first = eager_row(plain, x[r], (u[r] < t_pos[r]) & maskable[r], 1.0 / t_pos[r], prompt[r], bs, shift)
+        second = eager_row(plain, x[r], (u[r] >= t_pos[r]) & maskable[r], 1.0 / (1 - t_pos[r]).clamp(min=eps),
+                           prompt[r], bs, shift)
+        want = want + (first + second) / norm
+    want = want / (2 * b)
+    assert out.t.shape == (2 * b, k_blocks) and torch.equal(out.t[b:], 1 - out.t[:b])
+    assert int(out.num_masked) == int(maskable.sum())  # every maskable token once, over the two copies
+    assert abs(out.loss.item() - float(want)) <= 1e-10 * abs(float(want)), (float(out.loss), float(want))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), l=st.integers(1, 14), bs=st.integers(1, 6), shift=st.booleans(),
+       prompt=st.integers(0, 5), per_block=st.booleans())
+def test_complementary_rows_mask_every_maskable_token_exactly_once(seed, l, bs, shift, prompt, per_block):
+    """Each pair of rows (b, B + b) masks every maskable token (padding included; not a prompt's, not a block start
+    when shifted) in exactly one of the two, and nothing else; the complement's rate is 1 - t and its weight
+    1 / max(1 - t, eps); the first B rows are the plain plan's, tensor for tensor."""
+    from sinkdlm.diffusion.block import plan_block_masks
+
+    bs = min(bs, l)
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.randint(0, 40, (2, l), generator=gen)
+    pm = torch.zeros(2, l, dtype=torch.bool)
+    pm[1, :min(prompt, l)] = True
+    noise = MaskNoise(generator=gen, eps=0.05)
+    kw = dict(block_size=bs, mask_id=47, pad_id=7, prompt_mask=pm, shift=shift)
+    state = gen.get_state()
+    plain = plan_block_masks(x0, noise, **kw)
+    gen.set_state(state)
+    plan = plan_block_masks(x0, noise, complementary=True, **kw)
+    length = plain.x0.shape[1]
+    maskable = ~torch.cat([pm, torch.zeros(2, length - l, dtype=torch.bool)], dim=1)
+    if shift:
+        maskable[:, torch.arange(length) % bs == 0] = False
+    masked = plan.xt == 47
+    assert torch.equal(masked[:2] ^ masked[2:], maskable) and not (masked[:2] & masked[2:]).any()
+    assert torch.equal(plan.xt[:2], plain.xt) and torch.equal(plan.x0, torch.cat([plain.x0, plain.x0]))
+    assert torch.equal(plan.t[2:], 1 - plan.t[:2]) and torch.equal(plan.norm, torch.cat([plain.norm, plain.norm]))
+    rate = torch.cat([plan.t[:2], (1 - plan.t[:2]).clamp(min=0.05)]).repeat_interleave(bs, dim=1)
+    n = int(masked.sum())
+    assert int(plan.num_masked) == n == int(maskable.sum())
+    assert torch.equal(plan.weight[:n], 1.0 / rate[plan.rows[:n], plan.cols[:n]])
+    assert bool((plan.weight[n:] == 1).all())  # the exact first tokens (shifted), in both rows
+
+
+def test_default_loss_is_unchanged_by_the_option():
+    """complementary=False is the default call, bit for bit, and the value the code gave before the option existed
+    (0x1.3aca1dc8e6cecp+2 on this setup, computed at aac2fb3; bitwise then, 1e-12 here for other BLAS builds)."""
+    model = tiny_model(block_size=3, shift_logits=False, num_sink_tokens=1)
+    x0 = torch.randint(0, 40, (3, 10), generator=torch.Generator().manual_seed(6))
+    pm = torch.zeros(3, 10, dtype=torch.bool)
+    pm[1, :5] = True
+    a, b = (block_diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(1)), pad_id=7,
+                                 prompt_mask=pm, **kw) for kw in ({}, {"complementary": False}))
+    assert torch.equal(a.loss, b.loss) and a.t.shape == (3, 4)
+    before = float.fromhex("0x1.3aca1dc8e6cecp+2")
+    assert abs(a.loss.item() - before) <= 1e-12 * before

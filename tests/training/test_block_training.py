@@ -133,3 +133,52 @@ def test_sft_of_a_block_model(tmp_path, block_start):
         seq_len=128, save_every=2, eval_every=2, eval_batches=1, tensorboard=False))
     assert math.isfinite(summary["last"]["val_loss"])
     assert DiffusionLM.from_pretrained(summary["checkpoint"]).config.block_size == 4
+
+
+def test_complementary_masks_train_and_a_resume_without_them_is_refused(tmp_path, corpus):
+    """--complementary-masks on a block model: the step trains on both copies (a finite loss); resuming with the
+    option flipped would splice two objectives, and is refused."""
+    from sinkdlm.training import train
+
+    from helpers import cfg_for
+
+    summary = train(cfg_for(tmp_path, corpus, block_size=4, max_steps=1, save_every=1, eval_every=1,
+                            complementary_masks=True))
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(summary["out"]))
+    with pytest.raises(ValueError, match="complementary_masks=True in the checkpoint, False now"):
+        train(cfg_for(tmp_path, corpus, block_size=4, max_steps=2, resume=True))
+
+
+@pytest.mark.parametrize("source", ["preset", "init-from"])
+def test_complementary_masks_on_a_whole_sequence_model_are_one_line_before_any_weight(tmp_path, corpus, source,
+                                                                                      monkeypatch):
+    """Fast-dLLM v2's rule is a block model's (its code trains no other): `train --complementary-masks` on a
+    whole-sequence model is refused in one line, from the flags (a preset) or from the --init-from model's header
+    (its weights file is not even a safetensors file), before any weight, tokenizer or data is read."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    import sinkdlm.training.trainer as trainer
+    from sinkdlm.cli import main
+
+    from helpers import tiny_model
+
+    def never(*args, **kwargs):
+        raise AssertionError("read before the refusal")
+
+    for name in ("build_model", "prepare_tokenizer", "load_batches"):
+        monkeypatch.setattr(trainer, name, never)
+    argv = ["train", "--complementary-masks", "--out", str(tmp_path / "run"), "--data", str(corpus),
+            "--cache-dir", str(tmp_path / "cache"), "--device", "cpu"]
+    if source == "init-from":
+        model = tmp_path / "whole"
+        tiny_model().save_pretrained(model)
+        (model / "model.safetensors").write_bytes(b"never read")
+        argv += ["--init-from", str(model)]
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        main(argv)
+    lines = [line for line in err.getvalue().splitlines() if line.strip()]
+    assert exit_.value.code and len(lines) == 1, lines
+    assert "Fast-dLLM v2's recipe for a block model" in lines[0] and "whole-sequence" in lines[0], lines
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -91,6 +91,8 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
     # ---- block diffusion (a model with --block-size, docs/method.md §13)
     block_noise: str = "block"
     """block | sequence: a block model's masking probability t is drawn per block (BD3-LM) or once per sequence."""
+    complementary_masks: bool = False
+    """Fast-dLLM v2's recipe (block models only): each sequence is trained twice in the step, once with its masks and once with their complement, so every maskable token is a target exactly once; the complement's tokens weigh 1/max(1 - t, eps) (docs/method.md §13). The step passes twice the rows; validation is unchanged."""
     # ---- SFT (set by `sinkdlm sft`)
     sft: bool = option(False, cli=False)
     """Supervised fine-tuning: prompt never masked, loss normalised by the response length."""
@@ -186,6 +188,9 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         if self.block_noise not in BLOCK_NOISE:
             raise ValueError(f"block_noise must be one of {', '.join(BLOCK_NOISE)}, got {self.block_noise!r}")
         self.check_block_size(self.model_switches().get("block_size"))
+        if self.init_from is None or "block_size" in self.model_switches():  # else the --init-from model's, on opening it
+            self.check_complementary_masks(self.model_switches().get(
+                "block_size", PRESETS[self.preset].get("block_size") if self.init_from is None else None))
         if self.resume and self.overwrite:
             raise ValueError("resume=True continues the run in the output directory and overwrite=True deletes it: "
                              "give only one of them")
@@ -232,6 +237,13 @@ class TrainConfig(_TrainSwitchFields, DeviceOption):
         if self.attention_anneal_steps:
             raise ValueError("attention_anneal_steps anneals causal -> full attention; a block model's attention is "
                              "block-causal by construction: leave it at 0 with --block-size")
+
+    def check_complementary_masks(self, block_size: int | None) -> None:
+        """--complementary-masks is Fast-dLLM v2's rule for a block model (its code has no other): refused on a
+        whole-sequence model (`block_size` None), from the flags or the --init-from model's header, before any weight."""
+        if self.complementary_masks and block_size is None:
+            raise ValueError("complementary_masks=True is Fast-dLLM v2's recipe for a block model, and this model is a "
+                             "whole-sequence one (no block_size): give --block-size B, or leave --complementary-masks off")
 
     def lora_target_modules(self) -> list[str]:
         """--lora-targets as a list of projection names (attn and mlp spelled out), in the order given."""

@@ -16,6 +16,9 @@ Shifted logits (`config.shift_logits`, a Fast-dLLM v2 checkpoint) are read as th
 read them (`read_columns`, one rule for the loss and the bound): a block's first token is never masked and is
 scored exactly, weight 1, at the clean previous block's last column of the x_0 half (column 0 is not scored); the
 block's other masked tokens, each / t, at the x_t column before each, in their own noisy block.
+Complementary masks (`TrainConfig.complementary_masks`, Fast-dLLM v2's recipe): each sequence is a second row with
+the complement of its masks, so every maskable token is a target in exactly one of the two; the complement, a draw
+at masking probability 1 - t, weighs its tokens 1 / max(1 - t, eps).
 """
 
 from __future__ import annotations
@@ -118,11 +121,15 @@ def padded_length(seq_len: int, block_size: int) -> int:
 
 
 def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: int, mask_id: int,
-                     pad_id: int | None, prompt_mask: torch.Tensor | None = None, shift: bool = False) -> BlockMaskPlan:
+                     pad_id: int | None, prompt_mask: torch.Tensor | None = None, shift: bool = False,
+                     complementary: bool = False) -> BlockMaskPlan:
     """q(x_t | x_0) per block: `noise.t` `[B, K]` (one t per block, BD3-LM) or `[B]` (one per sequence); drawn
     per block when not given. `noise.u`: `[B, L']` uniforms over the padded length. `shift` (shifted logits): a
     block's first column is never masked; its token, unless a prompt's or column 0, is scored exactly
-    (`first_columns`, weight 1), as the block NELBO scores it."""
+    (`first_columns`, weight 1), as the block NELBO scores it. `complementary` (Fast-dLLM v2's recipe,
+    `TrainConfig.complementary_masks`): 2B rows, row B + b the sequence b again with the complement of its masks
+    (the maskable positions with u >= t, masking probability 1 - t, `plan.t`'s rows B..), each of its masked
+    tokens weighted 1 / max(1 - t, noise.eps); every maskable token is masked in exactly one row of the pair."""
     b, l = x0.shape
     if block_size > l:
         raise ValueError(f"block_size={block_size} is larger than the training sequence ({l} tokens); use a "
@@ -152,11 +159,18 @@ def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: i
         exact[:, first_columns(0, length, block_size).to(x0.device)] = True
         exact &= scored
     starts = torch.arange(length, device=x0.device) % block_size == 0  # [L'] never masked when shifted
-    masked = (u < t_pos) & (scored & ~starts if shift else scored)
+    maskable = scored & ~starts if shift else scored
+    masked = (u < t_pos) & maskable
+    rate = t_pos  # [B, L'] what a masked token's CE is divided by
+    if complementary:  # each sequence again, masked where it was not (docs/method.md §13)
+        masked = torch.cat([masked, ~masked & maskable])
+        rate = torch.cat([t_pos, (1 - t_pos).clamp(min=noise.eps)])
+        x0, scored, exact = (torch.cat([a, a]) for a in (x0, scored, exact))
+        t, b = torch.cat([t, 1 - t]), 2 * b  # the complement's masking probability: 1 - t
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
     rows, cols = masked.nonzero(as_tuple=True)
     first_rows, first_cols = exact.nonzero(as_tuple=True)
-    weight = 1.0 / t_pos[rows, cols]
+    weight = 1.0 / rate[rows, cols]
     rows, read = torch.cat([rows, first_rows]), read_columns(cols, first_cols, length, shift)
     cols, weight = torch.cat([cols, first_cols]), torch.cat([weight, weight.new_ones(len(first_cols))])
     norm = scored.sum(-1).clamp(min=1) if prompt_mask is not None else torch.full((b,), length, device=x0.device)
@@ -166,10 +180,13 @@ def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: i
 
 def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None, *, mask_id: int | None = None,
                          prompt_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                         shift_logits: bool | None = None, pad_id: int | None = None) -> LossOutput:
+                         shift_logits: bool | None = None, pad_id: int | None = None,
+                         complementary: bool = False) -> LossOutput:
     """BD3-LM's loss on `x0 [B, L]` (the same keywords as `loss.diffusion_loss`, plus `pad_id`, the EOS that
     pads a sequence to a multiple of the block): eq. 3-4 on x_t's masked tokens, each / t of its block,
     summed and divided by L' (or the response length, SFT), averaged over the batch. `LossOutput.t`: `[B, K]`.
+    `complementary` (Fast-dLLM v2's recipe): the average over 2B rows, each sequence also with the complement of
+    its masks, each of those tokens / max(1 - t, eps) (`plan_block_masks`); `LossOutput.t` `[2B, K]`.
     Shifted logits are the model's own (`config.shift_logits`; a `shift_logits` given must agree): the training
     counterpart of its block NELBO (`block_loglikelihood`), each block's first token scored exactly at the clean
     previous block's last column, the others masked, each at the x_t column before it (`read_columns`)."""
@@ -182,13 +199,13 @@ def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None
                          f"shift_logits ({shift}): its attention is block-causal by construction")
     plan = plan_block_masks(x0, noise, block_size=config.block_size,
                             mask_id=config.mask_token_id if mask_id is None else mask_id,
-                            pad_id=pad_id, prompt_mask=prompt_mask, shift=shift)
+                            pad_id=pad_id, prompt_mask=prompt_mask, shift=shift, complementary=complementary)
     device = next((p.device for p in model.parameters()), x0.device)
     plan = plan.to(device) if device != x0.device else plan
     logits = xt_forward(model, plan.xt, plan.x0, logits_index=(plan.rows, plan.read)).logits  # [N, V]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     ce = F.cross_entropy(logits, plan.target, reduction="none") * plan.weight  # [N]
-    per_seq = torch.zeros(x0.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, plan.rows, ce)
+    per_seq = torch.zeros(plan.x0.shape[0], dtype=ce.dtype, device=ce.device).index_add_(0, plan.rows, ce)
     return LossOutput(loss=(per_seq / plan.norm).mean(), num_masked=plan.num_masked, t=plan.t)
 
 

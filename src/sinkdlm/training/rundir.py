@@ -106,7 +106,8 @@ CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)(\.\d+)?$")
 # Settings that define the batches and the model of a run: changing one on resume would silently
 # splice two different runs together (the batch of step s is a function of these, see trainer).
 RESUME_MUST_MATCH = ("data", "text_field", "max_tokens", "seq_len", "batch_size", "seed", "sft", "tokenizer", "init_from",
-                     "trainable", "lora_rank", "lora_alpha", "lora_targets", "block_noise")
+                     "trainable", "lora_rank", "lora_alpha", "lora_targets", "block_noise",
+                     "complementary_masks")
 
 T = TypeVar("T")
 

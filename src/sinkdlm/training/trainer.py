@@ -203,11 +203,17 @@ def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_disc
     return (t if per > 1 else t[:, 0]), torch.rand(batch, length, generator=gen)
 
 
-def training_loss(config: ModelConfig, pad_id: int | None) -> Callable:
+def training_loss(config: ModelConfig, pad_id: int | None, complementary: bool = False) -> Callable:
     """The loss a run trains and validates with: eq. 3-4 (`diffusion_loss`), or BD3-LM's for a block model
-    (`block_diffusion_loss`, its sequences padded to whole blocks with `pad_id`, the tokenizer's EOS)."""
+    (`block_diffusion_loss`, its sequences padded to whole blocks with `pad_id`, the tokenizer's EOS).
+    `complementary` (`--complementary-masks`, the training step's only; validation keeps the plain draw): each
+    sequence also with the complement of its masks (a block model's only, checked before any weight)."""
     if config.block_size is None:
+        if complementary:
+            raise ValueError("complementary masks need a block model (ModelConfig.block_size)")
         return diffusion_loss
+    if complementary:
+        return functools.partial(block_diffusion_loss, pad_id=pad_id, complementary=True)
     return functools.partial(block_diffusion_loss, pad_id=pad_id)
 
 
@@ -377,6 +383,7 @@ def open_run(cfg: TrainConfig, env, device: torch.device, run: RunDir) -> TrainR
     else:
         tokenizer, model = _new_model(cfg, env)
     cfg.check_block_size(model.config.block_size)  # a block size the checkpoint brings
+    cfg.check_complementary_masks(model.config.block_size)
     max_len = model.config.max_content_length
     train_set, val_set = _main_first(env, lambda: (load_batches(cfg, tokenizer, max_len, "train"),
                                                    load_batches(cfg, tokenizer, max_len, "validation")))
@@ -404,7 +411,9 @@ def _new_model(cfg: TrainConfig, env) -> tuple[Any, DiffusionLM]:
     preset_vocab = cfg.model_overrides.get("vocab_size", preset_vocab)
     # --init-from is opened once here and handed to both: a GGUF's header takes seconds to parse.
     init = open_source(cfg.init_from, flag="init_from") if cfg.init_from is not None else None
-    check_trainable(cfg, init.config if init is not None else ModelConfig.from_preset(cfg.preset))  # no weight read yet
+    base = init.config if init is not None else ModelConfig.from_preset(cfg.preset)
+    check_trainable(cfg, base)  # no weight read yet
+    cfg.check_complementary_masks(cfg.model_switches().get("block_size", base.block_size))
     tokenizer = _main_first(env, lambda: prepare_tokenizer(cfg, preset_vocab, init))
     return tokenizer, build_model(cfg, tokenizer, init)
 
@@ -511,7 +520,7 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
     if cfg.attention_anneal_steps and step < cfg.attention_anneal_steps:
         content_mask = annealed_mask(cfg.seq_len, step / cfg.attention_anneal_steps, device)
     mask_id, shift_logits = tr.model.config.mask_token_id, tr.model.config.shift_logits
-    loss_fn = training_loss(tr.model.config, tr.tokenizer.eos_token_id)
+    loss_fn = training_loss(tr.model.config, tr.tokenizer.eos_token_id, cfg.complementary_masks)
     loss_sum = 0.0
     for m in range(cfg.grad_accum):
         lo = env.rank * tr.per_rank + m * tr.micro
@@ -522,7 +531,7 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
             # host tensors: the loss plans the masked positions on the host and moves only what
             # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
             out_loss = loss_fn(
-                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl]), mask_id=mask_id, prompt_mask=pm,
+                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl], eps=cfg.eps), mask_id=mask_id, prompt_mask=pm,
                 shift_logits=shift_logits, attention_mask=content_mask,
             )
             (out_loss.loss / cfg.grad_accum).backward()
