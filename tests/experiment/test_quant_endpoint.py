@@ -274,3 +274,33 @@ def test_without_torchao_the_plan_refuses_in_one_line(tmp_path, monkeypatch):
     msg = str(err.value)
     assert "\n" not in msg and "sinkdlm[quant]" in msg and ".venv-quant" in msg
     assert not out.exists()
+
+
+def test_content_positions_and_sink_rows_are_summarised_apart(tmp_path):
+    """An outlier that moves onto the sink row (SmolLM2's conversion: content 20,656 -> 1,253, the sink 22,802) must
+    show: each arm's per-layer FFN ∞-norm over content positions and over sink rows, each the mean over seeds, and
+    the largest over content positions per seed; the report's table gives that column and the figure draws both."""
+    from sinkdlm.experiment.endpoints.quant.report import quant_section
+    from sinkdlm.reporting import Document
+
+    seeds = [500, 501]
+    res, _, _ = _results(seeds)
+    content = {500: [3.0, 40.0], 501: [5.0, 20.0]}
+    sink = {500: [900.0, 1.0], 501: [700.0, 3.0]}
+    for s in seeds:
+        q = res["variants"]["sink1-front"]["seeds"][str(s)]["quant"]
+        q.update(ffn_inf_norm_content=content[s], ffn_inf_norm_sink=sink[s],
+                 ffn_inf_norm=[max(a, b) for a, b in zip(content[s], sink[s])])
+        q["ffn_inf_norm_max"] = max(q["ffn_inf_norm"])
+    q = quant_summary(res, seeds_declared=seeds)
+    arm = q["arms"]["sink1-front"]
+    assert [v["mean"] for v in arm["ffn_inf_norm_content"]] == pytest.approx([4.0, 30.0])
+    assert [v["mean"] for v in arm["ffn_inf_norm_sink"]] == pytest.approx([800.0, 2.0])
+    assert arm["ffn_inf_norm_content_max"]["mean"] == pytest.approx(np.mean([40.0, 20.0]))
+    assert arm["ffn_inf_norm_max"]["mean"] == pytest.approx(800.0)
+    assert q["arms"]["vanilla"]["ffn_inf_norm_sink"] == []  # no sink rows: nothing drawn dashed
+    doc = Document("quant")
+    quant_section(doc, {**res, "quant": q}, tmp_path)
+    text = doc.to_markdown(tmp_path)
+    assert "on content positions" in text and "30.00" in text
+    assert (tmp_path / "figures" / "quant.png").is_file()

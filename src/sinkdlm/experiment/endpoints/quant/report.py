@@ -95,7 +95,8 @@ def quant_answer_line(results: dict[str, Any]) -> str | None:
 
 def plot_quant(results: dict[str, Any], path) -> Path | None:
     """Left: Δ_quant per arm and scheme, mean over seeds with its 95 % interval (a point without bars: one seed);
-    right: the FFN ∞-norm per layer per arm, mean over seeds with its interval. None without any quant record."""
+    right: the FFN ∞-norm per layer per arm, content positions and sink rows apart, mean over seeds with its
+    interval. None without any quant record."""
     q = results.get("quant") or {}
     arms = q.get("arms") or {}
     if not arms:
@@ -122,15 +123,26 @@ def plot_quant(results: dict[str, Any], path) -> Path | None:
     left.set_ylabel("Δ_quant = quantized − unquantized val_loss (nats)")
     left.legend(fontsize=8)
     left.grid(alpha=0.3, axis="y")
-    for name, arm in arms.items():
-        layers = arm["ffn_inf_norm"]
-        x = list(range(len(layers)))
-        line = right.plot(x, [v["mean"] for v in layers], "o-", label=_label(results, name))[0]
-        if all(v.get("low") is not None for v in layers):
-            right.fill_between(x, [v["low"] for v in layers], [v["high"] for v in layers], color=line.get_color(),
-                               alpha=0.15)
+    means = [v["mean"] for arm in arms.values() for key in ("ffn_inf_norm_content", "ffn_inf_norm_sink", "ffn_inf_norm")
+             for v in arm.get(key) or [] if v.get("mean")]
+    floor = min((m for m in means if m > 0), default=1.0) / 10  # the log axis's bottom: a lower bound <= it runs off
+    for name, arm in arms.items():  # content positions solid; an arm's sink rows dashed, in its colour
+        color = None
+        for key, style, where in (("ffn_inf_norm_content", "o-", "content"), ("ffn_inf_norm_sink", "s--", "sink rows")):
+            layers = arm.get(key) or (arm["ffn_inf_norm"] if key == "ffn_inf_norm_content" else [])
+            if not layers:
+                continue
+            x = list(range(len(layers)))
+            line = right.plot(x, [v["mean"] for v in layers], style, color=color, markersize=4,
+                              label=f"{_label(results, name)}, {where}")[0]
+            color = line.get_color()
+            if all(v.get("low") is not None for v in layers):
+                right.fill_between(x, [max(v["low"], floor) for v in layers], [v["high"] for v in layers], color=color,
+                                   alpha=0.1)
+    right.set_yscale("log")  # outliers sit orders of magnitude above the rest
+    right.set_ylim(bottom=floor)
     right.set_xlabel("layer")
-    right.set_ylabel("FFN output ∞-norm (validation text)")
+    right.set_ylabel("FFN output ∞-norm (validation text, log)")
     integer_ticks(right)
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
@@ -160,10 +172,12 @@ def quant_section(doc: Document, results: dict[str, Any], out: Path) -> None:
     for name, arm in q["arms"].items():
         for scheme in q["schemes"]:
             s = arm["schemes"][scheme]
+            content = arm.get("ffn_inf_norm_content_max")
             rows.append([_label(results, name), scheme, fmt_ci(s, 4), str(s["n"]), _norm(arm["ffn_inf_norm_max"]),
+                         _norm(content) if content and content.get("mean") is not None else "–",
                          str(sum(c > 0 for c in arm["ffn_outlier_channels"].values()))])
     doc.table(["arm", "scheme", "Δ_quant (nats), mean [95 % CI]", "seeds", "largest FFN ∞-norm [95 % CI]",
-               "runs with FFN outlier channels"], rows)
+               "on content positions", "runs with FFN outlier channels"], rows)
     tests = [[f"{_label(results, t['pair'][0])} − {_label(results, t['pair'][1])}", _metric_words(t["metric"]),
               fmt_ci(t["adjusted"], 4), f"{100 * t['adjusted']['confidence']:.3g} %", fmt_p(t.get("p")),
               fmt_p(t.get("p_adjusted")), "–" if t.get("mde") is None else f"{t['mde']:.3g}", t["verdict"]]
@@ -176,5 +190,6 @@ def quant_section(doc: Document, results: dict[str, Any], out: Path) -> None:
     fig = plot_quant(results, Path(out) / "figures" / "quant.png")
     if fig:
         doc.image(fig, "Left: Δ_quant (quantized − unquantized fixed-validation loss, paired on the same masks) per "
-                       "arm and scheme; right: the FFN output ∞-norm per layer per arm on the validation text. Mean "
-                       "over seeds with its 95 % interval.")
+                       "arm and scheme; right: the FFN output ∞-norm per layer per arm on the validation text (log "
+                       "scale), over the content positions (solid) and, for an arm with sink tokens, over the sink "
+                       "rows (dashed). Mean over seeds with its 95 % interval (one that reaches 0 runs off the axis's bottom).")

@@ -56,9 +56,12 @@ def _arm(runs: dict[str, dict[str, Any]], schemes: list[str], confidence: float)
     for scheme in schemes:
         d = _metric(runs, f"delta:{scheme}")
         out["schemes"][scheme] = {**_interval(list(d.values()), confidence), "per_seed": d}
-    layers = [r["ffn_inf_norm"] for r in runs.values()]
-    out["ffn_inf_norm"] = [_interval([x[i] for x in layers], confidence) for i in range(len(layers[0]))] if layers else []
+    for key in ("ffn_inf_norm", "ffn_inf_norm_content", "ffn_inf_norm_sink"):  # every position; content; sink rows
+        layers = [r[key] for r in runs.values() if r.get(key) is not None]
+        out[key] = [_interval([x[i] for x in layers], confidence) for i in range(len(layers[0]))] if layers else []
     out["ffn_inf_norm_max"] = _interval(list(_metric(runs, "ffn_inf_norm_max").values()), confidence)
+    content = {s: max(r["ffn_inf_norm_content"]) for s, r in runs.items() if r.get("ffn_inf_norm_content")}
+    out["ffn_inf_norm_content_max"] = _interval(list(content.values()), confidence)
     out["ffn_outlier_channels"] = {s: r.get("ffn_outlier_channels", 0) for s, r in runs.items()}
     return out
 
