@@ -13,8 +13,8 @@ over the sequences: the interval says how the Δ would move on other text like t
 Optionally (`--outliers`, the default) the FFN ∞-norm per layer of the unquantized model on the same sequences
 (`analysis.outliers.measure_outliers`, one more float32 pass).
 
-The DLM conversions of the same model are not measured here: they need the real-bf16 training (left for a later
-run).
+The DLM conversions of the same model are measured by the `real-quant` experiment preset (docs/results/real-quant),
+not here.
 
     python tools/quant_real.py [--model GGUF] [--tokens 16384] [--seq-len 128] [--schemes int8-weight,int8-dynamic]
                                [--out docs/results/quant-real]
@@ -148,8 +148,8 @@ def write(out: Path, r: dict) -> None:
         lines += ["", f"FFN output ∞-norm per layer of the unquantized model on the same sequences "
                       f"(`analysis.outliers`; largest {norms[top]:.1f} at layer {top}):", "",
                   ", ".join(f"{v:.1f}" for v in norms) + "."]
-    lines += ["", "Not measured here: the DLM conversions of this model (vanilla, + 1 sink, gated), whose Δ_quant is "
-                  "the question of the `quant` study; they need the real-bf16 training and are left for a later run."]
+    lines += ["", "The DLM conversions of this model (vanilla, + 1 sink) are measured by the `real-quant` experiment "
+                  "preset: [its report](../real-quant/report.md)."]
     atomic_write_bytes(out / "README.md", ("\n".join(lines) + "\n").encode())
 
 
