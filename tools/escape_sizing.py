@@ -33,16 +33,30 @@ from sinkdlm.training.trainer import load_batches, prepare_tokenizer
 SEEDS_CONSIDERED = (6, 8, 10, 12, 16, 20, 24)
 
 
+def train_plateau(preset: str) -> dict[str, float]:
+    """`unigram_plateau` of the training split of `preset`'s corpus under its tokenizer (the probe set: the same
+    tokens, so `train_entropy` is the level of the logged training loss on the plateau, docs/method.md §11)."""
+    cfg = get_preset(preset).train
+    tok = prepare_tokenizer(cfg, ModelConfig.from_preset(cfg.preset).vocab_size)
+    train = load_batches(cfg, tok, cfg.seq_len, "train")
+    tokens, _ = train.get(list(range(len(train))))
+    return unigram_plateau(tokens, tokens)
+
+
+def run_escape(run: Path, threshold: float, window: int) -> dict:
+    """`escape_step` of one run directory's trailing mean of `window` logged training losses (train/metrics.jsonl)."""
+    rows = [r for r in read_metrics(run / "train") if "loss" in r]
+    steps = np.array([r["step"] for r in rows])
+    loss = np.convolve([r["loss"] for r in rows], np.ones(window) / window, mode="valid")
+    return escape_step(list(zip(steps[window - 1:].tolist(), loss.tolist())), threshold)
+
+
 def run_escapes(study: Path, threshold: float, window: int) -> dict[str, dict]:
     """{run name: escape_step record + variant, seed} from each run's trailing-mean training loss."""
     out = {}
     for run in sorted((study / "runs").iterdir()):
-        rows = [r for r in read_metrics(run / "train") if "loss" in r]
-        steps = np.array([r["step"] for r in rows])
-        loss = np.convolve([r["loss"] for r in rows], np.ones(window) / window, mode="valid")
         variant, seed = run.name.rsplit("-s", 1)
-        out[run.name] = {"variant": variant, "seed": seed,
-                         **escape_step(list(zip(steps[window - 1:].tolist(), loss.tolist())), threshold)}
+        out[run.name] = {"variant": variant, "seed": seed, **run_escape(run, threshold, window)}
     return out
 
 
@@ -53,11 +67,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=5, help="trailing mean over this many logged losses")
     args = ap.parse_args()
     preset = get_preset("escape")
-    cfg = get_preset("study").train  # the committed runs' settings (the tokenizer, the corpus)
-    tok = prepare_tokenizer(cfg, ModelConfig.from_preset(cfg.preset).vocab_size)
-    train = load_batches(cfg, tok, cfg.seq_len, "train")
-    tokens, _ = train.get(list(range(len(train))))
-    plateau = unigram_plateau(tokens, tokens)
+    plateau = train_plateau("study")  # the committed runs' settings (the tokenizer, the corpus)
     threshold = plateau["train_entropy"] - preset.escape.margin
     runs = run_escapes(Path(args.study), threshold, args.window)
     by_variant: dict[str, dict[str, dict]] = {}
