@@ -4,6 +4,8 @@ exactness of the construction is the claim)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -340,8 +342,8 @@ def test_complementary_loss_is_both_copies_written_out(shift, bs, l):
     x0 = torch.randint(0, 40, (b, l), generator=torch.Generator().manual_seed(20))
     pm = torch.zeros(b, l, dtype=torch.bool)
     pm[1, :bs], pm[2, :bs + 1] = True, True  # SFT prompts ending on a block boundary and inside a block
-    out = block_diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(21)), pad_id=eos,
-                               prompt_mask=pm, complementary=True)
+    out = block_diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(21), complementary=True),
+                               pad_id=eos, prompt_mask=pm)
     gen = torch.Generator().manual_seed(21)  # the same draws, in the library's order
     from sinkdlm.diffusion.noise import sample_t
     t = sample_t(b * k_blocks, eps, generator=gen).view(b, k_blocks)  # float32, as drawn
@@ -382,7 +384,7 @@ def test_complementary_rows_mask_every_maskable_token_exactly_once(seed, l, bs, 
     state = gen.get_state()
     plain = plan_block_masks(x0, noise, **kw)
     gen.set_state(state)
-    plan = plan_block_masks(x0, noise, complementary=True, **kw)
+    plan = plan_block_masks(x0, dataclasses.replace(noise, complementary=True), **kw)
     length = plain.x0.shape[1]
     maskable = ~torch.cat([pm, torch.zeros(2, length - l, dtype=torch.bool)], dim=1)
     if shift:
@@ -405,8 +407,16 @@ def test_default_loss_is_unchanged_by_the_option():
     x0 = torch.randint(0, 40, (3, 10), generator=torch.Generator().manual_seed(6))
     pm = torch.zeros(3, 10, dtype=torch.bool)
     pm[1, :5] = True
-    a, b = (block_diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(1)), pad_id=7,
-                                 prompt_mask=pm, **kw) for kw in ({}, {"complementary": False}))
+    a, b = (block_diffusion_loss(model, x0, MaskNoise(generator=torch.Generator().manual_seed(1), **kw), pad_id=7,
+                                 prompt_mask=pm) for kw in ({}, {"complementary": False}))
     assert torch.equal(a.loss, b.loss) and a.t.shape == (3, 4)
     before = float.fromhex("0x1.3aca1dc8e6cecp+2")
     assert abs(a.loss.item() - before) <= 1e-12 * before
+
+
+def test_the_whole_sequence_loss_refuses_complementary_noise_rather_than_dropping_it():
+    from sinkdlm.diffusion.loss import diffusion_loss
+
+    model = tiny_model(num_sink_tokens=1)
+    with pytest.raises(ValueError, match="need a block model"):
+        diffusion_loss(model, torch.randint(0, 40, (2, 8)), MaskNoise(complementary=True))

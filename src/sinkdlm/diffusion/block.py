@@ -121,12 +121,11 @@ def padded_length(seq_len: int, block_size: int) -> int:
 
 
 def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: int, mask_id: int,
-                     pad_id: int | None, prompt_mask: torch.Tensor | None = None, shift: bool = False,
-                     complementary: bool = False) -> BlockMaskPlan:
+                     pad_id: int | None, prompt_mask: torch.Tensor | None = None, shift: bool = False) -> BlockMaskPlan:
     """q(x_t | x_0) per block: `noise.t` `[B, K]` (one t per block, BD3-LM) or `[B]` (one per sequence); drawn
     per block when not given. `noise.u`: `[B, L']` uniforms over the padded length. `shift` (shifted logits): a
     block's first column is never masked; its token, unless a prompt's or column 0, is scored exactly
-    (`first_columns`, weight 1), as the block NELBO scores it. `complementary` (Fast-dLLM v2's recipe,
+    (`first_columns`, weight 1), as the block NELBO scores it. `noise.complementary` (Fast-dLLM v2's recipe,
     `TrainConfig.complementary_masks`): 2B rows, row B + b the sequence b again with the complement of its masks
     (the maskable positions with u >= t, masking probability 1 - t, `plan.t`'s rows B..), each of its masked
     tokens weighted 1 / max(1 - t, noise.eps); every maskable token is masked in exactly one row of the pair."""
@@ -162,7 +161,7 @@ def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: i
     maskable = scored & ~starts if shift else scored
     masked = (u < t_pos) & maskable
     rate = t_pos  # [B, L'] what a masked token's CE is divided by
-    if complementary:  # each sequence again, masked where it was not (docs/method.md §13)
+    if noise.complementary:  # each sequence again, masked where it was not (docs/method.md §13)
         masked = torch.cat([masked, ~masked & maskable])
         rate = torch.cat([t_pos, (1 - t_pos).clamp(min=noise.eps)])
         x0, scored, exact = (torch.cat([a, a]) for a in (x0, scored, exact))
@@ -180,12 +179,11 @@ def plan_block_masks(x0: torch.Tensor, noise: MaskNoise | None, *, block_size: i
 
 def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None, *, mask_id: int | None = None,
                          prompt_mask: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                         shift_logits: bool | None = None, pad_id: int | None = None,
-                         complementary: bool = False) -> LossOutput:
+                         shift_logits: bool | None = None, pad_id: int | None = None) -> LossOutput:
     """BD3-LM's loss on `x0 [B, L]` (the same keywords as `loss.diffusion_loss`, plus `pad_id`, the EOS that
     pads a sequence to a multiple of the block): eq. 3-4 on x_t's masked tokens, each / t of its block,
     summed and divided by L' (or the response length, SFT), averaged over the batch. `LossOutput.t`: `[B, K]`.
-    `complementary` (Fast-dLLM v2's recipe): the average over 2B rows, each sequence also with the complement of
+    `noise.complementary` (Fast-dLLM v2's recipe): the average over 2B rows, each sequence also with the complement of
     its masks, each of those tokens / max(1 - t, eps) (`plan_block_masks`); `LossOutput.t` `[2B, K]`.
     Shifted logits are the model's own (`config.shift_logits`; a `shift_logits` given must agree): the training
     counterpart of its block NELBO (`block_loglikelihood`), each block's first token scored exactly at the clean
@@ -199,7 +197,7 @@ def block_diffusion_loss(model, x0: torch.Tensor, noise: MaskNoise | None = None
                          f"shift_logits ({shift}): its attention is block-causal by construction")
     plan = plan_block_masks(x0, noise, block_size=config.block_size,
                             mask_id=config.mask_token_id if mask_id is None else mask_id,
-                            pad_id=pad_id, prompt_mask=prompt_mask, shift=shift, complementary=complementary)
+                            pad_id=pad_id, prompt_mask=prompt_mask, shift=shift)
     device = next((p.device for p in model.parameters()), x0.device)
     plan = plan.to(device) if device != x0.device else plan
     logits = xt_forward(model, plan.xt, plan.x0, logits_index=(plan.rows, plan.read)).logits  # [N, V]

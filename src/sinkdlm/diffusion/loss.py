@@ -105,6 +105,8 @@ def plan_masks(
     """q(xt | x0) for a batch and the masked positions as index tensors, on `x0`'s device (see `MaskPlan`)."""
     b, l = x0.shape
     noise = MaskNoise() if noise is None else noise
+    if noise.complementary:  # never silently dropped: the whole-sequence loss has no complementary draw
+        raise ValueError("complementary masks (Fast-dLLM v2's recipe) need a block model (ModelConfig.block_size)")
     t = noise.draw_t(b, device=x0.device)
     maskable = torch.ones_like(x0, dtype=torch.bool)
     if prompt_mask is not None:

@@ -71,6 +71,9 @@ class MaskNoise:
     generator: torch.Generator | None = None
     eps: float = TrainConfig.eps
     low_discrepancy: bool = False
+    complementary: bool = False
+    """`TrainConfig.complementary_masks` (Fast-dLLM v2's recipe, block models only): each sequence is drawn twice,
+    the second copy masked where the first is not (`diffusion.block.plan_block_masks`)."""
 
     def draw_t(self, batch: int, device=None) -> torch.Tensor:
         """`t [B]`: the given one, or a fresh draw."""

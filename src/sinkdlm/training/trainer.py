@@ -203,17 +203,13 @@ def global_noise(cfg: TrainConfig, step: int, batch: int, seq_len: int, low_disc
     return (t if per > 1 else t[:, 0]), torch.rand(batch, length, generator=gen)
 
 
-def training_loss(config: ModelConfig, pad_id: int | None, complementary: bool = False) -> Callable:
+def training_loss(config: ModelConfig, pad_id: int | None) -> Callable:
     """The loss a run trains and validates with: eq. 3-4 (`diffusion_loss`), or BD3-LM's for a block model
-    (`block_diffusion_loss`, its sequences padded to whole blocks with `pad_id`, the tokenizer's EOS).
-    `complementary` (`--complementary-masks`, the training step's only; validation keeps the plain draw): each
-    sequence also with the complement of its masks (a block model's only, checked before any weight)."""
+    (`block_diffusion_loss`, its sequences padded to whole blocks with `pad_id`, the tokenizer's EOS). The training
+    step's `MaskNoise.complementary` (`--complementary-masks`; validation keeps the plain draw) asks the block loss
+    for each sequence also with the complement of its masks (a block model's only, checked before any weight)."""
     if config.block_size is None:
-        if complementary:
-            raise ValueError("complementary masks need a block model (ModelConfig.block_size)")
         return diffusion_loss
-    if complementary:
-        return functools.partial(block_diffusion_loss, pad_id=pad_id, complementary=True)
     return functools.partial(block_diffusion_loss, pad_id=pad_id)
 
 
@@ -520,7 +516,7 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
     if cfg.attention_anneal_steps and step < cfg.attention_anneal_steps:
         content_mask = annealed_mask(cfg.seq_len, step / cfg.attention_anneal_steps, device)
     mask_id, shift_logits = tr.model.config.mask_token_id, tr.model.config.shift_logits
-    loss_fn = training_loss(tr.model.config, tr.tokenizer.eos_token_id, cfg.complementary_masks)
+    loss_fn = training_loss(tr.model.config, tr.tokenizer.eos_token_id)
     loss_sum = 0.0
     for m in range(cfg.grad_accum):
         lo = env.rank * tr.per_rank + m * tr.micro
@@ -531,7 +527,8 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
             # host tensors: the loss plans the masked positions on the host and moves only what
             # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
             out_loss = loss_fn(
-                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl], eps=cfg.eps), mask_id=mask_id, prompt_mask=pm,
+                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl], eps=cfg.eps,
+                                                  complementary=cfg.complementary_masks), mask_id=mask_id, prompt_mask=pm,
                 shift_logits=shift_logits, attention_mask=content_mask,
             )
             (out_loss.loss / cfg.grad_accum).backward()
