@@ -84,6 +84,20 @@ def _forward_with_masks(model, ids: torch.Tensor, content_masks: list[torch.Tens
             h.remove()
 
 
+def _hidden_key_masks(cfg, length: int, hidden) -> list[torch.Tensor]:
+    """Per layer `[1, H, L, L]`: block-causal over `length` columns, each head's `hidden[layer][h]` keys removed
+    from every query's view."""
+    blocks = torch.arange(length) // BLOCK
+    allow = (blocks[None, :] <= blocks[:, None])[None, None].repeat(1, cfg.num_attention_heads, 1, 1)
+    masks = []
+    for layer in range(cfg.num_hidden_layers):
+        m = allow.clone()
+        for h, keys in enumerate(hidden[layer]):
+            m[0, h, :, keys] = False  # no query sees a hidden key
+        masks.append(m)
+    return masks
+
+
 def _reference_nelbo(model, x0, xt, masked, weight, hidden) -> float:
     """One draw's `Σ_i masked_i weight_i CE_i`, block by block, the hidden keys removed from every query's view."""
     cfg = model.config
@@ -92,15 +106,7 @@ def _reference_nelbo(model, x0, xt, masked, weight, hidden) -> float:
         ids, lo, hi = _canvas(x0, xt, k)
         if not masked[lo:hi].any():
             continue
-        blocks = torch.arange(len(x0)) // BLOCK
-        allow = (blocks[None, :] <= blocks[:, None])[None, None].repeat(1, cfg.num_attention_heads, 1, 1)
-        masks = []
-        for layer in range(cfg.num_hidden_layers):
-            m = allow.clone()
-            for h, keys in enumerate(hidden[layer]):
-                m[0, h, :, keys] = False  # no query sees a hidden key
-            masks.append(m)
-        logits = _forward_with_masks(model, ids, masks)[0, lo:hi]
+        logits = _forward_with_masks(model, ids, _hidden_key_masks(cfg, len(x0), hidden))[0, lo:hi]
         ce = torch.nn.functional.cross_entropy(logits, x0[lo:hi], reduction="none")
         total += float((ce * weight[lo:hi] * masked[lo:hi]).sum())
     return total
@@ -184,14 +190,7 @@ def _reference_shifted_nelbo(model, x0, xt, masked, weight, first, hidden) -> fl
     before it), and each block's first token (`first`) exactly, at the previous block's last column of a clean
     block-causal pass."""
     cfg = model.config
-    blocks = torch.arange(len(x0)) // BLOCK
-    allow = (blocks[None, :] <= blocks[:, None])[None, None].repeat(1, cfg.num_attention_heads, 1, 1)
-    masks = []
-    for layer in range(cfg.num_hidden_layers):
-        m = allow.clone()
-        for h, keys in enumerate(hidden[layer]):
-            m[0, h, :, keys] = False  # no query sees a hidden key
-        masks.append(m)
+    masks = _hidden_key_masks(cfg, len(x0), hidden)
     total = 0.0
     for k in range(_num_blocks(len(x0))):
         ids, lo, hi = _canvas(x0, xt, k)

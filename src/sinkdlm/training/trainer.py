@@ -527,9 +527,8 @@ def _optimizer_step(cfg: TrainConfig, env, device: torch.device, tr: TrainRun, s
             # host tensors: the loss plans the masked positions on the host and moves only what
             # the device needs (diffusion/loss.py MaskPlan), so the step has no host sync
             out_loss = loss_fn(
-                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl], eps=cfg.eps,
-                                                  complementary=cfg.complementary_masks), mask_id=mask_id, prompt_mask=pm,
-                shift_logits=shift_logits, attention_mask=content_mask,
+                tr.wrapped, x0, MaskNoise(t=t_all[sl], u=u_all[sl], eps=cfg.eps, complementary=cfg.complementary_masks),
+                mask_id=mask_id, prompt_mask=pm, shift_logits=shift_logits, attention_mask=content_mask,
             )
             (out_loss.loss / cfg.grad_accum).backward()
         loss_sum += out_loss.loss.detach()
