@@ -118,6 +118,7 @@ class SinkAnalysis(Endpoint):
                               f"{fmt_interval(v_summary(results, label).get('repetition_rate'), 1.0, 2)}")
                 doc.bullets([f"`{x[:160]!r}`" for x in a["samples"][:4]])
         doc.paragraph("Each analysed run's own figures (attention maps, sinks per layer, value norms, moving sinks) and "
-                      "report are drawn on demand from its committed `analysis/analysis.json` and `analysis_arrays.npz` "
-                      "by `make reports` into `runs/<variant>-s<seed>/analysis/` (not committed); the analyses side by "
-                      "side are in `compare/`.")
+                      "report are drawn on demand by `make reports` into `runs/<variant>-s<seed>/analysis/` (not committed) "
+                      "from its committed `analysis/analysis.json` and its `analysis_arrays.npz`, which is committed for "
+                      "each variant's first seed only (CONTRIBUTING.md, \"What a study commits\"); the analyses side "
+                      "by side are in `compare/`.")
