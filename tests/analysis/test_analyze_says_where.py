@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
-def test_analyze_says_where_it_wrote_unless_quiet(tmp_path, capsys):
+import sinkdlm.analysis.figures as figures
+
+
+def test_analyze_says_where_it_wrote_unless_quiet(tmp_path, capsys, monkeypatch):
+    # the figures are built but not rendered to PNG (most of the time here; rendering: test_analysis_figures.py)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
     from helpers import tiny_model, word_tokenizer
 
     from sinkdlm.analysis import analyze

@@ -6,12 +6,14 @@ masked keys removed by an explicit bool mask per layer and head."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import tiny_model, word_tokenizer
 from sinkdlm import loglikelihood
+import sinkdlm.analysis.figures as figures
 from sinkdlm.analysis import analyze, continuation_elbo, run_ablation
 from sinkdlm.config import AnalyzeConfig, SampleConfig
 from sinkdlm.diffusion.block import block_draws
@@ -159,7 +161,9 @@ def test_a_block_models_extra_sink_is_scored_spared_and_masked():
     assert res["alternative"]["per_request"]["1"] == pytest.approx(direct["elbo"][1].tolist(), abs=1e-12)
 
 
-def test_analyze_runs_the_ablation_of_a_block_model(tmp_path):
+def test_analyze_runs_the_ablation_of_a_block_model(tmp_path, monkeypatch):
+    # the figures are built but not rendered to PNG (most of the time here; rendering: test_analysis_figures.py)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
     model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=1, block_size=2)
     tok = word_tokenizer()
     prompts = ["w1 w2 w3 w4 w5", "w6 w7 w8"]
@@ -248,9 +252,11 @@ def test_a_shifted_block_models_masked_nelbo_equals_a_loop_over_blocks_with_the_
     assert not torch.allclose(got["elbo"][top], got["elbo"][0])  # the ablation does something
 
 
-def test_a_shifted_block_models_analyze_runs_its_ablation_and_run_ablation_scores_it(tmp_path):
+def test_a_shifted_block_models_analyze_runs_its_ablation_and_run_ablation_scores_it(tmp_path, monkeypatch):
     """`analyze` records a shifted block model's decoding and scores its block NELBO ablation (block_size=1, whose
     decoding has no denoising step, is refused before any work); `run_ablation` scores it without analyze."""
+    # the figures are built but not rendered to PNG (most of the time here; rendering: test_analysis_figures.py)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
     model = tiny_model(vocab_size=47, mask_token_id=46, block_size=2, shift_logits=True)
     config = AnalyzeConfig(sample=SampleConfig(gen_length=4, steps=4), ablation_k="1", mc_num=2, out=tmp_path / "a",
                            quiet=True)

@@ -4,11 +4,13 @@ analysis, number for number; in smaller blocks it decodes the tokens `generate` 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from helpers import tiny_model, word_tokenizer
 from sinkdlm import DiffusionLM, generate
+import sinkdlm.analysis.figures as figures
 from sinkdlm.analysis import analyze
 from sinkdlm.config import AnalyzeConfig, SampleConfig
 
@@ -31,7 +33,9 @@ def _twin(model: DiffusionLM, **kw) -> DiffusionLM:
 
 
 @pytest.mark.parametrize("n", [pytest.param(0, marks=pytest.mark.slow), 1])  # no sink (0): make test-slow
-def test_one_block_over_the_canvas_is_the_whole_sequence_analysis(tmp_path, n):
+def test_one_block_over_the_canvas_is_the_whole_sequence_analysis(tmp_path, n, monkeypatch):
+    # the figures are built but not rendered to PNG (most of the time here; rendering: test_analysis_figures.py)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
     model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=n, block_size=8)
     whole = _twin(model, block_size=None)
     config = AnalyzeConfig(sample=SampleConfig(gen_length=5, steps=5), epsilon=0.5, quiet=True)
@@ -51,7 +55,9 @@ def test_one_block_over_the_canvas_is_the_whole_sequence_analysis(tmp_path, n):
     assert ref["model"]["block_size"] is None
 
 
-def test_a_block_model_is_analysed_on_the_tokens_it_decodes(tmp_path):
+def test_a_block_model_is_analysed_on_the_tokens_it_decodes(tmp_path, monkeypatch):
+    # the figures are built but not rendered to PNG (most of the time here; rendering: test_analysis_figures.py)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
     model = tiny_model(vocab_size=47, mask_token_id=46, num_sink_tokens=1, block_size=2)
     tok = word_tokenizer()
     got = analyze(model, tok, ["w1 w2 w3", "w4 w5"], AnalyzeConfig(sample=SampleConfig(gen_length=6, steps=6),
@@ -111,10 +117,12 @@ def test_compare_puts_an_ar_a_block_and_a_whole_sequence_model_side_by_side(tmp_
         assert kind in report, kind
 
 
-def test_sinkdlm_analyze_runs_end_to_end_on_a_shifted_block_model(tmp_path):
+def test_sinkdlm_analyze_runs_end_to_end_on_a_shifted_block_model(tmp_path, monkeypatch):
     """The command line on a tiny Fast-dLLM-v2-like checkpoint (a block model with shifted logits, an extra sink):
     analysis.json has its per-layer sinks from the recorded decoding, the sink-masking ablation's block NELBO at
     K = 0, 1, and the samples the decoding gives without a probe."""
+    # the figures are built but not rendered to PNG (most of the time here; rendering: test_analysis_figures.py)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
     import json
 
     from typer.testing import CliRunner

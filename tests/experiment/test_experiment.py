@@ -21,9 +21,26 @@ from numerics import fp_tolerance
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    import sinkdlm.analysis.figures as figures
+
     out = tmp_path_factory.mktemp("exp") / "smoke"
     os.environ["SINKDLM_CACHE"] = str(out.parent / "cache")
-    results = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
+    real_save = figures.save_figure
+
+    def save(fig, path, **kw):
+        """Each run's analysis figures and the progress page's figure (redrawn after every stage) are built but not
+        rasterised (half the study's time here; rasterising them: tests/integration/test_cli_analyze.py,
+        tests/analysis/test_analysis_figures.py, tests/experiment/test_progress.py); the report's figures are drawn."""
+        path_ = Path(path)
+        if (path_.parent.name == "analysis" and "runs" in path_.parts) or path_.name.startswith("progress"):
+            path_.parent.mkdir(parents=True, exist_ok=True)
+            path_.write_bytes(b"")
+            return path_
+        return real_save(fig, path, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(figures, "save_figure", save)
+        results = run_experiment(ExperimentConfig(preset="smoke", out=str(out)))
     return out, results
 
 
@@ -49,12 +66,16 @@ def test_smoke_analyses_the_shared_prompt_windows(smoke):
         assert abs(setup["prompt_tokens"]["mean"] - ANALYSIS_PROMPT_TOKENS) <= 2  # token windows, not characters
 
 
-def test_regenerate_reads_a_moved_experiment_and_links_no_per_run_figure(smoke, tmp_path):
+def test_regenerate_reads_a_moved_experiment_and_links_no_per_run_figure(smoke, tmp_path, monkeypatch):
     """A moved (or committed) experiment no longer has the directory its runs were started in:
     regenerate reads each run's analysis from the experiment directory itself and links none of its figures."""
     import shutil
 
+    import sinkdlm.analysis.figures as figures
     from sinkdlm.experiment.report import regenerate
+
+    # the report's figures are built but not rasterised (drawn: the smoke run's own report, above)
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: Path(path).write_bytes(b"") or Path(path))
 
     out, _ = smoke
     moved = tmp_path / "moved"
@@ -470,7 +491,7 @@ def test_each_seed_draws_its_own_sink_and_vanilla_shares_one_conversion(tmp_path
     from sinkdlm.experiment.presets import GATED, SINK, VANILLA
     from sinkdlm.checkpoint.manager import load_model_and_tokenizer
 
-    ar = _tiny_ar(tmp_path / "ar", 100)
+    ar = _tiny_ar(tmp_path / "ar", 3)  # three plays give the 300-token vocabulary in a tenth of the time of all 38
     a, b = (units.convert_for_variant(str(ar), SINK, tmp_path, s) for s in (0, 1))
     assert a != b
     ma, mb = (load_model_and_tokenizer(p)[0] for p in (a, b))
@@ -756,6 +777,18 @@ def test_smoke_records_each_runs_escape_and_the_censored_tests(smoke):
     assert results["declared"]["escape"]["margin"] == escape.margin
 
 
+def test_smoke_report_renders_the_escape_endpoint(smoke):
+    """The runner's report has the escape section and the Kaplan-Meier figure; the preset's declared seeds are
+    kept in the summary (the per-run figures and the regeneration: the next test)."""
+    out, results = smoke
+    text = (out / "report.md").read_text()
+    assert "## Escape from the unigram plateau" in text and (out / "figures" / "escape_km.png").is_file()
+    assert results["escape"]["seeds_declared"] == list(get_preset("smoke").seeds)
+
+
+# ~8 s (six runs' figures drawn, a report regenerated); both on a study's results stay default:
+# tests/experiment/test_escape.py::test_the_report_renders_the_escape_endpoint_and_regenerates_from_results_alone
+@pytest.mark.slow
 def test_smoke_report_renders_the_escape_endpoint_and_regenerates_it_from_results_alone(smoke, tmp_path):
     """The runner's report has the escape section and the Kaplan-Meier figure; each run's figure is drawn on demand
     (`make reports`: `draw_escape_runs`) from its probes; the preset's declared seeds are kept in the summary; a

@@ -51,6 +51,9 @@ def reference(gguf_path, reference_tokenizer):
 PROMPT = "To be, or not to be, that is the question:"
 
 
+# the load alone: ~21 s on a busy core (issue 31: > 20 s is slow); GGUF metadata to config, and the weights against
+# transformers' GGUF loader, stay default on small files: tests/checkpoint/test_gguf.py
+@pytest.mark.slow
 def test_config_is_the_published_shape(ours):
     cfg = ours[0].config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 576, 9, 3)
@@ -78,6 +81,9 @@ def test_greedy_tokens_are_identical(ours, reference):
     assert got.tolist() == want.tolist()
 
 
+# the two loads: ~27 s on a busy core; the GGUF tokenizer against transformers' stays default on small files:
+# tests/checkpoint/test_gguf.py::test_tokenizer_matches_transformers_gguf_tokenizer
+@pytest.mark.slow
 def test_tokenizer_is_identical_on_corpus_lines(ours, reference_tokenizer):
     from sinkdlm.data import load_documents
 
@@ -90,6 +96,9 @@ def test_tokenizer_is_identical_on_corpus_lines(ours, reference_tokenizer):
     assert (tok.bos_token, tok.eos_token) == (ref.bos_token, ref.eos_token)
 
 
+# ~9 s after the load; analyze on an autoregressive model stays default:
+# tests/model/test_formats.py::test_analyze_dlm_and_ar_and_compare
+@pytest.mark.slow
 def test_analyze_finishes_with_finite_numbers(ours, tmp_path):
     from sinkdlm.analysis import analyze
     from sinkdlm.config import AnalyzeConfig, SampleConfig

@@ -126,8 +126,12 @@ def test_two_process_gloo_matches_one_process(tmp_path, corpus):
         "--config", str(tmp_path / "small.json"), "--device", "cpu",
     ]
     (tmp_path / "small.json").write_text(json.dumps({"model_overrides": SMALL, "eval_batches": 1, "tensorboard": False}))
-    res = torchrun(2, "-m", "sinkdlm", "train", *args, cwd=tmp_path)
+    # `python -m sinkdlm train` under the DDP-wrapper probe (one launch for both: the probe is
+    # test_ddp_wrapper_is_freed_before_the_process_group's, which runs with the slow ones)
+    (tmp_path / "probe_cli.py").write_text(DESTROY_PROBE_CLI)
+    res = torchrun(2, str(tmp_path / "probe_cli.py"), "train", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("DDP wrappers alive at destroy_process_group: 0") == 2, res.stdout[-2000:]
     one, two = read_metrics(single.out), read_metrics(tmp_path / "two")
     assert len(one) == len(two) == 4
     for a, b in zip(one, two):
@@ -159,7 +163,23 @@ dist.destroy_process_group = probed
 train(TrainConfig.resolve(**json.loads(open(sys.argv[1]).read())))
 """
 
+# The same probe around `python -m sinkdlm ARGS` (the CLI's own entry point, as `torchrun -m sinkdlm` runs it).
+DESTROY_PROBE_CLI = """
+import gc, runpy
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
+real = dist.destroy_process_group
+def probed(*args, **kwargs):
+    alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    print(f"DDP wrappers alive at destroy_process_group: {alive}", flush=True)
+    return real(*args, **kwargs)
+dist.destroy_process_group = probed
+runpy.run_module("sinkdlm", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow  # ~10 s (a torchrun launch); the same probe runs in test_two_process_gloo_matches_one_process
 def test_ddp_wrapper_is_freed_before_the_process_group(tmp_path, corpus):
     """The CPU proxy for a hang at the end of a finished two-process run (CI, 1 run in 10 here): a DDP
     Reducer freed after destroy_process_group is the gloo group's last holder, and its destructor joins
