@@ -148,11 +148,11 @@ def test_two_process_gloo_matches_one_process(tmp_path, corpus):
         torch.testing.assert_close(wa[k], wb[k], rtol=tol["rtol"], atol=tol["rtol"] * float(wa[k].abs().max()))
 
 
-DESTROY_PROBE = """
-import gc, json, sys
+# Counts the DDP wrappers still alive when the process group is destroyed (the hang's cause: see below).
+_PROBE = """
+import gc
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from sinkdlm.training import TrainConfig, train
 
 real = dist.destroy_process_group
 def probed(*args, **kwargs):
@@ -160,21 +160,16 @@ def probed(*args, **kwargs):
     print(f"DDP wrappers alive at destroy_process_group: {alive}", flush=True)
     return real(*args, **kwargs)
 dist.destroy_process_group = probed
+"""
+# The probe around `train` on a config file, and around `python -m sinkdlm ARGS` (the CLI's own entry point, as
+# `torchrun -m sinkdlm` runs it).
+DESTROY_PROBE = _PROBE + """
+import json, sys
+from sinkdlm.training import TrainConfig, train
 train(TrainConfig.resolve(**json.loads(open(sys.argv[1]).read())))
 """
-
-# The same probe around `python -m sinkdlm ARGS` (the CLI's own entry point, as `torchrun -m sinkdlm` runs it).
-DESTROY_PROBE_CLI = """
-import gc, runpy
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-
-real = dist.destroy_process_group
-def probed(*args, **kwargs):
-    alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
-    print(f"DDP wrappers alive at destroy_process_group: {alive}", flush=True)
-    return real(*args, **kwargs)
-dist.destroy_process_group = probed
+DESTROY_PROBE_CLI = _PROBE + """
+import runpy
 runpy.run_module("sinkdlm", run_name="__main__", alter_sys=True)
 """
 
