@@ -30,7 +30,7 @@ class ModelOptions(DeviceOption):
     dtype: str | None = None
     """float32 | bfloat16 | float16 (default: as stored)."""
     quantize: str | None = None
-    """Quantize the model's linear layers after loading, for inference (torchao, `pip install 'sinkdlm[quant]'`): int8-weight (a quarter of the block weights' memory) | int8-dynamic (W8A8: activations too) | int4-weight (CUDA, --dtype bfloat16). The sink embeddings, token embeddings, norms and LM head keep their dtype."""
+    """Quantize the model's linear layers after loading, for inference (torchao, `pip install 'sinkdlm[quant]'`): int8-weight (the block linears in a quarter of float32's bytes, half of bfloat16's) | int8-dynamic (W8A8: activations too) | int4-weight (CUDA of compute capability >= 8.0, --dtype bfloat16). The sink embeddings, sink logits, token embeddings, norms and LM head keep their dtype."""
 
 
 @dataclass(kw_only=True)
@@ -38,7 +38,7 @@ class KVCacheDtypeOption:
     """The one declaration of `--kv-cache-dtype`, inherited by the settings that hold a `cache`."""
 
     kv_cache_dtype: str | None = None
-    """int8: store the --cache's keys and values in int8, a symmetric scale per token and head (the sink tokens' kept in full precision, as IntactKV); needs --cache. Default: the model's dtype."""
+    """int8: store the KV cache's keys and values in int8, a symmetric scale per token and head (the sink tokens' kept in full precision, as IntactKV): a whole-sequence model's --cache, which it needs; a block model's block cache (always on) in generate and chat. Default: the model's dtype."""
 
 
 @dataclass(kw_only=True)
@@ -75,13 +75,13 @@ class SampleConfig(RemaskingOptions, KVCacheDtypeOption):
     block_length: int | None = None
     """Semi-autoregressive block length (default: one block). On a block model (block_size): its sub-blocks, Fast-dLLM v2's small_block_size: within each of its blocks the tokens are committed sub-block by sub-block, left to right, the block's steps split over them as these blocks split --steps (default: the whole block; it must divide block_size). One home for one idea: LLaDA's blocks are the semi-autoregressive units of a whole-sequence model's answer, sub-blocks those of a block model's block."""
     max_new_tokens: int | None = None
-    """A block model (block_size): tokens to generate at most, each row ending at its end-of-text (default: gen_length); a whole-sequence model generates exactly --gen-length."""
+    """A block model (block_size): tokens to generate at most, each row ending at its end-of-text (default: --gen-length); a whole-sequence model generates exactly --gen-length and refuses this."""
     temperature: float = 0.0
     """0 = greedy; > 0 samples (Gumbel, float64)."""
     threshold: float | None = None
     """Confidence-threshold parallel decoding (e.g. 0.9)."""
     cache: str | None = None
-    """Fast-dLLM KV cache: prefix | dual (dual needs --block-length)."""
+    """Fast-dLLM KV cache of a whole-sequence model: prefix | dual (dual needs --block-length). A block model refuses it: its exact cache of finished blocks is always on."""
     compile: bool = False
     """Run the cached decoding steps' forward through torch.compile, with CUDA graphs on a GPU, where a batch-1 step is bound by kernel launches (a whole-sequence model needs --cache, a block model's is always on; the first blocks compile)."""
     compile_backend: str = "inductor"
@@ -90,7 +90,8 @@ class SampleConfig(RemaskingOptions, KVCacheDtypeOption):
     """Random seed (used when temperature > 0 or remasking=random)."""
     stop_token_ids: tuple[int, ...] | None = option(None, cli=False)
     """Ids that end the text (`generate_text` sets them): an autoregressive model stops decoding once every row has
-    produced one, and fills its remaining positions with the first."""
+    produced one, and fills its remaining positions with the first; a block model stops a row after the block in
+    which it produces one, its later positions the first."""
 
 
 @dataclass(kw_only=True)
@@ -239,7 +240,7 @@ class ScoringOptions(RemaskingOptions, KVCacheDtypeOption):
     batch_size: int = 64
     """Model rows per forward: speed only (every item's result is the same at any batch size; each request draws its own numbers)."""
     cache: str | None = None
-    """Fast-dLLM KV cache for generation tasks: prefix | dual."""
+    """Fast-dLLM KV cache for generation tasks: prefix | dual (a whole-sequence model's; a block model decodes with its own exact cache and does not use it)."""
     threshold: float | None = None
     """Confidence-threshold decoding for generation tasks (e.g. 0.9)."""
     progress: bool = True

@@ -25,7 +25,8 @@ The three request types (docs/method.md §1-2, §7):
     `max_gen_toks` new tokens (default 256) in semi-autoregressive blocks of `block_length`
     (default 32; a block model's sub-blocks when shorter than its block, else the whole block: docs/method.md
     §13), one token per step unless `gen_steps`; cut at EOS, then at the first stop string.
-    `cache=prefix|dual` and `threshold=0.9` turn on Fast-dLLM's KV cache and parallel decoding.
+    `cache=prefix|dual` and `threshold=0.9` turn on Fast-dLLM's KV cache (a whole-sequence model's; a block
+    model decodes with its own exact cache) and parallel decoding.
   * `loglikelihood_rolling` — the document split into windows of the model's length: lm-eval's
     disjoint rolling windows (`get_rolling_token_windows` with one token of context), each
     window's tokens scored by the ELBO given the token before it (EOS before the first), summed.
@@ -33,12 +34,14 @@ The three request types (docs/method.md §1-2, §7):
 The model's settings are an `LMEvalConfig` (`sinkdlm.config.commands`, the one home of their help):
 `SinkDLMEvalModel(LMEvalConfig(model=DIR, mc_num=128))` from Python; lm-eval builds it from model_args
 (`create_from_arg_string`, `create_from_arg_obj`), parsed and checked by `lm_eval_config`.
-model_args: pretrained (checkpoint directory, required), mc_num (128), method (mc_count | mc | chain),
+model_args: pretrained (checkpoint directory or .gguf file, required), mc_num (128), method (mc_count | mc | chain),
 batch_size (model rows per forward, default 32; lm-eval's default 1 and "auto" mean 32; cap it with
 max_batch_size), device (cuda if available; a cuda request without CUDA falls back to the CPU), dtype (float32 |
 bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
 positions minus its sinks), check_greedy (True), seed (0), shift_logits (default: the model's own config.shift_logits), tokenizer (directory;
-default the checkpoint's), cache (none | prefix | dual), threshold (none, e.g. 0.9), and every field of the
+default the checkpoint's), cache (none | prefix | dual), kv_cache_dtype (none | int8: the cache's keys and values
+in int8; needs cache), quantize (none | int8-weight | int8-dynamic | int4-weight: torchao, as `--quantize`),
+threshold (none, e.g. 0.9), and every field of the
 sampler's `RemaskingOptions` (remasking, schedule, eps, alg_temp, top_p, top_k; docs/method.md §2; default: the
 model family's).
 The likelihood runs the LM head only on the masked continuation tokens (`loglikelihood`).
