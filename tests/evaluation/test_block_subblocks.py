@@ -78,3 +78,50 @@ def test_a_block_length_that_does_not_divide_the_block_is_refused(tmp_path, monk
     ids = lm.predictor.encode("w3 w4 w5")
     ref = generate(lm.model, [ids], gen_length=7, steps=7, block_length=2)[0, len(ids):].tolist()  # greedy
     assert text == lm.predictor.decode(ref)
+
+
+def test_a_block_models_kv_cache_dtype_reaches_its_block_cache_and_not_the_greedy_check(monkeypatch):
+    """kv_cache_dtype=int8 needs no cache= on a block model (its exact cache is always on) and decodes as the
+    sampler does with its int8 block cache; the greedy check, exact decoding, keeps the cache in the model's dtype.
+    (On this tiny model int8 and float caches give the same tokens, so the sampler's settings are read too.)"""
+    import sinkdlm.evaluation.predictor as predictor
+
+    model = tiny_model(block_size=4, num_sink_tokens=1, mask_token_id=46)
+    pred = DLMPredictor(model, word_tokenizer(), ScoringOptions(progress=False, seed=SEED, kv_cache_dtype="int8"))
+    seen = []
+    monkeypatch.setattr(predictor, "sample", lambda *a, **kw: seen.append(kw) or generate(*a, **kw))
+    assert pred.generate_ids(PROMPTS, 7, temperature=0.8) == _direct(model, 7, 7, kv_cache_dtype="int8")
+    exact = pred.generate_ids(PROMPTS, 7, temperature=0.8, fast=False)
+    assert exact == _direct(model, 7, 7, remasking="low_confidence")
+    assert [(kw["cache"], kw["kv_cache_dtype"]) for kw in seen] == [(None, "int8"), (None, None)]
+
+
+def test_a_block_model_refuses_cache_before_any_weight_is_read(tmp_path, monkeypatch):
+    """eval and lm-eval refuse cache= on a block model as generate does (it would be dropped otherwise), from the
+    model's header; a whole-sequence model's kv_cache_dtype still needs a cache."""
+    import sinkdlm.checkpoint.manager as manager
+    from sinkdlm.config.commands import EvalConfig
+    from sinkdlm.evaluation.evaluator import evaluate_dir
+
+    model = tiny_model(block_size=4, num_sink_tokens=1, mask_token_id=46)
+    refusal = r"a block model decodes block by block .*cache=prefix does not apply to it"
+    with pytest.raises(ValueError, match=refusal):
+        DLMPredictor(model, word_tokenizer(), ScoringOptions(progress=False, cache="prefix"))
+    with pytest.raises(ValueError, match="no cache is in use"):
+        DLMPredictor(tiny_model(num_sink_tokens=1, mask_token_id=46), word_tokenizer(),
+                     ScoringOptions(progress=False, kv_cache_dtype="int8"))
+    ckpt = tmp_path / "block"
+    model.save_pretrained(ckpt, tokenizer=word_tokenizer())
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights read before the options were checked")
+
+    monkeypatch.setattr(manager, "load_checkpoint", no_weights)
+    monkeypatch.setattr(manager, "load_model_and_tokenizer", no_weights)
+    with pytest.raises(ValueError, match=refusal):
+        evaluate_dir(EvalConfig(model=ckpt, tasks="shakespeare_cloze", cache="prefix", kv_cache_dtype="int8"))
+    pytest.importorskip("lm_eval")
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel
+
+    with pytest.raises(ValueError, match=refusal):
+        SinkDLMEvalModel.create_from_arg_obj(dict(pretrained=str(ckpt), cache="prefix"))

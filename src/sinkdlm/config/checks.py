@@ -237,10 +237,8 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
     if block_model is False and settings.max_new_tokens is not None:
         raise ValueError(f"max_new_tokens={settings.max_new_tokens} bounds a block model's generation; this "
                          "whole-sequence model generates exactly gen_length tokens: give gen_length instead")
-    given = [f"{name}={getattr(settings, name)}" for name in NOT_FOR_BLOCK_MODELS if getattr(settings, name)]
-    if block_model and given:
-        raise ValueError(f"a block model decodes block by block with an exact cache of its finished blocks: "
-                         f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to it; leave them out")
+    if block_model:
+        check_block_model_options(settings)
     block_model = block_model or block_size is not None
     steps, threshold, block_length = settings.steps, settings.threshold, settings.block_length
     if block_length is not None:
@@ -271,6 +269,14 @@ def check_sample_settings(settings, *, autoregressive: bool | None, block_model:
         raise ValueError("compile=True compiles the cached decoding step, so it needs a cache: give cache=prefix "
                          "or cache=dual")
     check_kv_cache_dtype(settings.kv_cache_dtype, "blocks" if block_model else settings.cache)
+
+
+def check_block_model_options(settings) -> None:
+    """A block model's settings (`SampleConfig` or `ScoringOptions`) give none of NOT_FOR_BLOCK_MODELS (one line)."""
+    given = [f"{name}={getattr(settings, name)}" for name in NOT_FOR_BLOCK_MODELS if getattr(settings, name)]
+    if given:
+        raise ValueError(f"a block model decodes block by block with an exact cache of its finished blocks: "
+                         f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to it; leave them out")
 
 
 def check_sub_blocks(settings, block_size: int | None) -> None:

@@ -38,7 +38,7 @@ class KVCacheDtypeOption:
     """The one declaration of `--kv-cache-dtype`, inherited by the settings that hold a `cache`."""
 
     kv_cache_dtype: str | None = None
-    """int8: store the KV cache's keys and values in int8, a symmetric scale per token and head (the sink tokens' kept in full precision, as IntactKV): a whole-sequence model's --cache, which it needs; a block model's block cache (always on) in generate and chat. Default: the model's dtype."""
+    """int8: store the KV cache's keys and values in int8, a symmetric scale per token and head (the sink tokens' kept in full precision, as IntactKV): a whole-sequence model's --cache, which it needs; a block model's block cache (always on). Default: the model's dtype."""
 
 
 @dataclass(kw_only=True)
@@ -240,7 +240,7 @@ class ScoringOptions(RemaskingOptions, KVCacheDtypeOption):
     batch_size: int = 64
     """Model rows per forward: speed only (every item's result is the same at any batch size; each request draws its own numbers)."""
     cache: str | None = None
-    """Fast-dLLM KV cache for generation tasks: prefix | dual (a whole-sequence model's; a block model decodes with its own exact cache and does not use it)."""
+    """Fast-dLLM KV cache for generation tasks: prefix | dual (a whole-sequence model's; a block model refuses it: its exact cache of finished blocks is always on)."""
     threshold: float | None = None
     """Confidence-threshold decoding for generation tasks (e.g. 0.9)."""
     progress: bool = True

@@ -88,6 +88,7 @@ def evaluate_dir(config: EvalConfig) -> dict[str, dict[str, dict]]:
     if config.model is None:
         raise ValueError("--model is required: a checkpoint directory or a .gguf file")
     source = open_source(Path(config.model))  # a missing directory or config.json: CheckpointError now
+    check_scoring_options(config, block_model=source.config.block_size is not None)
     model, tokenizer = load_model_and_tokenizer(source, device=config.device, dtype=config.dtype,
                                                 quantize=config.quantize)
     return evaluate(model, tokenizer, config)

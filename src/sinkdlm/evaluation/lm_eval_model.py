@@ -26,7 +26,7 @@ The three request types (docs/method.md §1-2, §7):
     (default 32; a block model's sub-blocks when shorter than its block, else the whole block: docs/method.md
     §13), one token per step unless `gen_steps`; cut at EOS, then at the first stop string.
     `cache=prefix|dual` and `threshold=0.9` turn on Fast-dLLM's KV cache (a whole-sequence model's; a block
-    model decodes with its own exact cache) and parallel decoding.
+    model refuses it: it decodes with its own exact cache) and parallel decoding.
   * `loglikelihood_rolling` — the document split into windows of the model's length: lm-eval's
     disjoint rolling windows (`get_rolling_token_windows` with one token of context), each
     window's tokens scored by the ELBO given the token before it (EOS before the first), summed.
@@ -40,7 +40,7 @@ max_batch_size), device (cuda if available; a cuda request without CUDA falls ba
 bfloat16 | float16; default as stored), gen_steps, block_length (32), max_length (the model's
 positions minus its sinks), check_greedy (True), seed (0), shift_logits (default: the model's own config.shift_logits), tokenizer (directory;
 default the checkpoint's), cache (none | prefix | dual), kv_cache_dtype (none | int8: the cache's keys and values
-in int8; needs cache), quantize (none | int8-weight | int8-dynamic | int4-weight: torchao, as `--quantize`),
+in int8; a whole-sequence model's needs cache, a block model's cache is always on), quantize (none | int8-weight | int8-dynamic | int4-weight: torchao, as `--quantize`),
 threshold (none, e.g. 0.9), and every field of the
 sampler's `RemaskingOptions` (remasking, schedule, eps, alg_temp, top_p, top_k; docs/method.md §2; default: the
 model family's).
@@ -191,7 +191,9 @@ class SinkDLMEvalModel(LM):
         dtype = DTYPES[config.dtype] if config.dtype else None
         check_quantize(config.quantize, self._device, dtype)  # before any weight is read
         source = open_source(Path(config.model))  # its config alone, no weight read yet
-        if not source.config.causal:  # a block model's block_length is its sub-blocks: refused now, not mid-run
+        # a block model's cache, kv_cache_dtype and block_length (its sub-blocks): refused now, not mid-run
+        check_scoring_options(config, block_model=source.config.block_size is not None)
+        if not source.config.causal:
             sub_block_length(config.block_length, source.config.block_size)
         self.model = quantize_model(load_checkpoint(source, device=self._device, dtype=dtype).eval(), config.quantize)
         if config.shift_logits is not None:  # this loaded model's head is read the other way (every estimator reads the config)

@@ -38,8 +38,8 @@ from sinkdlm.diffusion.likelihood import loglikelihood as elbo
 from sinkdlm.diffusion.remasking import check_rule, resolve_rule
 from sinkdlm.config.checks import CACHE_CHOICES as CACHES
 from sinkdlm.diffusion.sampling import generate as sample
-from sinkdlm.config.checks import (check_int, check_kv_cache_dtype, check_optional_int, check_sub_block_length,
-                                   sub_block_steps)
+from sinkdlm.config.checks import (check_block_model_options, check_int, check_kv_cache_dtype, check_optional_int,
+                                   check_sub_block_length, sub_block_steps)
 from sinkdlm.config.commands import ScoringOptions  # the one home of the defaults (field docstrings)
 
 ROWS_PER_CALL = 8  # likelihood requests per library call: about this many forward batches (progress granularity)
@@ -121,11 +121,17 @@ def check_decoding_options(cache, threshold) -> None:
         raise ValueError(f"threshold must be a probability in [0, 1] (e.g. 0.9), got {threshold!r}")
 
 
-def check_scoring_options(o: ScoringOptions) -> None:
-    """Every option `DLMPredictor` reads that needs no model, checked up front (the remasking rule, which
-    depends on the model's family, is checked when the predictor is built)."""
+def check_scoring_options(o: ScoringOptions, block_model: bool | None = None) -> None:
+    """Every option `DLMPredictor` reads that needs no weights, checked up front (the remasking rule, which
+    depends on the model's family, is checked when the predictor is built). `block_model`: whether the model is a
+    block model (docs/method.md §13, read from its header; None: not known yet). A block model refuses `cache`
+    (its own exact cache is always on) and keeps that cache in `kv_cache_dtype`; any other model's
+    `kv_cache_dtype` needs a `cache`, which is checked once the model's kind is known."""
     check_decoding_options(o.cache, o.threshold)
-    check_kv_cache_dtype(o.kv_cache_dtype, o.cache)
+    if block_model:
+        check_block_model_options(o)
+    # of a model of unknown kind, only the dtype's name for now ("blocks": a cache that may be the block model's)
+    check_kv_cache_dtype(o.kv_cache_dtype, o.cache if block_model is False else "blocks")
     if o.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {o.method!r}")
     check_int("mc_num", o.mc_num, 1)
@@ -163,8 +169,8 @@ class DLMPredictor:
 
     def __init__(self, model, tokenizer, options: ScoringOptions | None = None):
         o = ScoringOptions(progress=False) if options is None else options
-        check_scoring_options(o)
         cfg, threshold = model.config, o.threshold
+        check_scoring_options(o, block_model=cfg.block_size is not None)
         self.remasking = o.remasking_options()  # RemaskingOptions' fields only
         if not cfg.causal:  # its errors before any work (`generate` checks them so)
             full = self.remasking
@@ -321,8 +327,9 @@ class DLMPredictor:
                 cache="prefix" if cache == "dual" and n_blocks == 1 else cache,
                 kv_cache_dtype=self.kv_cache_dtype if cache else None,
                 **(self.remasking if fast else dict(schedule="llada", remasking="low_confidence")))
-            if block_size is not None:  # decodes in its own blocks, with its exact cache (§13), in sub-blocks
-                diffusion.update(cache=None, kv_cache_dtype=None)
+            if block_size is not None:  # decodes in its own blocks, with its exact cache (§13), in sub-blocks;
+                # the greedy check (fast=False) is exact decoding: its cache keeps the model's dtype
+                diffusion.update(cache=None, kv_cache_dtype=self.kv_cache_dtype if fast else None)
             res = sample(self.model, [rows[i] for i in chunk], gen_length=padded, temperature=temperature,
                          generator=[torch.Generator(self.model.device).manual_seed(request_seed(self.seed, rows[i]))
                                     for i in chunk], return_dict=True, **diffusion)
