@@ -304,7 +304,7 @@ def check_sub_block_length(length: int, block_size: int) -> None:
     if block_size % length:
         raise ValueError(f"block_length={length} does not divide the model's block_size={block_size} (a block "
                          f"model's block_length is the length of the sub-blocks of its blocks): give a divisor of "
-                         f"{block_size}, or leave it out (one sub-block, the whole block)")
+                         f"{block_size}, or {block_size} (one sub-block, the whole block)")
 
 
 def sub_block_steps(length: int, block_size: int, blocks: int) -> int:
