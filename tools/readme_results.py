@@ -545,6 +545,59 @@ def _bench_serve(results_root: Path) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+
+def _times(ratio: float) -> str:
+    """A measured ratio as the front page states it: below 1 (at the shown precision) it says "slower"."""
+    return f"{ratio:.2f}×" + (" (slower)" if round(ratio, 2) < 1 else "")
+
+
+def _bench_speed(results_root: Path) -> str | None:
+    """The README's speed lines (the block-diffusion and quantization issues): one measured ratio per question, each
+    against its baseline in the same process, from bench_block.json, bench_decoding.json and bench_quant.json."""
+    lines = []
+    b = _bench_result("bench_block.json")
+    if b is not None:
+        d, rows = b["decoding"], b["decoding"]["rows"]
+        lines.append(
+            f"**Block decoding speed:** with its exact cache a block model makes "
+            f"{_times(rows['whole sequence, no cache']['block_speedup'])} the tokens/s of the whole-sequence model "
+            f"without a cache, {_times(rows['whole sequence, dual cache']['block_speedup'])} with the dual cache "
+            f"({d['gen_length']} new tokens after a {d['prompt_length']}-token prompt, blocks of {b['block_size']}; "
+            f"`{b['preset']}` preset, random weights, {b['device'].split(',')[0]}, {_threads(b['threads'])}; "
+            "[details](docs/benchmarks.md#block-diffusion)).")
+    r = _bench_result("bench_decoding.json")
+    if r is not None:
+        ls = {n: m for n, m in r["lengths"].items() if isinstance(m, dict)}  # (not `_wall_s`)
+        th = r["threshold"]
+        dual, both = ([_times(m[mode]["speedup_vs_reference"]) for m in ls.values()] for mode in ("dual", f"dual + {th:g}"))
+        lines.append(
+            f"**Fast-dLLM speed:** against LLaDA's reference loop, the whole-sequence model's dual cache makes "
+            + " and ".join(f"{x} the tokens per CPU second at {n}" if k == 0 else f"{x} at {n}"
+                           for k, (x, n) in enumerate(zip(dual, ls))) + " new tokens; "
+            f"with threshold {th:g}, {' and '.join(both)} (`{r['model']['preset']}` + {r['model']['num_sink_tokens']} "
+            f"sink fine-tuned on arithmetic, {r['machine']['processor']} CPU, {_threads(r['machine']['threads'])}; "
+            "too weak to judge accuracy: [details](docs/benchmarks.md#decoding-on-a-fine-tuned-model)).")
+    q = _bench_result("bench_quant.json")
+    if q is not None:
+        m = max(q["decode"], key=lambda m: m["parameters"])  # the largest model decoded
+        v, kv = m["variants"], m.get("kv_cache_bytes")
+        fp, w8, kvrow = v["fp32"], v.get("int8-weight"), v.get("fp32, int8 KV cache")
+        parts = []
+        if w8:
+            parts.append(f"`--quantize int8-weight` takes its weights {fp['weight_bytes'] / 2**20:.0f} → "
+                         f"{w8['weight_bytes'] / 2**20:.0f} MiB (peak while decoding {fp['peak_decode_mib']:.0f} → "
+                         f"{w8['peak_decode_mib']:.0f} MiB) at {_times(w8['speedup'])} float32's tokens/s")
+        if kv and kvrow:
+            parts.append(f"`--kv-cache-dtype int8` its cache {kv['fp32'] / kv['int8']:.1f}× smaller at "
+                         f"{_times(kvrow['speedup'])}")
+        dyn = [(mm["model"], mm["variants"]["int8-dynamic"]["speedup"]) for mm in q["decode"]
+               if "int8-dynamic" in mm["variants"]]
+        if dyn:
+            parts.append(f"`int8-dynamic` decodes at {_times(dyn[-1][1])} on {dyn[-1][0]}")
+        lines.append(f"**int8 on this CPU** ({q['cpu']}, {_threads(q['threads'])}), {m['model']}: " + "; ".join(parts)
+                     + " ([details](docs/benchmarks.md#quantization)).")
+    return "\n\n".join(lines) + "\n" if lines else None
+
 # Blocks built from other files than one results folder.
 COMBINED = {"bench/serve": _bench_serve, "smollm2/ar-vs-dlm": _ar_vs_dlm, "bench/real-train": _bench_real_train, "bench/model": _bench_model,
             "bench/cache": _bench_cache, "bench/sampling": _bench_sampling, "bench/ops": _bench_ops,
@@ -552,7 +605,7 @@ COMBINED = {"bench/serve": _bench_serve, "smollm2/ar-vs-dlm": _ar_vs_dlm, "bench
             "bench/decode-ops": _bench_decode_ops, "bench/gpu-decode": _bench_gpu_decode, "bench/quant": _bench_quant,
             "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python,
             "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits,
-            "bench/env-sizes": _bench_env_sizes, "bench/block": _bench_block, "bench/block-gpu": _bench_block_gpu,
+            "bench/env-sizes": _bench_env_sizes, "bench/block": _bench_block, "bench/speed": _bench_speed, "bench/block-gpu": _bench_block_gpu,
             "findings": _findings,
             "escape/replication": _escape_replication}
 

@@ -89,3 +89,36 @@ def test_the_readme_is_a_front_page():
             for para in tool.readme_block(readme, name).split("\n\n") if not para.lstrip().startswith("|")
             and len(para) > 400]
     assert not long, f"generated paragraphs on the README over 400 characters (put them on the results page): {long}"
+
+
+def test_the_speed_lines_are_read_from_the_results_and_say_slower(tmp_path, monkeypatch):
+    """The README's speed lines (`bench/speed`) take every figure from bench_block/bench_decoding/bench_quant.json, and a
+    measured ratio below 1 reads "slower", never as a speed-up."""
+    import json
+
+    assert "bench/speed" in tool.block_names(ROOT / "README.md")
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    row = lambda s: {"forwards": 4, "seconds": 1.0, "tokens_per_s": 1.0, "block_speedup": s}
+    (results / "bench_block.json").write_text(json.dumps({
+        "preset": "tiny", "device": "CPU (Some CPU), 1 thread(s)", "threads": 1, "block_size": 8,
+        "decoding": {"prompt_length": 32, "gen_length": 16, "rows": {"block model, its cache": row(1.0),
+                     "whole sequence, no cache": row(3.456), "whole sequence, dual cache": row(0.5)}}}))
+    mode = lambda s: {"speedup_vs_reference": s}
+    (results / "bench_decoding.json").write_text(json.dumps({
+        "machine": {"processor": "x86_64", "threads": 2}, "model": {"preset": "tiny", "num_sink_tokens": 1},
+        "threshold": 0.9, "lengths": {"64": {"dual": mode(2.5), "dual + 0.9": mode(3.25)}, "_wall_s": 1.0}}))
+    variant = lambda s, w, peak=None: {"speedup": s, "weight_bytes": w * 2**20, "peak_decode_mib": peak}
+    (results / "bench_quant.json").write_text(json.dumps({"cpu": "Some CPU", "threads": 1, "decode": [
+        {"model": "small", "parameters": 1, "variants": {"fp32": variant(1.0, 4), "int8-dynamic": variant(0.25, 1)}},
+        {"model": "big", "parameters": 2, "kv_cache_bytes": {"fp32": 400, "int8": 100},
+         "variants": {"fp32": variant(1.0, 500, 900), "int8-weight": variant(0.75, 200, 600),
+                      "fp32, int8 KV cache": variant(1.25, 500)}}]}))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    text = tool.generated_block("bench/speed")
+    assert "3.46× the tokens/s of the whole-sequence model without a cache, 0.50× (slower) with the dual cache" in text
+    assert "16 new tokens after a 32-token prompt, blocks of 8" in text and "CPU (Some CPU), 1 thread;" in text
+    assert "2.50× the tokens per CPU second at 64 new tokens; with threshold 0.9, 3.25×" in text and "2 threads" in text
+    assert "big: `--quantize int8-weight` takes its weights 500 → 200 MiB (peak while decoding 900 → 600 MiB) at 0.75× (slower)" in text
+    assert "its cache 4.0× smaller at 1.25×;" in text and "`int8-dynamic` decodes at 0.25× (slower) on small" in text
+    assert len(text.split("\n\n")) == 3
