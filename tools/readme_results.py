@@ -561,7 +561,7 @@ def _bench_speed(results_root: Path) -> str | None:
         lines.append(
             f"**Block decoding speed:** with its exact cache a block model makes "
             f"{_times(rows['whole sequence, no cache']['block_speedup'])} the tokens/s of the whole-sequence model "
-            f"without a cache, {_times(rows['whole sequence, dual cache']['block_speedup'])} with the dual cache "
+            f"without a cache and {_times(rows['whole sequence, dual cache']['block_speedup'])} those of its dual cache "
             f"({d['gen_length']} new tokens after a {d['prompt_length']}-token prompt, blocks of {b['block_size']}; "
             f"`{b['preset']}` preset, random weights, {b['device'].split(',')[0]}, {_threads(b['threads'])}; "
             "[details](docs/benchmarks.md#block-diffusion)).")

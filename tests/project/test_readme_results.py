@@ -116,7 +116,7 @@ def test_the_speed_lines_are_read_from_the_results_and_say_slower(tmp_path, monk
                       "fp32, int8 KV cache": variant(1.25, 500)}}]}))
     monkeypatch.setattr(tool, "ROOT", tmp_path)
     text = tool.generated_block("bench/speed")
-    assert "3.46× the tokens/s of the whole-sequence model without a cache, 0.50× (slower) with the dual cache" in text
+    assert "3.46× the tokens/s of the whole-sequence model without a cache and 0.50× (slower) those of its dual cache" in text
     assert "16 new tokens after a 32-token prompt, blocks of 8" in text and "CPU (Some CPU), 1 thread;" in text
     assert "2.50× the tokens per CPU second at 64 new tokens; with threshold 0.9, 3.25×" in text and "2 threads" in text
     assert "big: `--quantize int8-weight` takes its weights 500 → 200 MiB (peak while decoding 900 → 600 MiB) at 0.75× (slower)" in text
