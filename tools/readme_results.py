@@ -379,27 +379,155 @@ def _gap(est: float, low: float | None, high: float | None, digits: int) -> str:
     return text + (f" [{low:+.{digits}f}, {high:+.{digits}f}]" if low is not None and high is not None else "")
 
 
-def _primary_row(r: dict, study: str, scale: str, digits: int) -> list[str]:
+def _primary_row(r: dict, study: str, scale: str, digits: int, unit: str = "nats",
+                 where: str = "at the end") -> list[str]:
     """One study's declared primary as a findings row: the answer from its stored decision and null reading
-    (experiment/endpoints/primary.py), the gap at the end of training with the declared test's interval."""
+    (experiment/endpoints/primary.py), the gap at the end of training with the declared test's interval (`unit`:
+    the metric's, "" for a rate; `where`: what the direction is said of). A direction only where the declared test
+    rejected with a spread (a zero variance is no evidence) and its interval, where it has one, excludes 0."""
     from sinkdlm.experiment.endpoints.primary import declared_decision
 
     p = r["primary"]
     a, b = (r["variants"][n]["label"] for n in p["pair"])
     _, est, pval, decided = declared_decision(p)
     iv = p["t"] if p["test"] == "t" else p["rank"]
-    if decided:
-        answer = f"lower with {a} at the end (p = {pval:.2g})" if est < 0 else f"higher with {a} at the end (p = {pval:.2g})"
+    u = f" {unit}" if unit else ""
+    degenerate = bool((p.get("t") or {}).get("degenerate"))
+    low, high = iv.get("low"), iv.get("high")
+    excludes = low is None or high is None or low > 0 or high < 0
+    if decided and not degenerate and excludes:
+        answer = f"lower with {a} {where} (p = {pval:.2g})" if est < 0 else f"higher with {a} {where} (p = {pval:.2g})"
         g0, te = p.get("step0_gap"), p.get("training_effect")
         if g0 and te and g0["high"] < 0 < te["low"]:  # started ahead, and training narrowed the lead
             answer += (f", the rest of a head start from the conversion ({g0['mean']:+.{digits}f} at step 0) that "
                        f"training narrowed (Δ_train {te['mean']:+.{digits}f})")
+    elif decided:
+        answer = ("no difference detected: inconclusive (no variance: every seed's difference alike)" if degenerate else
+                  "no difference detected: inconclusive (the test rejects, but its interval does not exclude 0)")
     elif p.get("inconclusive", True):
-        answer = f"no difference detected: inconclusive (MDE {p['t']['mde']:.2g} nats)"
+        answer = f"no difference detected: inconclusive (MDE {p['t']['mde']:.2g}{u})"
     else:
-        answer = (f"no difference, bounded within ±{p['bound']:.2g} nats (MDE {p['t']['mde']:.2g}, below the "
+        answer = (f"no difference, bounded within ±{p['bound']:.2g}{u} (MDE {p['t']['mde']:.2g}, below the "
                   f"{p['sized_for']:g} it was sized for)")
-    return [study, scale, f"{a} − {b}: {answer}", _gap(est, iv.get("low"), iv.get("high"), digits) + " nats"]
+    return [study, scale, f"{a} − {b}: {answer}", _gap(est, low, high, digits) + u]
+
+
+def _finished(results_root: Path, name: str) -> dict | None:
+    """docs/results/NAME/results.json where it is the study's final result: every run its preset declares (each
+    variant × seed) is in it. A results.json written while runs are missing (one shard's merge, an interim report)
+    is None, as is one whose preset is not known (nothing to check it against)."""
+    r = _load(results_root, name)
+    if r is None:
+        return None
+    from sinkdlm.experiment.presets import PRESETS
+
+    preset = PRESETS.get(r.get("preset", ""))
+    if preset is None:
+        return None
+    declared = preset()
+    have = {(n, int(s)) for n, v in r["variants"].items() for s in v.get("seeds", {})}
+    if not {(v.name, int(s)) for v in declared.variants for s in declared.seeds} <= have:
+        return None
+    if declared.quantization is not None and not (r.get("quant") or {}).get("complete"):
+        return None  # the endpoint's own flag: every declared seed scored quantized
+    return r
+
+
+def _steps(r: dict) -> str:
+    return f"{r['train']['max_steps']:,} steps"
+
+
+def _block_rows(r: dict) -> list[list[str]]:
+    """The block-sinks study (docs/method.md §15): its declared primary (vanilla in blocks − vanilla on the whole
+    sequence, on the moving-sink rate) and its secondaries, + 1 sink − vanilla at each block size on the rate and on
+    val_loss (each block size's own bound), from the report's Benjamini-Hochberg family (results.json's
+    `comparisons`: a direction only where a comparison `survives`, with a spread)."""
+    from sinkdlm.experiment.endpoints.block_sizes import block_size
+
+    link = "[sinks under block-causal attention](docs/results/block-sinks/report.md)"
+    scale = f"tiny DLMs, {len(r['variants'])} arms × {len(r['seeds'])} seeds × {_steps(r)}"
+    rows = [_primary_row(r, link, scale, 3, unit="", where="in the moving-sink rate")]
+    variants = r["variants"]
+    sink_pairs = [c for c in r.get("comparisons", []) if not c.get("missing")
+                  and variants[c["pair"][0]].get("switches", {}).get("num_sink_tokens", 0) > 0
+                  and not variants[c["pair"][1]].get("switches", {}).get("num_sink_tokens", 0)
+                  and block_size(variants[c["pair"][0]]) == block_size(variants[c["pair"][1]])]
+    sizes = lambda c: -(block_size(variants[c["pair"][0]]) or 10**9)  # noqa: E731  (the whole sequence first)
+    for metric, words, unit in (("content_sink_set_change_rate", "moving-sink rate", ""), ("val_loss", "val_loss", " nats")):
+        tests = sorted((c for c in sink_pairs if c["metric"] == metric), key=sizes)
+        if not tests:
+            continue
+        said, gaps = [], []
+        for c in tests:
+            size = block_size(variants[c["pair"][0]])
+            at = "whole sequence" if size is None else f"blocks of {size}"
+            if c.get("degenerate"):
+                word = "inconclusive (no variance)"
+            elif c.get("survives") and c.get("n", 0) >= 2:
+                word = f"{'higher' if c['mean'] > 0 else 'lower'} (BH-adjusted p = {c['p_adjusted']:.2g})"
+            else:
+                word = "no difference detected"
+            said.append(f"{at}: {word}")
+            gaps.append(f"{at}: " + _gap(c["mean"], c.get("low"), c.get("high"), 3))
+        rows.append([link, f"{scale}, secondary (BH family)", f"+ 1 sink − vanilla, {words}: " + "; ".join(said),
+                     "; ".join(gaps) + unit])
+    return rows
+
+
+def _quant_rows(r: dict) -> list[list[str]]:
+    """The quant study (docs/method.md §16): its declared primary (+ 1 sink's Δ_quant − vanilla's under the declared
+    scheme, exact Wilcoxon with the Hodges-Lehmann estimate and interval) and each declared secondary pair (under
+    the declared scheme and on the largest FFN ∞-norm, BH family, intervals at the adjusted level), in the
+    endpoint's own words (`quant.report._primary_words`, the secondary tests' stored `verdict`)."""
+    from sinkdlm.experiment.endpoints.quant.report import _primary_words
+
+    q = r["quant"]
+    p, labels = q["primary"], {n: v["label"] for n, v in r["variants"].items()}
+    link = "[does a sink make a DLM quantizable?](docs/results/quant/report.md)"
+    scale = f"tiny DLMs, {len(r['variants'])} arms × {len(r['seeds'])} seeds × {_steps(r)}"
+    if p.get("missing"):
+        return [[link, scale, f"not measured ({p['missing']})", "–"]]
+    a, b = (labels[n] for n in p["pair"])
+    rank = p["rank"]
+    rows = [[link, f"{scale}, {p['scheme']}", f"{a}'s Δ_quant − {b}'s: {_primary_words(p, q, a, b)}",
+             _gap(rank["estimate"], rank.get("low"), rank.get("high"), 4) + " nats, Hodges-Lehmann"]]
+    for pair in (r.get("declared") or {}).get("quantization", {}).get("secondary", []):
+        tests = {e["metric"]: e for e in q.get("secondary", []) if e["pair"] == list(pair)}
+        delta, norm = tests.get(f"delta:{p['scheme']}"), tests.get("ffn_inf_norm_max")
+        if delta is None:
+            continue
+        said = f"Δ_quant: {delta['verdict']}" + (f"; largest FFN ∞-norm: {norm['verdict']}" if norm else "")
+        adj, nadj = delta["adjusted"], (norm or {}).get("adjusted")
+        gap = (_gap(adj["mean"], adj.get("low"), adj.get("high"), 4) + " nats"
+               + (f"; ∞-norm {_gap(nadj['mean'], nadj.get('low'), nadj.get('high'), 1)}" if nadj else "")
+               + f" (at the adjusted level {100 * adj['confidence']:.3g} %)")
+        rows.append([link, f"{scale}, {p['scheme']}, secondary (BH family)",
+                     f"{labels[pair[0]]} − {labels[pair[1]]}: {said}", gap])
+    return rows
+
+
+def _answers(results_root: Path) -> str | None:
+    """The front page's answers of the block-sinks and quant studies (issues 65, 66): per finished study
+    (`_finished`) one sentence, its declared primary's answer as the findings table gives it, beside the study's
+    figure. None while neither is finished."""
+    said = []
+    b = _finished(results_root, "block-sinks")
+    if b and b.get("primary") and not b["primary"].get("missing"):
+        _, _, answer, gap = _block_rows(b)[0]
+        fig = results_root / "block-sinks" / "figures" / "block_sizes.png"
+        said.append(f"**Do sinks move differently as the block shrinks?** The moving-sink rate, {answer}, {gap} "
+                    "([report](docs/results/block-sinks/report.md))."
+                    + (" ![Moving-sink rate against block size, per arm, 95 % CI]"
+                       "(docs/results/block-sinks/figures/block_sizes.png)" if fig.is_file() else ""))
+    q = _finished(results_root, "quant")
+    if q and q.get("quant") and not q["quant"]["primary"].get("missing"):
+        _, _, answer, gap = _quant_rows(q)[0]
+        fig = results_root / "quant" / "figures" / "quant.png"
+        said.append(f"**Does a sink make a DLM quantizable ({q['quant']['primary']['scheme']}, W8A8)?** "
+                    f"{answer}, {gap} ([report](docs/results/quant/report.md))."
+                    + (" ![Δ_quant per arm and scheme, FFN ∞-norm per layer, 95 % CI]"
+                       "(docs/results/quant/figures/quant.png)" if fig.is_file() else ""))
+    return "\n\n".join(said) + "\n" if said else None
 
 
 def _replicated(results_root: Path, t: dict) -> dict | None:
@@ -432,12 +560,12 @@ def _escape_replication(results_root: Path) -> str | None:
 def _findings(results_root: Path) -> str | None:
     """The front page's table of what the project has found about the paper's claim so far: one row per declared
     question (study, scale, answer, interval), read from each study's results.json (and the escape sizing's
-    exploratory counts, for the replication row)."""
+    exploratory counts, for the replication row); block-sinks and quant only once final (`_finished`)."""
     from sinkdlm.experiment.endpoints.sinks.stats import extra_sink_mass, uniform_share
 
     rows = []
     study, real, late, esc = (_load(results_root, n) for n in ("study", "smollm2/dlm", "late-sink", "escape"))
-    steps = lambda r: f"{r['train']['max_steps']:,} steps"  # noqa: E731
+    steps = _steps
     if study:
         rows.append(_primary_row(study, "[from scratch](docs/results/study/report.md)",
                                  f"tiny DLMs, {len(study['variants'])} arms × {len(study['seeds'])} seeds × {steps(study)}", 3))
@@ -471,6 +599,11 @@ def _findings(results_root: Path) -> str | None:
         rows.append(["[leaving the unigram plateau](docs/results/escape/report.md)",
                      f"tiny DLMs, {len(esc['variants'])} arms × {len(esc['seeds'])} seeds × {steps(esc)}", answer,
                      f"ratio of escape steps {r['estimate']:.2f}× [{r['low']:.2f}, {r['high']:.2f}]"])
+    block, quant = _finished(results_root, "block-sinks"), _finished(results_root, "quant")
+    if block and block.get("primary") and not block["primary"].get("missing"):
+        rows += _block_rows(block)
+    if quant and quant.get("quant"):
+        rows += _quant_rows(quant)
     if not rows:
         return None
     return ("| study | scale | answer | interval (the declared test's, about 95 %) |\n|---|---|---|---|\n"
@@ -606,7 +739,7 @@ COMBINED = {"bench/serve": _bench_serve, "smollm2/ar-vs-dlm": _ar_vs_dlm, "bench
             "bench/quickstart": _bench_quickstart, "bench/quickstart-python": _bench_quickstart_python,
             "bench/quickstart-sinks": _bench_quickstart_sinks, "bench/shift-logits": _bench_shift_logits,
             "bench/env-sizes": _bench_env_sizes, "bench/block": _bench_block, "bench/speed": _bench_speed, "bench/block-gpu": _bench_block_gpu,
-            "findings": _findings,
+            "findings": _findings, "findings/answers": _answers,
             "escape/replication": _escape_replication}
 
 

@@ -122,3 +122,104 @@ def test_the_speed_lines_are_read_from_the_results_and_say_slower(tmp_path, monk
     assert "big: `--quantize int8-weight` takes its weights 500 → 200 MiB (peak while decoding 900 → 600 MiB) at 0.75× (slower)" in text
     assert "its cache 4.0× smaller at 1.25×;" in text and "`int8-dynamic` decodes at 0.25× (slower) on small" in text
     assert len(text.split("\n\n")) == 3
+
+
+def _pilot_as_study(root: Path, pilot: str, name: str, figure: str) -> dict:
+    """A final study under docs/results-like `root`/NAME: the pilot's committed results.json (the same structure
+    as the study's) and its figure."""
+    import json
+    import shutil
+
+    src = ROOT / "docs" / "results" / pilot
+    (root / name / "figures").mkdir(parents=True)
+    shutil.copy(src / "results.json", root / name / "results.json")
+    shutil.copy(src / "figures" / figure, root / name / "figures" / figure)
+    return json.loads((src / "results.json").read_text())
+
+
+def _write(root: Path, name: str, results: dict) -> None:
+    import json
+
+    (root / name / "results.json").write_text(json.dumps(results))
+
+
+def test_block_sinks_and_quant_findings_are_read_from_their_final_results(tmp_path):
+    """Once block-sinks and quant (issues 65, 66) are final, the findings table has their declared primaries and
+    secondaries and the answers block one sentence per study beside its figure, every number from results.json
+    and every verdict by the rules (a direction only where the declared test decided; else the null words)."""
+    b = _pilot_as_study(tmp_path, "block-sinks-pilot", "block-sinks", "block_sizes.png")
+    q = _pilot_as_study(tmp_path, "quant-pilot", "quant", "quant.png")
+    table = tool.generated_block("findings", tmp_path)
+    rows = [ln for ln in table.splitlines() if ln.startswith("| [")]
+    assert len(rows) == 3  # the other studies are not under tmp_path
+    p, t = b["primary"], b["primary"]["t"]
+    assert p["test"] == "t" and not p["rejects"] and p["inconclusive"]
+    assert rows[0] == ("| [sinks under block-causal attention](docs/results/block-sinks/report.md) | tiny DLMs, 2 arms × "
+                       f"3 seeds × 3,000 steps | block 4 − DLM: no difference detected: inconclusive (MDE {t['mde']:.2g}) "
+                       f"| {t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}] |")
+    qp, rank = q["quant"]["primary"], q["quant"]["primary"]["rank"]
+    assert not qp["decided"] and qp["sized_for"] is None and rank["low"] is None  # 3 seeds: no exact interval
+    assert rows[1] == ("| [does a sink make a DLM quantizable?](docs/results/quant/report.md) | tiny DLMs, 3 arms × 3 seeds "
+                       "× 6,000 steps, int8-dynamic | DLM + 1 sink (front)'s Δ_quant − DLM's: inconclusive (MDE "
+                       f"{qp['mde']:.3g} nats; the study was not sized for an effect) | {rank['estimate']:+.4f} nats, "
+                       "Hodges-Lehmann |")
+    sec = {e["metric"]: e for e in q["quant"]["secondary"] if e["pair"] == ["gated", "vanilla"]}
+    d, n = sec["delta:int8-dynamic"], sec["ffn_inf_norm_max"]
+    assert f"DLM + GA − DLM: Δ_quant: {d['verdict']}; largest FFN ∞-norm: {n['verdict']} |" in rows[2]
+    assert rows[2].endswith(f"| {d['adjusted']['mean']:+.4f} [{d['adjusted']['low']:+.4f}, {d['adjusted']['high']:+.4f}] "
+                            f"nats; ∞-norm {n['adjusted']['mean']:+.1f} [{n['adjusted']['low']:+.1f}, "
+                            f"{n['adjusted']['high']:+.1f}] (at the adjusted level 99 %) |")
+    assert "inconclusive" in d["verdict"] and "higher" not in rows[2] and "lower" not in rows[2]
+    answers = tool.generated_block("findings/answers", tmp_path).split("\n\n")
+    assert len(answers) == 2 and all(len(a) <= 400 for a in answers)  # the front page's paragraph limit
+    assert answers[0] == ("**Do sinks move differently as the block shrinks?** The moving-sink rate, block 4 − DLM: no "
+                          f"difference detected: inconclusive (MDE {t['mde']:.2g}), {t['mean']:+.3f} [{t['low']:+.3f}, "
+                          f"{t['high']:+.3f}] ([report](docs/results/block-sinks/report.md)). ![Moving-sink rate "
+                          "against block size, per arm, 95 % CI]"
+                          "(docs/results/block-sinks/figures/block_sizes.png)")
+    assert answers[1].startswith("**Does a sink make a DLM quantizable (int8-dynamic, W8A8)?** DLM + 1 sink (front)'s "
+                                 f"Δ_quant − DLM's: inconclusive (MDE {qp['mde']:.3g} nats;")
+    assert answers[1].endswith("(docs/results/quant/figures/quant.png)\n")
+
+
+def test_block_sinks_findings_say_a_direction_only_by_the_rules(tmp_path):
+    """The block-sinks rows on changed numbers: a primary whose test rejects says the direction; one that rejects
+    with a zero variance is inconclusive; a secondary (+ 1 sink − vanilla at a block size) says a direction only
+    where it survives the BH family, else "no difference detected"."""
+    import copy
+
+    b = _pilot_as_study(tmp_path, "block-sinks-pilot", "block-sinks", "block_sizes.png")
+    b["variants"]["block4-sink1"] = {**copy.deepcopy(b["variants"]["block4"]), "label": "block 4 + 1 sink",
+                                     "switches": {**b["variants"]["block4"]["switches"], "num_sink_tokens": 1}}
+    entry = lambda metric, mean, survives: {"pair": ["block4-sink1", "block4"], "metric": metric, "mean": mean,  # noqa: E731
+                                            "low": mean - 0.01, "high": mean + 0.01, "n": 3, "p_adjusted": 0.012,
+                                            "survives": survives, "degenerate": False}
+    b["comparisons"] += [entry("content_sink_set_change_rate", -0.05, True), entry("val_loss", 0.02, False)]
+    b["primary"].update(rejects=True, inconclusive=False, t={**b["primary"]["t"], "mean": -0.2, "low": -0.3,
+                                                             "high": -0.1, "p": 0.004})
+    _write(tmp_path, "block-sinks", b)
+    rows = [ln for ln in tool.generated_block("findings", tmp_path).splitlines() if ln.startswith("| [")]
+    assert "| block 4 − DLM: lower with block 4 in the moving-sink rate (p = 0.004) | -0.200 [-0.300, -0.100] |" in rows[0]
+    assert ("+ 1 sink − vanilla, moving-sink rate: blocks of 4: lower (BH-adjusted p = 0.012) | blocks of 4: "
+            "-0.050 [-0.060, -0.040] |") in rows[1]
+    assert "+ 1 sink − vanilla, val_loss: blocks of 4: no difference detected | blocks of 4: +0.020 [+0.010, +0.030] nats |" in rows[2]
+    b["primary"]["t"]["degenerate"] = True
+    _write(tmp_path, "block-sinks", b)
+    row = tool.generated_block("findings", tmp_path).splitlines()[2]
+    assert "inconclusive (no variance" in row and "lower with" not in row
+
+
+def test_a_study_with_runs_missing_shows_nothing(tmp_path):
+    """A results.json written while runs are missing (one shard's merge, an interim report) is no finding: no row
+    and no answer, for block-sinks (a declared run absent) and quant (its endpoint not complete)."""
+    b = _pilot_as_study(tmp_path, "block-sinks-pilot", "block-sinks", "block_sizes.png")
+    q = _pilot_as_study(tmp_path, "quant-pilot", "quant", "quant.png")
+    del b["variants"]["block4"]["seeds"]["402"]
+    q["quant"]["complete"] = False
+    _write(tmp_path, "block-sinks", b)
+    _write(tmp_path, "quant", q)
+    assert tool.generated_block("findings", tmp_path) is None
+    assert tool.generated_block("findings/answers", tmp_path) is None
+    b["preset"] = "no-such-preset"  # nothing to check it against: not final either
+    _write(tmp_path, "block-sinks", b)
+    assert tool.generated_block("findings", tmp_path) is None
