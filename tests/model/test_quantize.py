@@ -223,12 +223,19 @@ def test_train_has_no_quantize():
     assert code == 2 and len(lines) == 1 and "--quantize" in lines[0], err
 
 
-def test_the_lm_eval_model_args_carry_both_options():
+def test_the_lm_eval_model_args_carry_both_options(tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
-    from sinkdlm.evaluation.lm_eval_model import lm_eval_config
+    import sinkdlm.checkpoint.manager as manager
+    from helpers import word_tokenizer
+    from sinkdlm.evaluation.lm_eval_model import SinkDLMEvalModel, lm_eval_config
 
     config = lm_eval_config({"pretrained": "m", "quantize": "int8-dynamic", "cache": "dual", "kv_cache_dtype": "int8"})
     assert (config.quantize, config.cache, config.kv_cache_dtype) == ("int8-dynamic", "dual", "int8")
     assert lm_eval_config({"pretrained": "m", "quantize": "none"}).quantize is None
+    # without cache= only a block model (whose cache is always on) can use it: the model's header decides, before
+    # any weight is read (tests/evaluation/test_block_subblocks.py: the block model's int8 cache)
+    assert lm_eval_config({"pretrained": "m", "kv_cache_dtype": "int8"}).kv_cache_dtype == "int8"
+    tiny_model(num_sink_tokens=1, mask_token_id=46).save_pretrained(tmp_path / "m", tokenizer=word_tokenizer())
+    monkeypatch.setattr(manager, "load_checkpoint", lambda *a, **kw: pytest.fail("weights read before the check"))
     with pytest.raises(ValueError, match="no cache is in use"):
-        lm_eval_config({"pretrained": "m", "kv_cache_dtype": "int8"})
+        SinkDLMEvalModel.create_from_arg_obj({"pretrained": str(tmp_path / "m"), "kv_cache_dtype": "int8"})
