@@ -433,6 +433,14 @@ def _finished(results_root: Path, name: str) -> dict | None:
     return r
 
 
+def _final_primaries(results_root: Path) -> tuple[dict | None, dict | None]:
+    """block-sinks' results.json where final (`_finished`) and its declared primary was measured; quant's where
+    final with its endpoint's results (an unmeasured primary is a row that says so, `_quant_rows`)."""
+    block, quant = _finished(results_root, "block-sinks"), _finished(results_root, "quant")
+    block = block if block and block.get("primary") and not block["primary"].get("missing") else None
+    return block, quant if quant and quant.get("quant") else None
+
+
 def _steps(r: dict) -> str:
     return f"{r['train']['max_steps']:,} steps"
 
@@ -511,19 +519,19 @@ def _answers(results_root: Path) -> str | None:
     (`_finished`) one sentence, its declared primary's answer as the findings table gives it, beside the study's
     figure. None while neither is finished."""
     said = []
-    b = _finished(results_root, "block-sinks")
-    if b and b.get("primary") and not b["primary"].get("missing"):
+    b, q = _final_primaries(results_root)
+    if b:
         _, _, answer, gap = _block_rows(b)[0]
         fig = results_root / "block-sinks" / "figures" / "block_sizes.png"
         said.append(f"**Do sinks move differently as the block shrinks?** The moving-sink rate, {answer}, {gap} "
                     "([report](docs/results/block-sinks/report.md))."
                     + (" ![Moving-sink rate against block size, per arm, 95 % CI]"
                        "(docs/results/block-sinks/figures/block_sizes.png)" if fig.is_file() else ""))
-    q = _finished(results_root, "quant")
-    if q and q.get("quant") and not q["quant"]["primary"].get("missing"):
+    if q and not q["quant"]["primary"].get("missing"):
         _, _, answer, gap = _quant_rows(q)[0]
         fig = results_root / "quant" / "figures" / "quant.png"
-        said.append(f"**Does a sink make a DLM quantizable ({q['quant']['primary']['scheme']}, W8A8)?** "
+        scheme = q["quant"]["primary"]["scheme"]
+        said.append(f"**Does a sink make a DLM quantizable ({scheme}{', W8A8' if scheme == 'int8-dynamic' else ''})?** "
                     f"{answer}, {gap} ([report](docs/results/quant/report.md))."
                     + (" ![Δ_quant per arm and scheme, FFN ∞-norm per layer, 95 % CI]"
                        "(docs/results/quant/figures/quant.png)" if fig.is_file() else ""))
@@ -565,16 +573,15 @@ def _findings(results_root: Path) -> str | None:
 
     rows = []
     study, real, late, esc = (_load(results_root, n) for n in ("study", "smollm2/dlm", "late-sink", "escape"))
-    steps = _steps
     if study:
         rows.append(_primary_row(study, "[from scratch](docs/results/study/report.md)",
-                                 f"tiny DLMs, {len(study['variants'])} arms × {len(study['seeds'])} seeds × {steps(study)}", 3))
+                                 f"tiny DLMs, {len(study['variants'])} arms × {len(study['seeds'])} seeds × {_steps(study)}", 3))
     if real:
         rows.append(_primary_row(real, "[SmolLM2-135M converted](docs/results/smollm2/dlm/report.md)",
-                                 f"AR → DLM, {len(real['seeds'])} seeds × {steps(real)}", 3))
+                                 f"AR → DLM, {len(real['seeds'])} seeds × {_steps(real)}", 3))
     if late:
         rows.append(_primary_row(late, "[sink added late](docs/results/late-sink/report.md)",
-                                 f"a trained tiny DLM continued, {len(late['seeds'])} seeds × {steps(late)}", 4))
+                                 f"a trained tiny DLM continued, {len(late['seeds'])} seeds × {_steps(late)}", 4))
     for r, name in ((late, "late-sink"), (real, "smollm2/dlm")):
         for v in (r or {}).get("variants", {}).values():
             mass, u = extra_sink_mass(v), uniform_share(v)
@@ -597,12 +604,12 @@ def _findings(results_root: Path) -> str | None:
             answer += (f"; the exploratory \"{'earlier' if explored['minus'] else 'later'} on {explored['seeds']} of "
                        f"{explored['seeds']} seeds\" ([sizing](docs/results/escape-sizing/README.md)) did not replicate")
         rows.append(["[leaving the unigram plateau](docs/results/escape/report.md)",
-                     f"tiny DLMs, {len(esc['variants'])} arms × {len(esc['seeds'])} seeds × {steps(esc)}", answer,
+                     f"tiny DLMs, {len(esc['variants'])} arms × {len(esc['seeds'])} seeds × {_steps(esc)}", answer,
                      f"ratio of escape steps {r['estimate']:.2f}× [{r['low']:.2f}, {r['high']:.2f}]"])
-    block, quant = _finished(results_root, "block-sinks"), _finished(results_root, "quant")
-    if block and block.get("primary") and not block["primary"].get("missing"):
+    block, quant = _final_primaries(results_root)
+    if block:
         rows += _block_rows(block)
-    if quant and quant.get("quant"):
+    if quant:
         rows += _quant_rows(quant)
     if not rows:
         return None
@@ -676,7 +683,6 @@ def _bench_serve(results_root: Path) -> str | None:
                  "batch pads its prompts to the longest: batching mostly shares the wait, not the work. Answers "
                  "differing: each batched answer against the same request's from the one-at-a-time server.")
     return "\n".join(lines) + "\n"
-
 
 
 def _times(ratio: float) -> str:

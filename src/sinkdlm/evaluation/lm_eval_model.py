@@ -182,7 +182,6 @@ class SinkDLMEvalModel(LM):
                             f"got {type(config).__name__}")
         if config.model is None:
             raise ValueError(f"--model {NAME} needs model_args pretrained=PATH (a model directory or a .gguf file)")
-        check_scoring_options(config)
         device = config.device
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device %s requested but CUDA is not available; using the CPU", device)
