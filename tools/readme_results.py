@@ -486,8 +486,8 @@ def _quant_rows(r: dict) -> list[list[str]]:
     """The quant study (docs/method.md §16): its declared primary (+ 1 sink's Δ_quant − vanilla's under the declared
     scheme, exact Wilcoxon with the Hodges-Lehmann estimate and interval) and each declared secondary pair (under
     the declared scheme and on the largest FFN ∞-norm, BH family, intervals at the adjusted level), in the
-    endpoint's own words (`quant.report._primary_words`, the secondary tests' stored `verdict`)."""
-    from sinkdlm.experiment.endpoints.quant.report import _primary_words
+    endpoint's own words (`quant.report.primary_words`, the secondary tests' stored `verdict`)."""
+    from sinkdlm.experiment.endpoints.quant.report import primary_words
 
     q = r["quant"]
     p, labels = q["primary"], {n: v["label"] for n, v in r["variants"].items()}
@@ -497,7 +497,7 @@ def _quant_rows(r: dict) -> list[list[str]]:
         return [[link, scale, f"not measured ({p['missing']})", "–"]]
     a, b = (labels[n] for n in p["pair"])
     rank = p["rank"]
-    rows = [[link, f"{scale}, {p['scheme']}", f"{a}'s Δ_quant − {b}'s: {_primary_words(p, q, a, b)}",
+    rows = [[link, f"{scale}, {p['scheme']}", f"{a}'s Δ_quant − {b}'s: {primary_words(p, q, a, b)}",
              _gap(rank["estimate"], rank.get("low"), rank.get("high"), 4) + " nats, Hodges-Lehmann"]]
     for pair in (r.get("declared") or {}).get("quantization", {}).get("secondary", []):
         tests = {e["metric"]: e for e in q.get("secondary", []) if e["pair"] == list(pair)}

@@ -53,7 +53,7 @@ def _mde(p: dict[str, Any]) -> str:
     return "no MDE: no variance" if p.get("degenerate") else "no MDE"
 
 
-def _primary_words(p: dict[str, Any], q: dict[str, Any], a: str, b: str) -> str:
+def primary_words(p: dict[str, Any], q: dict[str, Any], a: str, b: str) -> str:
     """What the declared primary says: a direction only where `decided` (the summary's rule); an interim study
     nothing; a rank test that rejects without a decision "inconclusive"; else `endpoints.detection.null_words`
     ("no difference detected (MDE .., sized for ..)" where the MDE is at or below the effect the seeds were sized
@@ -87,7 +87,7 @@ def quant_answer_line(results: dict[str, Any]) -> str | None:
         ci = f" [{signed(rank['low'], 3)}, {signed(rank['high'], 3)}]" if rank.get("low") is not None else ""
         numbers = (f"{a}'s Δ_quant − {b}'s under {p['scheme']}: {signed(rank['estimate'], 3)}{ci} (Hodges-Lehmann, "
                    f"exact Wilcoxon p = {fmt_p(rank.get('p'))}; paired t {fmt_ci(p['t'])}; {p['seeds']} seeds)")
-        text = head + f"{numbers}: {_primary_words(p, q, a, b)}"
+        text = head + f"{numbers}: {primary_words(p, q, a, b)}"
     if q["outliers"]["runs"] and not q["outliers"]["with_ffn_outlier_channels"]:
         text += _no_outliers(results, q)
     return text + "."
