@@ -522,6 +522,7 @@ def _answers(results_root: Path) -> str | None:
     b, q = _final_primaries(results_root)
     if b:
         _, _, answer, gap = _block_rows(b)[0]
+        answer = answer.replace(" in the moving-sink rate", "")  # the sentence names the rate first
         fig = results_root / "block-sinks" / "figures" / "block_sizes.png"
         said.append(f"**Do sinks move differently as the block shrinks?** The moving-sink rate, {answer}, {gap} "
                     "([report](docs/results/block-sinks/report.md))."

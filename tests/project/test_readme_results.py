@@ -203,6 +203,9 @@ def test_block_sinks_findings_say_a_direction_only_by_the_rules(tmp_path):
     assert ("+ 1 sink − vanilla, moving-sink rate: blocks of 4: lower (BH-adjusted p = 0.012) | blocks of 4: "
             "-0.050 [-0.060, -0.040] |") in rows[1]
     assert "+ 1 sink − vanilla, val_loss: blocks of 4: no difference detected | blocks of 4: +0.020 [+0.010, +0.030] nats |" in rows[2]
+    answer = tool.generated_block("findings/answers", tmp_path)  # names the rate once, then the direction
+    assert answer.startswith("**Do sinks move differently as the block shrinks?** The moving-sink rate, block 4 − DLM: "
+                             "lower with block 4 (p = 0.004), -0.200 [-0.300, -0.100] (")
     b["primary"]["t"]["degenerate"] = True
     _write(tmp_path, "block-sinks", b)
     row = tool.generated_block("findings", tmp_path).splitlines()[2]
