@@ -396,7 +396,8 @@ def _primary_row(r: dict, study: str, scale: str, digits: int, unit: str = "nats
     low, high = iv.get("low"), iv.get("high")
     excludes = low is None or high is None or low > 0 or high < 0
     if decided and not degenerate and excludes:
-        answer = f"lower with {a} {where} (p = {pval:.2g})" if est < 0 else f"higher with {a} {where} (p = {pval:.2g})"
+        said = f"{a} {where}" if where else a  # "" when the sentence around it names the metric
+        answer = f"lower with {said} (p = {pval:.2g})" if est < 0 else f"higher with {said} (p = {pval:.2g})"
         g0, te = p.get("step0_gap"), p.get("training_effect")
         if g0 and te and g0["high"] < 0 < te["low"]:  # started ahead, and training narrowed the lead
             answer += (f", the rest of a head start from the conversion ({g0['mean']:+.{digits}f} at step 0) that "
@@ -445,7 +446,7 @@ def _steps(r: dict) -> str:
     return f"{r['train']['max_steps']:,} steps"
 
 
-def _block_rows(r: dict) -> list[list[str]]:
+def _block_rows(r: dict, where: str = "in the moving-sink rate") -> list[list[str]]:
     """The block-sinks study (docs/method.md §15): its declared primary (vanilla in blocks − vanilla on the whole
     sequence, on the moving-sink rate) and its secondaries, + 1 sink − vanilla at each block size on the rate and on
     val_loss (each block size's own bound), from the report's Benjamini-Hochberg family (results.json's
@@ -454,7 +455,7 @@ def _block_rows(r: dict) -> list[list[str]]:
 
     link = "[sinks under block-causal attention](docs/results/block-sinks/report.md)"
     scale = f"tiny DLMs, {len(r['variants'])} arms × {len(r['seeds'])} seeds × {_steps(r)}"
-    rows = [_primary_row(r, link, scale, 3, unit="", where="in the moving-sink rate")]
+    rows = [_primary_row(r, link, scale, 3, unit="", where=where)]
     variants = r["variants"]
     sink_pairs = [c for c in r.get("comparisons", []) if not c.get("missing")
                   and variants[c["pair"][0]].get("switches", {}).get("num_sink_tokens", 0) > 0
@@ -521,8 +522,7 @@ def _answers(results_root: Path) -> str | None:
     said = []
     b, q = _final_primaries(results_root)
     if b:
-        _, _, answer, gap = _block_rows(b)[0]
-        answer = answer.replace(" in the moving-sink rate", "")  # the sentence names the rate first
+        _, _, answer, gap = _block_rows(b, where="")[0]  # the sentence names the rate first
         fig = results_root / "block-sinks" / "figures" / "block_sizes.png"
         said.append(f"**Do sinks move differently as the block shrinks?** The moving-sink rate, {answer}, {gap} "
                     "([report](docs/results/block-sinks/report.md))."
