@@ -88,6 +88,8 @@ def test_slurm_scripts_carry_the_resources_and_the_report_depends_on_every_run(t
     (["--launcher", "slurm"], "needs Slurm's sbatch and srun on the PATH"),
     (["--launcher", "local", "--partition", "gpu"], "--partition is a Slurm setting"),
     (["--launcher", "slurm", "--time-limit", "soon"], "--time-limit takes"),
+    (["--part", "everything"], "--part must be one of all | base | train | runs | controls | report"),
+    (["--launcher", "local", "--part", "runs"], "--part runs is one job's share of a launched study"),
 ])
 def test_bad_launch_settings_are_one_line_before_anything(tmp_path, monkeypatch, capsys, args, says):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
@@ -102,6 +104,32 @@ def test_an_unknown_pinned_commit_is_one_line_before_anything(tmp_path, capsys):
     err = _refused(capsys, ["experiment", "--preset", "smoke", "--out", str(out), "--launcher", "local",
                             "--pin-commit", "no-such-commit"])
     assert "--pin-commit no-such-commit: no such commit" in err and not out.exists(), err
+
+
+@pytest.mark.parametrize("knows_part", [True, False])
+def test_a_pinned_job_runs_its_own_part_where_the_pinned_code_takes_part(tmp_path, monkeypatch, knows_part):
+    """--pin-commit: each job is the pinned code's command line for its run, with the part an unpinned job runs
+    (`job_config`), so no job but the report's writes a report; code from before --part gets none."""
+    from sinkdlm.experiment import launch
+
+    tree = tmp_path / "pinned"
+    monkeypatch.setattr(launch, "pinned_tree", lambda commit: tree)
+    monkeypatch.setattr(launch, "pinned_knows_part", lambda t: knows_part)
+    cfg = ExperimentConfig(preset="smoke", out=str(tmp_path / "study"), launcher="local", pin_commit="abc1234")
+    jobs = launch.study_jobs(launch.make_plan(cfg))
+    for job in jobs:
+        command = launch._callable(cfg, job, run_experiment).command
+        part = command[command.index("--part") + 1] if "--part" in command else None
+        assert part == (launch.job_config(cfg, job).part if knows_part else None), (job, command)
+        assert ("--variants" in command) == (job.kind == "run"), command
+    assert {launch.job_config(cfg, j).part for j in jobs} == {"runs", "report"}
+
+
+def test_a_pinned_trees_help_says_whether_it_takes_part():
+    """`pinned_knows_part` reads the pinned code's own --help: this checkout's code takes --part."""
+    from sinkdlm.experiment.launch import pinned_knows_part
+
+    assert pinned_knows_part(Path(__file__).resolve().parents[2])
 
 
 def _refused(capsys, argv: list[str]) -> str:
@@ -180,7 +208,7 @@ def test_a_signalled_job_requeues_and_resumes_bitwise(tmp_path, monkeypatch):
     assert re.search(r"resuming from .*checkpoints/step-\d+", log), log[-2000:]  # the requeued job's second start
     assert not state.exists()  # done: the job removed its record
     reference = tmp_path / "uninterrupted"
-    run_experiment(ExperimentConfig(out=str(reference), **common), part="runs")
+    run_experiment(ExperimentConfig(out=str(reference), part="runs", **common))
     final = f"runs/vanilla-s0/train/checkpoints/step-{steps}"
     for name in ("model.safetensors", "optimizer.safetensors"):
         assert (out / final / name).read_bytes() == (reference / final / name).read_bytes(), name

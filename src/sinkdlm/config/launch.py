@@ -13,6 +13,9 @@ import re
 from dataclasses import dataclass
 
 LAUNCHERS = ("none", "local", "slurm")
+# What one process of a study runs (`run_experiment`): all of it, or one launched job's part: the base model, the
+# training of a run on several processes (every rank), the runs or the step-0 controls measured, or the report.
+PARTS = ("all", "base", "train", "runs", "controls", "report")
 _MEM = re.compile(r"^\d+[KMGT]?$")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")
 
@@ -51,6 +54,8 @@ class LaunchConfig:
     """Further sbatch settings, KEY=VALUE separated by ';' (e.g. 'mail-type=END;exclude=node7')."""
     pin_commit: str | None = None
     """Run the jobs on the code of this git commit (a worktree beside the checkout), e.g. a study's declared code (docs/method.md §11)."""
+    part: str = "all"
+    """all | base | train | runs | controls | report: the part of the study this process runs, as a launched job does (the launcher passes it; `--part report` writes the report over the seeds measured whole, naming the runs missing)."""
 
     def launched(self) -> bool:
         """The runs go to submitit (local or Slurm jobs), not through this process."""
@@ -105,6 +110,11 @@ class LaunchConfig:
         if self.mem is not None and not _MEM.match(self.mem):
             raise ValueError(f"--mem takes a size such as 64G or 512000M, got {self.mem!r}")
         self.sbatch_settings()
+        if self.part not in PARTS:
+            raise ValueError(f"--part must be one of {' | '.join(PARTS)}, got {self.part!r}")
+        if self.launched() and self.part != "all":
+            raise ValueError(f"--part {self.part} is one job's share of a launched study, and --launcher {self.launcher} "
+                             "submits every part: leave --part out")
         if self.launcher == "none" and self.world_size() > 1:
             raise ValueError("--gpus-per-run/--tasks-per-node/--nodes above 1 need a launcher that starts the "
                              "processes: add --launcher local (this machine) or --launcher slurm")

@@ -6,7 +6,7 @@
 
 A study is a list of `Job`s: the base model (presets with one), one job per run (variant x seed) and per step-0
 control, and the report, which reads every run from disk once they have ended (a Slurm `afterany` dependency;
-locally, a wait). A job calls `run_experiment` on its own part of the study (`part`), so its run directory is
+locally, a wait). A job calls `run_experiment` on its own part of the study (`--part`), so its run directory is
 the one an in-process run writes and the report cannot tell them apart. A run on several processes
 (`--gpus-per-run` above 1, `--tasks-per-node`, `--nodes`) trains on every rank with FSDP2 (DDP for
 `--trainable lora`), submitit's `TorchDistributedEnvironment` giving the ranks; rank 0 then validates,
@@ -20,6 +20,7 @@ that checkpoint. A job that fails for good is recorded as failed with its log; t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ from sinkdlm.io.out_dir import LAUNCH_DIR
 
 STATES = ("pending", "running", "done", "failed")
 CONTROL_PREFIX = "step0-"  # a step-0 control's job name: the prefix, then its directory under OUT/step0
+JOB_PARTS = {"base": "base", "run": "runs", "control": "controls", "report": "report"}  # a job's `--part`
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,13 @@ def study_jobs(plan: ExperimentPlan) -> list[Job]:
 
 
 def job_config(config: ExperimentConfig, job: Job) -> ExperimentConfig:
-    """The in-process config of a job: its own variant and seed, no launcher of its own."""
+    """The in-process config of a job: its own variant and seed and its part of the study, no launcher of its own."""
     inline = {f.name: f.default for f in dataclasses.fields(LaunchConfig)}
     shard = {"variants": job.variant, "seeds": str(job.seed)} if job.variant is not None else {}
     # the job runs one seed, but analyses what the whole study's in-process run analyses (`ExperimentPlan.analysed`)
     first = make_plan(config).first_seed
-    return dataclasses.replace(config, **inline, **shard, analysed_seed=first, overwrite=False, dry_run=False)
+    return dataclasses.replace(config, **{**inline, "part": JOB_PARTS[job.kind]}, **shard, analysed_seed=first,
+                               overwrite=False, dry_run=False)
 
 
 def _state_path(out: Path, name: str) -> Path:
@@ -123,11 +126,10 @@ class ExperimentJob(submitit.helpers.Checkpointable):
         cfg = job_config(self.config, self.job)
         try:
             if self.job.kind == "run" and self.world_size > 1:  # every rank trains; rank 0 measures the rest
-                self.run(cfg, part="train")
+                self.run(dataclasses.replace(cfg, part="train"))
                 if not main:
                     return "trained"
-            part = {"base": "base", "run": "runs", "control": "controls", "report": "report"}[self.job.kind]
-            self.run(cfg, part=part)
+            self.run(cfg)
         except TrainingStopped as stopped:
             if stopped.signum == _preempt_signal():  # saved at the end of its step: requeue (the handler exits)
                 if main:
@@ -223,6 +225,14 @@ def pinned_tree(commit: str) -> Path:
     return tree
 
 
+@functools.cache
+def pinned_knows_part(tree: Path) -> bool:
+    """Whether the pinned code's `sinkdlm experiment` takes --part (code before it runs a job's shard whole)."""
+    found = subprocess.run([sys.executable, "-m", "sinkdlm", "experiment", "--help"], cwd=str(tree), capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(tree / "src"), "COLUMNS": "200"})
+    return "--part" in found.stdout
+
+
 def _callable(config: ExperimentConfig, job: Job, run: Callable[..., Any]) -> Any:
     """What the job runs: this checkout's `ExperimentJob`, or for --pin-commit the pinned code's own command line."""
     if not config.pin_commit:
@@ -232,6 +242,8 @@ def _callable(config: ExperimentConfig, job: Job, run: Callable[..., Any]) -> An
            str(Path(config.out).resolve())]
     if job.variant is not None:
         cmd += ["--variants", job.variant, "--seeds", str(job.seed)]
+    if pinned_knows_part(tree):  # else the job runs its shard whole, and writes a report over it (see launch_experiment)
+        cmd += ["--part", JOB_PARTS[job.kind]]
     threads = {"OMP_NUM_THREADS": str(config.cpus_per_task)} if config.cpus_per_task else {}
     return submitit.helpers.CommandFunction(cmd, cwd=str(tree),
                                             env={**os.environ, "PYTHONPATH": str(tree / "src"), **threads})
@@ -243,6 +255,9 @@ def launch_experiment(config: ExperimentConfig, run: Callable[..., Any]) -> dict
     once they are queued; local runs `--jobs` at once and waits. Each job calls `run` (`run_experiment`)."""
     plan = make_plan(job_config(config, Job("report", "report")))
     plan.out.mkdir(parents=True, exist_ok=True)
+    if config.pin_commit and not pinned_knows_part(pinned_tree(config.pin_commit)):
+        log(f"--pin-commit {config.pin_commit} predates --part: each job runs its shard whole and writes a report over "
+            "its own runs, which the report job's replaces; a run missing then is retrained by the report job")
     submit = _submit_slurm if config.launcher == "slurm" else _run_local
     return submit(config, make_executor(config), study_jobs(plan), run)
 

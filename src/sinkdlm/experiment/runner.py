@@ -92,11 +92,8 @@ def check_inputs(preset: ExperimentPreset, out: Path, init_from: str | None, dat
                 raise ValueError(f"--gsm8k {gsm8k}: {split}.jsonl is missing; the folder must hold train.jsonl and test.jsonl")
 
 
-PARTS = ("all", "base", "train", "runs", "controls", "report")
-
-
 def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
-                   resume_command: str | None = None, part: str = "all") -> dict[str, Any]:
+                   resume_command: str | None = None) -> dict[str, Any]:
     """Run the experiment an `ExperimentConfig` describes (its preset, out, seeds, ...: the settings of
     `sinkdlm experiment`); re-running the same config resumes.
 
@@ -104,11 +101,9 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
     `config.variants`/`config.seeds`: run only these of the preset's variants and seeds, e.g. one job's run;
     a last call without them finds every stage done and writes the report. `config.launcher` local or slurm:
     each run, control and the report become submitit jobs (`experiment/launch.py`), each calling this with
-    its `part`: base (the base model), train (every rank of a multi-process run: training only), runs,
+    its `config.part`: base (the base model), train (every rank of a multi-process run: training only), runs,
     controls, or report (from what is on disk, naming the runs that are missing)."""
-    if part not in PARTS:
-        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
-    config.check()  # the launch settings (config/launch.py), one line each
+    config.check()  # the launch settings (config/launch.py), --part among them: one line each
     if config.launched() and not config.dry_run:  # sbatch on the PATH, the sbatch keys, the GPUs: before --out
         from sinkdlm.experiment.launch import check_launch
 
@@ -140,7 +135,7 @@ def run_experiment(config: ExperimentConfig, *, skip_analysis: bool = False,
 
         return launch_experiment(config, run_experiment)
     with writing_out(plan.out, mode, "experiment", lock=False):  # --out keeps its record of what it wrote
-        return _run_part(plan, resume_command, part)
+        return _run_part(plan, resume_command, config.part)
 
 
 def _run_part(plan: ExperimentPlan, resume_command: str | None, part: str) -> dict[str, Any]:
