@@ -16,7 +16,10 @@ the quantized paths is not the compiler's float32 rounding. Dynamo is reset betw
 
     PYTHONPATH=src python tools/quant_compile_check.py --readme-only [--out ...]   # OUT/README.md from result.json
 
-Writes OUT/result.json (one entry per run, and `int8_gemm_check`'s comparison) and OUT/README.md.
+    PYTHONPATH=src python tools/quant_compile_check.py --gemm-only [--out ...]   # this machine's int8 products
+
+Writes OUT/result.json (one entry per run, and `int8_gemm_check`'s comparison) and OUT/README.md; `--gemm-only`
+adds `int8_gemm_check` on this machine (and oneDNN ISA cap, `ONEDNN_MAX_CPU_ISA`) to `int8_gemm_machines`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -88,10 +92,21 @@ def int8_gemm_check(seed: int = 0) -> list[dict[str, Any]]:
             x, one, None, torch.ops.onednn.qlinear_prepack(w, None), torch.ones(n), None, None, 1.0, 0,
             torch.float32, "none", [], "").double()
         d = (got - exact).abs()
+        # is `_int_mm` itself exact here? (eager W8A8's product, `torchao.kernel.intmm`): against int64 arithmetic
+        int_mm = (exact - (x.long() @ w.t().long()).double()).abs()
         rows.append({"weights_max": wmax, "activations_max": xmax, "max_abs_diff": float(d.max()),
                      "max_rel_diff": float(d.max() / exact.abs().max()),
-                     "fraction_differing": float((d > 0.5).double().mean())})
+                     "fraction_differing": float((d > 0.5).double().mean()),
+                     "int_mm_max_abs_diff": float(int_mm.max()),
+                     "int_mm_fraction_differing": float((int_mm > 0.5).double().mean())})
     return rows
+
+
+def gemm_machine_entry() -> dict[str, Any]:
+    """`int8_gemm_check` on this machine, with its CPU and oneDNN's ISA cap (`ONEDNN_MAX_CPU_ISA`, which makes a
+    VNNI CPU run oneDNN's AVX2 kernels: how a CPU without VNNI computes, as far as oneDNN decides)."""
+    return {"machine": machine(), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+            "int8_gemm": int8_gemm_check()}
 
 
 def _delta(values: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
@@ -206,6 +221,19 @@ def readme(result: dict[str, Any]) -> str:
                   "sums (vpmaddubsw) that saturate where both products are large; exact products with small weights "
                   "and wrong ones with large weights and activations fit that, though this table does not show which "
                   "instruction ran."]
+    if result.get("int8_gemm_machines"):
+        lines += ["", "The same operands on other machines (`--gemm-only`): `torch._int_mm` (eager W8A8's int8 product) "
+                  "against int64 arithmetic, and oneDNN's int8 linear against `_int_mm` (the first table's comparison), "
+                  "max |diff| (fraction of entries differing) per case, weights ± / activations ±:", "",
+                  "| CPU | int8 dot-product flags | ONEDNN_MAX_CPU_ISA | case | `_int_mm` − int64 | oneDNN linear − "
+                  "`_int_mm` |", "|---|---|---|---|---:|---:|"]
+        for e in result["int8_gemm_machines"]:
+            m = e["machine"]
+            for g in e["int8_gemm"]:
+                lines.append(f"| {m['cpu']} | {', '.join(m['vnni_flags'] or []) or 'none'} | "
+                             f"{e['onednn_max_cpu_isa'] or '–'} | {g['weights_max']} / {g['activations_max']} | "
+                             f"{g['int_mm_max_abs_diff']:.0f} ({g['int_mm_fraction_differing']:.1%}) | "
+                             f"{g['max_abs_diff']:.0f} ({g['fraction_differing']:.1%}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -222,9 +250,19 @@ def main() -> None:
     ap.add_argument("--preset", default="quant-pilot")
     ap.add_argument("--out", type=Path, default=Path("docs/results/quant-compile"))
     ap.add_argument("--readme-only", action="store_true", help="OUT/README.md again from OUT/result.json")
+    ap.add_argument("--gemm-only", action="store_true",
+                    help="add this machine's int8 product check to OUT/result.json (replacing its own earlier one)")
     args = ap.parse_args()
     if args.readme_only:
         atomic_write_bytes(args.out / "README.md", readme(json.loads((args.out / "result.json").read_text())).encode())
+        return
+    if args.gemm_only:
+        torch.set_num_threads(1)
+        result, entry = json.loads((args.out / "result.json").read_text()), gemm_machine_entry()
+        key = (entry["machine"]["cpu"], tuple(entry["machine"]["vnni_flags"] or ()), entry["onednn_max_cpu_isa"])
+        result["int8_gemm_machines"] = [e for e in result.get("int8_gemm_machines", []) if (
+            e["machine"]["cpu"], tuple(e["machine"]["vnni_flags"] or ()), e["onednn_max_cpu_isa"]) != key] + [entry]
+        write(args.out, result)
         return
     if not args.run:
         ap.error("--run is required (or --readme-only)")

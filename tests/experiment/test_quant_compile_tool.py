@@ -33,8 +33,8 @@ def _write_and_check(tmp_path, record, paths):
     got = json.loads((tmp_path / "result.json").read_text())
     assert set(got) == {"machine", "command", "runs", "int8_gemm"}
     assert set(got["machine"]) == {"cpu", "cpu_flags", "vnni_flags", "threads", "torch", "torchao", "python"}
-    assert all(set(g) == {"weights_max", "activations_max", "max_abs_diff", "max_rel_diff", "fraction_differing"}
-               for g in got["int8_gemm"])
+    assert all(set(g) == {"weights_max", "activations_max", "max_abs_diff", "max_rel_diff", "fraction_differing",
+                          "int_mm_max_abs_diff", "int_mm_fraction_differing"} for g in got["int8_gemm"])
     run = got["runs"][0]
     assert set(run) == {"run", "scheme", "rows", "seq_len", "draws", "val_loss_fp32", "fp32_seconds", "paths",
                         "fp32_compiled"}
@@ -79,3 +79,37 @@ def test_the_compiled_paths(tmp_path):
     # only freezing lowers the int8 matmuls to oneDNN (the block linears: 7 a layer, 2 layers, per graph compiled)
     assert run["paths"]["compiled"]["onednn_qlinears"] == 0
     assert run["paths"]["compiled, freezing"]["onednn_qlinears"] >= 14
+
+
+def test_the_int8_product_check_compares_int_mm_with_int64_arithmetic(tmp_path, monkeypatch):
+    """`int8_gemm_check`'s `_int_mm` column is `_int_mm` against int64 arithmetic: 0 where they agree, and where
+    `_int_mm` saturates (replaced here by a product whose int16 pair sums saturate, as x86 int8 kernels without
+    VNNI compute) it is what that saturation costs. `--gemm-only` keeps one entry per machine and ISA cap."""
+    exact = tool.int8_gemm_check()
+    real = torch._int_mm
+
+    def saturating(x, w):  # u8 x s8 pairs summed into int16 with saturation (vpmaddubsw), then int32 sums
+        xu = x.long() + 128
+        prod = xu.unsqueeze(-1) * w.long().unsqueeze(0)  # [m, k, n]
+        pairs = (prod[:, 0::2] + prod[:, 1::2]).clamp(-32768, 32767).sum(1)
+        return (pairs - 128 * w.long().sum(0)).to(torch.int32)
+
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    x, w = torch.randint(-127, 128, (3, 8), dtype=torch.int8), torch.randint(-8, 9, (8, 5), dtype=torch.int8)
+    assert torch.equal(saturating(x, w).long(), x.long() @ w.long())  # no saturation with small weights
+    rows = tool.int8_gemm_check()
+    monkeypatch.setattr(torch, "_int_mm", real)
+    by_case = {(g["weights_max"], g["activations_max"]): g for g in rows}
+    assert by_case[(127, 127)]["int_mm_max_abs_diff"] > 1000 and by_case[(8, 127)]["int_mm_max_abs_diff"] == 0
+    out = tmp_path / "qc"
+    tool.write(out, {"machine": tool.machine(), "command": "test", "runs": [], "int8_gemm": exact})
+    for isa in (None, "AVX2", None):
+        if isa:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+        else:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        monkeypatch.setattr("sys.argv", ["quant_compile_check.py", "--gemm-only", "--out", str(out)])
+        tool.main()
+    got = json.loads((out / "result.json").read_text())["int8_gemm_machines"]
+    assert [e["onednn_max_cpu_isa"] for e in got] == ["AVX2", None]
+    assert "ONEDNN_MAX_CPU_ISA" in (out / "README.md").read_text()
