@@ -571,3 +571,30 @@ def test_a_sink_tokens_share_is_printed_beside_one_keys_uniform_share_and_a_per_
     assert "not all analysed: not shown" in line and "in its step-0 control" not in line
     sink["seeds"] = {"0": seeds["0"]}  # one seed: its own control stands for it
     assert "0.8 % in its step-0 control" in summary_part(res, "takeover")
+
+
+def test_the_report_names_every_machine_its_runs_trained_on(tmp_path):
+    """A study resumed on another CPU: the first paragraph names each machine with its seeds (each run's own
+    train/DONE.json) and says whether a seed's pair crossed machines; one machine keeps the one-machine line."""
+    import json
+
+    from sinkdlm.experiment.report import machines_words
+
+    results = {"variants": {"a": {"seeds": {"1": {}, "2": {}}}, "b": {"seeds": {"1": {}, "2": {}}}},
+               "machine": {"cpu": "Here", "cpu_capability": "AVX512", "cpu_count": 2, "torch": "2.13", "cuda": False}}
+    where = {("a", "1"): "AVX2", ("b", "1"): "AVX2", ("a", "2"): "AVX512", ("b", "2"): "AVX512"}
+
+    def write(where):
+        for (v, s), cap in where.items():
+            done = tmp_path / "runs" / f"{v}-s{s}" / "train" / "DONE.json"
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps({"machine": {"cpu": "EPYC", "cpu_capability": cap}}))
+
+    write({k: "AVX512" for k in where})
+    assert machines_words(results, tmp_path) == "Machine: Here (AVX512 kernels), 2 cores, torch 2.13, CUDA no."
+    write(where)
+    said = machines_words(results, tmp_path)
+    assert "2 machines (EPYC (AVX2 kernels): seeds 1; EPYC (AVX512 kernels): seeds 2)" in said, said
+    assert "each pair is on one machine" in said and said.endswith("Report written on Here (AVX512 kernels), 2 cores, torch 2.13, CUDA no.")
+    write({**where, ("b", "2"): "AVX2"})
+    assert "seeds 2 trained on more than one, so their pairs cross machines" in machines_words(results, tmp_path)

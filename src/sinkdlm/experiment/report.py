@@ -98,6 +98,32 @@ def multiplicity_note(results: dict[str, Any]) -> str:
     return out + ". A direction, and bold, only for those; the raw interval stays in every table." + same
 
 
+def machines_words(results: dict[str, Any], out: Path) -> str:
+    """"Machine: ..." of the report's first paragraph: results.json's (where the report was written), or, where the
+    runs trained on different machines (a study resumed across sessions; each run's train/DONE.json names its own),
+    each machine with the seeds it trained, and whether every seed's runs shared one (float32 rounding differs
+    between CPUs, docs/method.md §11, so a pair split across two is said)."""
+    seeds_on: dict[str, set[str]] = {}
+    per_seed: dict[str, set[str]] = {}
+    for name, v in results["variants"].items():
+        for seed in v["seeds"]:
+            done = out / "runs" / f"{name}-s{seed}" / "train" / "DONE.json"
+            machine = json.loads(done.read_text()).get("machine") if done.is_file() else None
+            if machine:
+                words = machine_words(machine)
+                seeds_on.setdefault(words, set()).add(seed)
+                per_seed.setdefault(seed, set()).add(words)
+    m = results["machine"]
+    tail = f", {m['cpu_count']} cores, torch {m['torch']}, CUDA {'yes' if m['cuda'] else 'no'}"
+    if len(seeds_on) < 2:
+        return f"Machine: {machine_words(m)}{tail}."
+    listed = "; ".join(f"{w}: seeds {', '.join(sorted(s, key=int))}" for w, s in seeds_on.items())
+    split = sorted((s for s, ws in per_seed.items() if len(ws) > 1), key=int)
+    pairs = (f"seeds {', '.join(split)} trained on more than one, so their pairs cross machines" if split else
+             "every seed's runs trained on one of them, so each pair is on one machine")
+    return f"The runs finished training on {len(seeds_on)} machines ({listed}); {pairs}. Report written on {machine_words(m)}{tail}."
+
+
 def cost_line(results: dict[str, Any]) -> str:
     """What the experiment took, from results.json (`experiment_timing`)."""
     t = experiment_timing(results)
@@ -365,13 +391,11 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     fig_dir = out / "figures"
     variants = results["variants"]
     doc = Document(f"sinkdlm experiment `{results['preset']}`")
-    m = results["machine"]
     doc.paragraph(
         f"{results['description']}. Seeds {results['seeds']}; every variant trained with the same budget "
         f"({train_setting(results, 'max_steps'):,} steps × {train_setting(results, 'batch_size')} sequences × "
         f"{train_setting(results, 'seq_len')} tokens on `{train_setting(results, 'data')}`) and the same "
-        f"seeds, so the comparisons are paired. Machine: {machine_words(m)}, {m['cpu_count']} cores, torch {m['torch']}, "
-        f"CUDA {'yes' if m['cuda'] else 'no'}. {cost_line(results)}"
+        f"seeds, so the comparisons are paired. {machines_words(results, out)} {cost_line(results)}"
     )
     if results.get("missing_runs"):  # a launched study whose jobs failed for good (docs/method.md §14)
         doc.paragraph(missing_line(results))
