@@ -12,10 +12,13 @@
    `clear_refs`, so loading and converting the model do not count); and the float32 model with
    `--kv-cache-dtype int8`, with both caches' bytes at this length (keys, values, scales, the sink's columns).
 int4-weight has no torchao kernel on a CPU: its one-line refusal is recorded instead. Run it with
-OMP_NUM_THREADS=1 on a shared machine (the default: --threads 1). Raw numbers: results/bench_quant.json.
+OMP_NUM_THREADS=1 on a shared machine (the default: --threads 1). Raw numbers: results/bench_quant.json; another
+machine's, `--out results/bench_quant_NAME.json` (docs/benchmarks.md shows its MLP table beside the first: whether the
+CPU has int8 dot-product instructions, `int8_flags`, changes W8A8's speed most).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_quant.py [--repeats 5] [--no-real] [--no-compile]
         [--mlp-only | --real-only]   # one part again, into the results file
+        [--out benchmarks/results/bench_quant_NAME.json]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 
 from sinkdlm import DiffusionLM, ModelConfig, generate
 from sinkdlm.io.atomic import atomic_write_json
-from sinkdlm.io.machine import cpu_name
+from sinkdlm.io.machine import cpu_name, int8_flags
 from sinkdlm.model.kv_int8 import cache_bytes
 from sinkdlm.model.quantize import check_quantize, quantize_model, torchao_config, torchao_version
 
@@ -173,29 +176,33 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     ap.add_argument("--real-only", action="store_true", help="measure the SmolLM2 DLM only, into the results file")
     ap.add_argument("--mlp-only", action="store_true", help="measure the MLP only, into the results file")
+    ap.add_argument("--out", type=Path, default=OUT,
+                    help="the results file (another machine's: results/bench_quant_NAME.json, shown beside this one)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL_DIR", "SCHEME"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child(*args.child)
     torch.set_num_threads(args.threads)
+    out = args.out
     if args.mlp_only:
-        result = json.loads(OUT.read_text())
-        result.update(torch=torch.__version__, torchao=torchao_version(), cpu=cpu_name(), threads=args.threads,
-                      repeats=args.repeats)
+        result = json.loads(out.read_text())
+        result.update(torch=torch.__version__, torchao=torchao_version(), cpu=cpu_name(), int8_flags=int8_flags(),
+                      threads=args.threads, repeats=args.repeats)
         result["mlp"] = {"shape": [D, FF, D], "rows": bench_mlp(args.repeats, not args.no_compile)}
-        atomic_write_json(OUT, result)
-        return print(f"wrote {OUT}")
+        atomic_write_json(out, result)
+        return print(f"wrote {out}")
     if args.real_only:
-        result = json.loads(OUT.read_text())
+        result = json.loads(out.read_text())
         result["decode"] = [d for d in result["decode"] if not d["model"].startswith("SmolLM2")] + [_real(args.repeats)]
-        atomic_write_json(OUT, result)
-        return print(f"wrote {OUT}")
+        atomic_write_json(out, result)
+        return print(f"wrote {out}")
     try:
         check_quantize("int4-weight", torch.device("cpu"))
         int4 = None
     except ValueError as e:
         int4 = str(e)
-    result = {"torch": torch.__version__, "torchao": torchao_version(), "cpu": cpu_name(), "threads": args.threads,
+    result = {"torch": torch.__version__, "torchao": torchao_version(), "cpu": cpu_name(), "int8_flags": int8_flags(),
+              "threads": args.threads,
               "repeats": args.repeats, "int4_refusal": int4, "mlp": {"shape": [D, FF, D], "rows": []}, "decode": [],
               "decode_setting": {"prompt": PROMPT, "gen_length": GEN, "block_length": BLOCK, "cache": "dual",
                                  "batch": 1}}
@@ -203,13 +210,13 @@ def main() -> None:
     torch.manual_seed(0)
     tiny = DiffusionLM(ModelConfig.from_preset("tiny", num_sink_tokens=1)).eval()
     result["decode"].append(bench_decode("tiny + 1 sink", tiny, args.repeats, not args.no_compile))
-    atomic_write_json(OUT, result)  # kept if the real model's part is stopped; --real-only adds it later
+    atomic_write_json(out, result)  # kept if the real model's part is stopped; --real-only adds it later
     from sinkdlm.checkpoint.example_model import example_model_path
 
     if not args.no_real and example_model_path().is_file():
         result["decode"].append(_real(args.repeats))
-        atomic_write_json(OUT, result)
-    print(f"wrote {OUT}")
+        atomic_write_json(out, result)
+    print(f"wrote {out}")
 
 
 def _real(repeats: int) -> dict:

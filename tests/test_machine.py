@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sinkdlm.io.machine import NOTABLE_FLAGS, cpu_flags, cpu_name, machine_info, machine_words
+from sinkdlm.io import machine
+from sinkdlm.io.machine import NOTABLE_FLAGS, cpu_flags, cpu_name, int8_flags, machine_info, machine_words
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="no /proc/cpuinfo (not Linux)")
@@ -21,6 +22,18 @@ def test_cpu_name_and_flags_are_those_of_proc_cpuinfo():
         assert cpu_name() == names[0]
     flags = set(re.search(r"^flags\s*:(.*)$", text, flags=re.M).group(1).split()) if "flags" in text else set()
     assert cpu_flags() == [f for f in NOTABLE_FLAGS if f in flags]
+    assert int8_flags() == sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def test_int8_flags_are_the_int8_dot_product_instructions_or_none_without_cpuinfo(monkeypatch):
+    """VNNI (AVX-512 or AVX) and AMX int8 decide whether x86 int8 kernels sum exactly (bench_quant and the int8
+    product check record them); a machine without /proc/cpuinfo records None, not "none"."""
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: {"flags": "fpu avx2 avx_vnni avx512f avx512_vnni"})
+    assert int8_flags() == ["avx512_vnni", "avx_vnni"]
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: {"flags": "fpu avx2"})
+    assert int8_flags() == []
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: {})
+    assert int8_flags() is None
 
 
 def test_machine_info_says_which_cpu_and_kernels():

@@ -167,15 +167,10 @@ def check_run(run: Path, rows: int, preset_name: str) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    from sinkdlm.io.machine import cpu_flags, cpu_name
+    from sinkdlm.io.machine import cpu_flags, cpu_name, int8_flags
     from sinkdlm.model.quantize import torchao_version
 
-    try:  # the int8 dot-product instructions (not among io.machine's notable flags)
-        flags = Path("/proc/cpuinfo").read_text().split("\nflags", 1)[1].split("\n", 1)[0].split()
-        vnni = sorted({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
-    except (OSError, IndexError):
-        vnni = None
-    return {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "vnni_flags": vnni, "threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "vnni_flags": int8_flags(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "torchao": torchao_version(), "python": platform.python_version()}
 
 

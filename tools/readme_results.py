@@ -619,14 +619,30 @@ def _findings(results_root: Path) -> str | None:
 
 
 def _bench_quant(results_root: Path) -> str | None:
-    """`--quantize` speed and memory (issue 66): the MLP's ratios and decoding per scheme."""
+    """`--quantize` speed and memory (issue 66): the MLP's ratios and decoding per scheme, from bench_quant.json, then
+    the same from each other machine's `bench_quant_NAME.json` (W8A8's speed turns on the CPU's int8 instructions)."""
     r = _bench_result("bench_quant.json")
     if r is None:
         return None
+    text = _bench_quant_machine(r)
+    for path in sorted((ROOT / "benchmarks" / "results").glob("bench_quant_*.json")):
+        other = json.loads(path.read_text())
+        text += f"\n**On another machine** (`benchmarks/results/{path.name}`):\n\n" + _bench_quant_machine(other)
+    return text
+
+
+def _int8_words(r: dict) -> str:
+    flags = r.get("int8_flags")
+    return ("int8 dot-product instructions not recorded" if flags is None else
+            f"int8 dot-product instructions: {', '.join(flags) if flags else 'none'}")
+
+
+def _bench_quant_machine(r: dict) -> str:
+    """One machine's bench_quant results as markdown: the MLP's ratios, decoding per scheme, the KV cache, int4."""
     rows = {(row["scheme"], row["mode"], row["tokens"]): row["ratio"] for row in r["mlp"]["rows"]}
     modes = [(m, n) for m in ("eager", "compiled", "compiled, freezing") for n in (1, 128) if any(k[1:] == (m, n) for k in rows)]
     d, ff, _ = r["mlp"]["shape"]
-    lines = [f"torch {r['torch']}, torchao {r['torchao']}, {r['cpu']}, {_threads(r['threads'])}, median of "
+    lines = [f"torch {r['torch']}, torchao {r['torchao']}, {r['cpu']} ({_int8_words(r)}), {_threads(r['threads'])}, median of "
              f"{r['repeats']} interleaved repeats, every ratio within one process (`benchmarks/bench_quant.py`). "
              f"sinkdlm's SwiGLU MLP at {d} → {ff} → {d}, fp32 time / quantized time (above 1: the quantized one is "
              "faster; compiled: against compiled fp32; freezing: inductor's `freezing`, the weights folded into the "

@@ -44,6 +44,15 @@ def cpu_flags() -> list[str]:
     return [f for f in NOTABLE_FLAGS if f in have]
 
 
+def int8_flags() -> list[str] | None:
+    """The int8 dot-product instructions the CPU has (AVX-512 VNNI, AVX-VNNI, AMX int8), which decide whether x86 int8
+    kernels sum u8 x s8 pairs exactly or into saturating 16-bit sums; None where /proc/cpuinfo is not there."""
+    info = _cpuinfo()
+    if "flags" not in info:
+        return None
+    return sorted({"avx512_vnni", "avx_vnni", "amx_int8"} & set(info["flags"].split()))
+
+
 def machine_info() -> dict[str, Any]:
     """What a results file records about where it ran (and how busy the machine was as it started)."""
     import torch
