@@ -750,16 +750,8 @@ def _bench_speed(results_root: Path) -> str | None:
                if "int8-dynamic" in mm["variants"]]
         if dyn:
             parts.append(f"`int8-dynamic` decodes at {_times(dyn[-1][1])} on {dyn[-1][0]}")
-        text = f"**int8 on a CPU** ({q['cpu']}, {_threads(q['threads'])}), {m['model']}: " + "; ".join(parts) + "."
-        for path in sorted((ROOT / "benchmarks" / "results").glob("bench_quant_*.json")):  # other machines
-            o = json.loads(path.read_text())
-            ratio = {(r["scheme"], r["mode"], r["tokens"]): r["ratio"] for r in o["mlp"]["rows"]}.get(
-                ("int8-dynamic", "compiled", 128))
-            if o.get("int8_flags") and ratio:  # the machines whose int8 instructions change W8A8's speed
-                d, ff, _ = o["mlp"]["shape"]
-                text += (f" On one with {', '.join(o['int8_flags'])} ({o['cpu']}), compiled `int8-dynamic` runs a "
-                         f"{d} → {ff} → {d} MLP at {_times(ratio)} float32's speed at 128 tokens.")
-        lines.append(text[:-1] + " ([details](docs/benchmarks.md#quantization)).")
+        lines.append(f"**int8 on a CPU** ({q['cpu']}, {_threads(q['threads'])}), {m['model']}: " + "; ".join(parts)
+                     + " ([details](docs/benchmarks.md#quantization)).")
     return "\n\n".join(lines) + "\n" if lines else None
 
 # Blocks built from other files than one results folder.
