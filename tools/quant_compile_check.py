@@ -254,9 +254,8 @@ def main() -> None:
     if args.gemm_only:
         torch.set_num_threads(1)
         result, entry = json.loads((args.out / "result.json").read_text()), gemm_machine_entry()
-        key = (entry["machine"]["cpu"], tuple(entry["machine"]["vnni_flags"] or ()), entry["onednn_max_cpu_isa"])
-        result["int8_gemm_machines"] = [e for e in result.get("int8_gemm_machines", []) if (
-            e["machine"]["cpu"], tuple(e["machine"]["vnni_flags"] or ()), e["onednn_max_cpu_isa"]) != key] + [entry]
+        key = lambda e: (e["machine"]["cpu"], tuple(e["machine"]["vnni_flags"] or ()), e["onednn_max_cpu_isa"])  # noqa: E731
+        result["int8_gemm_machines"] = [e for e in result.get("int8_gemm_machines", []) if key(e) != key(entry)] + [entry]
         write(args.out, result)
         return
     if not args.run:

@@ -28,6 +28,7 @@ from sinkdlm.experiment.metrics import METHOD_ITEMS, METHOD_SEEDS, TRAINING_METR
 from sinkdlm.experiment.summary import (
     experiment_timing, paired_val_loss_differences, summarise, task_chance, task_metrics, training_curves,
 )
+from sinkdlm.experiment.units import DONE
 from sinkdlm.io.atomic import atomic_write_json
 from sinkdlm.io.machine import machine_words
 from sinkdlm.reporting import Document
@@ -107,7 +108,7 @@ def machines_words(results: dict[str, Any], out: Path) -> str:
     per_seed: dict[str, set[str]] = {}
     for name, v in results["variants"].items():
         for seed in v["seeds"]:
-            done = out / "runs" / f"{name}-s{seed}" / "train" / "DONE.json"
+            done = out / "runs" / f"{name}-s{seed}" / "train" / DONE
             machine = json.loads(done.read_text()).get("machine") if done.is_file() else None
             if machine:
                 words = machine_words(machine)
